@@ -1,0 +1,27 @@
+# Helpers shared by every test folder. Each folder under tests/ has its own CMakeLists.txt that calls these.
+find_package(Catch2 2 REQUIRED)
+
+# One precompiled Catch2 main for every CPU test binary (compiling catch.hpp's main once saves minutes on 2 cores).
+if(NOT TARGET amoeba_catch_main)
+  add_library(amoeba_catch_main STATIC ${PROJECT_SOURCE_DIR}/tests/catch_main.cpp)
+  target_link_libraries(amoeba_catch_main PUBLIC Catch2::Catch2)
+endif()
+
+# amoeba_add_cpu_test(NAME src... [LABELS l...] [LIBS lib...])
+# A Catch2 binary registered with ctest as one test per TEST_CASE tag group: we register the whole binary
+# once (fast to run on 2 cores) and label it.
+function(amoeba_add_cpu_test name)
+  cmake_parse_arguments(ARG "" "" "LABELS;LIBS;SOURCES" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
+  target_link_libraries(${name} PRIVATE amoeba::amoeba amoeba_catch_main amoeba_warnings ${ARG_LIBS})
+  add_test(NAME ${name} COMMAND ${name} --order rand --rng-seed 1)
+  set_tests_properties(${name} PROPERTIES LABELS "cpu;${ARG_LABELS}")
+endfunction()
+
+# amoeba_add_gpu_test(NAME TARGET exe [ARGS ...]): a device test. The binary exits with 77 when no CUDA device
+# is present, which ctest reports as skipped (never as passed).
+function(amoeba_add_gpu_test name)
+  cmake_parse_arguments(ARG "" "TARGET" "ARGS" ${ARGN})
+  add_test(NAME ${name} COMMAND ${ARG_TARGET} ${ARG_ARGS})
+  set_tests_properties(${name} PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77)
+endfunction()

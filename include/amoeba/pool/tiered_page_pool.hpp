@@ -11,7 +11,10 @@
 //
 // Request affinity: `allocate(kind, owner, near)` takes a page of the same carrier as `near` (typically the
 // request's previous KV page) when one is free, so a request's pages are freed together and their expert page
-// heals. Free small pages inside partly used expert pages are "trapped" (usable by small pages only).
+// heals. Without a usable hint the order is: a partly used carrier that is "open" (its first owner has
+// started to free pages), then a fresh carrier split for this owner ("claimed"), then a slot in a carrier
+// claimed by someone else. Free small pages inside partly used expert pages are "trapped" (usable by small
+// pages only).
 //
 // The pool is bookkeeping over offsets: it never touches the arena's bytes, so the arena may be host memory
 // (tests, simulator) or device memory owned elsewhere (a base pointer and a byte size). Every operation is
@@ -442,12 +445,15 @@ class TieredPagePool {
       const Kind& d = kinds_[s];
       std::uint64_t free_small = 0, used = 0, partial = 0;
       std::vector<std::uint8_t> in_partial(c.count, 0);
-      for (std::uint32_t ci = d.partial_head, prev = kNil; ci != kNil; prev = ci, ci = carriers_[ci].pnext) {
-        if (ci >= c.count || in_partial[ci] || carriers_[ci].pprev != prev)
-          return fail("partial list broken");
-        in_partial[ci] = 1;
-        if (++partial > c.count) return fail("partial list loops");
-      }
+      for (int list = 0; list < 2; ++list)
+        for (std::uint32_t ci = d.partial_head[list], prev = kNil; ci != kNil;
+             prev = ci, ci = carriers_[ci].pnext) {
+          if (ci >= c.count || in_partial[ci] || carriers_[ci].pprev != prev)
+            return fail("partial list broken");
+          if (carriers_[ci].claimed != bool(list)) return fail("carrier in the wrong partial list");
+          in_partial[ci] = 1;
+          if (++partial > c.count) return fail("partial list loops");
+        }
       for (std::uint32_t ci = 0; ci < c.count; ++ci) {
         const Carrier& cr = carriers_[ci];
         const bool mine = c.state[ci] == kSplit && cr.split_kind == s;
@@ -502,12 +508,13 @@ class TieredPagePool {
     // small kinds
     std::uint32_t per_carrier = 0;
     std::vector<std::uint32_t> slot_next;
-    std::uint32_t partial_head = kNil;
+    std::uint32_t partial_head[2] = {kNil, kNil};  // carriers with free slots: [0] open, [1] claimed
     std::uint64_t free_small = 0;
   };
   struct Carrier {
     std::uint32_t used = 0, bump = 0, free_head = kNil, pprev = kNil, pnext = kNil;
     std::uint8_t split_kind = 0;
+    bool claimed = false;  // split for one owner, who has not freed a page of it yet
   };
 
   std::uint32_t large_of(std::size_t middle, std::uint32_t i) const noexcept {
@@ -525,9 +532,8 @@ class TieredPagePool {
     for (std::size_t k = 0; k < kKinds; ++k)
       free_bytes +=
           (kTiers[k] == Tier::kMiddle ? kinds_[k].free_count : kinds_[k].free_small) * kinds_[k].bytes;
-    const std::uint64_t avail = available(kind);
-    const bool enough = free_bytes >= n * kinds_[kind].bytes;
-    return Shortfall{enough ? ShortfallReason::kFragmented : ShortfallReason::kExhausted, n, avail};
+    return Shortfall{free_bytes > 0 ? ShortfallReason::kFragmented : ShortfallReason::kExhausted, n,
+                     available(kind)};
   }
 
   void hand_out(std::uint8_t kind, std::uint32_t idx, OwnerId owner) noexcept {
@@ -589,17 +595,18 @@ class TieredPagePool {
   // -- small tier
   void link_partial(Kind& d, std::uint32_t c) noexcept {
     Carrier& cr = carriers_[c];
+    std::uint32_t& head = d.partial_head[cr.claimed];
     cr.pprev = kNil;
-    cr.pnext = d.partial_head;
-    if (d.partial_head != kNil) carriers_[d.partial_head].pprev = c;
-    d.partial_head = c;
+    cr.pnext = head;
+    if (head != kNil) carriers_[head].pprev = c;
+    head = c;
   }
   void unlink_partial(Kind& d, std::uint32_t c) noexcept {
     Carrier& cr = carriers_[c];
     if (cr.pprev != kNil)
       carriers_[cr.pprev].pnext = cr.pnext;
     else
-      d.partial_head = cr.pnext;
+      d.partial_head[cr.claimed] = cr.pnext;
     if (cr.pnext != kNil) carriers_[cr.pnext].pprev = cr.pprev;
     cr.pprev = cr.pnext = kNil;
   }
@@ -612,15 +619,18 @@ class TieredPagePool {
           carriers_[nc].used < d.per_carrier)
         c = nc;
     }
-    if (c == kNil) c = d.partial_head;  // trapped space first: it is usable by small pages only
+    if (c == kNil) c = d.partial_head[0];  // trapped space nobody is growing into: usable by small pages only
     if (c == kNil) {
       c = take_middle(kCarrier);
-      if (c == kNil) return kNil;
-      kinds_[kCarrier].state[c] = kSplit;
-      carriers_[c] = Carrier{0, 0, kNil, kNil, kNil, s};
-      link_partial(d, c);
-      d.free_small += d.per_carrier;
+      if (c != kNil) {
+        kinds_[kCarrier].state[c] = kSplit;
+        carriers_[c] = Carrier{0, 0, kNil, kNil, kNil, s, true};
+        link_partial(d, c);
+        d.free_small += d.per_carrier;
+      }
     }
+    if (c == kNil) c = d.partial_head[1];  // last resort: a slot of a carrier another owner claimed
+    if (c == kNil) return kNil;
     Carrier& cr = carriers_[c];
     std::uint32_t idx;
     if (cr.free_head != kNil) {
@@ -637,13 +647,16 @@ class TieredPagePool {
     Kind& d = kinds_[s];
     const std::uint32_t c = idx / d.per_carrier;
     Carrier& cr = carriers_[c];
-    if (cr.used == d.per_carrier) link_partial(d, c);
+    if (cr.used < d.per_carrier) unlink_partial(d, c);
+    cr.claimed = false;  // its owner has started to give pages back: open to others
     d.slot_next[idx] = cr.free_head;
     cr.free_head = idx;
     ++d.free_small;
-    if (--cr.used != 0) return;
+    if (--cr.used != 0) {
+      link_partial(d, c);
+      return;
+    }
     // every slot free: the expert page is whole again
-    unlink_partial(d, c);
     d.free_small -= d.per_carrier;
     cr = Carrier{};
     release_middle(kCarrier, c);

@@ -1,0 +1,113 @@
+// Where the MoE kernel finds each expert's three weight matrices: the addressing policies (tag structs
+// modelling `expert_addressing`). `Paged` reads experts from a shared page pool or from a load-buffer slot;
+// `Contiguous` reads one [E+m][3][F·H] array. The kernel template is the same for both: it asks the policy
+// once per output tile for the base pointer of (expert, matrix), so the inner loops are identical.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <concepts>
+#include <cstdint>
+#include <type_traits>
+
+#include "moe/moe_shape.hpp"
+
+namespace amoeba::kernels {
+
+using bf16 = __nv_bfloat16;
+
+// Matrix index j within an expert (DESIGN §3.5: each expert = 3 expert pages).
+enum class ExpertMatrix : int { kGate = 0, kUp = 1, kDown = 2 };  // W1, W3, W2
+
+// Where one expert lives: three pool page ids (W1, W3, W2), or, when buffer_slot >= 0, a load-buffer slot
+// that holds W1, W3, W2 back to back (page ids are then ignored). Trivially copyable; the engine builds one
+// per expert per layer.
+struct ExpertLocation {
+  std::int32_t page[3] = {-1, -1, -1};
+  std::int32_t buffer_slot = -1;
+};
+static_assert(std::is_trivially_copyable_v<ExpertLocation> && sizeof(ExpertLocation) == 16);
+
+// An addressing policy: host Arguments, a trivially copyable device Params, and the per-tile lookup.
+// `resolve(args, table, e, matrix_elems)` runs once per expert per layer (inside the routing kernel) and may
+// fill a table of 3 base pointers per expert; `matrix_base(params, e, j)` is what every output tile calls.
+template <class A>
+concept expert_addressing = std::is_trivially_copyable_v<typename A::Arguments> &&
+    std::is_trivially_copyable_v<typename A::Params> &&
+    requires(const typename A::Arguments& args, const typename A::Params& params, const bf16** table, int e,
+             std::int64_t elems) {
+  { A::kNeedsTable } -> std::convertible_to<bool>;
+  { A::make_params(args, table, elems) } -> std::same_as<typename A::Params>;
+  { A::check(args) } -> std::same_as<Status>;
+  A::resolve(args, table, e, elems);
+  { A::matrix_base(params, e, 0) } -> std::same_as<const bf16*>;
+};
+
+// Baseline: one contiguous array, expert e matrix j at weights + (3e + j)·F·H, i.e. page_id[e][j] = 3e + j.
+struct Contiguous {
+  struct Arguments {
+    const bf16* weights = nullptr;  // [E+m][3][F·H]
+  };
+  struct Params {
+    const bf16* weights;
+    std::int64_t matrix_elems;
+  };
+  static constexpr bool kNeedsTable = false;
+
+  static Params make_params(const Arguments& a, const bf16** /*table*/, std::int64_t matrix_elems) {
+    return {a.weights, matrix_elems};
+  }
+  static Status check(const Arguments& a) {
+    if (a.weights == nullptr) return Status::error("weights.weights", "must not be null");
+    if (reinterpret_cast<std::uintptr_t>(a.weights) % 16 != 0)
+      return Status::error("weights.weights",
+                           static_cast<long long>(reinterpret_cast<std::uintptr_t>(a.weights)),
+                           "must be 16-byte aligned");
+    return Status::success();
+  }
+  __device__ static void resolve(const Arguments&, const bf16**, int, std::int64_t) {}
+  __device__ __forceinline__ static const bf16* matrix_base(const Params& p, int e, int j) {
+    return p.weights + (3 * static_cast<std::int64_t>(e) + j) * p.matrix_elems;
+  }
+};
+static_assert(expert_addressing<Contiguous>);
+
+// Experts in a page pool (page p at pool_base + p·F·H elements, i.e. p·F·H·2 bytes) or in a load buffer
+// (slot s at load_buffer + 3·s·F·H elements). The routing kernel resolves the table of base pointers once per
+// layer, so the lookup per tile is one 8-byte load and the hot loop never branches on where an expert lives.
+struct Paged {
+  struct Arguments {
+    const bf16* pool_base = nullptr;
+    const bf16* load_buffer = nullptr;          // may be null when no expert has buffer_slot >= 0
+    const ExpertLocation* locations = nullptr;  // device array, [E+m]
+  };
+  struct Params {
+    const bf16* const* table;  // [E+m][3], in the workspace
+  };
+  static constexpr bool kNeedsTable = true;
+
+  static Params make_params(const Arguments&, const bf16** table, std::int64_t) { return {table}; }
+  static Status check(const Arguments& a) {
+    if (a.pool_base == nullptr) return Status::error("weights.pool_base", "must not be null");
+    if (a.locations == nullptr) return Status::error("weights.locations", "must not be null");
+    if (reinterpret_cast<std::uintptr_t>(a.pool_base) % 16 != 0)
+      return Status::error("weights.pool_base", "must be 16-byte aligned");
+    if (reinterpret_cast<std::uintptr_t>(a.load_buffer) % 16 != 0)
+      return Status::error("weights.load_buffer", "must be 16-byte aligned");
+    return Status::success();
+  }
+  __device__ static void resolve(const Arguments& a, const bf16** table, int e, std::int64_t matrix_elems) {
+    const ExpertLocation loc = a.locations[e];
+    for (int j = 0; j < 3; ++j)
+      table[3 * e + j] =
+          loc.buffer_slot >= 0
+              ? a.load_buffer + (3 * static_cast<std::int64_t>(loc.buffer_slot) + j) * matrix_elems
+              : a.pool_base + static_cast<std::int64_t>(loc.page[j]) * matrix_elems;
+  }
+  __device__ __forceinline__ static const bf16* matrix_base(const Params& p, int e, int j) {
+    return p.table[3 * e + j];
+  }
+};
+static_assert(expert_addressing<Paged>);
+
+}  // namespace amoeba::kernels

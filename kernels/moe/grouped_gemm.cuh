@@ -1,0 +1,173 @@
+// Prefill path (many tokens per expert, compute-bound): a grouped GEMM on mma.sync m16n8k16 bf16 tensor
+// cores. Each block owns one work tile (<= 128 expert-sorted token rows of one expert) × 128 weight rows, K
+// in steps of 64 through a 3-stage cp.async pipeline into XOR-swizzled shared memory (conflict-free
+// ldmatrix).
+//  - gate/up stage: A = input rows gathered through the permutation while loading; B = 64 features of W1 and
+//  the
+//    same 64 of W3, interleaved per warp so each thread holds gate and up of the same (token, feature):
+//    SiLU(gate)·up is fused into the epilogue, which writes bf16 `act` rows.
+//  - down stage: A = `act` rows, B = 128 rows of W2; the epilogue writes fp32 rows of `y` at their slot index
+//    (the top-k weighting and sum happen in the combine kernel, in slot order, so results are deterministic).
+// The base pointers of a tile's weight rows come from one addressing lookup per matrix per tile; since 64
+// divides F, a tile never straddles the W1/W3 border. Blocks are ordered token-tile-major so consecutive
+// blocks share the same A rows and the same expert's weights stay in L2 across its token tiles.
+#pragma once
+
+#include "moe/moe_params.cuh"
+#include "moe/ptx.cuh"
+
+namespace amoeba::kernels::grouped {
+
+enum class Stage { kGateUp, kDown };
+
+inline constexpr int kBlockM = 128;  // token rows per tile
+inline constexpr int kBlockN = 128;  // weight rows per tile (gate/up: 64 features of W1 + the same 64 of W3)
+inline constexpr int kBlockK = 64;
+inline constexpr int kStages = 3;
+inline constexpr int kThreads = 256;  // 8 warps: 2 along M (64 rows each) × 4 along N (32 each)
+inline constexpr int kGateUpFeatures = kBlockN / 2;
+inline constexpr int kSmemBytes = kStages * (kBlockM + kBlockN) * kBlockK * 2;
+
+__device__ __forceinline__ float silu(float v) {
+  return v / (1.0f + __expf(-v));
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][64] bf16 tile, XOR-swizzled by row.
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * kBlockK + ((chunk ^ (row & 7)) * 8);
+}
+
+template <class Addressing, Stage kStage>
+__global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* smem_a = reinterpret_cast<bf16*>(smem_raw);
+  bf16* smem_b = smem_a + kStages * kBlockM * kBlockK;
+
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
+  const WorkTile tile = p.tiles[blockIdx.y];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  const int wm = warp % 2, wn = warp / 2;
+  const int K = kGateUp ? p.hidden : p.intermediate;
+  const int k_tiles = K / kBlockK;
+
+  // Loader: thread copies chunk (tid % 8) of rows tid/8 + 32·i, i < 4, of both A and B each stage.
+  const int ld_row = tid / 8, ld_chunk = tid % 8;
+  const bf16* a_src[4];
+  int a_bytes[4];
+  const bf16* b_src[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = ld_row + 32 * i;
+    const bool valid = m < tile.count;
+    const int mm = valid ? m : 0;
+    a_bytes[i] = valid ? 16 : 0;
+    if constexpr (kGateUp) {
+      const int slot = p.sorted_slot[tile.row_start + mm];
+      a_src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + ld_chunk * 8;
+    } else {
+      a_src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + ld_chunk * 8;
+    }
+  }
+  if constexpr (kGateUp) {
+    // One lookup per matrix per tile.
+    const bf16* w1 = Addressing::matrix_base(p.addr, tile.expert, 0);
+    const bf16* w3 = Addressing::matrix_base(p.addr, tile.expert, 1);
+    const int n0 = blockIdx.x * kGateUpFeatures;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int b = ld_row + 32 * i;  // B row b: warp column b/32, W1 for (b % 32) < 16, else W3
+      const int n = n0 + 16 * (b / 32) + (b % 16);
+      b_src[i] = ((b % 32) < 16 ? w1 : w3) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
+    }
+  } else {
+    const bf16* w2 = Addressing::matrix_base(p.addr, tile.expert, 2);
+    const int h0 = blockIdx.x * kBlockN;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      b_src[i] = w2 + static_cast<std::int64_t>(h0 + ld_row + 32 * i) * K + ld_chunk * 8;
+  }
+  const int st_off = swizzle(ld_row, ld_chunk);  // rows ld_row + 32·i share (row & 7)
+  auto load_stage = [&](int stage, int kt) {
+    bf16* sa = smem_a + stage * kBlockM * kBlockK;
+    bf16* sb = smem_b + stage * kBlockN * kBlockK;
+    const int k = kt * kBlockK;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      ptx::cp_async_16(ptx::smem_u32(sa + st_off + 32 * i * kBlockK), a_src[i] + k, a_bytes[i]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      ptx::cp_async_16(ptx::smem_u32(sb + st_off + 32 * i * kBlockK), b_src[i] + k, 16);
+  };
+
+  float acc[4][4][4] = {};
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    ptx::cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next);
+    ptx::cp_async_commit();
+    const bf16* sa = smem_a + (kt % kStages) * kBlockM * kBlockK;
+    const bf16* sb = smem_b + (kt % kStages) * kBlockN * kBlockK;
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      std::uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        const int row = wm * 64 + mt * 16 + (lane % 16);
+        ptx::ldmatrix_x4(af[mt], ptx::smem_u32(sa + swizzle(row, kk * 2 + lane / 16)));
+      }
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        const int row = wn * 32 + pair * 16 + (lane % 8) + 8 * (lane / 16);
+        std::uint32_t r[4];
+        ptx::ldmatrix_x4(r, ptx::smem_u32(sb + swizzle(row, kk * 2 + (lane / 8) % 2)));
+        bfr[2 * pair][0] = r[0];
+        bfr[2 * pair][1] = r[1];
+        bfr[2 * pair + 1][0] = r[2];
+        bfr[2 * pair + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          ptx::mma_bf16_16816(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[nt][0],
+                              bfr[nt][1]);
+    }
+  }
+  ptx::cp_async_wait<0>();
+
+  // Accumulator (mt, nt, i): token row wm·64 + mt·16 + g + 8·(i/2), B row wn·32 + nt·8 + 2q + (i % 2).
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = wm * 64 + mt * 16 + g + 8 * half;
+      if (m >= tile.count) continue;
+      if constexpr (kGateUp) {
+        bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
+                     blockIdx.x * kGateUpFeatures + 16 * wn + 2 * q;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const float v0 = silu(acc[mt][nt][2 * half]) * acc[mt][nt + 2][2 * half];
+          const float v1 = silu(acc[mt][nt][2 * half + 1]) * acc[mt][nt + 2][2 * half + 1];
+          *reinterpret_cast<std::uint32_t*>(arow + 8 * nt) = ptx::pack_bf16x2(v0, v1);
+        }
+      } else {
+        const int slot = p.sorted_slot[tile.row_start + m];
+        float* yrow =
+            p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kBlockN + 32 * wn + 2 * q;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          *reinterpret_cast<float2*>(yrow + 8 * nt) =
+              make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+      }
+    }
+}
+
+}  // namespace amoeba::kernels::grouped

@@ -1,0 +1,59 @@
+// The one trivially copyable parameter block every kernel of a MoE layer receives (as __grid_constant__),
+// plus the slot helpers shared by routing and combine. A "slot" is (token t, j) with j < k for routed experts
+// and k <= j < k+m for the shared chunks; slot index s = t·(k+m) + j.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "moe/addressing.cuh"
+
+namespace amoeba::kernels {
+
+// One unit of GEMM work: `count` consecutive rows of the expert-sorted order starting at `row_start`, all
+// routed to `expert`. Built by the routing kernel, `count` <= the path's token tile.
+struct WorkTile {
+  int expert;
+  int row_start;
+  int count;
+  int pad;
+};
+
+template <expert_addressing Addressing>
+struct MoeParams {
+  typename Addressing::Params addr;
+  const bf16* input;             // [T, H]
+  bf16* output;                  // [T, H]
+  const std::int32_t* topk_ids;  // [T, k]
+  const float* topk_weights;     // [T, k]
+  const float* shared_weights;   // [T] or null (weight 1)
+  int num_tokens, hidden, intermediate, num_experts, top_k, slots_per_token;
+  int num_slots;
+  // Workspace, written by routing and the GEMM stages.
+  const int* sorted_slot;  // [S] slot index of each row of the expert-sorted order
+  const WorkTile* tiles;   // [max_tiles]
+  const int* num_tiles;    // [1]
+  bf16* act;               // [S, F] SiLU(gate)·up, expert-sorted rows
+  float* y;                // [S, H] down-projection output per slot (unweighted), slot order
+};
+
+// Expert of slot s, or -1 when the routed id is outside [0, E) (such slots contribute nothing).
+template <class P>
+__device__ __forceinline__ int slot_expert(const P& p, int s) {
+  const int t = s / p.slots_per_token, j = s - t * p.slots_per_token;
+  if (j < p.top_k) {
+    const int e = p.topk_ids[static_cast<std::int64_t>(t) * p.top_k + j];
+    return (e >= 0 && e < p.num_experts) ? e : -1;
+  }
+  return p.num_experts + (j - p.top_k);
+}
+
+template <class P>
+__device__ __forceinline__ float slot_weight(const P& p, int t, int j) {
+  if (j < p.top_k) return p.topk_weights[static_cast<std::int64_t>(t) * p.top_k + j];
+  return p.shared_weights != nullptr ? p.shared_weights[t] : 1.0f;
+}
+
+}  // namespace amoeba::kernels

@@ -1,0 +1,300 @@
+// PagedMoe<Addressing>: the fused MoE layer the engine calls, as a CUTLASS-style device adapter.
+//   Arguments → can_implement() (a Status naming the bad field) → workspace_size() → run(workspace, stream).
+// No hidden allocations: every scratch byte lives in the caller's workspace.
+//
+// One run = routing preparation (CUB) → gate/up stage (SiLU·mul fused) → down stage → combine (top-k weighted
+// sum in slot order, fp32, bf16 out). The gate/up and down stages use one of two collectives chosen per call:
+// decode (tensor-core GEMV streaming weights, few tokens per expert) or grouped (tiled grouped GEMM, many
+// tokens per expert). Both are templates over the addressing policy, so Paged and Contiguous run the same
+// code.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "moe/addressing.cuh"
+#include "moe/decode_gemv.cuh"
+#include "moe/grouped_gemm.cuh"
+#include "moe/moe_params.cuh"
+#include "moe/routing.cuh"
+
+namespace amoeba::kernels {
+
+// Which collective runs the two GEMM stages. kAuto picks by the expected tokens per expert.
+enum class MoePath { kAuto, kDecode, kGrouped };
+
+namespace detail {
+
+// y rows are summed per token in slot order: 8 hidden values per thread.
+template <class Addressing>
+__global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int per_token = p.hidden / 8;
+  const std::int64_t t = idx / per_token;
+  if (t >= p.num_tokens) return;
+  const int h = static_cast<int>(idx % per_token) * 8;
+  float acc[8] = {};
+  for (int j = 0; j < p.slots_per_token; ++j) {
+    const int s = static_cast<int>(t) * p.slots_per_token + j;
+    if (slot_expert(p, s) < 0) continue;
+    const float w = slot_weight(p, static_cast<int>(t), j);
+    const float4* yr = reinterpret_cast<const float4*>(p.y + static_cast<std::int64_t>(s) * p.hidden + h);
+    const float4 a = yr[0], b = yr[1];
+    acc[0] += w * a.x, acc[1] += w * a.y, acc[2] += w * a.z, acc[3] += w * a.w;
+    acc[4] += w * b.x, acc[5] += w * b.y, acc[6] += w * b.z, acc[7] += w * b.w;
+  }
+  uint4 out;
+  out.x = ptx::pack_bf16x2(acc[0], acc[1]);
+  out.y = ptx::pack_bf16x2(acc[2], acc[3]);
+  out.z = ptx::pack_bf16x2(acc[4], acc[5]);
+  out.w = ptx::pack_bf16x2(acc[6], acc[7]);
+  *reinterpret_cast<uint4*>(p.output + t * p.hidden + h) = out;
+}
+
+inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
+  return (v + a - 1) / a * a;
+}
+
+}  // namespace detail
+
+template <expert_addressing Addressing>
+class PagedMoe {
+ public:
+  struct Arguments {
+    MoeShape shape;
+    const bf16* input = nullptr;             // [T, H]
+    const std::int32_t* topk_ids = nullptr;  // [T, k]; ids outside [0, E) contribute nothing
+    const float* topk_weights = nullptr;     // [T, k]
+    const float* shared_weights = nullptr;   // [T] or null: weight 1 for every shared chunk
+    bf16* output = nullptr;                  // [T, H]
+    typename Addressing::Arguments weights;  // where the E + m experts live
+    MoePath path = MoePath::kAuto;
+  };
+
+  // Tiling limits. Paths need: H % 128 (down tiles, decode K split), F % 64 (gate/up tiles), F % 128 (decode
+  // K split of the down stage); total experts <= 1024 (one per routing thread).
+  static Status can_implement(const Arguments& a) {
+    const MoeShape& s = a.shape;
+    if (Status st = validate(s); !st) return st;
+    if (s.hidden % 128 != 0) return Status::error("shape.hidden", s.hidden, "must be a multiple of 128");
+    if (s.intermediate % 128 != 0)
+      return Status::error("shape.intermediate", s.intermediate, "must be a multiple of 128");
+    if (s.total_experts() > routing::kMaxExperts)
+      return Status::error("shape.num_experts + shape.num_shared_chunks", s.total_experts(),
+                           "must be <= 1024");
+    if (s.num_slots() > (1LL << 30))
+      return Status::error("shape.num_tokens", s.num_tokens,
+                           "num_tokens*(top_k+num_shared_chunks) must be <= 2^30");
+    if (max_tiles(s, 8) > 65535)
+      return Status::error("shape.num_tokens", s.num_tokens, "too many work tiles for one grid (<= 65535)");
+    if (s.num_tokens > 0) {
+      if (a.input == nullptr) return Status::error("input", "must not be null");
+      if (a.output == nullptr) return Status::error("output", "must not be null");
+      if (a.topk_ids == nullptr) return Status::error("topk_ids", "must not be null");
+      if (a.topk_weights == nullptr) return Status::error("topk_weights", "must not be null");
+      if (reinterpret_cast<std::uintptr_t>(a.input) % 16 != 0)
+        return Status::error("input", "must be 16-byte aligned");
+      if (reinterpret_cast<std::uintptr_t>(a.output) % 16 != 0)
+        return Status::error("output", "must be 16-byte aligned");
+    }
+    return Addressing::check(a.weights);
+  }
+
+  static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
+
+  // Tokens per work tile the call will use (8, 16 or 32 for decode, 128 for grouped).
+  static int tile_tokens(const Arguments& a) { return choose(a).tile_tokens; }
+  static MoePath chosen_path(const Arguments& a) { return choose(a).path; }
+
+  Status run(const Arguments& a, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
+    if (Status st = can_implement(a); !st) return st;
+    const MoeShape& s = a.shape;
+    if (s.num_tokens == 0) return Status::success();
+    const Layout lay = layout(s);
+    if (workspace_bytes < lay.total)
+      return Status::error("workspace_bytes", static_cast<long long>(workspace_bytes),
+                           "must be >= workspace_size() = " + std::to_string(lay.total));
+    if (workspace == nullptr) return Status::error("workspace", "must not be null");
+    auto* base = static_cast<unsigned char*>(workspace);
+    auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
+    const Choice choice = choose(a);
+
+    routing::RoutingParams<Addressing> r{};
+    const bf16** table = static_cast<const bf16**>(at(lay.table));
+    MoeParams<Addressing>& p = r.moe;
+    p.addr = Addressing::make_params(a.weights, table, s.matrix_elems());
+    p.input = a.input;
+    p.output = a.output;
+    p.topk_ids = a.topk_ids;
+    p.topk_weights = a.topk_weights;
+    p.shared_weights = a.shared_weights;
+    p.num_tokens = s.num_tokens;
+    p.hidden = s.hidden;
+    p.intermediate = s.intermediate;
+    p.num_experts = s.num_experts;
+    p.top_k = s.top_k;
+    p.slots_per_token = s.slots_per_token();
+    p.num_slots = static_cast<int>(s.num_slots());
+    p.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
+    p.tiles = static_cast<WorkTile*>(at(lay.tiles));
+    p.num_tiles = static_cast<int*>(at(lay.num_tiles));
+    p.act = static_cast<bf16*>(at(lay.act));
+    p.y = static_cast<float*>(at(lay.y));
+    r.addr_args = a.weights;
+    r.table = table;
+    r.matrix_elems = s.matrix_elems();
+    r.total_experts = s.total_experts();
+    r.tile_rows = choice.tile_tokens;
+    r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
+    r.expert_offset = static_cast<int*>(at(lay.expert_offset));
+    r.tiles = static_cast<WorkTile*>(at(lay.tiles));
+    r.num_tiles = static_cast<int*>(at(lay.num_tiles));
+    r.keys = static_cast<int*>(at(lay.keys));
+    r.vals = static_cast<int*>(at(lay.vals));
+    r.sorted_keys = static_cast<int*>(at(lay.sorted_keys));
+
+    // 1. Routing preparation.
+    if (p.num_slots <= routing::kSmallSlots) {
+      routing::small_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
+      if (Status st = launched("routing::small_kernel"); !st) return st;
+    } else {
+      routing::expand_kernel<Addressing><<<(p.num_slots + 255) / 256, 256, 0, stream>>>(r);
+      if (Status st = launched("routing::expand_kernel"); !st) return st;
+      std::size_t temp_bytes = lay.sort_temp_bytes;
+      if (cudaError_t e = cub::DeviceRadixSort::SortPairs(at(lay.sort_temp), temp_bytes, r.keys,
+                                                          r.sorted_keys, r.vals, r.sorted_slot, p.num_slots,
+                                                          0, routing::key_bits(r.total_experts), stream);
+          e != cudaSuccess)
+        return Status::error("cub::DeviceRadixSort", cudaGetErrorString(e));
+      routing::finalize_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
+      if (Status st = launched("routing::finalize_kernel"); !st) return st;
+    }
+
+    // 2-3. Gate/up then down.
+    const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
+    if (choice.path == MoePath::kGrouped) {
+      using grouped::gemm_kernel;
+      using grouped::Stage;
+      if (Status st = set_smem<Stage::kGateUp>(); !st) return st;
+      if (Status st = set_smem<Stage::kDown>(); !st) return st;
+      gemm_kernel<Addressing, Stage::kGateUp><<<dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles),
+                                                grouped::kThreads, grouped::kSmemBytes, stream>>>(p);
+      if (Status st = launched("grouped::gemm_kernel<kGateUp>"); !st) return st;
+      gemm_kernel<Addressing, Stage::kDown>
+          <<<dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads, grouped::kSmemBytes, stream>>>(
+              p);
+      if (Status st = launched("grouped::gemm_kernel<kDown>"); !st) return st;
+    } else {
+      Status st = Status::success();
+      switch (choice.tile_tokens) {
+        case 8:
+          st = run_decode<1>(p, s, grid_tiles, stream);
+          break;
+        case 16:
+          st = run_decode<2>(p, s, grid_tiles, stream);
+          break;
+        default:
+          st = run_decode<4>(p, s, grid_tiles, stream);
+          break;
+      }
+      if (!st) return st;
+    }
+
+    // 4. Combine.
+    const std::int64_t threads = static_cast<std::int64_t>(s.num_tokens) * (s.hidden / 8);
+    detail::combine_kernel<Addressing><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
+    return launched("combine_kernel");
+  }
+
+ private:
+  struct Choice {
+    MoePath path;
+    int tile_tokens;
+  };
+  struct Layout {
+    std::size_t table, expert_offset, num_tiles, tiles, sorted_slot, keys, vals, sorted_keys, sort_temp, act,
+        y;
+    std::size_t sort_temp_bytes, total;
+  };
+
+  // Upper bound of work tiles: sum over experts of ceil(count/tile) <= S/tile + min(E+m, S).
+  static long long max_tiles(const MoeShape& s, int tile_tokens) {
+    const long long slots = s.num_slots();
+    return slots / tile_tokens + std::min<long long>(s.total_experts(), slots) + 1;
+  }
+
+  // Decode while the expected largest expert batch fits a 32-token tile (mean + 3 standard deviations of a
+  // uniform router's per-expert count).
+  static Choice choose(const Arguments& a) {
+    const MoeShape& s = a.shape;
+    const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
+    const double expected_max = mean + 3.0 * std::sqrt(mean) + 1.0;
+    MoePath path = a.path;
+    if (path == MoePath::kAuto) path = expected_max <= 32.0 ? MoePath::kDecode : MoePath::kGrouped;
+    if (path == MoePath::kGrouped) return {path, grouped::kBlockM};
+    return {path, expected_max <= 8.0 ? 8 : expected_max <= 16.0 ? 16 : 32};
+  }
+
+  static Layout layout(const MoeShape& s) {
+    using detail::align_up;
+    Layout l{};
+    const std::size_t slots = static_cast<std::size_t>(s.num_slots());
+    const std::size_t experts = static_cast<std::size_t>(s.total_experts());
+    std::size_t off = 0;
+    auto take = [&](std::size_t bytes) {
+      const std::size_t at = off;
+      off += align_up(bytes);
+      return at;
+    };
+    l.table = take(experts * 3 * sizeof(const bf16*));
+    l.expert_offset = take((experts + 1) * sizeof(int));
+    l.num_tiles = take(sizeof(int));
+    l.tiles = take(static_cast<std::size_t>(max_tiles(s, 8)) * sizeof(WorkTile));
+    l.sorted_slot = take(slots * sizeof(int));
+    const bool large = slots > static_cast<std::size_t>(routing::kSmallSlots);
+    l.sort_temp_bytes = large ? routing::sort_temp_bytes(static_cast<int>(slots), s.total_experts()) : 0;
+    l.keys = take(large ? slots * sizeof(int) : 0);
+    l.vals = take(large ? slots * sizeof(int) : 0);
+    l.sorted_keys = take(large ? slots * sizeof(int) : 0);
+    l.sort_temp = take(l.sort_temp_bytes);
+    l.act = take(slots * static_cast<std::size_t>(s.intermediate) * sizeof(bf16));
+    l.y = take(slots * static_cast<std::size_t>(s.hidden) * sizeof(float));
+    l.total = off;
+    return l;
+  }
+
+  template <int kTokTiles>
+  static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
+                           cudaStream_t stream) {
+    using decode::gemv_kernel;
+    using decode::Stage;
+    gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>
+        <<<dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, 0, stream>>>(p);
+    if (Status st = launched("decode::gemv_kernel<kGateUp>"); !st) return st;
+    gemv_kernel<Addressing, Stage::kDown, kTokTiles>
+        <<<dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream>>>(p);
+    return launched("decode::gemv_kernel<kDown>");
+  }
+
+  // The grouped GEMM needs more than the default 48 KB of dynamic shared memory; set once per kernel.
+  template <grouped::Stage kStage>
+  static Status set_smem() {
+    static const cudaError_t once =
+        cudaFuncSetAttribute(grouped::gemm_kernel<Addressing, kStage>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, grouped::kSmemBytes);
+    if (once != cudaSuccess) return Status::error("cudaFuncSetAttribute", cudaGetErrorString(once));
+    return Status::success();
+  }
+
+  static Status launched(const char* what) {
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+      return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
+    return Status::success();
+  }
+};
+
+}  // namespace amoeba::kernels

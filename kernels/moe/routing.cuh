@@ -1,0 +1,147 @@
+// Routing preparation (CUB): from top-k ids per token, the rows of every expert in expert-sorted order
+// (`sorted_slot`), the per-expert offsets and the list of GEMM work tiles; also resolves the addressing
+// policy's table of expert base pointers once per layer. Two paths with the same outputs:
+//  - small (S <= kSmallSlots): one block, shared-memory atomics for ranks and cub::BlockScan for offsets;
+//  - large: a key/value expand kernel, cub::DeviceRadixSort (stable) and one finalize block (binary search +
+//    cub::BlockScan).
+// The order of rows inside one expert does not change any result: each row's arithmetic is independent of its
+// position, and the combine sums each token's slots in slot order.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+
+#include "moe/moe_params.cuh"
+
+namespace amoeba::kernels::routing {
+
+inline constexpr int kThreads = 1024;
+inline constexpr int kMaxExperts = kThreads;  // one expert per thread in the scans
+inline constexpr int kSmallSlots = 8192;      // ranks kept in 32 KB of shared memory
+
+template <expert_addressing Addressing>
+struct RoutingParams {
+  MoeParams<Addressing> moe;
+  typename Addressing::Arguments addr_args;
+  const bf16** table;  // [E+m][3] when Addressing::kNeedsTable
+  std::int64_t matrix_elems;
+  int total_experts;
+  int tile_rows;  // token rows per work tile
+  int* sorted_slot;
+  int* expert_offset;  // [E+m+1]
+  WorkTile* tiles;
+  int* num_tiles;
+  // large path only
+  int* keys;
+  int* vals;
+  int* sorted_keys;
+};
+
+template <class Addressing>
+__device__ void resolve_table(const RoutingParams<Addressing>& r) {
+  if constexpr (Addressing::kNeedsTable)
+    for (int e = threadIdx.x; e < r.total_experts; e += blockDim.x)
+      Addressing::resolve(r.addr_args, r.table, e, r.matrix_elems);
+}
+
+// Writes expert_offset and the tiles of expert `e` (one thread per expert) given its offset and count.
+template <class Addressing>
+__device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int count) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const int e = threadIdx.x;
+  const int n = (count + r.tile_rows - 1) / r.tile_rows;
+  int first = 0, total = 0;
+  Scan(scan).ExclusiveSum(n, first, total);
+  if (e < r.total_experts) {
+    r.expert_offset[e] = offset;
+    for (int i = 0; i < n; ++i) {
+      const int start = i * r.tile_rows;
+      r.tiles[first + i] = WorkTile{e, offset + start, min(r.tile_rows, count - start), 0};
+    }
+  }
+  if (e == 0) {
+    *r.num_tiles = total;
+    r.expert_offset[r.total_experts] = r.moe.num_slots;
+  }
+}
+
+template <class Addressing>
+__global__ void __launch_bounds__(kThreads)
+    small_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ int counts[kMaxExperts];
+  __shared__ int ranks[kSmallSlots];
+  __shared__ typename Scan::TempStorage scan;
+  const int tid = threadIdx.x;
+  const int num_slots = r.moe.num_slots;
+  counts[tid] = 0;
+  resolve_table(r);
+  __syncthreads();
+  for (int s = tid; s < num_slots; s += kThreads) {
+    const int e = slot_expert(r.moe, s);
+    ranks[s] = e >= 0 ? atomicAdd(&counts[e], 1) : -1;
+  }
+  __syncthreads();
+  const int count = tid < r.total_experts ? counts[tid] : 0;
+  int offset = 0;
+  Scan(scan).ExclusiveSum(count, offset);
+  __syncthreads();
+  counts[tid] = offset;
+  write_tiles(r, offset, count);
+  __syncthreads();
+  for (int s = tid; s < num_slots; s += kThreads)
+    if (ranks[s] >= 0) r.sorted_slot[counts[slot_expert(r.moe, s)] + ranks[s]] = s;
+}
+
+// keys[s] = expert of slot s (total_experts for invalid ids, so they sort last), vals[s] = s.
+template <class Addressing>
+__global__ void expand_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+  if (blockIdx.x == 0) resolve_table(r);
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= r.moe.num_slots) return;
+  const int e = slot_expert(r.moe, s);
+  r.keys[s] = e >= 0 ? e : r.total_experts;
+  r.vals[s] = s;
+}
+
+__device__ __forceinline__ int lower_bound(const int* a, int n, int v) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (a[mid] < v)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+template <class Addressing>
+__global__ void __launch_bounds__(kThreads)
+    finalize_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+  const int e = threadIdx.x;
+  int offset = 0, count = 0;
+  if (e < r.total_experts) {
+    offset = lower_bound(r.sorted_keys, r.moe.num_slots, e);
+    count = lower_bound(r.sorted_keys, r.moe.num_slots, e + 1) - offset;
+  }
+  write_tiles(r, offset, count);
+}
+
+// Bits of the radix sort key: values 0..total_experts.
+inline int key_bits(int total_experts) {
+  int bits = 1;
+  while ((1 << bits) <= total_experts) ++bits;
+  return bits;
+}
+
+inline std::size_t sort_temp_bytes(int num_slots, int total_experts) {
+  std::size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int*>(nullptr),
+                                  static_cast<int*>(nullptr), static_cast<const int*>(nullptr),
+                                  static_cast<int*>(nullptr), num_slots, 0, key_bits(total_experts));
+  return bytes;
+}
+
+}  // namespace amoeba::kernels::routing

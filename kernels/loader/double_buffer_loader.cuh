@@ -232,7 +232,7 @@ class DoubleBufferLoader {
         std::byte* dst = buffers_[c.buffer] + std::uint64_t(c.slot) * 3 * mb;
         copy(dst, store_.expert(c.expert), 3 * mb);  // W1, W3, W2 contiguous on both sides: one copy
       } else {
-        for (ExpertMatrix m : kExpertMatrices)
+        for (amoeba::ExpertMatrix m : kExpertMatrices)
           copy(pool_.base + std::uint64_t(c.pages[m].index) * mb, store_.matrix(c.expert, m), mb);
       }
     }

@@ -65,6 +65,7 @@ enum class LoaderErrorCode : std::uint8_t {
   kNotReserved,      // a restore page is not reserved for that expert in the pool
   kTooManyMisses,    // more experts to load on demand than the load buffer holds
   kNoForward,        // a layer call outside begin_forward/end_forward
+  kOutOfOrder,       // layers must be prepared in order, each finished (layer_done) before layer + 2 loads
 };
 
 struct LoaderError {

@@ -116,8 +116,9 @@ class TieredPagePool {
   template <class K>
   static constexpr std::uint8_t kind_index = [] {
     static_assert(count_of<K, Kinds...>() == 1, "kind is not managed by this pool");
+    constexpr bool same[] = {std::is_same_v<K, Kinds>...};
     std::uint8_t i = 0;
-    ((std::is_same_v<K, Kinds> ? false : (++i, true)) && ...);
+    while (!same[i]) ++i;
     return i;
   }();
   // The middle kind small pages are cut from (the first middle kind listed; ExpertPage by convention).

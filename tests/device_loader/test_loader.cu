@@ -1,0 +1,299 @@
+// DoubleBufferLoader on a GPU: a kernel never reads a half-copied expert or a reused page.
+//
+// Every forward: the real elastic Adjuster decides evictions/restores under random pressure, the loader moves
+// experts (restores into reserved pages, predictions and misses into the load buffers), and a consumer kernel
+// hashes every routed expert through the page table, exactly where the MoE kernel would read it. Destinations
+// are poisoned (0xFF) on the copy stream before each copy and the copy stream is delayed by a spin kernel, so
+// a missing wait shows up as a wrong hash. After each forward the pages freed by eviction are handed out as
+// KV pages and overwritten, so a stale page-table entry shows up too. Hashes are compared with the pinned
+// master copy; the test requires zero mismatches over all forwards.
+#include <cuda_runtime.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "amoeba/policies/stacks.hpp"
+#include "amoeba/pool.hpp"
+#include "loader/double_buffer_loader.cuh"
+
+using namespace amoeba;
+using amoeba::kernels::DoubleBufferLoader;
+using amoeba::kernels::ExpertLocation;
+using amoeba::kernels::LoaderOptions;
+using amoeba::kernels::PinnedExpertStore;
+
+namespace {
+
+// h = sum_i word_i * (2i + 1) mod 2^64 over the 32-bit words of one matrix: position-dependent, order-free.
+__global__ void hash_routed(const ExpertLocation* row, const __nv_bfloat16* pool, const __nv_bfloat16* buffer,
+                            const std::uint32_t* experts, std::int64_t matrix_words,
+                            unsigned long long* out /* [n][3] */) {
+  const int i = blockIdx.y / 3, j = blockIdx.y % 3;
+  const ExpertLocation loc = row[experts[i]];
+  const std::uint32_t* base;
+  if (loc.buffer_slot >= 0)
+    base = reinterpret_cast<const std::uint32_t*>(buffer) +
+           (3 * std::int64_t(loc.buffer_slot) + j) * matrix_words;
+  else if (loc.page[j] >= 0)
+    base = reinterpret_cast<const std::uint32_t*>(pool) + std::int64_t(loc.page[j]) * matrix_words;
+  else {
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(&out[blockIdx.y], 0x5eadbeefull);  // absent: a bug
+    return;
+  }
+  unsigned long long h = 0;
+  for (std::int64_t w = blockIdx.x * blockDim.x + threadIdx.x; w < matrix_words; w += gridDim.x * blockDim.x)
+    h += static_cast<unsigned long long>(base[w]) * static_cast<unsigned long long>(2 * w + 1);
+  atomicAdd(&out[blockIdx.y], h);
+}
+
+std::uint64_t host_hash(const std::byte* p, std::uint64_t bytes) {
+  std::uint64_t h = 0;
+  for (std::uint64_t w = 0; w < bytes / 4; ++w) {
+    std::uint32_t v;
+    std::memcpy(&v, p + 4 * w, 4);
+    h += std::uint64_t(v) * (2 * w + 1);
+  }
+  return h;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+struct Harness {
+  static constexpr std::uint32_t kLayers = 6, kExperts = 16, kTopK = 4, kLimit = 6;
+  static constexpr std::uint64_t kMatrix = 128 * 256 * 2;  // F=128, H=256 bf16: 64 KiB per expert page
+  static constexpr std::uint64_t kKv = kMatrix / 8;
+
+  PinnedExpertStore store{kLayers, kExperts, kMatrix};
+  kernels::DeviceArena arena{(kLayers * kExperts * 3 + 48) * kMatrix};
+  MoePool pool{arena.span(), {PageSpec{kMatrix}, PageSpec{kKv}}};
+  policies::ElasticAdjuster adjuster;
+  cudaStream_t compute{};
+  std::vector<std::uint64_t> expected;  // [layer][expert][matrix]
+  std::mt19937 rng{2024};
+
+  static ExpertRanker ranking() {
+    std::vector<std::vector<double>> p(kLayers, std::vector<double>(kExperts));
+    std::mt19937 r(5);
+    for (auto& layer : p)
+      for (auto& x : layer) x = std::uniform_real_distribution<double>(0.01, 1.0)(r);
+    return ExpertRanker::from_probabilities(p);
+  }
+
+  Harness() : adjuster(ranking(), AdjusterConfig{kLimit}, policies::ElasticHysteresis{}) {
+    store.fill(PinnedExpertStore::random_bf16(99));
+    for (std::uint32_t l = 0; l < kLayers; ++l)
+      for (std::uint32_t e = 0; e < kExperts; ++e)
+        for (ExpertMatrix m : kExpertMatrices)
+          expected.push_back(host_hash(store.matrix({l, e}, m), kMatrix));
+    REQUIRE(cudaStreamCreate(&compute) == cudaSuccess);
+    REQUIRE(cudaMemset(arena.data(), 0xff, arena.size()) == cudaSuccess);  // poison the whole pool
+    // Everything resident at first, uploaded with plain copies.
+    REQUIRE_FALSE(adjuster.populate(pool).has_value());
+    adjuster.residency().for_each_resident([&](ExpertKey k, const ExpertPages& p) {
+      for (ExpertMatrix m : kExpertMatrices)
+        REQUIRE(cudaMemcpy(arena.data() + pool.offset_of(p[m]), store.matrix(k, m), kMatrix,
+                           cudaMemcpyHostToDevice) == cudaSuccess);
+    });
+  }
+  ~Harness() { cudaStreamDestroy(compute); }
+
+  std::vector<std::uint32_t> route() {
+    std::vector<std::uint32_t> all(kExperts);
+    std::iota(all.begin(), all.end(), 0u);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(kTopK);
+    return all;
+  }
+  std::vector<std::uint32_t> predict(const std::vector<std::uint32_t>& truth) {  // ~75% accurate
+    std::vector<std::uint32_t> p = truth;
+    for (auto& x : p)
+      if (rng() % 4 == 0) x = rng() % kExperts;
+    return p;
+  }
+  // Evicts under pressure until layer 0 has at least n experts offloaded; returns them.
+  std::vector<std::uint32_t> offload_in_layer0(std::size_t n) {
+    std::vector<std::uint32_t> off;
+    for (int tries = 0; tries < 20 && off.size() < n; ++tries) {
+      ChangeList c = adjuster.adjust(AdjustSignal{30, 0}, pool);
+      REQUIRE_FALSE(adjuster.commit(c, pool).has_value());
+      off.clear();
+      for (std::uint32_t e = 0; e < kExperts; ++e)
+        if (!adjuster.residency().is_resident({0, e})) off.push_back(e);
+    }
+    REQUIRE(off.size() >= n);
+    return off;
+  }
+  // Hands every free page out as KV pages, overwrites them on the compute stream, frees them again.
+  void scribble_free_pages() {
+    std::vector<PageHandle> kv;
+    (void)pool.allocate_n<KvPage>(pool.available<KvPage>(), 999, kv);
+    for (auto p : kv)
+      REQUIRE(cudaMemsetAsync(arena.data() + pool.offset_of(p), 0xab, kKv, compute) == cudaSuccess);
+    for (auto p : kv) REQUIRE(pool.free(p) == PageStatus::kOk);
+  }
+
+  // Runs `forwards` steps; returns the number of hash mismatches.
+  std::uint64_t run(int forwards, LoaderOptions options) {
+    DoubleBufferLoader loader(LoaderShape{kLayers, kExperts, kLimit}, store, arena.span(), compute, options);
+    std::uint32_t* d_experts = nullptr;
+    unsigned long long* d_hash = nullptr;
+    REQUIRE(cudaMalloc(&d_experts, kLayers * kTopK * sizeof(std::uint32_t)) == cudaSuccess);
+    REQUIRE(cudaMalloc(&d_hash, kLayers * kTopK * 3 * sizeof(unsigned long long)) == cudaSuccess);
+    std::vector<std::uint32_t> h_experts(kLayers * kTopK);
+    std::vector<unsigned long long> h_hash(kLayers * kTopK * 3);
+    std::uint64_t mismatches = 0, evictions = 0, restores = 0;
+
+    for (int f = 0; f < forwards; ++f) {
+      // Pressure comes and goes: a burst of shortfall, then calm with free pages (restores).
+      const std::uint64_t shortfall = (f / 10) % 2 == 0 ? rng() % 10 : 0;
+      ChangeList changes = adjuster.adjust(AdjustSignal{shortfall, pool.available<ExpertPage>()}, pool);
+      evictions += changes.evictions.size();
+      restores += changes.restores.size();
+      REQUIRE_FALSE(loader.begin_forward(changes, adjuster.residency(), pool).has_value());
+
+      std::vector<std::vector<std::uint32_t>> routed(kLayers);
+      for (auto& r : routed) r = route();
+      for (std::uint32_t l = 0; l < kLayers; ++l)
+        std::copy(routed[l].begin(), routed[l].end(), h_experts.begin() + l * kTopK);
+      REQUIRE(cudaMemcpyAsync(d_experts, h_experts.data(), h_experts.size() * 4, cudaMemcpyHostToDevice,
+                              compute) == cudaSuccess);
+      REQUIRE(cudaMemsetAsync(d_hash, 0, h_hash.size() * 8, compute) == cudaSuccess);
+
+      REQUIRE_FALSE(loader.prefetch(0, predict(routed[0])).has_value());
+      for (std::uint32_t l = 0; l < kLayers; ++l) {
+        auto w = loader.prepare_layer(l, routed[l]);
+        REQUIRE(w.has_value());
+        if (l + 1 < kLayers) REQUIRE_FALSE(loader.prefetch(l + 1, predict(routed[l + 1])).has_value());
+        hash_routed<<<dim3(8, kTopK * 3), 256, 0, compute>>>(w->locations, w->pool_base, w->load_buffer,
+                                                             d_experts + l * kTopK, kMatrix / 4,
+                                                             d_hash + l * kTopK * 3);
+        REQUIRE(cudaGetLastError() == cudaSuccess);
+        loader.layer_done(l);
+      }
+      // Mid-forward, evicted experts' pages still belong to them: nobody can be handed them.
+      for (const Eviction& e : changes.evictions)
+        for (ExpertMatrix m : kExpertMatrices)
+          REQUIRE(pool.owner_of(e.pages[m]) == expert_owner(e.expert, m));
+
+      const auto evicted = loader.end_forward();
+      REQUIRE(evicted.size() == changes.evictions.size());
+      REQUIRE_FALSE(adjuster.commit(changes, pool).has_value());
+      scribble_free_pages();
+
+      REQUIRE(cudaMemcpyAsync(h_hash.data(), d_hash, h_hash.size() * 8, cudaMemcpyDeviceToHost, compute) ==
+              cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+      for (std::uint32_t l = 0; l < kLayers; ++l)
+        for (std::uint32_t i = 0; i < kTopK; ++i)
+          for (std::uint32_t j = 0; j < 3; ++j) {
+            const std::uint32_t e = routed[l][i];
+            mismatches += h_hash[(l * kTopK + i) * 3 + j] != expected[(l * kExperts + e) * 3 + j];
+          }
+    }
+    const auto& s = loader.stats();
+    INFO("forwards " << forwards << ", evictions " << evictions << ", restores " << restores << ", copies "
+                     << s.copies << ", misses " << s.on_demand_misses << ", prefetch hits "
+                     << s.prefetch_hits);
+    CHECK(evictions > 0);  // the run exercised the protocol
+    CHECK(restores > 0);
+    CHECK(s.on_demand_misses > 0);
+    CHECK(s.prefetch_hits > 0);
+    REQUIRE(pool.check_invariants() == std::nullopt);
+    cudaFree(d_experts);
+    cudaFree(d_hash);
+    return mismatches;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("no torn or stale reads: poisoned destinations, delayed copy stream", "[gpu][loader]") {
+  Harness h;
+  const int forwards = env_int("AMOEBA_LOADER_FORWARDS", 200);
+  REQUIRE(h.run(forwards, LoaderOptions{true, 300}) == 0);
+}
+
+TEST_CASE("no torn or stale reads at full speed", "[gpu][loader]") {
+  Harness h;
+  const int forwards = env_int("AMOEBA_LOADER_FORWARDS", 200);
+  REQUIRE(h.run(forwards, LoaderOptions{false, 0}) == 0);
+}
+
+TEST_CASE("the hash detects a missing wait", "[gpu][loader]") {
+  // Control experiment: reading a buffer slot while its poisoned copy is still delayed must mismatch, or the
+  // tests above prove nothing.
+  Harness h;
+  const auto off = h.offload_in_layer0(1);
+  const ExpertKey victim{0, off[0]};
+  DoubleBufferLoader loader(LoaderShape{Harness::kLayers, Harness::kExperts, Harness::kLimit}, h.store,
+                            h.arena.span(), h.compute, LoaderOptions{true, 20000});
+  REQUIRE_FALSE(loader.begin_forward(ChangeList{}, h.adjuster.residency(), h.pool).has_value());
+  const std::vector<std::uint32_t> routed{victim.expert};
+  auto w = loader.prepare_layer(0, routed);  // queues the on-demand copy behind a 20 ms spin
+  REQUIRE(w.has_value());
+  // A rogue reader: the same locations, uploaded by hand, read on a stream that does NOT wait for the copy.
+  std::vector<ExpertSlotRef> row(Harness::kExperts);
+  loader.planner().locations(0, row);
+  REQUIRE(row[victim.expert].buffer_slot >= 0);
+  cudaStream_t rogue;
+  REQUIRE(cudaStreamCreateWithFlags(&rogue, cudaStreamNonBlocking) == cudaSuccess);
+  ExpertLocation* d_row;
+  std::uint32_t* d_e;
+  unsigned long long* d_h;
+  REQUIRE(cudaMalloc(&d_row, row.size() * sizeof(ExpertLocation)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_e, 4) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_h, 24) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(d_row, row.data(), row.size() * sizeof(ExpertLocation), cudaMemcpyHostToDevice,
+                          rogue) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(d_e, &victim.expert, 4, cudaMemcpyHostToDevice, rogue) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(d_h, 0, 24, rogue) == cudaSuccess);
+  hash_routed<<<dim3(8, 3), 256, 0, rogue>>>(d_row, w->pool_base, w->load_buffer, d_e, Harness::kMatrix / 4,
+                                             d_h);
+  unsigned long long got[3];
+  REQUIRE(cudaMemcpyAsync(got, d_h, 24, cudaMemcpyDeviceToHost, rogue) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(rogue) == cudaSuccess);
+  const bool copy_done = cudaStreamQuery(loader.copy_stream()) == cudaSuccess;
+  loader.layer_done(0);
+  loader.end_forward();
+  const auto base = (victim.layer * Harness::kExperts + victim.expert) * 3;
+  REQUIRE_FALSE(copy_done);           // the rogue read really happened before the copy
+  CHECK(got[0] != h.expected[base]);  // and the hash saw it
+  cudaStreamDestroy(rogue);
+  cudaFree(d_row);
+  cudaFree(d_e);
+  cudaFree(d_h);
+}
+
+TEST_CASE("bad input: too many misses, unreserved restore pages, out-of-order layers", "[gpu][loader]") {
+  Harness h;
+  const auto off = h.offload_in_layer0(3);
+  DoubleBufferLoader loader(LoaderShape{Harness::kLayers, Harness::kExperts, 2}, h.store, h.arena.span(),
+                            h.compute);
+  REQUIRE_FALSE(loader.begin_forward(ChangeList{}, h.adjuster.residency(), h.pool).has_value());
+  const auto calls = loader.device_stats().copy_calls;
+  auto w = loader.prepare_layer(0, off);  // 3 misses, 2 slots
+  REQUIRE_FALSE(w.has_value());
+  CHECK(w.error().code == LoaderErrorCode::kTooManyMisses);
+  CHECK(loader.device_stats().copy_calls == calls);  // nothing issued
+  REQUIRE(loader.prepare_layer(0, std::vector<std::uint32_t>{off[0]}).has_value());
+  REQUIRE(loader.prepare_layer(1, {}).has_value());
+  auto early = loader.prepare_layer(2, {});  // layer 0 was never marked done
+  REQUIRE_FALSE(early.has_value());
+  CHECK(early.error().code == LoaderErrorCode::kOutOfOrder);
+  loader.layer_done(0);
+  loader.layer_done(1);
+  loader.end_forward();
+
+  ChangeList bogus;
+  bogus.restores.push_back(Restore{{0, off[0]}, {}});  // pages never reserved
+  auto e = loader.begin_forward(bogus, h.adjuster.residency(), h.pool);
+  REQUIRE(e.has_value());
+  CHECK(e->code == LoaderErrorCode::kNotReserved);
+}

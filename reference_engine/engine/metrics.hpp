@@ -1,0 +1,56 @@
+// Metrics of one run (DESIGN §3.6): peak concurrency, forward steps, throughput, TTFT/TPOT percentiles,
+// expert bytes moved, hit rates, and an optional per-step timeline. All times are simulated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/sequence.hpp"
+
+namespace amoeba::engine {
+
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
+};
+// Linear interpolation between order statistics (numpy's default). Empty input -> zeros.
+Percentiles percentiles(std::vector<double> v);
+
+struct TimelineRow {
+  std::uint64_t step = 0;
+  double time_s = 0, step_ms = 0;
+  std::uint32_t running = 0, waiting = 0;
+  std::uint64_t batch_tokens = 0;
+  std::uint64_t free_kv_pages = 0, free_expert_pages = 0;
+  std::uint64_t resident_experts = 0;
+  std::uint64_t shortfall_pages = 0;
+  std::uint32_t evictions = 0, restores = 0;
+  std::uint64_t h2d_bytes = 0;
+};
+
+struct RunResult {
+  std::string policy;
+  std::uint32_t peak_concurrency = 0;
+  std::uint64_t forward_steps = 0;
+  std::uint64_t completed_requests = 0, total_requests = 0;
+  std::uint64_t output_tokens = 0;
+  double makespan_s = 0;
+  double throughput_tok_s = 0, throughput_req_s = 0;
+  Percentiles ttft_ms, tpot_ms;
+  std::uint64_t expert_bytes_h2d = 0;
+  double expert_hit_rate = 0;       // routed experts found resident
+  double expert_prefetch_rate = 0;  // routed experts restored or predicted in time
+  std::uint64_t wasted_prefetches = 0;
+  std::uint64_t preemptions = 0;
+  std::uint64_t evictions = 0, restores = 0;
+  std::uint64_t min_resident_experts = 0, max_resident_experts = 0;
+  double copy_stall_s = 0, compute_s = 0;
+  std::uint64_t pool_bytes = 0, initial_kv_bytes = 0;
+  std::uint32_t load_buffer_experts = 0;
+  std::vector<TimelineRow> timeline;  // filled when asked for
+};
+
+// Fills the request-level fields of `r` from the finished sequences.
+void summarize_requests(const std::vector<Sequence>& seqs, RunResult& r);
+
+}  // namespace amoeba::engine

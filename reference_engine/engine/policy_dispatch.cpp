@@ -1,0 +1,183 @@
+// The dispatch table and the runner that instantiates Engine<Pool, Adjuster, SimBackend>; see
+// policy_dispatch.hpp.
+#include "engine/policy_dispatch.hpp"
+
+#include <array>
+#include <stdexcept>
+#include <type_traits>
+
+#include "amoeba/core/errors.hpp"
+#include "amoeba/expert/expert_ranker.hpp"
+#include "amoeba/policies/stacks.hpp"
+#include "amoeba/pool/tiered_page_pool.hpp"
+#include "engine/engine.hpp"
+#include "engine/scenario.hpp"
+#include "engine/sim_backend.hpp"
+
+namespace amoeba::engine {
+
+namespace {
+
+template <class Adj>
+typename Adj::capacity_rule_type capacity_for(const RunSetup& s) {
+  using C = typename Adj::capacity_rule_type;
+  if constexpr (std::is_same_v<C, policies::StaticCapacity>) {
+    return C{};
+  } else if constexpr (std::is_same_v<C, policies::FixedCapacity>) {
+    C c;
+    c.resident_per_layer = s.resident_per_layer;
+    return c;
+  } else {
+    static_assert(std::is_same_v<C, policies::ElasticHysteresis>, "no capacity setup for this rule");
+    C c;
+    c.params.evict_below = s.scenario->evict_below;
+    c.params.restore_above = s.scenario->restore_above;
+    c.params.max_restores = s.scenario->max_restores;
+    c.initial_resident_per_layer = s.resident_per_layer;
+    return c;
+  }
+}
+
+template <class Pool>
+typename Pool::Layout pool_layout(const PageGeometry& g) {
+  if constexpr (std::is_same_v<Pool, HybridMoePool>) {
+    return {PageSpec{g.expert_page_bytes, 0}, PageSpec{g.ssm_page_bytes, 0},
+            PageSpec{g.kv_page_bytes, g.kv_payload_bytes}, PageSpec{g.conv_page_bytes, g.conv_payload_bytes}};
+  } else {
+    return {PageSpec{g.expert_page_bytes, 0}, PageSpec{g.kv_page_bytes, g.kv_payload_bytes}};
+  }
+}
+
+template <class Pool, class Adj>
+RunResult run_with_pool(const RunSetup& s) {
+  const Scenario& sc = *s.scenario;
+  const std::uint32_t layers = s.model.moe_layers(), experts = s.model.num_experts;
+  // The offline ranking sample and the live routing come from the same synthetic model (same seed); `drift`
+  // moves the live ranking away from the sample.
+  RoutingModel routing(layers, experts, s.model.top_k, sc.routing, sc.seed);
+  const std::vector<double> counts = routing.calibration_counts(sc.routing.calibration_tokens);
+  std::vector<std::vector<double>> probs(layers, std::vector<double>(experts));
+  for (std::uint32_t l = 0; l < layers; ++l)
+    for (std::uint32_t e = 0; e < experts; ++e)
+      probs[l][e] = counts[std::size_t(l) * experts + e] / double(sc.routing.calibration_tokens);
+  ExpertRanker ranker = ExpertRanker::from_probabilities(probs, "calibration sample");
+
+  Pool pool(ArenaSpan{nullptr, s.memory.pool_bytes}, pool_layout<Pool>(s.geometry));
+  AdjusterConfig acfg;
+  acfg.expert_offload_limit = s.capacity == CapacityKind::kStatic ? kNoOffloadLimit : s.offload_limit;
+  Adj adj(std::move(ranker), acfg, capacity_for<Adj>(s));
+  SimBackend backend(s.model, s.gpu, s.cost, sc.predictor, s.offload_limit, sc.seed);
+  EngineOptions eo;
+  eo.record_timeline = s.options.record_timeline;
+  Engine<Pool, Adj, SimBackend> engine(s.model, s.geometry, sc.scheduler, std::move(pool), std::move(adj),
+                                       std::move(backend), std::move(routing), *s.trace, eo);
+  RunResult r = engine.run();
+  r.policy = s.policy;
+  r.pool_bytes = s.memory.pool_bytes;
+  r.initial_kv_bytes = s.memory.initial_kv_bytes();
+  r.load_buffer_experts = s.offload_limit;
+  if (s.options.check_conservation)
+    if (auto err = engine.drain())
+      throw std::logic_error("conservation check failed (" + s.policy + "): " + *err);
+  return r;
+}
+
+template <class Adj>
+RunResult run_stack(const RunSetup& s) {
+  if (s.model.is_hybrid()) return run_with_pool<HybridMoePool, Adj>(s);
+  return run_with_pool<MoePool, Adj>(s);
+}
+
+constexpr std::array<PolicyEntry, 6> kTable{{
+    {"static", "every expert resident, nothing moves (vLLM/SGLang)", CapacityKind::kStatic,
+     &run_stack<policies::StaticAdjuster>},
+    {"fixed", "fixed resident prefix per layer, misses from the load buffer (Fate)", CapacityKind::kFixed,
+     &run_stack<policies::FixedCacheAdjuster>},
+    {"lru", "fixed capacity, missed experts admitted, LRU victim (CoMoE-style)", CapacityKind::kFixed,
+     &run_stack<policies::LruCacheAdjuster>},
+    {"lfu", "fixed capacity, missed experts admitted, LFU victim (CoMoE-style)", CapacityKind::kFixed,
+     &run_stack<policies::LfuCacheAdjuster>},
+    {"elastic", "hysteresis on R_b/F_b, rank-coldest out, rank-hottest back (Rimuru)", CapacityKind::kElastic,
+     &run_stack<policies::ElasticAdjuster>},
+    {"elastic-lru", "cross variant: elastic capacity, LRU victims, restores by rank", CapacityKind::kElastic,
+     &run_stack<policies::ElasticLruAdjuster>},
+}};
+
+}  // namespace
+
+std::span<const PolicyEntry> policy_table() {
+  return kTable;
+}
+
+const PolicyEntry& find_policy(const std::string& name) {
+  std::string known;
+  for (const PolicyEntry& e : kTable) {
+    if (e.name == name) return e;
+    known += (known.empty() ? "" : ", ") + std::string(e.name);
+  }
+  throw ConfigError("--policy", name, "unknown policy (known: " + known + ")");
+}
+
+std::vector<std::string> all_policy_names() {
+  std::vector<std::string> v;
+  for (const PolicyEntry& e : kTable) v.emplace_back(e.name);
+  return v;
+}
+
+RunSetup prepare_run(const Scenario& sc, const std::string& policy, const std::vector<Request>& trace,
+                     const RunOptions& options) {
+  const PolicyEntry& entry = find_policy(policy);
+  RunSetup s;
+  s.scenario = &sc;
+  s.model = find_model(sc.model);
+  s.gpu = find_gpu(sc.gpu);
+  s.cost = find_cost_model(sc.cost_model);
+  s.geometry = page_geometry(s.model);
+  s.policy = policy;
+  s.capacity = entry.capacity;
+  s.trace = &trace;
+  s.options = options;
+  const std::uint32_t e = s.model.num_experts;
+  std::uint32_t min_res = e, max_res = e;
+  switch (entry.capacity) {
+    case CapacityKind::kStatic:
+      s.offload_limit = 0;
+      break;
+    case CapacityKind::kFixed:
+      s.offload_limit = sc.fixed_offload_for(e);
+      min_res = max_res = e - s.offload_limit;
+      break;
+    case CapacityKind::kElastic:
+      s.offload_limit = std::min(sc.expert_offload_limit, e);
+      min_res = e - s.offload_limit;
+      break;
+  }
+  for (const Request& r : trace)
+    if (r.prompt_tokens + r.output_tokens > sc.scheduler.max_model_len)
+      throw_config_error("trace request " + std::to_string(r.id), r.prompt_tokens + r.output_tokens,
+                         "prompt + output tokens must be <= max_model_len (" +
+                             std::to_string(sc.scheduler.max_model_len) + ")");
+  s.memory =
+      plan_memory(s.model, s.gpu, sc.memory, sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs,
+                  sc.scheduler.max_model_len, s.offload_limit, min_res, max_res, policy);
+  s.resident_per_layer = s.memory.initial_resident_per_layer;
+  return s;
+}
+
+RunResult run_policy(const RunSetup& setup) {
+  return find_policy(setup.policy).run(setup);
+}
+
+std::vector<Request> scenario_requests(const Scenario& s) {
+  if (!s.trace.empty()) return read_trace(s.trace, TraceLimits{s.scheduler.max_model_len});
+  ShareGptLikeParams p;
+  p.rate = s.rate;
+  p.burstiness = s.burstiness;
+  p.requests = s.requests;
+  p.seed = s.seed;
+  p.max_total = std::min<std::uint32_t>(p.max_total, s.scheduler.max_model_len);
+  p.max_prompt = std::min<std::uint32_t>(p.max_prompt, p.max_total - p.min_tokens);
+  return generate_sharegpt_like(p);
+}
+
+}  // namespace amoeba::engine

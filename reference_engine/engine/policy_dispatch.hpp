@@ -1,0 +1,73 @@
+// The one place where run-time policy names become compiled stacks (STYLE: a dispatch table, not scattered
+// switches). Each entry names an Adjuster<Evict, Restore, Capacity> from amoeba/policies/stacks.hpp; the
+// runner instantiates Engine<Pool, Adjuster, SimBackend> for it, with MoePool or HybridMoePool chosen by the
+// model.
+//
+//   static       every expert resident, nothing moves (vLLM / SGLang)
+//   fixed        fixed resident prefix per layer, misses from the load buffer (Fate)
+//   lru, lfu     fixed capacity, a missed expert is admitted and swaps out the LRU / LFU one (CoMoE-style)
+//   elastic      the paper's hysteresis rules, rank-coldest out, rank-hottest back (Rimuru)
+//   elastic-lru  cross variant: elastic capacity with LRU victims, restores by rank
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/gpu.hpp"
+#include "engine/memory_plan.hpp"
+#include "engine/metrics.hpp"
+#include "engine/model.hpp"
+#include "engine/workload.hpp"
+
+namespace amoeba::engine {
+
+struct Scenario;
+
+enum class CapacityKind : std::uint8_t { kStatic, kFixed, kElastic };
+
+struct RunOptions {
+  bool record_timeline = false;
+  bool check_conservation = true;  // run Engine::drain() at the end; a violation throws std::logic_error
+};
+
+// Everything a run needs, resolved from a Scenario (names looked up, memory planned).
+struct RunSetup {
+  const Scenario* scenario = nullptr;
+  ModelSpec model;
+  GpuProfile gpu;
+  CostModelParams cost;
+  PageGeometry geometry;
+  MemoryPlan memory;
+  std::string policy;
+  CapacityKind capacity = CapacityKind::kStatic;
+  std::uint32_t offload_limit = 0;       // per layer; sizes the load buffers
+  std::uint32_t resident_per_layer = 0;  // initial
+  const std::vector<Request>* trace = nullptr;
+  RunOptions options;
+};
+
+struct PolicyEntry {
+  std::string_view name;
+  std::string_view description;
+  CapacityKind capacity;
+  RunResult (*run)(const RunSetup&);
+};
+
+std::span<const PolicyEntry> policy_table();
+// Throws ConfigError("--policy", name, "unknown policy (known: ...)").
+const PolicyEntry& find_policy(const std::string& name);
+std::vector<std::string> all_policy_names();
+
+// Resolves names and plans memory for one policy (throws ConfigError when it cannot fit).
+RunSetup prepare_run(const Scenario& s, const std::string& policy, const std::vector<Request>& trace,
+                     const RunOptions& options);
+RunResult run_policy(const RunSetup& setup);
+
+// The requests a scenario runs: its trace file, or ShareGPT-like requests from its seed.
+std::vector<Request> scenario_requests(const Scenario& s);
+
+}  // namespace amoeba::engine

@@ -1,0 +1,145 @@
+// Synthetic routing and predictors; see routing.hpp.
+#include "engine/routing.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "amoeba/core/errors.hpp"
+
+namespace amoeba::engine {
+
+std::string to_string(PredictorKind k) {
+  switch (k) {
+    case PredictorKind::kNone:
+      return "none";
+    case PredictorKind::kCrossLayer:
+      return "cross-layer";
+    case PredictorKind::kOracle:
+      return "oracle";
+  }
+  return "?";
+}
+
+PredictorKind predictor_from_string(const std::string& s) {
+  if (s == "none") return PredictorKind::kNone;
+  if (s == "cross-layer") return PredictorKind::kCrossLayer;
+  if (s == "oracle") return PredictorKind::kOracle;
+  throw ConfigError("predictor", s, "must be one of none, cross-layer, oracle");
+}
+
+namespace {
+void partial_shuffle(std::vector<std::uint32_t>& perm, double fraction, Rng& rng) {
+  const auto n = perm.size();
+  std::vector<std::size_t> pos;
+  for (std::size_t i = 0; i < n; ++i)
+    if (rng.bernoulli(fraction)) pos.push_back(i);
+  for (std::size_t i = pos.size(); i > 1; --i) std::swap(perm[pos[i - 1]], perm[pos[rng.below(i)]]);
+}
+}  // namespace
+
+RoutingModel::RoutingModel(std::uint32_t layers, std::uint32_t experts, std::uint32_t top_k,
+                           const RoutingParams& p, std::uint64_t seed)
+    : layers_(layers),
+      experts_(experts),
+      top_k_(top_k),
+      p_(p),
+      calib_w_(std::size_t(layers) * experts),
+      live_w_(std::size_t(layers) * experts),
+      x_(std::size_t(layers) * experts, 0.0),
+      log_miss_(std::size_t(layers) * experts, 0.0),
+      rng_(seed, 17),
+      seed_(seed) {
+  Rng setup(seed, 11);
+  std::vector<std::uint32_t> perm(experts);  // perm[rank] = expert
+  std::iota(perm.begin(), perm.end(), 0u);
+  for (std::size_t i = experts; i > 1; --i) std::swap(perm[i - 1], perm[setup.below(i)]);
+  for (std::uint32_t l = 0; l < layers; ++l) {
+    if (l > 0) partial_shuffle(perm, 1.0 - p.cross_layer_correlation, setup);
+    std::vector<std::uint32_t> live = perm;
+    partial_shuffle(live, p.drift, setup);
+    double z = 0;
+    for (std::uint32_t r = 0; r < experts; ++r) z += 1.0 / std::pow(double(r + 1), p.skew);
+    for (std::uint32_t r = 0; r < experts; ++r) {
+      const double w = 1.0 / std::pow(double(r + 1), p.skew);
+      calib_w_[std::size_t(l) * experts + perm[r]] = w / z;
+      live_w_[std::size_t(l) * experts + live[r]] = w;
+    }
+  }
+}
+
+std::vector<double> RoutingModel::calibration_counts(std::uint64_t tokens) const {
+  Rng rng(seed_, 23);
+  std::vector<double> counts(calib_w_.size(), 0.0);
+  std::vector<double> w(experts_);
+  for (std::uint32_t l = 0; l < layers_; ++l) {
+    const double* base = &calib_w_[std::size_t(l) * experts_];
+    for (std::uint64_t t = 0; t < tokens; ++t) {
+      std::copy(base, base + experts_, w.begin());
+      double total = 1.0;
+      for (std::uint32_t k = 0; k < top_k_; ++k) {  // top-k without replacement
+        double u = rng.uniform() * total;
+        std::uint32_t e = 0;
+        for (; e + 1 < experts_; ++e) {
+          if (u < w[e]) break;
+          u -= w[e];
+        }
+        while (w[e] == 0.0 && e > 0) --e;  // rounding at the end of the range
+        counts[std::size_t(l) * experts_ + e] += 1.0;
+        total -= w[e];
+        w[e] = 0.0;
+      }
+    }
+  }
+  return counts;
+}
+
+void RoutingModel::refresh() {
+  const double a = p_.locality, b = std::sqrt(std::max(0.0, 1.0 - a * a)) * p_.temporal_sigma;
+  std::vector<double> w(experts_);
+  for (std::uint32_t l = 0; l < layers_; ++l) {
+    const std::size_t o = std::size_t(l) * experts_;
+    double z = 0;
+    for (std::uint32_t e = 0; e < experts_; ++e) {
+      double& x = x_[o + e];
+      if (b > 0) x = a * x + b * rng_.normal();
+      w[e] = live_w_[o + e] * std::exp(x);
+      z += w[e];
+    }
+    for (std::uint32_t e = 0; e < experts_; ++e) {
+      const double pe = w[e] / z;
+      log_miss_[o + e] = pe >= 1.0 ? -1e300 : std::log1p(-pe);
+    }
+  }
+}
+
+void RoutingModel::step(std::uint64_t tokens, std::vector<std::uint8_t>& touched) {
+  if (steps_++ % std::max<std::uint32_t>(1, p_.temporal_period) == 0) refresh();
+  touched.resize(live_w_.size());
+  const double picks = double(tokens) * top_k_;
+  for (std::size_t i = 0; i < log_miss_.size(); ++i) {
+    const double lm = picks * log_miss_[i];  // log P(no pick of this expert)
+    touched[i] = lm < -40.0 ? 1 : static_cast<std::uint8_t>(rng_.uniform() >= std::exp(lm));
+  }
+}
+
+void predict_layer(const PredictorParams& p, const std::uint8_t* touched, const std::uint8_t* resident,
+                   std::uint32_t experts, Rng& rng, std::uint8_t* predicted) {
+  std::fill(predicted, predicted + experts, std::uint8_t{0});
+  if (p.kind == PredictorKind::kNone) return;
+  std::uint32_t wrong = 0;
+  for (std::uint32_t e = 0; e < experts; ++e) {
+    if (!touched[e] || resident[e]) continue;
+    if (p.kind == PredictorKind::kOracle || rng.bernoulli(p.accuracy))
+      predicted[e] = 1;
+    else
+      ++wrong;
+  }
+  for (std::uint32_t e = 0; e < experts && wrong > 0; ++e) {  // a mispredicted expert takes its place
+    if (touched[e] || resident[e] || predicted[e]) continue;
+    predicted[e] = 1;
+    --wrong;
+  }
+}
+
+}  // namespace amoeba::engine

@@ -1,0 +1,155 @@
+// Scenario parsing; see scenario.hpp.
+#include "engine/scenario.hpp"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "amoeba/core/errors.hpp"
+#include "engine/json_fields.hpp"
+#include "engine/policy_dispatch.hpp"
+
+namespace amoeba::engine {
+
+std::uint32_t Scenario::fixed_offload_for(std::uint32_t experts) const noexcept {
+  if (fixed_offload) return std::min(*fixed_offload, experts);
+  return static_cast<std::uint32_t>(std::lround(0.1 * experts));
+}
+
+Scenario parse_scenario(std::string_view json_text, const std::string& what, Scenario s) {
+  const nlohmann::json j = parse_json_text(json_text, what);
+  const JsonObject o(j, "config");
+  o.reject_unknown({"model", "gpu", "cost_model", "memory_cap_gib", "usable_fraction", "workload", "policies",
+                    "engine", "experts", "routing", "predictor"});
+  s.model = o.get_string_or("model", s.model);
+  s.gpu = o.get_string_or("gpu", s.gpu);
+  s.cost_model = o.get_string_or("cost_model", s.cost_model);
+  if (o.has("memory_cap_gib"))
+    s.memory.memory_cap_bytes =
+        static_cast<std::uint64_t>(o.get_double("memory_cap_gib", 0.0, 1e6) * double(1ull << 30));
+  s.memory.usable_fraction = o.get_double_or("usable_fraction", s.memory.usable_fraction, 0.05, 1.0);
+  if (o.has("workload")) {
+    const JsonObject w = o.get_object("workload");
+    w.reject_unknown({"rate", "burstiness", "requests", "seed", "trace"});
+    s.rate = w.get_double_or("rate", s.rate, 1e-6, 1e6);
+    s.burstiness = w.get_double_or("burstiness", s.burstiness, 1e-3, 1e3);
+    s.requests = w.get_uint_or("requests", s.requests, 1, 10'000'000);
+    s.seed = w.get_uint_or("seed", s.seed, 0, ~std::uint64_t{0});
+    s.trace = w.get_string_or("trace", s.trace);
+  }
+  if (o.has("policies")) {
+    const nlohmann::json& p = o.raw().at("policies");
+    if (!p.is_array() || p.empty())
+      throw ConfigError("config.policies", p.dump(), "must be a non-empty array");
+    s.policies.clear();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (!p[i].is_string())
+        throw ConfigError("config.policies[" + std::to_string(i) + "]", p[i].dump(), "must be a string");
+      s.policies.push_back(p[i].get<std::string>());
+    }
+  }
+  if (o.has("engine")) {
+    const JsonObject e = o.get_object("engine");
+    e.reject_unknown({"max_num_batched_tokens", "max_num_seqs", "max_model_len"});
+    s.scheduler.max_num_batched_tokens = static_cast<std::uint32_t>(
+        e.get_uint_or("max_num_batched_tokens", s.scheduler.max_num_batched_tokens, 16, 1u << 20));
+    s.scheduler.max_num_seqs =
+        static_cast<std::uint32_t>(e.get_uint_or("max_num_seqs", s.scheduler.max_num_seqs, 1, 65536));
+    s.scheduler.max_model_len =
+        static_cast<std::uint32_t>(e.get_uint_or("max_model_len", s.scheduler.max_model_len, 16, 1u << 20));
+  }
+  if (o.has("experts")) {
+    const JsonObject e = o.get_object("experts");
+    e.reject_unknown(
+        {"expert_offload_limit", "fixed_offload", "evict_below", "restore_above", "max_restores"});
+    s.expert_offload_limit =
+        static_cast<std::uint32_t>(e.get_uint_or("expert_offload_limit", s.expert_offload_limit, 0, 65536));
+    if (!e.is_null("fixed_offload"))
+      s.fixed_offload = static_cast<std::uint32_t>(e.get_uint("fixed_offload", 0, 65536));
+    s.evict_below = e.get_uint_or("evict_below", s.evict_below, 0, 1u << 20);
+    s.restore_above = e.get_uint_or("restore_above", s.restore_above, 0, 1u << 20);
+    s.max_restores = static_cast<std::uint32_t>(e.get_uint_or("max_restores", s.max_restores, 0, 1u << 20));
+  }
+  if (o.has("routing")) {
+    const JsonObject r = o.get_object("routing");
+    r.reject_unknown({"skew", "cross_layer_correlation", "locality", "temporal_sigma", "drift",
+                      "calibration_tokens", "temporal_period"});
+    s.routing.skew = r.get_double_or("skew", s.routing.skew, 0.0, 8.0);
+    s.routing.cross_layer_correlation =
+        r.get_double_or("cross_layer_correlation", s.routing.cross_layer_correlation, 0.0, 1.0);
+    s.routing.locality = r.get_double_or("locality", s.routing.locality, 0.0, 1.0);
+    s.routing.temporal_sigma = r.get_double_or("temporal_sigma", s.routing.temporal_sigma, 0.0, 4.0);
+    s.routing.drift = r.get_double_or("drift", s.routing.drift, 0.0, 1.0);
+    s.routing.calibration_tokens =
+        r.get_uint_or("calibration_tokens", s.routing.calibration_tokens, 1, 1u << 24);
+    s.routing.temporal_period =
+        static_cast<std::uint32_t>(r.get_uint_or("temporal_period", s.routing.temporal_period, 1, 1u << 20));
+  }
+  if (o.has("predictor")) {
+    const JsonObject p = o.get_object("predictor");
+    p.reject_unknown({"kind", "accuracy"});
+    if (p.has("kind")) {
+      const std::string k = p.get_string("kind");
+      try {
+        s.predictor.kind = predictor_from_string(k);
+      } catch (const ConfigError& e) {
+        throw ConfigError("config.predictor.kind", k, e.rule());
+      }
+    }
+    s.predictor.accuracy = p.get_double_or("accuracy", s.predictor.accuracy, 0.0, 1.0);
+  }
+  return s;
+}
+
+void validate_scenario(const Scenario& s) {
+  for (const std::string& p : s.policies) (void)find_policy(p);
+  if (!(s.rate > 0) || !std::isfinite(s.rate))
+    throw_config_error("--rate", s.rate, "must be a finite number > 0");
+  if (!(s.burstiness > 0) || !std::isfinite(s.burstiness))
+    throw_config_error("--burstiness", s.burstiness, "must be a finite number > 0");
+  if (s.requests == 0) throw_config_error("--requests", s.requests, "must be at least 1");
+  if (!(s.memory.usable_fraction > 0 && s.memory.usable_fraction <= 1))
+    throw_config_error("usable_fraction", s.memory.usable_fraction, "must be in (0, 1]");
+  if (s.scheduler.max_model_len > s.scheduler.max_num_batched_tokens * 64ull)
+    throw_config_error("engine.max_model_len", s.scheduler.max_model_len,
+                       "must be <= 64 x max_num_batched_tokens");
+}
+
+std::string scenario_to_json(const Scenario& s, int indent) {
+  nlohmann::ordered_json j;
+  j["model"] = s.model;
+  j["gpu"] = s.gpu;
+  j["cost_model"] = s.cost_model;
+  j["memory_cap_gib"] = double(s.memory.memory_cap_bytes) / double(1ull << 30);
+  j["usable_fraction"] = s.memory.usable_fraction;
+  j["workload"] = {{"rate", s.rate},
+                   {"burstiness", s.burstiness},
+                   {"requests", s.requests},
+                   {"seed", s.seed},
+                   {"trace", s.trace}};
+  j["policies"] = s.policies;
+  j["engine"] = {{"max_num_batched_tokens", s.scheduler.max_num_batched_tokens},
+                 {"max_num_seqs", s.scheduler.max_num_seqs},
+                 {"max_model_len", s.scheduler.max_model_len}};
+  nlohmann::ordered_json ex;
+  ex["expert_offload_limit"] = s.expert_offload_limit;
+  if (s.fixed_offload)
+    ex["fixed_offload"] = *s.fixed_offload;
+  else
+    ex["fixed_offload"] = nullptr;
+  ex["evict_below"] = s.evict_below;
+  ex["restore_above"] = s.restore_above;
+  ex["max_restores"] = s.max_restores;
+  j["experts"] = ex;
+  j["routing"] = {{"skew", s.routing.skew},
+                  {"cross_layer_correlation", s.routing.cross_layer_correlation},
+                  {"locality", s.routing.locality},
+                  {"temporal_sigma", s.routing.temporal_sigma},
+                  {"drift", s.routing.drift},
+                  {"calibration_tokens", s.routing.calibration_tokens},
+                  {"temporal_period", s.routing.temporal_period}};
+  j["predictor"] = {{"kind", to_string(s.predictor.kind)}, {"accuracy", s.predictor.accuracy}};
+  return j.dump(indent);
+}
+
+}  // namespace amoeba::engine

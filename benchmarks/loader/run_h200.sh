@@ -16,9 +16,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 status=0
 echo "== device tests"
 "$tests" --durations yes 2>&1 | tee "$out/loader_tests.log" | tail -25 || status=1
-echo "== compute-sanitizer (5 forwards each; the deliberate-race control case excluded)"
+echo "== compute-sanitizer (30 forwards each; the deliberate-race control case excluded)"
 for tool in memcheck racecheck synccheck; do
-  AMOEBA_LOADER_FORWARDS=5 compute-sanitizer --tool $tool --error-exitcode 9 "$tests" \
+  AMOEBA_LOADER_FORWARDS=30 compute-sanitizer --tool $tool --error-exitcode 9 "$tests" \
     "~the hash detects a missing wait" > "$out/loader_sanitizer_$tool.log" 2>&1
   rc=$?
   echo "$tool: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/loader_sanitizer_$tool.log" | tail -1)"

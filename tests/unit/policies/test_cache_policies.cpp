@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <initializer_list>
+#include <random>
 #include <vector>
 
 #include "amoeba/policies/stacks.hpp"
@@ -145,4 +146,36 @@ TEST_CASE("caches: an admission waits while the pool has no 3 free expert pages"
   CHECK(c.restores[0].expert == ExpertKey{0, 2});
   CHECK(c.evictions.size() == 1);
   REQUIRE_FALSE(a.commit(c, f.pool).has_value());
+}
+
+TEST_CASE("LRU: the recency lists agree with a scan by (last use, coldness)", "[policies][lru]") {
+  std::mt19937_64 rng(11);
+  ExpertRanker::Builder b(3, 20);
+  for (std::uint32_t l = 0; l < 3; ++l)
+    for (std::uint32_t e = 0; e < 20; ++e) b.add_count(l, e, rng() % 9);
+  const ExpertRanker ranker = b.build();
+  PoolFixture f(200);
+  ElasticLruAdjuster a(ranker, {.expert_offload_limit = 7},
+                       ElasticHysteresis{.initial_resident_per_layer = 16});
+  REQUIRE_FALSE(a.populate(f.pool).has_value());
+  for (int round = 0; round < 300; ++round) {
+    const std::uint32_t layer = std::uint32_t(rng() % 3);
+    std::vector<std::uint32_t> routed;
+    for (std::uint32_t e = 0; e < 20; ++e)
+      if (rng() % 5 == 0) routed.push_back(e);
+    a.observe(layer, routed);
+    const AdjustView v = a.view();
+    const LruEvict& p = a.evict_policy();
+    auto score = [&](ExpertKey k) { return VictimScore{p.last_use(v, k), 0, coldness_of(v, k)}; };
+    for (std::uint32_t l = 0; l < 3; ++l) CHECK(p.victim_in_layer(v, l) == lowest_scored(v, l, score));
+    const std::uint32_t n = std::uint32_t(rng() % 12);
+    std::vector<ExpertKey> got, want;
+    p.nominate_evictions(v, n, got);
+    nominate_by_score(v, n, want, score);
+    CHECK(got == want);
+    if (round % 10 == 0) {  // move the border now and then
+      ChangeList c = a.adjust(rng() % 2 ? 0 : rng() % 9, f.pool.available<ExpertPage>() % 30, f.pool);
+      REQUIRE_FALSE(a.commit(c, f.pool).has_value());
+    }
+  }
 }

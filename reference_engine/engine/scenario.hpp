@@ -6,7 +6,7 @@
 // Config file format (every key optional; unknown keys are errors):
 // {
 //   "model": "qwen1.5-moe-a2.7b", "gpu": "rtx5090", "cost_model": "default", "memory_cap_gib": 0,
-//   "usable_fraction": 0.9,
+//   "usable_fraction": 0.905,
 //   "workload": {"rate": 10, "burstiness": 1, "requests": 1000, "seed": 0, "trace": ""},
 //   "policies": ["static", "fixed", ...],
 //   "engine": {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "max_model_len": 2048},

@@ -1,0 +1,101 @@
+// Host cost of one engine step (DESIGN §8: a whole scheduler + adjuster step <= 20 us at 256 running
+// requests). BM_SchedulerAdjusterStep: Scheduler::schedule() + Adjuster::adjust() + Adjuster::commit() +
+// Scheduler::complete() on a Qwen1.5-MoE-sized pool with N running requests in steady state (finished
+// requests are re-queued, so prefill chunks and KV growth happen at their natural rate), elastic policy.
+// BM_RoutingAndSimForward: the simulator's own per-step cost (routing sample + cost model), for reference.
+#include <deque>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "amoeba/policies/stacks.hpp"
+#include "engine/model.hpp"
+#include "engine/random.hpp"
+#include "engine/routing.hpp"
+#include "engine/scheduler.hpp"
+#include "engine/sim_backend.hpp"
+
+using namespace amoeba;
+using namespace amoeba::engine;
+
+namespace {
+
+ExpertRanker ranker_for(const ModelSpec& m) {
+  RoutingModel r(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0);
+  const auto c = r.calibration_counts(1024);
+  std::vector<std::vector<double>> p(m.moe_layers(), std::vector<double>(m.num_experts));
+  for (std::uint32_t l = 0; l < m.moe_layers(); ++l)
+    for (std::uint32_t e = 0; e < m.num_experts; ++e) p[l][e] = c[l * m.num_experts + e] / 1024.0;
+  return ExpertRanker::from_probabilities(p);
+}
+
+void BM_SchedulerAdjusterStep(benchmark::State& state) {
+  const auto n = static_cast<std::uint32_t>(state.range(0));
+  const ModelSpec m = find_model("qwen1.5-moe-a2.7b");
+  const PageGeometry g = page_geometry(m);
+  // Experts (24.9 GB) plus room for the KV of n requests of up to 600 tokens.
+  const std::uint64_t kv = std::uint64_t(n) * 40 * m.attention_layers() * g.kv_page_bytes;
+  MoePool pool(ArenaSpan{nullptr, m.total_experts() * m.expert_bytes() + kv + (64ull << 20)},
+               {PageSpec{g.expert_page_bytes, 0}, PageSpec{g.kv_page_bytes, 0}});
+  policies::ElasticHysteresis cap;
+  policies::ElasticAdjuster adj(ranker_for(m), AdjusterConfig{10}, cap);
+  if (adj.populate(pool)) state.SkipWithError("populate failed");
+  SchedulerConfig cfg;
+  cfg.max_num_seqs = n;
+  Scheduler<MoePool> sched(m, g, cfg, pool);
+  Rng rng(1);
+  std::deque<Sequence> seqs;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    seqs.emplace_back(Request{i, 0.0, static_cast<std::uint32_t>(16 + rng.below(200)),
+                              static_cast<std::uint32_t>(100 + rng.below(300))});
+    sched.add(seqs.back());
+  }
+  double now = 0;
+  auto one_step = [&] {
+    const StepPlan plan = sched.schedule();
+    ChangeList c = adj.adjust(AdjustSignal{plan.shortfall_pages, pool.available<ExpertPage>()}, pool);
+    if (!c.empty()) (void)adj.commit(c, pool);
+    sched.complete(plan, now += 0.02);
+    for (Sequence& s : seqs)
+      if (s.status == SeqStatus::kFinished) {  // re-queue: steady state
+        s = Sequence(Request{s.id, now, s.prompt_tokens, s.output_tokens});
+        sched.add(s);
+      }
+    return plan.batch.size();
+  };
+  for (int i = 0; i < 600; ++i) one_step();  // warm up into steady state
+  std::size_t batch = 0;
+  for (auto _ : state) batch += one_step();
+  state.counters["running"] = benchmark::Counter(double(batch) / double(state.iterations()));
+}
+BENCHMARK(BM_SchedulerAdjusterStep)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
+
+void BM_RoutingAndSimForward(benchmark::State& state) {
+  const auto n = static_cast<std::uint32_t>(state.range(0));
+  const ModelSpec m = find_model("qwen1.5-moe-a2.7b");
+  RoutingModel routing(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0);
+  SimBackend b(m, find_gpu("rtx5090"), find_cost_model("default"), PredictorParams{}, 10, 0);
+  std::vector<Sequence> seqs;
+  StepPlan plan;
+  for (std::uint32_t i = 0; i < n; ++i) seqs.emplace_back(Request{i, 0, 300, 100});
+  for (auto& s : seqs) plan.batch.push_back({&s, 1, 300});
+  plan.tokens = plan.decode_seqs = n;
+  std::vector<std::uint8_t> touched, resident(m.total_experts(), 1), restoring(m.total_experts(), 0);
+  for (std::size_t i = 0; i < resident.size(); i += 6) resident[i] = 0;  // 10 of 60 offloaded per layer
+  std::vector<LayerExperts> layers(m.moe_layers());
+  ForwardStats fs;
+  for (auto _ : state) {
+    routing.step(plan.tokens, touched);
+    for (std::uint32_t l = 0; l < m.moe_layers(); ++l) {
+      const std::size_t o = std::size_t(l) * m.num_experts;
+      layers[l] = LayerExperts{&touched[o], &resident[o], &restoring[o]};
+    }
+    b.forward(plan, layers, fs);
+    benchmark::DoNotOptimize(fs.step_s);
+  }
+}
+BENCHMARK(BM_RoutingAndSimForward)->Arg(256)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

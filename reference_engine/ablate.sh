@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The main job: the simulated ablation of expert/KV memory policies (default: Qwen1.5-MoE-A2.7B on a simulated
+# RTX 5090, ShareGPT-like trace at 10 req/s, 1000 requests, seed 0, every policy). Installs what it needs
+# (only what is missing), configures the `default` CMake preset (build/default), builds only the CLI, and
+# runs `amoeba ablate` with the arguments given, e.g.
+#   reference_engine/ablate.sh
+#   reference_engine/ablate.sh --policies static,fixed,elastic --json results.json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev catch2 librange-v3-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "ablate.sh: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+if [[ ! -f build/default/build.ninja ]]; then
+  cmake --preset default >&2
+fi
+jobs=$(( $(nproc) < 2 ? 1 : 2 ))
+cmake --build build/default --target amoeba_cli -j "$jobs" >&2
+exec build/default/reference_engine/amoeba ablate "$@"

@@ -1,0 +1,112 @@
+// Fuzz target for every file parser the engine exposes to users: JSONL traces, scenario configs, and model,
+// GPU and cost-model files. Any input must either parse into values that satisfy the documented rules or
+// throw amoeba::ConfigError; anything else (another exception, a crash, a sanitizer report) is a bug.
+// libFuzzer build: preset `fuzz` (clang, AMOEBA_BUILD_FUZZERS=ON); otherwise a replay main runs random and
+// mutated-seed inputs as an ordinary ctest.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "amoeba/core/errors.hpp"
+#include "engine/gpu.hpp"
+#include "engine/model.hpp"
+#include "engine/scenario.hpp"
+#include "engine/workload.hpp"
+
+using namespace amoeba;
+using namespace amoeba::engine;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  try {
+    switch (data[0] % 5) {
+      case 0: {
+        const TraceLimits lim{2048};
+        const auto t = parse_trace(text, "fuzz", lim);
+        double last = 0;
+        for (const Request& r : t) {
+          if (r.prompt_tokens < 1 || r.output_tokens < 1 || r.prompt_tokens + r.output_tokens > 2048 ||
+              !(r.arrival_s >= last))
+            std::abort();  // a rule the parser promised
+          last = r.arrival_s;
+        }
+        break;
+      }
+      case 1: {
+        const Scenario s = parse_scenario(text, "fuzz");
+        if (!(s.rate > 0) || s.requests == 0) std::abort();
+        (void)scenario_to_json(s);
+        break;
+      }
+      case 2: {
+        const ModelSpec m = parse_model(text, "fuzz");
+        const PageGeometry g = page_geometry(m);
+        if (g.kv_page_bytes == 0 || g.expert_page_bytes % g.kv_page_bytes != 0) std::abort();
+        break;
+      }
+      case 3:
+        (void)parse_gpu(text, "fuzz");
+        break;
+      default:
+        (void)parse_cost_model(text, "fuzz");
+        break;
+    }
+  } catch (const ConfigError&) {
+  }
+  return 0;
+}
+
+#ifndef AMOEBA_LIBFUZZER
+int main(int argc, char** argv) {
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 3000;
+  const std::vector<std::string> seeds = {
+      "{\"arrival_s\": 0.5, \"prompt_tokens\": 10, \"output_tokens\": 5}\n{\"arrival_s\": 1, "
+      "\"prompt_tokens\": "
+      "3, \"output_tokens\": 9}\n",
+      R"({"model": "qwen3-30b-a3b", "workload": {"rate": 3, "requests": 10}, "experts": {"fixed_offload": 4}})",
+      R"({"name":"x","num_layers":2,"hidden_size":64,"vocab_size":10,"attention":{"kind":"mla","num_heads":2,
+        "num_kv_heads":1,"head_dim":16,"kv_lora_rank":32,"qk_rope_head_dim":8,"qk_nope_head_dim":8,
+        "v_head_dim":8},"moe":{"num_experts":4,"top_k":1,"moe_intermediate_size":32}})",
+      R"({"name":"g","memory_mib":1024,"hbm_bandwidth_gbs":5,"bf16_tflops":1,"h2d_bandwidth_gbs":1,
+        "h2d_copy_latency_us":1})",
+      R"({"moe_memory_efficiency":0.5,"moe_compute_efficiency":0.5,"dense_memory_efficiency":0.5,
+        "dense_compute_efficiency":0.5,"attention_memory_efficiency":0.5,"attention_compute_efficiency":0.5,
+        "per_layer_overhead_us":1,"step_overhead_us":1})"};
+  std::mt19937_64 rng(2024);
+  std::vector<std::uint8_t> buf;
+  for (int r = 0; r < runs; ++r) {
+    const std::size_t kind = r % 5;
+    std::string s = seeds[kind];
+    const int edits = static_cast<int>(rng() % 6);
+    for (int e = 0; e < edits && !s.empty(); ++e) {  // mutate the seed: flip, insert, delete bytes
+      const std::size_t at = rng() % s.size();
+      switch (rng() % 3) {
+        case 0:
+          s[at] = static_cast<char>(rng());
+          break;
+        case 1:
+          s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), "{}[]\":,-0123456789e."[rng() % 20]);
+          break;
+        default:
+          s.erase(at, 1 + rng() % 4);
+          break;
+      }
+    }
+    if (r % 7 == 0) {  // pure noise too
+      s.resize(rng() % 256);
+      for (char& c : s) c = static_cast<char>(rng());
+    }
+    buf.assign(1, static_cast<std::uint8_t>(kind));
+    buf.insert(buf.end(), s.begin(), s.end());
+    LLVMFuzzerTestOneInput(buf.data(), buf.size());
+  }
+  std::printf("parsers_fuzz: %d inputs, no failure\n", runs);
+  return 0;
+}
+#endif

@@ -1,0 +1,195 @@
+// The engine end to end on the simulated GPU: the paper's motivating shape, determinism (same seed ->
+// byte-identical JSON), conservation (every request completes, every page back, pool fully merged) for every
+// policy and for MLA and hybrid models, and the cost model's basic laws.
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "amoeba/core/errors.hpp"
+#include "engine/policy_dispatch.hpp"
+#include "engine/report.hpp"
+#include "engine/scenario.hpp"
+#include "engine/sim_backend.hpp"
+
+using namespace amoeba;
+using namespace amoeba::engine;
+
+namespace {
+std::vector<RunResult> ablate(const Scenario& s) {
+  const auto trace = scenario_requests(s);
+  std::vector<RunResult> out;
+  for (const std::string& p : s.policies) out.push_back(run_policy(prepare_run(s, p, trace, RunOptions{})));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("default scenario has the paper's shape: concurrency up, forward steps down", "[engine]") {
+  Scenario s;
+  s.requests = 400;
+  s.policies = {"static", "fixed", "elastic"};
+  const auto r = ablate(s);
+  for (const RunResult& x : r) CHECK(x.completed_requests == 400);
+  CHECK(r[0].peak_concurrency < r[1].peak_concurrency);
+  CHECK(r[1].peak_concurrency < r[2].peak_concurrency);
+  CHECK(r[0].forward_steps > r[1].forward_steps);
+  CHECK(r[1].forward_steps > r[2].forward_steps);
+  CHECK(r[0].expert_bytes_h2d == 0);
+  CHECK(r[0].expert_hit_rate == 1.0);
+  CHECK(r[2].evictions > 0);
+  CHECK(r[2].min_resident_experts < 24 * 60);
+}
+
+TEST_CASE("same seed gives byte-identical JSON; another seed differs", "[engine][determinism]") {
+  Scenario s;
+  s.requests = 150;
+  s.policies = all_policy_names();
+  const std::string a = ablation_json(s, ablate(s));
+  const std::string b = ablation_json(s, ablate(s));
+  CHECK(a == b);
+  const auto j = nlohmann::json::parse(a);
+  CHECK(j.at("simulated") == true);
+  CHECK(j.at("results").size() == s.policies.size());
+  for (const char* k : {"policy", "peak_concurrency", "forward_steps", "completed_requests",
+                        "throughput_tok_s", "ttft_ms", "tpot_ms", "expert_bytes_h2d", "expert_hit_rate"})
+    CHECK(j["results"][0].contains(k));
+  CHECK(j["results"][0]["ttft_ms"].contains("p90"));
+  s.seed = 1;
+  CHECK(ablation_json(s, ablate(s)) != a);
+}
+
+TEST_CASE("conservation: every policy completes every request and returns every page",
+          "[engine][conservation]") {
+  Scenario s;
+  s.requests = 250;
+  s.rate = 20;
+  for (const std::string& p : all_policy_names()) {
+    INFO(p);
+    s.policies = {p};
+    const auto trace = scenario_requests(s);
+    RunOptions o;
+    o.check_conservation = true;  // Engine::drain(): throws std::logic_error on a violation
+    RunResult r;
+    REQUIRE_NOTHROW(r = run_policy(prepare_run(s, p, trace, o)));
+    CHECK(r.completed_requests == 250);
+    CHECK(r.output_tokens > 0);
+  }
+}
+
+TEST_CASE("conservation with MLA pages (padding) and a hybrid model (SSM and conv pages)",
+          "[engine][conservation]") {
+  Scenario s;
+  s.requests = 120;
+  s.rate = 20;
+  s.model = "deepseek-v2-lite";
+  s.gpu = "rtx4090d";
+  s.fixed_offload = 16;
+  s.expert_offload_limit = 24;
+  for (const char* p : {"fixed", "lru", "elastic"}) {
+    INFO(p);
+    const auto trace = scenario_requests(s);
+    REQUIRE_NOTHROW(run_policy(prepare_run(s, p, trace, RunOptions{})));
+  }
+  s.model = "qwen3-next-80b-a3b";
+  s.gpu = "h200";
+  s.requests = 60;
+  s.fixed_offload = 300;
+  s.expert_offload_limit = 320;
+  for (const char* p : {"fixed", "elastic"}) {
+    INFO(p);
+    const auto trace = scenario_requests(s);
+    RunResult r;
+    REQUIRE_NOTHROW(r = run_policy(prepare_run(s, p, trace, RunOptions{})));
+    CHECK(r.completed_requests == 60);
+  }
+  // Static does not fit: 48 x 512 experts of 6.3 MB are more than an H200 holds.
+  CHECK_THROWS_AS(prepare_run(s, "static", scenario_requests(s), RunOptions{}), ConfigError);
+}
+
+TEST_CASE("a timeline is recorded per step for `amoeba run`", "[engine]") {
+  Scenario s;
+  s.requests = 80;
+  const auto trace = scenario_requests(s);
+  RunOptions o;
+  o.record_timeline = true;
+  const RunResult r = run_policy(prepare_run(s, "elastic", trace, o));
+  REQUIRE(r.timeline.size() >= r.forward_steps);
+  std::uint32_t peak = 0;
+  for (const TimelineRow& t : r.timeline) peak = std::max(peak, t.running);
+  CHECK(peak == r.peak_concurrency);
+  const std::string csv = timeline_csv(r);
+  CHECK(csv.rfind("step,time_s,step_ms,running,waiting,batch_tokens,free_kv_pages,free_expert_pages,"
+                  "resident_experts",
+                  0) == 0);
+}
+
+TEST_CASE("unknown policy names are errors listing the known ones", "[engine]") {
+  CHECK_THROWS_WITH(find_policy("mru"),
+                    Catch::Contains("--policy = mru: unknown policy (known: static, fixed"));
+  Scenario s;
+  s.policies = {"static", "belady"};
+  CHECK_THROWS_WITH(validate_scenario(s), Catch::Contains("belady"));
+}
+
+TEST_CASE("scenario config files: fields applied, unknown keys and bad values rejected", "[engine][config]") {
+  const Scenario s = parse_scenario(R"({"model": "mixtral-8x7b", "workload": {"rate": 3.5, "requests": 7},
+      "experts": {"expert_offload_limit": 4}, "predictor": {"kind": "oracle"}})",
+                                    "c.json");
+  CHECK(s.model == "mixtral-8x7b");
+  CHECK(s.rate == 3.5);
+  CHECK(s.requests == 7);
+  CHECK(s.expert_offload_limit == 4);
+  CHECK(s.predictor.kind == PredictorKind::kOracle);
+  // The JSON written into ablate's output is itself a valid config.
+  const Scenario t = parse_scenario(scenario_to_json(s), "round-trip");
+  CHECK(scenario_to_json(t) == scenario_to_json(s));
+  CHECK_THROWS_WITH(parse_scenario(R"({"workload": {"rate": -2}})", "c.json"),
+                    Catch::Contains("config.workload.rate = -2"));
+  CHECK_THROWS_WITH(parse_scenario(R"({"workload": {"rat": 2}})", "c.json"),
+                    Catch::Contains("config.workload.rat = 2: is not a known field"));
+  CHECK_THROWS_WITH(parse_scenario(R"({"predictor": {"kind": "magic"}})", "c.json"),
+                    Catch::Contains("config.predictor.kind = magic"));
+  CHECK_THROWS_WITH(parse_scenario(R"({"policies": []})", "c.json"), Catch::Contains("config.policies"));
+  CHECK_THROWS_WITH(parse_scenario("{\"model\": ", "c.json"), Catch::Contains("is not valid JSON"));
+}
+
+TEST_CASE("cost model: copies pay latency and bandwidth; misses stall; prefetch overlaps", "[engine][sim]") {
+  const ModelSpec m = find_model("qwen1.5-moe-a2.7b");
+  const GpuProfile g = find_gpu("h200");
+  const CostModelParams c = find_cost_model("default");
+  SimBackend b(m, g, c, PredictorParams{PredictorKind::kNone, 0}, 8, 0);
+  CHECK(b.copy_time(0) == 0);
+  CHECK(b.copy_time(1) == Approx(3 * 9.5e-6 + double(m.expert_bytes()) / 54.3e9));
+  CHECK(b.moe_time(1, 4) < b.moe_time(1, 60));       // decode: bytes of distinct experts
+  CHECK(b.moe_time(4096, 60) > b.moe_time(64, 60));  // prefill: FLOPs
+  // One decode step of 8 sequences: all experts resident vs 8 offloaded experts per layer that the router
+  // picks.
+  StepPlan plan;
+  std::vector<Sequence> seqs;
+  for (int i = 0; i < 8; ++i) seqs.emplace_back(Request{std::uint64_t(i), 0, 100, 10});
+  for (auto& s : seqs) plan.batch.push_back({&s, 1, 100});
+  plan.tokens = 8;
+  plan.decode_seqs = 8;
+  std::vector<std::uint8_t> touched(60, 1), all(60, 1), none(60, 0), some(60, 1);
+  for (int e = 0; e < 8; ++e) some[std::size_t(e)] = 0;
+  std::vector<LayerExperts> resident(24, LayerExperts{touched.data(), all.data(), none.data()});
+  std::vector<LayerExperts> offloaded(24, LayerExperts{touched.data(), some.data(), none.data()});
+  ForwardStats a, o;
+  b.forward(plan, resident, a);
+  b.forward(plan, offloaded, o);
+  CHECK(a.h2d_bytes == 0);
+  CHECK(a.stall_s == 0);
+  CHECK(a.expert_hits == 24 * 60);
+  CHECK(o.expert_misses == 24 * 8);
+  CHECK(o.h2d_bytes == 24 * 8 * m.expert_bytes());
+  CHECK(o.stall_s > 0);
+  CHECK(o.step_s > a.step_s + 0.9 * 24 * b.copy_time(8) - 24 * b.moe_time(8, 60));
+  // The same experts prefetched (oracle) overlap the previous layer: no slower than on-demand loads.
+  SimBackend oracle(m, g, c, PredictorParams{PredictorKind::kOracle, 1}, 8, 0);
+  ForwardStats p;
+  oracle.forward(plan, offloaded, p);
+  CHECK(p.expert_prefetched == 24 * 8);
+  CHECK(p.expert_misses == 0);
+  CHECK(p.step_s <= o.step_s);
+}

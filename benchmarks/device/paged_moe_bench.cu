@@ -108,7 +108,7 @@ struct Variant {
 };
 
 const char* path_name(MoePath p) {
-  return p == MoePath::kDecode ? "decode" : "grouped";
+  return p == MoePath::kDecode ? "decode" : p == MoePath::kGroupedMma ? "grouped-mma" : "grouped";
 }
 
 }  // namespace

@@ -28,18 +28,16 @@ struct ExpertLocation {
 };
 static_assert(std::is_trivially_copyable_v<ExpertLocation> && sizeof(ExpertLocation) == 16);
 
-// An addressing policy: host Arguments, a trivially copyable device Params, and the per-tile lookup.
-// `resolve(args, table, e, matrix_elems)` runs once per expert per layer (inside the routing kernel) and may
-// fill a table of 3 base pointers per expert; `matrix_base(params, e, j)` is what every output tile calls.
+// An addressing policy: host Arguments, a trivially copyable device Params, and the lookup of (expert, matrix
+// j) → base pointer. The routing kernel calls `matrix_base` once per work tile (once per layer per tile) and
+// stores the three base pointers in the tile, so the GEMM kernels never look anything up and never branch on
+// where an expert lives: paged and contiguous GEMMs run identical instructions.
 template <class A>
 concept expert_addressing = std::is_trivially_copyable_v<typename A::Arguments> &&
     std::is_trivially_copyable_v<typename A::Params> &&
-    requires(const typename A::Arguments& args, const typename A::Params& params, const bf16** table, int e,
-             std::int64_t elems) {
-  { A::kNeedsTable } -> std::convertible_to<bool>;
-  { A::make_params(args, table, elems) } -> std::same_as<typename A::Params>;
+    requires(const typename A::Arguments& args, const typename A::Params& params, int e, std::int64_t elems) {
+  { A::make_params(args, elems) } -> std::same_as<typename A::Params>;
   { A::check(args) } -> std::same_as<Status>;
-  A::resolve(args, table, e, elems);
   { A::matrix_base(params, e, 0) } -> std::same_as<const bf16*>;
 };
 
@@ -52,29 +50,25 @@ struct Contiguous {
     const bf16* weights;
     std::int64_t matrix_elems;
   };
-  static constexpr bool kNeedsTable = false;
 
-  static Params make_params(const Arguments& a, const bf16** /*table*/, std::int64_t matrix_elems) {
+  static Params make_params(const Arguments& a, std::int64_t matrix_elems) {
     return {a.weights, matrix_elems};
   }
   static Status check(const Arguments& a) {
     if (a.weights == nullptr) return Status::error("weights.weights", "must not be null");
     if (reinterpret_cast<std::uintptr_t>(a.weights) % 16 != 0)
-      return Status::error("weights.weights",
-                           static_cast<long long>(reinterpret_cast<std::uintptr_t>(a.weights)),
-                           "must be 16-byte aligned");
+      return Status::error("weights.weights", "must be 16-byte aligned");
     return Status::success();
   }
-  __device__ static void resolve(const Arguments&, const bf16**, int, std::int64_t) {}
   __device__ __forceinline__ static const bf16* matrix_base(const Params& p, int e, int j) {
     return p.weights + (3 * static_cast<std::int64_t>(e) + j) * p.matrix_elems;
   }
 };
 static_assert(expert_addressing<Contiguous>);
 
-// Experts in a page pool (page p at pool_base + p·F·H elements, i.e. p·F·H·2 bytes) or in a load buffer
-// (slot s at load_buffer + 3·s·F·H elements). The routing kernel resolves the table of base pointers once per
-// layer, so the lookup per tile is one 8-byte load and the hot loop never branches on where an expert lives.
+// Experts in a page pool (page p at pool_base + p·F·H elements, i.e. p·F·H·2 bytes: DESIGN's
+// addr_e(n, t) = B_P + p_e(n)·f·d + (n mod f)·d + t) or in a load buffer (slot s holds W1, W3, W2 back to
+// back at load_buffer + 3·s·F·H elements). `locations` is the per-layer location table the engine builds.
 struct Paged {
   struct Arguments {
     const bf16* pool_base = nullptr;
@@ -82,11 +76,11 @@ struct Paged {
     const ExpertLocation* locations = nullptr;  // device array, [E+m]
   };
   struct Params {
-    const bf16* const* table;  // [E+m][3], in the workspace
+    Arguments args;
+    std::int64_t matrix_elems;
   };
-  static constexpr bool kNeedsTable = true;
 
-  static Params make_params(const Arguments&, const bf16** table, std::int64_t) { return {table}; }
+  static Params make_params(const Arguments& a, std::int64_t matrix_elems) { return {a, matrix_elems}; }
   static Status check(const Arguments& a) {
     if (a.pool_base == nullptr) return Status::error("weights.pool_base", "must not be null");
     if (a.locations == nullptr) return Status::error("weights.locations", "must not be null");
@@ -96,16 +90,11 @@ struct Paged {
       return Status::error("weights.load_buffer", "must be 16-byte aligned");
     return Status::success();
   }
-  __device__ static void resolve(const Arguments& a, const bf16** table, int e, std::int64_t matrix_elems) {
-    const ExpertLocation loc = a.locations[e];
-    for (int j = 0; j < 3; ++j)
-      table[3 * e + j] =
-          loc.buffer_slot >= 0
-              ? a.load_buffer + (3 * static_cast<std::int64_t>(loc.buffer_slot) + j) * matrix_elems
-              : a.pool_base + static_cast<std::int64_t>(loc.page[j]) * matrix_elems;
-  }
   __device__ __forceinline__ static const bf16* matrix_base(const Params& p, int e, int j) {
-    return p.table[3 * e + j];
+    const ExpertLocation loc = p.args.locations[e];
+    return loc.buffer_slot >= 0
+               ? p.args.load_buffer + (3 * static_cast<std::int64_t>(loc.buffer_slot) + j) * p.matrix_elems
+               : p.args.pool_base + static_cast<std::int64_t>(loc.page[j]) * p.matrix_elems;
   }
 };
 static_assert(expert_addressing<Paged>);

@@ -42,21 +42,23 @@ template <class Addressing, Stage kStage, int kTokTiles>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   using T = Traits<kTokTiles>;
   constexpr int kUnroll = T::kUnroll;
+  ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
+  ptx::launch_dependents();
   if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
   const WorkTile tile = p.tiles[blockIdx.y];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
-  // One lookup per tile: the base pointers of the block's 2 row tiles.
+  // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
   const bf16* rows[kRowTiles];
   if constexpr (kGateUp) {
     const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
-    rows[0] = Addressing::matrix_base(p.addr, tile.expert, 0) + n0 * K;
-    rows[1] = Addressing::matrix_base(p.addr, tile.expert, 1) + n0 * K;
+    rows[0] = tile.matrix[0] + n0 * K;
+    rows[1] = tile.matrix[1] + n0 * K;
   } else {
     const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
-    const bf16* base = Addressing::matrix_base(p.addr, tile.expert, 2);
+    const bf16* base = tile.matrix[2];
     rows[0] = base + h0 * K;
     rows[1] = base + (h0 + 16) * K;
   }
@@ -153,9 +155,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
             __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
       } else {
         const int slot = p.sorted_slot[tile.row_start + c];
-        float* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;
+        bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;
 #pragma unroll
-        for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = acc[r][nt][i];
+        for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
       }
     }
 }

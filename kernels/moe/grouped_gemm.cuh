@@ -39,6 +39,8 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
 
 template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
   if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* smem_a = reinterpret_cast<bf16*>(smem_raw);
@@ -70,9 +72,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant
     }
   }
   if constexpr (kGateUp) {
-    // One lookup per matrix per tile.
-    const bf16* w1 = Addressing::matrix_base(p.addr, tile.expert, 0);
-    const bf16* w3 = Addressing::matrix_base(p.addr, tile.expert, 1);
+    const bf16* w1 = tile.matrix[0];
+    const bf16* w3 = tile.matrix[1];
     const int n0 = blockIdx.x * kGateUpFeatures;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant
       b_src[i] = ((b % 32) < 16 ? w1 : w3) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
     }
   } else {
-    const bf16* w2 = Addressing::matrix_base(p.addr, tile.expert, 2);
+    const bf16* w2 = tile.matrix[2];
     const int h0 = blockIdx.x * kBlockN;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -160,12 +161,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant
         }
       } else {
         const int slot = p.sorted_slot[tile.row_start + m];
-        float* yrow =
+        bf16* yrow =
             p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kBlockN + 32 * wn + 2 * q;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
-          *reinterpret_cast<float2*>(yrow + 8 * nt) =
-              make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+          *reinterpret_cast<std::uint32_t*>(yrow + 8 * nt) =
+              ptx::pack_bf16x2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
       }
     }
 }

@@ -14,11 +14,13 @@ namespace amoeba::kernels {
 
 // One unit of GEMM work: `count` consecutive rows of the expert-sorted order starting at `row_start`, all
 // routed to `expert`. Built by the routing kernel, `count` <= the path's token tile.
-struct WorkTile {
+// `matrix` holds the expert's W1, W3, W2 base pointers, resolved by the addressing policy in the routing
+// kernel.
+struct alignas(16) WorkTile {
+  const bf16* matrix[3];
   int expert;
   int row_start;
   int count;
-  int pad;
 };
 
 template <expert_addressing Addressing>
@@ -36,7 +38,7 @@ struct MoeParams {
   const WorkTile* tiles;   // [max_tiles]
   const int* num_tiles;    // [1]
   bf16* act;               // [S, F] SiLU(gate)·up, expert-sorted rows
-  float* y;                // [S, H] down-projection output per slot (unweighted), slot order
+  bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
 };
 
 // Expert of slot s, or -1 when the routed id is outside [0, E) (such slots contribute nothing).

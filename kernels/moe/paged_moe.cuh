@@ -19,17 +19,19 @@
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
 #include "moe/grouped_gemm.cuh"
+#include "moe/grouped_gemm_sm90.cuh"
 #include "moe/moe_params.cuh"
 #include "moe/routing.cuh"
 
 namespace amoeba::kernels {
 
-// Which collective runs the two GEMM stages. kAuto picks by the expected tokens per expert.
-enum class MoePath { kAuto, kDecode, kGrouped };
+// Which collective runs the two GEMM stages. kAuto picks by the expected tokens per expert; kGrouped is the
+// wgmma grouped GEMM on sm_90 devices (mma.sync elsewhere); kGroupedMma forces the mma.sync grouped GEMM.
+enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 namespace detail {
 
-// y rows are summed per token in slot order: 8 hidden values per thread.
+// y rows are summed per token in slot order (fp32, deterministic): 8 hidden values per thread.
 template <class Addressing>
 __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -37,15 +39,20 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
   const std::int64_t t = idx / per_token;
   if (t >= p.num_tokens) return;
   const int h = static_cast<int>(idx % per_token) * 8;
+  ptx::grid_dependency_wait();  // y: written by the down stage
   float acc[8] = {};
   for (int j = 0; j < p.slots_per_token; ++j) {
     const int s = static_cast<int>(t) * p.slots_per_token + j;
     if (slot_expert(p, s) < 0) continue;
     const float w = slot_weight(p, static_cast<int>(t), j);
-    const float4* yr = reinterpret_cast<const float4*>(p.y + static_cast<std::int64_t>(s) * p.hidden + h);
-    const float4 a = yr[0], b = yr[1];
-    acc[0] += w * a.x, acc[1] += w * a.y, acc[2] += w * a.z, acc[3] += w * a.w;
-    acc[4] += w * b.x, acc[5] += w * b.y, acc[6] += w * b.z, acc[7] += w * b.w;
+    const uint4 v = *reinterpret_cast<const uint4*>(p.y + static_cast<std::int64_t>(s) * p.hidden + h);
+    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
+      acc[2 * i] += w * f.x;
+      acc[2 * i + 1] += w * f.y;
+    }
   }
   uint4 out;
   out.x = ptx::pack_bf16x2(acc[0], acc[1]);
@@ -124,9 +131,8 @@ class PagedMoe {
     const Choice choice = choose(a);
 
     routing::RoutingParams<Addressing> r{};
-    const bf16** table = static_cast<const bf16**>(at(lay.table));
     MoeParams<Addressing>& p = r.moe;
-    p.addr = Addressing::make_params(a.weights, table, s.matrix_elems());
+    p.addr = Addressing::make_params(a.weights, s.matrix_elems());
     p.input = a.input;
     p.output = a.output;
     p.topk_ids = a.topk_ids;
@@ -143,10 +149,7 @@ class PagedMoe {
     p.tiles = static_cast<WorkTile*>(at(lay.tiles));
     p.num_tiles = static_cast<int*>(at(lay.num_tiles));
     p.act = static_cast<bf16*>(at(lay.act));
-    p.y = static_cast<float*>(at(lay.y));
-    r.addr_args = a.weights;
-    r.table = table;
-    r.matrix_elems = s.matrix_elems();
+    p.y = static_cast<bf16*>(at(lay.y));
     r.total_experts = s.total_experts();
     r.tile_rows = choice.tile_tokens;
     r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
@@ -176,18 +179,38 @@ class PagedMoe {
 
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
-    if (choice.path == MoePath::kGrouped) {
+    if (choice.path == MoePath::kGrouped && use_wgmma()) {
+      using grouped::gemm_wgmma_kernel;
+      using grouped::Stage;
+      if (Status st = set_smem<gemm_wgmma_kernel<Addressing, Stage::kGateUp>>(grouped::kWgmmaSmemBytes); !st)
+        return st;
+      if (Status st = set_smem<gemm_wgmma_kernel<Addressing, Stage::kDown>>(grouped::kWgmmaSmemBytes); !st)
+        return st;
+      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kGateUp>,
+                             dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads,
+                             grouped::kWgmmaSmemBytes, stream, p, "grouped::gemm_wgmma_kernel<kGateUp>");
+          !st)
+        return st;
+      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kDown>,
+                             dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads,
+                             grouped::kWgmmaSmemBytes, stream, p, "grouped::gemm_wgmma_kernel<kDown>");
+          !st)
+        return st;
+    } else if (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma) {
       using grouped::gemm_kernel;
       using grouped::Stage;
-      if (Status st = set_smem<Stage::kGateUp>(); !st) return st;
-      if (Status st = set_smem<Stage::kDown>(); !st) return st;
-      gemm_kernel<Addressing, Stage::kGateUp><<<dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles),
-                                                grouped::kThreads, grouped::kSmemBytes, stream>>>(p);
-      if (Status st = launched("grouped::gemm_kernel<kGateUp>"); !st) return st;
-      gemm_kernel<Addressing, Stage::kDown>
-          <<<dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads, grouped::kSmemBytes, stream>>>(
-              p);
-      if (Status st = launched("grouped::gemm_kernel<kDown>"); !st) return st;
+      if (Status st = set_smem<gemm_kernel<Addressing, Stage::kGateUp>>(grouped::kSmemBytes); !st) return st;
+      if (Status st = set_smem<gemm_kernel<Addressing, Stage::kDown>>(grouped::kSmemBytes); !st) return st;
+      if (Status st = launch(gemm_kernel<Addressing, Stage::kGateUp>,
+                             dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads,
+                             grouped::kSmemBytes, stream, p, "grouped::gemm_kernel<kGateUp>");
+          !st)
+        return st;
+      if (Status st =
+              launch(gemm_kernel<Addressing, Stage::kDown>, dim3(s.hidden / grouped::kBlockN, grid_tiles),
+                     grouped::kThreads, grouped::kSmemBytes, stream, p, "grouped::gemm_kernel<kDown>");
+          !st)
+        return st;
     } else {
       Status st = Status::success();
       switch (choice.tile_tokens) {
@@ -206,8 +229,8 @@ class PagedMoe {
 
     // 4. Combine.
     const std::int64_t threads = static_cast<std::int64_t>(s.num_tokens) * (s.hidden / 8);
-    detail::combine_kernel<Addressing><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
-    return launched("combine_kernel");
+    return launch(detail::combine_kernel<Addressing>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
+                  0, stream, p, "combine_kernel");
   }
 
  private:
@@ -216,8 +239,7 @@ class PagedMoe {
     int tile_tokens;
   };
   struct Layout {
-    std::size_t table, expert_offset, num_tiles, tiles, sorted_slot, keys, vals, sorted_keys, sort_temp, act,
-        y;
+    std::size_t expert_offset, num_tiles, tiles, sorted_slot, keys, vals, sorted_keys, sort_temp, act, y;
     std::size_t sort_temp_bytes, total;
   };
 
@@ -235,7 +257,7 @@ class PagedMoe {
     const double expected_max = mean + 3.0 * std::sqrt(mean) + 1.0;
     MoePath path = a.path;
     if (path == MoePath::kAuto) path = expected_max <= 32.0 ? MoePath::kDecode : MoePath::kGrouped;
-    if (path == MoePath::kGrouped) return {path, grouped::kBlockM};
+    if (path == MoePath::kGrouped || path == MoePath::kGroupedMma) return {path, grouped::kBlockM};
     return {path, expected_max <= 8.0 ? 8 : expected_max <= 16.0 ? 16 : 32};
   }
 
@@ -250,7 +272,6 @@ class PagedMoe {
       off += align_up(bytes);
       return at;
     };
-    l.table = take(experts * 3 * sizeof(const bf16*));
     l.expert_offset = take((experts + 1) * sizeof(int));
     l.num_tiles = take(sizeof(int));
     l.tiles = take(static_cast<std::size_t>(max_tiles(s, 8)) * sizeof(WorkTile));
@@ -262,7 +283,7 @@ class PagedMoe {
     l.sorted_keys = take(large ? slots * sizeof(int) : 0);
     l.sort_temp = take(l.sort_temp_bytes);
     l.act = take(slots * static_cast<std::size_t>(s.intermediate) * sizeof(bf16));
-    l.y = take(slots * static_cast<std::size_t>(s.hidden) * sizeof(float));
+    l.y = take(slots * static_cast<std::size_t>(s.hidden) * sizeof(bf16));
     l.total = off;
     return l;
   }
@@ -272,22 +293,57 @@ class PagedMoe {
                            cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
-    gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>
-        <<<dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, 0, stream>>>(p);
-    if (Status st = launched("decode::gemv_kernel<kGateUp>"); !st) return st;
-    gemv_kernel<Addressing, Stage::kDown, kTokTiles>
-        <<<dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream>>>(p);
-    return launched("decode::gemv_kernel<kDown>");
+    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>,
+                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, 0,
+                           stream, p, "decode::gemv_kernel<kGateUp>");
+        !st)
+      return st;
+    return launch(gemv_kernel<Addressing, Stage::kDown, kTokTiles>,
+                  dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream, p,
+                  "decode::gemv_kernel<kDown>");
   }
 
-  // The grouped GEMM needs more than the default 48 KB of dynamic shared memory; set once per kernel.
-  template <grouped::Stage kStage>
-  static Status set_smem() {
+  // The grouped GEMMs need more than the default 48 KB of dynamic shared memory; set once per kernel.
+  template <auto kKernel>
+  static Status set_smem(int bytes) {
     static const cudaError_t once =
-        cudaFuncSetAttribute(grouped::gemm_kernel<Addressing, kStage>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, grouped::kSmemBytes);
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (once != cudaSuccess) return Status::error("cudaFuncSetAttribute", cudaGetErrorString(once));
     return Status::success();
+  }
+
+  // wgmma needs an sm_90 device (and this header built for sm_90a, the project default).
+  static bool use_wgmma() {
+    static const bool yes = [] {
+      int device = 0, major = 0;
+      if (cudaGetDevice(&device) != cudaSuccess) return false;
+      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+        return false;
+      return major == 9;
+    }();
+    return yes;
+  }
+
+  // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start
+  // while the previous kernel drains and wait in ptx::grid_dependency_wait(), which hides the launch gap (a
+  // few µs per kernel against a ~16 µs decode floor). Works under stream capture (graph edges become
+  // programmatic).
+  template <class Kernel>
+  static Status launch(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
+                       const MoeParams<Addressing>& p, const char* what) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p); e != cudaSuccess)
+      return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
+    return launched(what);
   }
 
   static Status launched(const char* what) {

@@ -60,4 +60,14 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
+// Programmatic dependent launch (sm_90): wait until the previous kernel in the stream has completed and its
+// writes are visible; allow the next kernel to start launching (its blocks then wait in
+// grid_dependency_wait).
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+}
+
 }  // namespace amoeba::kernels::ptx

@@ -1,6 +1,7 @@
 // Routing preparation (CUB): from top-k ids per token, the rows of every expert in expert-sorted order
-// (`sorted_slot`), the per-expert offsets and the list of GEMM work tiles; also resolves the addressing
-// policy's table of expert base pointers once per layer. Two paths with the same outputs:
+// (`sorted_slot`), the per-expert offsets and the list of GEMM work tiles, each carrying its expert's three
+// base pointers as resolved by the addressing policy (once per expert per layer). Two paths with the same
+// outputs:
 //  - small (S <= kSmallSlots): one block, shared-memory atomics for ranks and cub::BlockScan for offsets;
 //  - large: a key/value expand kernel, cub::DeviceRadixSort (stable) and one finalize block (binary search +
 //    cub::BlockScan).
@@ -22,9 +23,6 @@ inline constexpr int kSmallSlots = 8192;      // ranks kept in 32 KB of shared m
 template <expert_addressing Addressing>
 struct RoutingParams {
   MoeParams<Addressing> moe;
-  typename Addressing::Arguments addr_args;
-  const bf16** table;  // [E+m][3] when Addressing::kNeedsTable
-  std::int64_t matrix_elems;
   int total_experts;
   int tile_rows;  // token rows per work tile
   int* sorted_slot;
@@ -37,13 +35,6 @@ struct RoutingParams {
   int* sorted_keys;
 };
 
-template <class Addressing>
-__device__ void resolve_table(const RoutingParams<Addressing>& r) {
-  if constexpr (Addressing::kNeedsTable)
-    for (int e = threadIdx.x; e < r.total_experts; e += blockDim.x)
-      Addressing::resolve(r.addr_args, r.table, e, r.matrix_elems);
-}
-
 // Writes expert_offset and the tiles of expert `e` (one thread per expert) given its offset and count.
 template <class Addressing>
 __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int count) {
@@ -55,9 +46,15 @@ __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int 
   Scan(scan).ExclusiveSum(n, first, total);
   if (e < r.total_experts) {
     r.expert_offset[e] = offset;
-    for (int i = 0; i < n; ++i) {
-      const int start = i * r.tile_rows;
-      r.tiles[first + i] = WorkTile{e, offset + start, min(r.tile_rows, count - start), 0};
+    if (n > 0) {
+      // The one place where the addressing policy is consulted: once per expert per layer.
+      const bf16* m0 = Addressing::matrix_base(r.moe.addr, e, 0);
+      const bf16* m1 = Addressing::matrix_base(r.moe.addr, e, 1);
+      const bf16* m2 = Addressing::matrix_base(r.moe.addr, e, 2);
+      for (int i = 0; i < n; ++i) {
+        const int start = i * r.tile_rows;
+        r.tiles[first + i] = WorkTile{{m0, m1, m2}, e, offset + start, min(r.tile_rows, count - start)};
+      }
     }
   }
   if (e == 0) {
@@ -76,7 +73,6 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   const int num_slots = r.moe.num_slots;
   counts[tid] = 0;
-  resolve_table(r);
   __syncthreads();
   for (int s = tid; s < num_slots; s += kThreads) {
     const int e = slot_expert(r.moe, s);
@@ -97,7 +93,6 @@ __global__ void __launch_bounds__(kThreads)
 // keys[s] = expert of slot s (total_experts for invalid ids, so they sort last), vals[s] = s.
 template <class Addressing>
 __global__ void expand_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
-  if (blockIdx.x == 0) resolve_table(r);
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
   if (s >= r.moe.num_slots) return;
   const int e = slot_expert(r.moe, s);

@@ -150,7 +150,10 @@ double rel_error_all(const std::vector<std::uint16_t>& out, const std::vector<do
 }
 
 const char* path_name(MoePath p) {
-  return p == MoePath::kDecode ? "decode" : p == MoePath::kGrouped ? "grouped" : "auto";
+  return p == MoePath::kDecode       ? "decode"
+         : p == MoePath::kGrouped    ? "grouped"
+         : p == MoePath::kGroupedMma ? "mma"
+                                     : "auto";
 }
 
 // Runs one case on both addressings and checks everything; returns the paged output.
@@ -197,7 +200,7 @@ TEST_CASE("small shapes against the CPU reference, both paths and addressings", 
   for (const ModelSpec& spec : {tiny, tiny_routed}) {
     ExpertStore store(spec, 7, 3);
     for (int tokens : {1, 5, 37, 300})
-      for (MoePath path : {MoePath::kDecode, MoePath::kGrouped})
+      for (MoePath path : {MoePath::kDecode, MoePath::kGrouped, MoePath::kGroupedMma})
         check_case(store, shape_of(spec, tokens), path, true, 64, 100 + tokens);
   }
 }
@@ -214,9 +217,10 @@ TEST_CASE("model shapes at every token count", "[gpu][models]") {
     for (int tokens : {1, 3, 16, 33, 64, 256, 1024, 4096, 16384}) {
       const MoeShape shape = shape_of(c.spec, tokens);
       check_case(store, shape, MoePath::kAuto, tokens <= c.cpu_max_tokens, 48, 1000 + tokens);
-      if (tokens == 33 || tokens == 1024) {  // the other path too, where both are plausible
-        const MoePath chosen = tokens == 33 ? MoePath::kGrouped : MoePath::kDecode;
-        check_case(store, shape, chosen, false, 48, 2000 + tokens);
+      if (tokens == 33 || tokens == 1024) {  // the other paths too, where they are plausible
+        check_case(store, shape, tokens == 33 ? MoePath::kGrouped : MoePath::kDecode, false, 48,
+                   2000 + tokens);
+        check_case(store, shape, MoePath::kGroupedMma, false, 48, 3000 + tokens);
       }
     }
   }
@@ -272,6 +276,6 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
   ExpertStore store(tiny, 5, 3);
   for (int tokens : {5, 3000})
-    for (MoePath path : {MoePath::kDecode, MoePath::kGrouped})
+    for (MoePath path : {MoePath::kDecode, MoePath::kGrouped, MoePath::kGroupedMma})
       check_case(store, shape_of(tiny, tokens), path, false, 16, 300 + tokens);
 }

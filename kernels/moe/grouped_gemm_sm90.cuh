@@ -1,0 +1,202 @@
+// Prefill path on Hopper (sm_90a): the grouped GEMM of grouped_gemm.cuh with its MMA issued as warpgroup
+// wgmma (m64n128k16, bf16 → fp32) straight from shared memory. Same work tiles, same cp.async loader and the
+// same XOR-swizzled [rows][64] tiles: that layout is exactly wgmma's 128-byte-swizzle K-major layout (16-byte
+// chunk c of row r at (c ^ (r % 8))·16, 8-row groups 1024 bytes apart), so the descriptors point at the tiles
+// as they are. Two warpgroups each own 64 token rows × all 128 weight rows of the block tile; SiLU·mul
+// (gate/up) and the bf16 y store (down) are fused into the epilogue as in the mma.sync kernel. Why: mma.sync
+// reaches about half of Hopper's tensor throughput; wgmma is needed to approach the bf16 rate.
+#pragma once
+
+#include "moe/grouped_gemm.cuh"
+
+namespace amoeba::kernels::grouped {
+
+namespace wgmma {
+
+// Shared-memory matrix descriptor: 128-byte swizzle, K-major, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ std::uint64_t descriptor(std::uint32_t smem_addr) {
+  std::uint64_t d = 0;
+  d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<std::uint64_t>(16 >> 4) << 16;    // leading byte offset (unused for swizzled K-major)
+  d |= static_cast<std::uint64_t>(1024 >> 4) << 32;  // stride byte offset: next 8-row group
+  d |= static_cast<std::uint64_t>(1) << 62;          // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across wgmma issue/wait.
+__device__ __forceinline__ void pin(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D(64×128, fp32) += A(64×16, smem) · B(128×16, smem)ᵀ.
+__device__ __forceinline__ void mma_m64n128k16(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "
+      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+      "%62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+  __trap();  // built without sm_90a: PagedMoe never selects this kernel then
+#endif
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+}  // namespace wgmma
+
+inline constexpr int kWgmmaSmemBytes =
+    kSmemBytes + 1024;  // + alignment slack: wgmma tiles need 1024-byte bases
+
+template <class Addressing, Stage kStage>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemm_wgmma_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  const std::uint32_t raw = ptx::smem_u32(smem_dyn);
+  unsigned char* smem_raw = smem_dyn + (((raw + 1023) & ~1023u) - raw);
+  bf16* smem_a = reinterpret_cast<bf16*>(smem_raw);
+  bf16* smem_b = smem_a + kStages * kBlockM * kBlockK;
+
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
+  const WorkTile tile = p.tiles[blockIdx.y];
+  const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
+            q = lane % 4;
+  const int K = kGateUp ? p.hidden : p.intermediate;
+  const int k_tiles = K / kBlockK;
+
+  const int ld_row = tid / 8, ld_chunk = tid % 8;
+  const bf16* a_src[4];
+  int a_bytes[4];
+  const bf16* b_src[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = ld_row + 32 * i;
+    const bool valid = m < tile.count;
+    const int mm = valid ? m : 0;
+    a_bytes[i] = valid ? 16 : 0;
+    if constexpr (kGateUp) {
+      const int slot = p.sorted_slot[tile.row_start + mm];
+      a_src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + ld_chunk * 8;
+    } else {
+      a_src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + ld_chunk * 8;
+    }
+  }
+  if constexpr (kGateUp) {
+    const bf16* w1 = tile.matrix[0];
+    const bf16* w3 = tile.matrix[1];
+    const int n0 = blockIdx.x * kGateUpFeatures;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int b = ld_row + 32 * i;  // B row b: group b/32, W1 for (b % 32) < 16, else W3
+      const int n = n0 + 16 * (b / 32) + (b % 16);
+      b_src[i] = ((b % 32) < 16 ? w1 : w3) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
+    }
+  } else {
+    const int h0 = blockIdx.x * kBlockN;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      b_src[i] = tile.matrix[2] + static_cast<std::int64_t>(h0 + ld_row + 32 * i) * K + ld_chunk * 8;
+  }
+  const int st_off = swizzle(ld_row, ld_chunk);
+  auto load_stage = [&](int stage, int kt) {
+    bf16* sa = smem_a + stage * kBlockM * kBlockK;
+    bf16* sb = smem_b + stage * kBlockN * kBlockK;
+    const int k = kt * kBlockK;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      ptx::cp_async_16(ptx::smem_u32(sa + st_off + 32 * i * kBlockK), a_src[i] + k, a_bytes[i]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      ptx::cp_async_16(ptx::smem_u32(sb + st_off + 32 * i * kBlockK), b_src[i] + k, 16);
+  };
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    ptx::cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::cp_async_wait<kStages - 2>();
+    wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async
+                                 // one
+    __syncthreads();             // stage kt complete for all threads; every wgmma of kt-1 has finished
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next);
+    ptx::cp_async_commit();
+    const std::uint32_t sa = ptx::smem_u32(smem_a + (kt % kStages) * kBlockM * kBlockK + wg * 64 * kBlockK);
+    const std::uint32_t sb = ptx::smem_u32(smem_b + (kt % kStages) * kBlockN * kBlockK);
+    wgmma::pin(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk)
+      wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(acc);
+  }
+  ptx::cp_async_wait<0>();
+
+  // Accumulator 4c + i: token row wg·64 + 16·warp + g + 8·(i/2), B row 8c + 2q + (i % 2).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int m = wg * 64 + 16 * warp_in_wg + g + 8 * half;
+    if (m >= tile.count) continue;
+    if constexpr (kGateUp) {
+      bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
+                   blockIdx.x * kGateUpFeatures + 2 * q;
+#pragma unroll
+      for (int grp = 0; grp < 4; ++grp)
+#pragma unroll
+        for (int c2 = 0; c2 < 2; ++c2) {
+          const int gate = 4 * (4 * grp + c2) + 2 * half,
+                    up = gate + 8;  // chunk 4·grp + c2 (W1) and + 2 (W3)
+          const float v0 = silu(acc[gate]) * acc[up];
+          const float v1 = silu(acc[gate + 1]) * acc[up + 1];
+          *reinterpret_cast<std::uint32_t*>(arow + 16 * grp + 8 * c2) = ptx::pack_bf16x2(v0, v1);
+        }
+    } else {
+      const int slot = p.sorted_slot[tile.row_start + m];
+      bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kBlockN + 2 * q;
+#pragma unroll
+      for (int c = 0; c < 16; ++c)
+        *reinterpret_cast<std::uint32_t*>(yrow + 8 * c) =
+            ptx::pack_bf16x2(acc[4 * c + 2 * half], acc[4 * c + 2 * half + 1]);
+    }
+  }
+}
+
+}  // namespace amoeba::kernels::grouped

@@ -70,7 +70,12 @@ struct ChangeList {
 
 inline std::ostream& operator<<(std::ostream& os, const ChangeList& c) {
   os << "ChangeList{R_b=" << c.signal.shortfall_pages << " F_b=" << c.signal.free_expert_pages
-     << " asked evict " << c.decision.evict << " restore " << c.decision.restore << "; evict [";
+     << " asked evict " << c.decision.evict << " restore ";
+  if (c.decision.restore == ~std::uint32_t{0})
+    os << "any";  // e.g. a cache admitting every miss
+  else
+    os << c.decision.restore;
+  os << "; evict [";
   for (std::size_t i = 0; i < c.evictions.size(); ++i)
     os << (i ? " " : "") << c.evictions[i].expert.layer << ':' << c.evictions[i].expert.expert
        << (c.evictions[i].cause == EvictionCause::kSwap ? "(swap)" : "");

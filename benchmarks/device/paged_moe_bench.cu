@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   bool first = true;
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
-    ExpertStore store(spec, 42, 8);
+    ExpertStore store(spec, 42, 8, /*aliased=*/true);  // 1 expert in 8 in the load buffer, pages shuffled
     for (int t : tokens) {
       const MoeShape shape = shape_of(spec, t);
       std::vector<RoutingSet> sets;

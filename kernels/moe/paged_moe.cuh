@@ -303,7 +303,7 @@ class PagedMoe {
                   "decode::gemv_kernel<kDown>");
   }
 
-  // The grouped GEMMs need more than the default 48 KB of dynamic shared memory; set once per kernel.
+  // The GEMM kernels need more than the default 48 KB of dynamic shared memory; set once per kernel.
   template <auto kKernel>
   static Status set_smem(int bytes) {
     static const cudaError_t once =

@@ -106,9 +106,15 @@ inline MoeShape shape_of(const ModelSpec& m, int tokens) {
 // One model's expert weights, twice: contiguous [E+m][3][F·H], and the same values in a page pool whose pages
 // are shuffled (unused pages hold NaNs), except every `buffer_every`-th expert, which sits in a load-buffer
 // slot.
+//
+// With `aliased` (benchmarks), the paged view instead aliases the contiguous array: pool pages and
+// load-buffer slots are shuffled positions of the same allocation, so both views read the same set of bytes
+// and a timing difference measures the addressing, not where the allocator happened to place two copies.
+// Values then differ between the views (fine for timing, not for comparing outputs).
 class ExpertStore {
  public:
-  ExpertStore(const ModelSpec& spec, std::uint64_t seed, int buffer_every = 4) : spec_(spec) {
+  ExpertStore(const ModelSpec& spec, std::uint64_t seed, int buffer_every = 4, bool aliased = false)
+      : spec_(spec) {
     const MoeShape s = shape_of(spec, 0);
     const int experts = s.total_experts();
     elems_ = static_cast<std::size_t>(s.matrix_elems());
@@ -120,6 +126,10 @@ class ExpertStore {
                      j < 2 ? 1.7f / std::sqrt(static_cast<float>(s.hidden))
                            : 1.7f / std::sqrt(static_cast<float>(s.intermediate)));
     std::mt19937_64 rng(seed);
+    if (aliased) {
+      build_aliased(experts, buffer_every, rng);
+      return;
+    }
     std::vector<int> buffered;
     for (int e = 0; e < experts; ++e)
       if (buffer_every > 0 && e % buffer_every == buffer_every - 1) buffered.push_back(e);
@@ -159,11 +169,38 @@ class ExpertStore {
     num_buffered_ = static_cast<int>(buffered.size());
   }
 
+  void build_aliased(int experts, int buffer_every, std::mt19937_64& rng) {
+    std::vector<int> triples(experts);  // triple t = matrix positions 3t..3t+2 of the contiguous array
+    std::iota(triples.begin(), triples.end(), 0);
+    std::shuffle(triples.begin(), triples.end(), rng);
+    locations_host_.assign(experts, ExpertLocation{});
+    std::vector<int> pages;
+    int next_triple = 0;
+    for (int e = 0; e < experts; ++e)
+      if (buffer_every > 0 && e % buffer_every == buffer_every - 1) {
+        locations_host_[e].buffer_slot = triples[next_triple++];
+        ++num_buffered_;
+      }
+    for (int t = next_triple; t < experts; ++t)
+      for (int j = 0; j < 3; ++j) pages.push_back(3 * triples[t] + j);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::size_t next_page = 0;
+    for (int e = 0; e < experts; ++e)
+      if (locations_host_[e].buffer_slot < 0)
+        for (int j = 0; j < 3; ++j) locations_host_[e].page[j] = pages[next_page++];
+    locations_ = DeviceBuffer<ExpertLocation>(experts);
+    locations_.upload(locations_host_);
+    aliased_ = true;
+  }
+
   bf16* matrix(int e, int j) const {
     return contiguous_.get() + elems_ * (3 * static_cast<std::size_t>(e) + j);
   }
   kernels::Contiguous::Arguments contiguous_args() const { return {contiguous_.get()}; }
-  kernels::Paged::Arguments paged_args() const { return {pool_.get(), load_buffer_.get(), locations_.get()}; }
+  kernels::Paged::Arguments paged_args() const {
+    if (aliased_) return {contiguous_.get(), contiguous_.get(), locations_.get()};
+    return {pool_.get(), load_buffer_.get(), locations_.get()};
+  }
   const bf16* const* reference_table() const { return reference_table_.get(); }
   const ModelSpec& spec() const { return spec_; }
   int num_buffered() const { return num_buffered_; }
@@ -189,6 +226,7 @@ class ExpertStore {
   DeviceBuffer<const bf16*> reference_table_;
   std::vector<std::vector<std::uint16_t>> host_;
   int num_buffered_ = 0;
+  bool aliased_ = false;
 };
 
 // Inputs of one layer call: tokens, each routed to k distinct uniformly drawn experts with positive weights

@@ -57,8 +57,9 @@ void BM_SchedulerAdjusterStep(benchmark::State& state) {
     if (!c.empty()) (void)adj.commit(c, pool);
     sched.complete(plan, now += 0.02);
     for (Sequence& s : seqs)
-      if (s.status == SeqStatus::kFinished) {  // re-queue: steady state
-        s = Sequence(Request{s.id, now, s.prompt_tokens, s.output_tokens});
+      if (s.status == SeqStatus::kFinished) {  // re-queue: steady state (vectors keep their capacity)
+        s.generated = s.computed = s.blocks = 0;
+        s.first_token_s = s.finish_s = -1;
         sched.add(s);
       }
     return plan.batch.size();

@@ -120,6 +120,8 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& what) {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(what, "byte " + std::to_string(e.byte), std::string("is not valid JSON: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number that overflows a double
+    throw ConfigError(what, "(text)", std::string("is not valid JSON: ") + e.what());
   }
 }
 

@@ -16,11 +16,15 @@ std::string gb(std::uint64_t b) {
 }
 }  // namespace
 
-std::string MemoryPlan::describe() const {
+std::string MemoryPlan::budget_line() const {
   return "budget " + gb(budget_bytes) + " of " + gb(gpu_bytes) + " - context " + gb(context_bytes) +
          " - non-expert weights " + gb(non_expert_bytes) + " - activations " + gb(activation_bytes) +
          " - load buffers " + gb(load_buffer_bytes) + " (2 x " + std::to_string(load_buffer_experts) +
-         " experts) = pool " + gb(pool_bytes) + "; experts resident " + gb(initial_expert_bytes) + " (" +
+         " experts) = pool " + gb(pool_bytes);
+}
+
+std::string MemoryPlan::describe() const {
+  return budget_line() + "; experts resident " + gb(initial_expert_bytes) + " (" +
          std::to_string(initial_resident_per_layer) + " per layer), KV " + gb(initial_kv_bytes());
 }
 
@@ -63,7 +67,7 @@ MemoryPlan plan_memory(const ModelSpec& model, const GpuProfile& gpu, const Memo
                       "does not fit: " + std::to_string(r) + " resident experts per layer need " +
                           gb(std::uint64_t(r) * per_layer_row) + " + KV for one " +
                           std::to_string(max_model_len) + "-token request " + gb(p.min_kv_bytes) +
-                          " > pool " + gb(p.pool_bytes) + " (" + p.describe() +
+                          " > pool " + gb(p.pool_bytes) + " (" + p.budget_line() +
                           "); raise expert_offload_limit, lower max_model_len, or use a larger GPU");
   p.initial_resident_per_layer = r;
   p.initial_expert_bytes = std::uint64_t(r) * per_layer_row;

@@ -34,7 +34,8 @@ struct MemoryPlan {
   std::uint64_t initial_expert_bytes = 0;
   std::uint64_t min_kv_bytes = 0;  // one max_model_len request
   std::uint64_t initial_kv_bytes() const noexcept { return pool_bytes - initial_expert_bytes; }
-  std::string describe() const;  // one line of numbers (GB)
+  std::string budget_line() const;  // budget -> pool, in GB
+  std::string describe() const;     // budget_line() and the initial split of the pool
 };
 
 // `min_resident` .. `max_resident`: the experts per layer the policy may start with (the plan takes the most

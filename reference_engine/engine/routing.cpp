@@ -50,14 +50,14 @@ RoutingModel::RoutingModel(std::uint32_t layers, std::uint32_t experts, std::uin
       log_miss_(std::size_t(layers) * experts, 0.0),
       rng_(seed, 17),
       seed_(seed) {
-  Rng setup(seed, 11);
+  Rng setup(seed, 11), drift(seed, 13);      // drift has its own stream: the calibration ranking ignores it
   std::vector<std::uint32_t> perm(experts);  // perm[rank] = expert
   std::iota(perm.begin(), perm.end(), 0u);
   for (std::size_t i = experts; i > 1; --i) std::swap(perm[i - 1], perm[setup.below(i)]);
   for (std::uint32_t l = 0; l < layers; ++l) {
     if (l > 0) partial_shuffle(perm, 1.0 - p.cross_layer_correlation, setup);
     std::vector<std::uint32_t> live = perm;
-    partial_shuffle(live, p.drift, setup);
+    partial_shuffle(live, p.drift, drift);
     double z = 0;
     for (std::uint32_t r = 0; r < experts; ++r) z += 1.0 / std::pow(double(r + 1), p.skew);
     for (std::uint32_t r = 0; r < experts; ++r) {

@@ -127,7 +127,7 @@ std::string scenario_to_json(const Scenario& s, int indent) {
                    {"requests", s.requests},
                    {"seed", s.seed},
                    {"trace", s.trace}};
-  j["policies"] = s.policies;
+  if (!s.policies.empty()) j["policies"] = s.policies;  // absent = every policy
   j["engine"] = {{"max_num_batched_tokens", s.scheduler.max_num_batched_tokens},
                  {"max_num_seqs", s.scheduler.max_num_seqs},
                  {"max_model_len", s.scheduler.max_model_len}};

@@ -293,13 +293,16 @@ class PagedMoe {
                            cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
+    constexpr int kSmem = decode::Traits<kTokTiles>::kSmemBytes;
+    if (Status st = set_smem<gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>>(kSmem); !st) return st;
+    if (Status st = set_smem<gemv_kernel<Addressing, Stage::kDown, kTokTiles>>(kSmem); !st) return st;
     if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>,
-                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, 0,
+                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, kSmem,
                            stream, p, "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
     return launch(gemv_kernel<Addressing, Stage::kDown, kTokTiles>,
-                  dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream, p,
+                  dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, kSmem, stream, p,
                   "decode::gemv_kernel<kDown>");
   }
 

@@ -1,19 +1,17 @@
 // Decode path (few tokens per expert, memory-bound): each block streams a 32-row slice of one expert matrix
-// pair and multiplies it by the tile's <= 8·kTokTiles tokens on tensor cores ("swap AB": weight rows are the
-// MMA's M = 16, tokens its N = 8).
+// pair straight from global memory into tensor-core fragments and multiplies it by the tile's <= 8·kTokTiles
+// tokens ("swap AB": weight rows are the MMA's M = 16, tokens its N = 8).
 //
-// Why it is fast: the weight bytes are the whole cost. Every thread streams its 16-byte pieces with cp.async
-// into a private slice of a shared-memory ring, kDepth k-steps (64 KB per block) in flight whatever the
-// register allocator does, and the grid spreads each expert's rows over all SMs (one block per 16 output
-// features of W1/W3, per 32 rows of W2). K is split across the block's 4 warps and reduced through shared
-// memory. (A register-only version reached 54% of HBM bandwidth on Qwen1.5-MoE at 1 token: ptxas interleaved
-// its loads with the MMAs and kept only ~5 of 16 in flight; see docs/kernel.md.)
+// Why it is fast: the weight bytes are the whole cost, so every block reads them with 16-byte streaming
+// loads, many in flight (kUnroll k-steps × 4 loads per thread before the first MMA), and the grid spreads
+// each expert's rows over all SMs (one block per 16 output features of W1/W3, per 32 rows of W2). The K
+// dimension is split across the block's 4 warps and reduced through shared memory.
 //
-// Fragment trick: the reduction over K may visit k in any order as long as A and B agree. A thread that
-// copies 8 consecutive k (one 16-byte piece) of weight rows g and g+8 and of token g uses them as its
+// Fragment trick: the reduction over K may visit k in any order as long as A and B agree. A thread that loads
+// 8 consecutive k (one 16-byte load) of weight rows g and g+8 and of token g uses them as its
 // {2q,2q+1,2q+8,2q+9} elements of two successive m16n8k16 MMAs; the token operand uses the same mapping, so
-// the dot products are exact and every operand is one coalesced 16-byte piece, read back by the thread that
-// copied it (no ldmatrix, no barrier).
+// the dot products are exact and both operands come from single coalesced 16-byte loads with no shared-memory
+// staging.
 #pragma once
 
 #include "moe/moe_params.cuh"
@@ -33,13 +31,7 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 template <int kTokTiles>
 struct Traits {
   static constexpr int kTileTokens = 8 * kTokTiles;
-  // 16-byte pieces a thread copies per k-step: weight rows g and g+8 of each row tile, and one per token
-  // tile.
-  static constexpr int kPieces = 2 * kRowTiles + kTokTiles;
-  // k-steps in flight per warp: as many as fit a 64 KB ring per block (6, 5 and 4 for 1, 2 and 4 token
-  // tiles).
-  static constexpr int kDepth = (64 * 1024) / (kPieces * 16 * kThreads);
-  static constexpr int kSmemBytes = kDepth * kPieces * 16 * kThreads;
+  static constexpr int kUnroll = kTokTiles <= 2 ? 4 : 2;
 };
 
 __device__ __forceinline__ float silu(float v) {
@@ -49,6 +41,7 @@ __device__ __forceinline__ float silu(float v) {
 template <class Addressing, Stage kStage, int kTokTiles>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   using T = Traits<kTokTiles>;
+  constexpr int kUnroll = T::kUnroll;
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();
   if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
@@ -70,7 +63,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
     rows[1] = base + (h0 + 16) * K;
   }
   const int k_per_warp = K / kWarps;
-  const int steps = k_per_warp / kKStep;
   const int k0 = warp * k_per_warp + 8 * q;
   // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
   // dropped).
@@ -94,44 +86,39 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   }
 
   float acc[kRowTiles][kTokTiles][4] = {};
-  // Each thread streams its own 16-byte pieces through a private slice of a shared-memory ring with cp.async:
-  // kDepth k-steps stay in flight whatever the register allocator does, and since a thread only reads back
-  // what it copied itself, cp.async.wait_group alone orders the reads (no block barrier in the loop).
-  constexpr int kDepth = T::kDepth, kPieces = T::kPieces;
-  extern __shared__ uint4 ring[];  // [kDepth][kPieces][kThreads]
-  auto issue = [&](int step) {
-    if (step < steps) {
-      const int k = step * kKStep;
-      uint4* slot = ring + (step % kDepth) * kPieces * kThreads + threadIdx.x;
+  const int steps = k_per_warp / kKStep;
+  for (int s = 0; s < steps; s += kUnroll) {
+    uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
+    // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
+    // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = min(s + u, steps - 1) * kKStep;
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        ptx::cp_async_16(ptx::smem_u32(slot + (2 * r) * kThreads), a_lo[r] + k, 16);
-        ptx::cp_async_16(ptx::smem_u32(slot + (2 * r + 1) * kThreads), a_hi[r] + k, 16);
+        alo[u][r] = ptx::ld_stream_16(a_lo[r] + k);
+        ahi[u][r] = ptx::ld_stream_16(a_hi[r] + k);
       }
 #pragma unroll
-      for (int nt = 0; nt < kTokTiles; ++nt)
-        ptx::cp_async_16(ptx::smem_u32(slot + (2 * kRowTiles + nt) * kThreads), tok[nt] + k, 16);
+      for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
     }
-    ptx::cp_async_commit();  // one group per step, empty past the end, so wait counts stay uniform
-  };
 #pragma unroll
-  for (int i = 0; i < kDepth - 1; ++i) issue(i);
-  for (int s = 0; s < steps; ++s) {
-    issue(s + kDepth - 1);
-    ptx::cp_async_wait<kDepth - 1>();  // step s has landed
-    const uint4* slot = ring + (s % kDepth) * kPieces * kThreads + threadIdx.x;
+    for (int u = 1; u < kUnroll; ++u)
+      if (s + u >= steps)
 #pragma unroll
-    for (int r = 0; r < kRowTiles; ++r) {
-      const uint4 alo = slot[(2 * r) * kThreads], ahi = slot[(2 * r + 1) * kThreads];
+        for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int nt = 0; nt < kTokTiles; ++nt) {
-        const uint4 b = slot[(2 * kRowTiles + nt) * kThreads];
-        ptx::mma_bf16_16816(acc[r][nt], alo.x, ahi.x, alo.y, ahi.y, b.x, b.y);
-        ptx::mma_bf16_16816(acc[r][nt], alo.z, ahi.z, alo.w, ahi.w, b.z, b.w);
-      }
-    }
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt) {
+          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
+                              b[u][nt].y);
+          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
+                              b[u][nt].w);
+        }
   }
-  ptx::cp_async_wait<0>();
 
   // Reduce the K split: warps 1..3 hand their partial sums to warp 0 through shared memory.
   __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];

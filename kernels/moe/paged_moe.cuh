@@ -293,20 +293,17 @@ class PagedMoe {
                            cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
-    constexpr int kSmem = decode::Traits<kTokTiles>::kSmemBytes;
-    if (Status st = set_smem<gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>>(kSmem); !st) return st;
-    if (Status st = set_smem<gemv_kernel<Addressing, Stage::kDown, kTokTiles>>(kSmem); !st) return st;
     if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>,
-                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, kSmem,
+                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, 0,
                            stream, p, "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
     return launch(gemv_kernel<Addressing, Stage::kDown, kTokTiles>,
-                  dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, kSmem, stream, p,
+                  dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream, p,
                   "decode::gemv_kernel<kDown>");
   }
 
-  // The GEMM kernels need more than the default 48 KB of dynamic shared memory; set once per kernel.
+  // The grouped GEMMs need more than the default 48 KB of dynamic shared memory; set once per kernel.
   template <auto kKernel>
   static Status set_smem(int bytes) {
     static const cudaError_t once =

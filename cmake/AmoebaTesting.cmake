@@ -7,15 +7,16 @@ if(NOT TARGET amoeba_catch_main)
   target_link_libraries(amoeba_catch_main PUBLIC Catch2::Catch2)
 endif()
 
-# amoeba_add_cpu_test(NAME src... [LABELS l...] [LIBS lib...])
-# A Catch2 binary registered with ctest as one test per TEST_CASE tag group: we register the whole binary
-# once (fast to run on 2 cores) and label it.
+include(Catch)  # catch_discover_tests, from Debian's catch2 package
+
+# amoeba_add_cpu_test(NAME SOURCES src... [LABELS l...] [LIBS lib...])
+# A Catch2 binary; every TEST_CASE becomes its own ctest test ("NAME: test case name"), found by running the
+# binary with --list-test-names-only after it is built, so ctest's closing line counts test cases.
 function(amoeba_add_cpu_test name)
   cmake_parse_arguments(ARG "" "" "LABELS;LIBS;SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
   target_link_libraries(${name} PRIVATE amoeba::amoeba amoeba_catch_main amoeba_warnings ${ARG_LIBS})
-  add_test(NAME ${name} COMMAND ${name} --order rand --rng-seed 1)
-  set_tests_properties(${name} PROPERTIES LABELS "cpu;${ARG_LABELS}")
+  catch_discover_tests(${name} TEST_PREFIX "${name}: " PROPERTIES LABELS "cpu;${ARG_LABELS}")
 endfunction()
 
 # amoeba_add_gpu_test(NAME TARGET exe [ARGS ...]): a device test. The binary exits with 77 when no CUDA device

@@ -19,6 +19,7 @@
 #include "amoeba/policies/stacks.hpp"
 #include "amoeba/pool.hpp"
 #include "loader/double_buffer_loader.cuh"
+#include "moe/paged_moe.cuh"
 
 using namespace amoeba;
 using amoeba::kernels::DoubleBufferLoader;
@@ -296,4 +297,146 @@ TEST_CASE("bad input: too many misses, unreserved restore pages, out-of-order la
   auto e = loader.begin_forward(bogus, h.adjuster.residency(), h.pool);
   REQUIRE(e.has_value());
   CHECK(e->code == LoaderErrorCode::kNotReserved);
+}
+
+TEST_CASE("the paged MoE kernel reads experts through the loader like the contiguous layout",
+          "[gpu][loader][moe]") {
+  // PagedMoe<Paged> reads resident experts from pool pages, restored ones from their reserved pages and
+  // misses from the load buffer, through the loader's page table; PagedMoe<Contiguous> reads a [E][3][F*H]
+  // copy of the same layer. Both run the same instructions, so their outputs must agree, forward after
+  // forward, with poisoned destinations and a delayed copy stream.
+  using kernels::Contiguous;
+  using kernels::MoeShape;
+  using kernels::Paged;
+  using kernels::PagedMoe;
+  Harness h;
+  constexpr int T = 600, K = 4, kRouted = 6, H = 256, F = 128;
+  static_assert(std::uint64_t(H) * F * 2 == Harness::kMatrix);
+  const int forwards = env_int("AMOEBA_LOADER_FORWARDS", 200) / 4;
+  DoubleBufferLoader loader(LoaderShape{Harness::kLayers, Harness::kExperts, Harness::kLimit}, h.store,
+                            h.arena.span(), h.compute, LoaderOptions{true, 200});
+
+  // Contiguous twin of every layer, uploaded once from the master copy.
+  const std::uint64_t layer_bytes = Harness::kExperts * 3 * Harness::kMatrix;
+  std::byte* contiguous = nullptr;
+  REQUIRE(cudaMalloc(&contiguous, Harness::kLayers * layer_bytes) == cudaSuccess);
+  REQUIRE(cudaMemcpy(contiguous, h.store.expert({0, 0}), Harness::kLayers * layer_bytes,
+                     cudaMemcpyHostToDevice) == cudaSuccess);
+
+  // Odd forwards run 24 tokens (decode path), even ones 600 (grouped GEMM path); buffers sized for 600.
+  MoeShape shape{T, H, F, static_cast<int>(Harness::kExperts), K, 0};
+  std::vector<__nv_bfloat16> x(T * H);
+  std::vector<std::int32_t> ids(T * K);
+  std::vector<float> wts(T * K);
+  __nv_bfloat16 *d_x, *d_out_paged, *d_out_contig;
+  std::int32_t* d_ids;
+  float* d_w;
+  REQUIRE(cudaMalloc(&d_x, x.size() * 2) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_out_paged, Harness::kLayers * T * H * 2) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_out_contig, Harness::kLayers * T * H * 2) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_ids, Harness::kLayers * ids.size() * 4) == cudaSuccess);
+  REQUIRE(cudaMalloc(&d_w, Harness::kLayers * wts.size() * 4) == cudaSuccess);
+  PagedMoe<Paged> paged;
+  PagedMoe<Contiguous> contig;
+  typename PagedMoe<Contiguous>::Arguments ca{};
+  ca.shape = shape;  // the largest token count sizes the workspace
+  const std::size_t ws_bytes = PagedMoe<Contiguous>::workspace_size(ca);
+  REQUIRE(ws_bytes == PagedMoe<Paged>::workspace_size(typename PagedMoe<Paged>::Arguments{shape}));
+  void* ws = nullptr;
+  REQUIRE(cudaMalloc(&ws, 2 * ws_bytes) == cudaSuccess);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (auto& v : x) v = __float2bfloat16(normal(h.rng));
+  REQUIRE(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+
+  std::uint64_t differing = 0, nonfinite = 0, compared = 0;
+  double worst = 0;
+  std::vector<__nv_bfloat16> a(Harness::kLayers * T * H), b(a.size());
+  for (int f = 0; f < forwards; ++f) {
+    const std::uint64_t shortfall = (f / 5) % 2 == 0 ? h.rng() % 10 : 0;
+    shape.num_tokens = f % 2 ? 24 : T;
+    ChangeList changes = h.adjuster.adjust(AdjustSignal{shortfall, h.pool.available<ExpertPage>()}, h.pool);
+    REQUIRE_FALSE(loader.begin_forward(changes, h.adjuster.residency(), h.pool).has_value());
+    std::vector<std::vector<std::uint32_t>> routed(Harness::kLayers);
+    for (std::uint32_t l = 0; l < Harness::kLayers; ++l) {
+      std::vector<std::uint32_t> all(Harness::kExperts);
+      std::iota(all.begin(), all.end(), 0u);
+      std::shuffle(all.begin(), all.end(), h.rng);
+      routed[l].assign(all.begin(), all.begin() + kRouted);
+      for (int t = 0; t < T; ++t) {
+        std::vector<std::uint32_t> pick = routed[l];
+        std::shuffle(pick.begin(), pick.end(), h.rng);
+        float sum = 0;
+        for (int j = 0; j < K; ++j) {
+          ids[t * K + j] = static_cast<std::int32_t>(pick[j]);
+          sum += wts[t * K + j] = 0.1f + std::uniform_real_distribution<float>(0.f, 1.f)(h.rng);
+        }
+        for (int j = 0; j < K; ++j) wts[t * K + j] /= sum;
+      }
+      REQUIRE(cudaMemcpyAsync(d_ids + l * ids.size(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice,
+                              h.compute) == cudaSuccess);
+      REQUIRE(cudaMemcpyAsync(d_w + l * wts.size(), wts.data(), wts.size() * 4, cudaMemcpyHostToDevice,
+                              h.compute) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(h.compute) == cudaSuccess);  // ids/wts host buffers are reused
+    }
+    REQUIRE(cudaMemsetAsync(d_out_paged, 0xff, a.size() * 2, h.compute) == cudaSuccess);  // poison outputs
+    REQUIRE(cudaMemsetAsync(d_out_contig, 0xff, a.size() * 2, h.compute) == cudaSuccess);
+    REQUIRE_FALSE(loader.prefetch(0, h.predict(routed[0])).has_value());
+    for (std::uint32_t l = 0; l < Harness::kLayers; ++l) {
+      auto w = loader.prepare_layer(l, routed[l]);
+      REQUIRE(w.has_value());
+      if (l + 1 < Harness::kLayers)
+        REQUIRE_FALSE(loader.prefetch(l + 1, h.predict(routed[l + 1])).has_value());
+      typename PagedMoe<Paged>::Arguments pa{};
+      pa.shape = shape;
+      ca.shape = shape;
+      pa.input = d_x;
+      pa.topk_ids = d_ids + l * ids.size();
+      pa.topk_weights = d_w + l * wts.size();
+      pa.output = d_out_paged + l * T * H;
+      pa.weights = Paged::Arguments{w->pool_base, w->load_buffer, w->locations};
+      auto st = paged.run(pa, ws, ws_bytes, h.compute);
+      INFO(st.message);
+      REQUIRE(st.ok);
+      ca.input = d_x;
+      ca.topk_ids = pa.topk_ids;
+      ca.topk_weights = pa.topk_weights;
+      ca.output = d_out_contig + l * T * H;
+      ca.weights =
+          Contiguous::Arguments{reinterpret_cast<const __nv_bfloat16*>(contiguous + l * layer_bytes)};
+      st = contig.run(ca, static_cast<std::byte*>(ws) + ws_bytes, ws_bytes, h.compute);
+      INFO(st.message);
+      REQUIRE(st.ok);
+      loader.layer_done(l);
+    }
+    loader.end_forward();
+    REQUIRE_FALSE(h.adjuster.commit(changes, h.pool).has_value());
+    h.scribble_free_pages();
+    REQUIRE(cudaMemcpyAsync(a.data(), d_out_paged, a.size() * 2, cudaMemcpyDeviceToHost, h.compute) ==
+            cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(b.data(), d_out_contig, b.size() * 2, cudaMemcpyDeviceToHost, h.compute) ==
+            cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(h.compute) == cudaSuccess);
+    double num = 0, den = 0;
+    for (std::uint32_t l = 0; l < Harness::kLayers; ++l)
+      for (std::size_t i = std::size_t(l) * T * H;
+           i < std::size_t(l) * T * H + std::size_t(shape.num_tokens) * H; ++i) {
+        const float pa_ = __bfloat162float(a[i]), pb = __bfloat162float(b[i]);
+        if (!std::isfinite(pa_) || !std::isfinite(pb)) ++nonfinite;
+        differing += std::memcmp(&a[i], &b[i], 2) != 0;
+        num += double(pa_ - pb) * (pa_ - pb);
+        den += double(pb) * pb;
+        ++compared;
+      }
+    worst = std::max(worst, std::sqrt(num / std::max(den, 1e-30)));
+  }
+  INFO("forwards " << forwards << ", values compared " << compared << ", bitwise different " << differing
+                   << ", worst relative error " << worst << ", misses " << loader.stats().on_demand_misses
+                   << ", restores " << loader.stats().restores);
+  CHECK(loader.stats().on_demand_misses > 0);
+  REQUIRE(nonfinite == 0);
+  REQUIRE(worst <= 1e-3);
+  CHECK(differing == 0);  // same instructions, same order: expected bit-identical
+  for (void* p : {static_cast<void*>(contiguous), static_cast<void*>(d_x), static_cast<void*>(d_out_paged),
+                  static_cast<void*>(d_out_contig), static_cast<void*>(d_ids), static_cast<void*>(d_w), ws})
+    cudaFree(p);
 }

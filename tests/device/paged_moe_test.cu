@@ -226,7 +226,7 @@ TEST_CASE("model shapes at every token count", "[gpu][models]") {
   }
 }
 
-TEST_CASE("ids outside [0, E) contribute nothing; zero tokens is a no-op", "[gpu][small]") {
+TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu][small]") {
   const ModelSpec spec{"tiny", 8, 2, 256, 128, 0};
   ExpertStore store(spec, 3, 0);
   RoutingSet r = make_routing(spec, 9, 5);

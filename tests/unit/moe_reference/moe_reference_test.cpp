@@ -176,7 +176,7 @@ TEST_CASE("identical experts with weights summing to 1 equal one expert", "[moe_
     CHECK(mixed[i] == Approx(single[i]).epsilon(1e-12).margin(1e-12));
 }
 
-TEST_CASE("output is linear in the routing weights; invalid ids contribute nothing", "[moe_reference]") {
+TEST_CASE("output is linear in the routing weights, invalid ids contribute nothing", "[moe_reference]") {
   MoeShape s{5, 16, 8, 6, 2, 0};
   Model m = random_model(s, 7);
   Routing r = random_routing(s, 8);

@@ -152,6 +152,8 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
     }
   }
   validate_scenario(s);
+  if (!json_path.empty()) check_output_path(json_path, "--json");
+  if (!csv_path.empty()) check_output_path(csv_path, "--csv");
   const std::vector<Request> trace = scenario_requests(s);
   // Every policy is planned before any runs: a configuration that cannot fit is refused up front.
   std::vector<RunSetup> setups;
@@ -185,6 +187,8 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy, const std::st
   Scenario s = flags.resolve();
   s.policies = {policy};
   validate_scenario(s);
+  if (!json_path.empty()) check_output_path(json_path, "--json");
+  if (!csv_path.empty()) check_output_path(csv_path, "--csv");
   const std::vector<Request> trace = scenario_requests(s);
   RunOptions opt;
   opt.record_timeline = true;

@@ -110,6 +110,15 @@ std::string timeline_csv(const RunResult& r) {
   return out;
 }
 
+void check_output_path(const std::string& path, const std::string& flag) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw ConfigError(flag, "\"\"", "must name a file");
+  const fs::path target(path);
+  if (fs::is_directory(target)) throw ConfigError(flag, path, "is a directory, not a file");
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir)) throw ConfigError(flag, path, "its directory does not exist");
+}
+
 void write_file_atomic(const std::string& path, const std::string& text, const std::string& flag) {
   namespace fs = std::filesystem;
   const fs::path target(path);

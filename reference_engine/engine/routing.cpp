@@ -71,20 +71,35 @@ RoutingModel::RoutingModel(std::uint32_t layers, std::uint32_t experts, std::uin
 std::vector<double> RoutingModel::calibration_counts(std::uint64_t tokens) const {
   Rng rng(seed_, 23);
   std::vector<double> counts(calib_w_.size(), 0.0);
-  std::vector<double> w(experts_);
+  std::vector<double> cdf(experts_), w(experts_);
+  std::vector<std::uint32_t> picked;
+  const bool rejection = 2 * top_k_ <= experts_;  // distinct draws by rejection when collisions are rare
   for (std::uint32_t l = 0; l < layers_; ++l) {
     const double* base = &calib_w_[std::size_t(l) * experts_];
+    double acc = 0;
+    for (std::uint32_t e = 0; e < experts_; ++e) cdf[e] = acc += base[e];
     for (std::uint64_t t = 0; t < tokens; ++t) {
+      if (rejection) {  // top-k without replacement: O(k log E) per token
+        picked.clear();
+        while (picked.size() < top_k_) {
+          const double u = rng.uniform() * acc;
+          auto e = static_cast<std::uint32_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+          if (e >= experts_) e = experts_ - 1;
+          if (std::find(picked.begin(), picked.end(), e) == picked.end()) picked.push_back(e);
+        }
+        for (std::uint32_t e : picked) counts[std::size_t(l) * experts_ + e] += 1.0;
+        continue;
+      }
       std::copy(base, base + experts_, w.begin());
-      double total = 1.0;
-      for (std::uint32_t k = 0; k < top_k_; ++k) {  // top-k without replacement
+      double total = acc;
+      for (std::uint32_t k = 0; k < top_k_; ++k) {  // O(k E): only for k close to E
         double u = rng.uniform() * total;
         std::uint32_t e = 0;
         for (; e + 1 < experts_; ++e) {
           if (u < w[e]) break;
           u -= w[e];
         }
-        while (w[e] == 0.0 && e > 0) --e;  // rounding at the end of the range
+        while (w[e] == 0.0 && e > 0) --e;
         counts[std::size_t(l) * experts_ + e] += 1.0;
         total -= w[e];
         w[e] = 0.0;

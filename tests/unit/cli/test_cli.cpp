@@ -107,6 +107,11 @@ TEST_CASE("bad trace and config files exit 2 naming file, line, field and rule; 
   o = amoeba(t, "ablate --config " + (t / "c.json").string() + " --quiet");
   CHECK(o.status == 2);
   CHECK_THAT(o.err, Catch::Contains("config.workload.requests = 0: must be in [1, "));
+  o = amoeba(t, "ablate --requests 20 --json " + (t / "r.json").string() + " --csv " +
+                    (t / "no_such_dir" / "r.csv").string() + " --quiet");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--csv = ") && Catch::Contains("its directory does not exist"));
+  CHECK_FALSE(fs::exists(t / "r.json"));  // refused before the run: not even the good file is written
   o = amoeba(t, "ablate --config " + (t / "missing.json").string() + " --quiet");
   CHECK(o.status == 2);
   CHECK_THAT(o.err, Catch::Contains("--config = ") && Catch::Contains("cannot be opened"));

@@ -5,6 +5,9 @@
 // table.
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen3,mixtral] [--tokens 1,3,16,...] [--sets 8]
+//                   [--placement shuffled|experts|identity] [--variant default|narrow|unit-grid]
+// --placement: where the paged view puts the matrices (see testing::Placement); --variant: the sm_90 grouped
+// GEMM's launch choice (narrow: 128-row weight tiles; unit-grid: one block per unit instead of persistent).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -118,6 +121,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> models = {"qwen15", "qwen3", "mixtral"};
   std::vector<int> tokens = {1, 3, 16, 33, 64, 256, 1024, 4096, 16384};
   int num_sets = 8;
+  Placement placement = Placement::kShuffled;
+  std::string placement_name = "shuffled", variant = "default";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--json")
@@ -126,7 +131,16 @@ int main(int argc, char** argv) {
       tokens = parse_ints(v);
     else if (k == "--sets")
       num_sets = std::stoi(v);
-    else if (k == "--models") {
+    else if (k == "--placement") {
+      placement_name = v;
+      placement = v == "identity"  ? Placement::kIdentity
+                  : v == "experts" ? Placement::kExperts
+                                   : Placement::kShuffled;
+    } else if (k == "--variant") {
+      variant = v;
+      if (v == "narrow") kernels::detail::grouped_tuning().block_n = 128;
+      if (v == "unit-grid") kernels::detail::grouped_tuning().persistent = false;
+    } else if (k == "--models") {
       models.clear();
       std::stringstream ss(v);
       for (std::string m; std::getline(ss, m, ',');) models.push_back(m);
@@ -153,12 +167,14 @@ int main(int argc, char** argv) {
   for (auto& e : ev) cudaEventCreate(&e);
 
   std::FILE* js = std::fopen(json_path.c_str(), "w");
-  std::fprintf(js, "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"sets\": %d,\n \"cases\": [\n", prop.name,
-               copy_gbs, num_sets);
+  std::fprintf(js,
+               "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"sets\": %d,\n \"placement\": \"%s\",\n "
+               "\"variant\": \"%s\",\n \"cases\": [\n",
+               prop.name, copy_gbs, num_sets, placement_name.c_str(), variant.c_str());
   bool first = true;
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
-    ExpertStore store(spec, 42, 8, /*aliased=*/true);  // 1 expert in 8 in the load buffer, pages shuffled
+    ExpertStore store(spec, 42, 8, /*aliased=*/true, placement);  // 1 expert in 8 in the load buffer
     for (int t : tokens) {
       const MoeShape shape = shape_of(spec, t);
       std::vector<RoutingSet> sets;

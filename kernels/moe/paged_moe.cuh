@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -60,6 +61,17 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
   out.z = ptx::pack_bf16x2(acc[4], acc[5]);
   out.w = ptx::pack_bf16x2(acc[6], acc[7]);
   *reinterpret_cast<uint4*>(p.output + t * p.hidden + h) = out;
+}
+
+// Launch choices of the sm_90 grouped GEMM that the benchmark compares (benchmarks/device, `--variant`); the
+// defaults are the measured best. Not part of the API: process-wide, read at each run().
+struct GroupedTuning {
+  int block_n = 256;       // weight rows per block tile: 128 or 256
+  bool persistent = true;  // one block per SM walking units, else one block per unit
+};
+inline GroupedTuning& grouped_tuning() {
+  static GroupedTuning t;
+  return t;
 }
 
 inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
@@ -180,20 +192,16 @@ class PagedMoe {
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && use_wgmma()) {
-      using grouped::gemm_wgmma_kernel;
-      using grouped::Stage;
-      if (Status st = set_smem<gemm_wgmma_kernel<Addressing, Stage::kGateUp>>(grouped::kWgmmaSmemBytes); !st)
-        return st;
-      if (Status st = set_smem<gemm_wgmma_kernel<Addressing, Stage::kDown>>(grouped::kWgmmaSmemBytes); !st)
-        return st;
-      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kGateUp>,
-                             dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads,
-                             grouped::kWgmmaSmemBytes, stream, p, "grouped::gemm_wgmma_kernel<kGateUp>");
+      const detail::GroupedTuning& tune = detail::grouped_tuning();
+      const bool wide = tune.block_n == 256;
+      if (Status st = wide ? run_wgmma<grouped::Stage::kGateUp, 256>(p, grid_tiles, stream)
+                           : run_wgmma<grouped::Stage::kGateUp, 128>(p, grid_tiles, stream);
           !st)
         return st;
-      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kDown>,
-                             dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads,
-                             grouped::kWgmmaSmemBytes, stream, p, "grouped::gemm_wgmma_kernel<kDown>");
+      // Down tiles of 256 rows need H % 256 == 0 (can_implement guarantees 128).
+      if (Status st = wide && s.hidden % 256 == 0
+                          ? run_wgmma<grouped::Stage::kDown, 256>(p, grid_tiles, stream)
+                          : run_wgmma<grouped::Stage::kDown, 128>(p, grid_tiles, stream);
           !st)
         return st;
     } else if (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma) {
@@ -301,6 +309,31 @@ class PagedMoe {
     return launch(gemv_kernel<Addressing, Stage::kDown, kTokTiles>,
                   dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream, p,
                   "decode::gemv_kernel<kDown>");
+  }
+
+  // One stage of the sm_90 grouped GEMM: a persistent grid of one block per SM (or, untuned, one block per
+  // unit), each walking work units (work tile, weight slice).
+  template <grouped::Stage kStage, int kN>
+  static Status run_wgmma(const MoeParams<Addressing>& p, unsigned grid_tiles, cudaStream_t stream) {
+    constexpr auto kernel = grouped::gemm_wgmma_kernel<Addressing, kStage, kN>;
+    using Tile = grouped::Sm90Tile<kN>;
+    if (Status st = set_smem<kernel>(Tile::kSmemBytes); !st) return st;
+    const long long units = static_cast<long long>(grid_tiles) * grouped::slices<kStage, kN>(p);
+    const long long blocks =
+        detail::grouped_tuning().persistent ? std::min<long long>(units, sm_count()) : units;
+    return launch(kernel, dim3(static_cast<unsigned>(blocks)), grouped::kThreads, Tile::kSmemBytes, stream, p,
+                  kStage == grouped::Stage::kGateUp ? "grouped::gemm_wgmma_kernel<kGateUp>"
+                                                    : "grouped::gemm_wgmma_kernel<kDown>");
+  }
+
+  static int sm_count() {
+    static const int n = [] {
+      int device = 0, sms = 0;
+      if (cudaGetDevice(&device) != cudaSuccess) return 132;
+      if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 132;
+      return sms;
+    }();
+    return n;
   }
 
   // The grouped GEMMs need more than the default 48 KB of dynamic shared memory; set once per kernel.

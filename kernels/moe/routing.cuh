@@ -53,7 +53,8 @@ __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int 
       const bf16* m2 = Addressing::matrix_base(r.moe.addr, e, 2);
       for (int i = 0; i < n; ++i) {
         const int start = i * r.tile_rows;
-        r.tiles[first + i] = WorkTile{{m0, m1, m2}, e, offset + start, min(r.tile_rows, count - start)};
+        r.tiles[first + i] =
+            WorkTile{{m0, m1, m2}, e, offset + start, min(r.tile_rows, count - start), first, n};
       }
     }
   }

@@ -111,9 +111,15 @@ inline MoeShape shape_of(const ModelSpec& m, int tokens) {
 // load-buffer slots are shuffled positions of the same allocation, so both views read the same set of bytes
 // and a timing difference measures the addressing, not where the allocator happened to place two copies.
 // Values then differ between the views (fine for timing, not for comparing outputs).
+// Where the aliased paged view puts the matrices (benchmarks): `kShuffled` scatters every matrix over the
+// array, `kExperts` shuffles whole experts but keeps W1, W3, W2 of one expert adjacent and in order,
+// `kIdentity` maps page 3e + j to expert e matrix j (the contiguous layout read through the page table).
+enum class Placement { kShuffled, kExperts, kIdentity };
+
 class ExpertStore {
  public:
-  ExpertStore(const ModelSpec& spec, std::uint64_t seed, int buffer_every = 4, bool aliased = false)
+  ExpertStore(const ModelSpec& spec, std::uint64_t seed, int buffer_every = 4, bool aliased = false,
+              Placement placement = Placement::kShuffled)
       : spec_(spec) {
     const MoeShape s = shape_of(spec, 0);
     const int experts = s.total_experts();
@@ -127,7 +133,7 @@ class ExpertStore {
                            : 1.7f / std::sqrt(static_cast<float>(s.intermediate)));
     std::mt19937_64 rng(seed);
     if (aliased) {
-      build_aliased(experts, buffer_every, rng);
+      build_aliased(experts, buffer_every, rng, placement);
       return;
     }
     std::vector<int> buffered;
@@ -169,13 +175,14 @@ class ExpertStore {
     num_buffered_ = static_cast<int>(buffered.size());
   }
 
-  void build_aliased(int experts, int buffer_every, std::mt19937_64& rng) {
+  void build_aliased(int experts, int buffer_every, std::mt19937_64& rng, Placement placement) {
     std::vector<int> triples(experts);  // triple t = matrix positions 3t..3t+2 of the contiguous array
     std::iota(triples.begin(), triples.end(), 0);
-    std::shuffle(triples.begin(), triples.end(), rng);
+    if (placement != Placement::kIdentity) std::shuffle(triples.begin(), triples.end(), rng);
     locations_host_.assign(experts, ExpertLocation{});
     std::vector<int> pages;
     int next_triple = 0;
+    if (placement == Placement::kIdentity) buffer_every = 0;
     for (int e = 0; e < experts; ++e)
       if (buffer_every > 0 && e % buffer_every == buffer_every - 1) {
         locations_host_[e].buffer_slot = triples[next_triple++];
@@ -183,7 +190,7 @@ class ExpertStore {
       }
     for (int t = next_triple; t < experts; ++t)
       for (int j = 0; j < 3; ++j) pages.push_back(3 * triples[t] + j);
-    std::shuffle(pages.begin(), pages.end(), rng);
+    if (placement == Placement::kShuffled) std::shuffle(pages.begin(), pages.end(), rng);
     std::size_t next_page = 0;
     for (int e = 0; e < experts; ++e)
       if (locations_host_[e].buffer_slot < 0)

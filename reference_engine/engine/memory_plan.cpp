@@ -63,12 +63,16 @@ MemoryPlan plan_memory(const ModelSpec& model, const GpuProfile& gpu, const Memo
   std::uint32_t r = std::min(max_resident, model.num_experts);
   while (r > min_resident && std::uint64_t(r) * per_layer_row + p.min_kv_bytes > p.pool_bytes) --r;
   if (std::uint64_t(r) * per_layer_row + p.min_kv_bytes > p.pool_bytes)
-    throw ConfigError("memory", who,
-                      "does not fit: " + std::to_string(r) + " resident experts per layer need " +
-                          gb(std::uint64_t(r) * per_layer_row) + " + KV for one " +
-                          std::to_string(max_model_len) + "-token request " + gb(p.min_kv_bytes) +
-                          " > pool " + gb(p.pool_bytes) + " (" + p.budget_line() +
-                          "); raise expert_offload_limit, lower max_model_len, or use a larger GPU");
+    throw ConfigError(
+        "memory", who,
+        "does not fit: " + std::to_string(r) + " resident experts per layer need " +
+            gb(std::uint64_t(r) * per_layer_row) + " + KV for one " + std::to_string(max_model_len) +
+            "-token request " + gb(p.min_kv_bytes) + " > pool " + gb(p.pool_bytes) + " (" + p.budget_line() +
+            (min_resident >= model.num_experts
+                 ? "); this policy keeps every expert resident: leave it out (--policies) or use a "
+                   "larger GPU"
+                 : "); offload more (--expert-offload-limit for elastic policies, --fixed-offload "
+                   "for fixed/lru/lfu), lower max_model_len, or use a larger GPU"));
   p.initial_resident_per_layer = r;
   p.initial_expert_bytes = std::uint64_t(r) * per_layer_row;
   return p;

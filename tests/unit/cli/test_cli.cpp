@@ -58,7 +58,7 @@ void write(const fs::path& p, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("unknown model, GPU and policy names exit 2 naming the field and value", "[cli]") {
+TEST_CASE("unknown model / GPU and policy names exit 2 naming the field and value", "[cli]") {
   TempDir t;
   Outcome o = amoeba(t, "ablate --model gpt-5 --quiet");
   CHECK(o.status == 2);
@@ -78,7 +78,7 @@ TEST_CASE("unknown model, GPU and policy names exit 2 naming the field and value
   CHECK_THAT(o.err, Catch::Contains("--rate = -3"));
 }
 
-TEST_CASE("a configuration that cannot fit is refused before start, with the numbers", "[cli]") {
+TEST_CASE("a configuration that cannot fit is refused before start / with the numbers", "[cli]") {
   TempDir t;
   const Outcome o = amoeba(t, "ablate --model qwen3-30b-a3b --gpu rtx4090d --policies static --json " +
                                   (t / "r.json").string() + " --quiet");
@@ -89,7 +89,7 @@ TEST_CASE("a configuration that cannot fit is refused before start, with the num
   CHECK_FALSE(fs::exists(t / "r.json"));  // nothing half-written
 }
 
-TEST_CASE("bad trace and config files exit 2 naming file, line, field and rule; no output file", "[cli]") {
+TEST_CASE("bad trace and config files exit 2 naming file / line / field and rule - no output file", "[cli]") {
   TempDir t;
   write(t / "bad.jsonl",
         "{\"arrival_s\": 0, \"prompt_tokens\": 10, \"output_tokens\": 5}\n"
@@ -117,7 +117,7 @@ TEST_CASE("bad trace and config files exit 2 naming file, line, field and rule; 
   CHECK_THAT(o.err, Catch::Contains("--config = ") && Catch::Contains("cannot be opened"));
 }
 
-TEST_CASE("a good ablation prints one table, says the GPU is simulated, and writes JSON and CSV", "[cli]") {
+TEST_CASE("a good ablation prints one table / says the GPU is simulated / and writes JSON and CSV", "[cli]") {
   TempDir t;
   const Outcome o = amoeba(t, "ablate --requests 60 --policies static,elastic --json " +
                                   (t / "r.json").string() + " --csv " + (t / "r.csv").string() + " --quiet");
@@ -137,7 +137,7 @@ TEST_CASE("a good ablation prints one table, says the GPU is simulated, and writ
   CHECK(slurp(t / "s.json") == j);
 }
 
-TEST_CASE("trace generate writes a trace that inspect and run accept; run writes a timeline", "[cli]") {
+TEST_CASE("trace generate writes a trace that inspect and run accept - run writes a timeline", "[cli]") {
   TempDir t;
   REQUIRE(amoeba(t, "trace generate --requests 40 --rate 5 -o " + (t / "t.jsonl").string()).status == 0);
   Outcome o = amoeba(t, "trace inspect " + (t / "t.jsonl").string());

@@ -58,7 +58,7 @@ TEST_CASE("page sizes: the worked numbers of DESIGN 3.1", "[catalog]") {
   CHECK(g.conv_page_bytes == 65'536);
 }
 
-TEST_CASE("unknown names and bad files are errors naming field, value and rule", "[catalog]") {
+TEST_CASE("unknown names and bad files are errors naming field / value and rule", "[catalog]") {
   CHECK_THROWS_WITH(find_model("gpt-5"), Catch::Contains("--model = gpt-5: unknown model (known: ") &&
                                              Catch::Contains("qwen1.5-moe-a2.7b"));
   CHECK_THROWS_WITH(find_gpu("rtx9090"), Catch::Contains("--gpu = rtx9090: unknown GPU (known: "));
@@ -85,7 +85,7 @@ TEST_CASE("unknown names and bad files are errors naming field, value and rule",
                     Catch::Contains("g.json.hbm_bandwidth_gbs = -5"));
 }
 
-TEST_CASE("cost-model files round-trip (the format a calibration run writes)", "[catalog]") {
+TEST_CASE("cost-model files round-trip the format a calibration run writes", "[catalog]") {
   CostModelParams p = find_cost_model("default");
   CHECK_FALSE(p.calibrated);
   p.name = "h200-calibrated";
@@ -100,7 +100,7 @@ TEST_CASE("cost-model files round-trip (the format a calibration run writes)", "
                     Catch::Contains("c.json.moe_memory_efficiency = 1.5"));
 }
 
-TEST_CASE("memory plan: what the pool gets, and refusals with the numbers", "[catalog][memory]") {
+TEST_CASE("memory plan: what the pool gets / and refusals with the numbers", "[catalog][memory]") {
   const ModelSpec q = find_model("qwen1.5-moe-a2.7b");
   const GpuProfile g = find_gpu("rtx5090");
   MemoryConfig mem;

@@ -25,7 +25,7 @@ std::vector<RunResult> ablate(const Scenario& s) {
 }
 }  // namespace
 
-TEST_CASE("default scenario has the paper's shape: concurrency up, forward steps down", "[engine]") {
+TEST_CASE("default scenario has the paper's shape: concurrency up / forward steps down", "[engine]") {
   Scenario s;
   s.requests = 400;
   s.policies = {"static", "fixed", "elastic"};
@@ -41,7 +41,7 @@ TEST_CASE("default scenario has the paper's shape: concurrency up, forward steps
   CHECK(r[2].min_resident_experts < 24 * 60);
 }
 
-TEST_CASE("same seed gives byte-identical JSON; another seed differs", "[engine][determinism]") {
+TEST_CASE("same seed gives byte-identical JSON - another seed differs", "[engine][determinism]") {
   Scenario s;
   s.requests = 150;
   s.policies = all_policy_names();
@@ -77,7 +77,7 @@ TEST_CASE("conservation: every policy completes every request and returns every 
   }
 }
 
-TEST_CASE("conservation with MLA pages (padding) and a hybrid model (SSM and conv pages)",
+TEST_CASE("conservation with MLA pages padding and a hybrid model SSM and conv pages",
           "[engine][conservation]") {
   Scenario s;
   s.requests = 120;
@@ -132,7 +132,8 @@ TEST_CASE("unknown policy names are errors listing the known ones", "[engine]") 
   CHECK_THROWS_WITH(validate_scenario(s), Catch::Contains("belady"));
 }
 
-TEST_CASE("scenario config files: fields applied, unknown keys and bad values rejected", "[engine][config]") {
+TEST_CASE("scenario config files: fields applied / unknown keys and bad values rejected",
+          "[engine][config]") {
   const Scenario s = parse_scenario(R"({"model": "mixtral-8x7b", "workload": {"rate": 3.5, "requests": 7},
       "experts": {"expert_offload_limit": 4}, "predictor": {"kind": "oracle"}})",
                                     "c.json");
@@ -154,7 +155,8 @@ TEST_CASE("scenario config files: fields applied, unknown keys and bad values re
   CHECK_THROWS_WITH(parse_scenario("{\"model\": ", "c.json"), Catch::Contains("is not valid JSON"));
 }
 
-TEST_CASE("cost model: copies pay latency and bandwidth; misses stall; prefetch overlaps", "[engine][sim]") {
+TEST_CASE("cost model: copies pay latency and bandwidth - misses stall - prefetch overlaps",
+          "[engine][sim]") {
   const ModelSpec m = find_model("qwen1.5-moe-a2.7b");
   const GpuProfile g = find_gpu("h200");
   const CostModelParams c = find_cost_model("default");

@@ -54,7 +54,7 @@ TEST_CASE("geometry of the tiny model", "[scheduler]") {
   CHECK(g.kv_pages_per_expert_page() == 4);
 }
 
-TEST_CASE("FCFS admission within the token budget, chunked prefill, then decode", "[scheduler]") {
+TEST_CASE("FCFS admission within the token budget / chunked prefill / then decode", "[scheduler]") {
   Fixture f(64, SchedulerConfig{100, 8, 2048});
   Sequence& a = f.add(150, 3);  // longer than the budget: chunked
   Sequence& b = f.add(20, 2);
@@ -110,7 +110,7 @@ TEST_CASE("a waiting head that does not fit sets R_b in expert pages", "[schedul
   CHECK(f.pool.available<KvPage>() == 4);  // nothing was taken for the head that did not fit
 }
 
-TEST_CASE("a running sequence that cannot grow preempts the newest one (recompute, to the front)",
+TEST_CASE("a running sequence that cannot grow preempts the newest one recompute / to the front",
           "[scheduler]") {
   Fixture f(2, SchedulerConfig{1000, 8, 2048});  // 8 KV pages = 4 blocks
   Sequence& a = f.add(32, 40);                   // 2 blocks

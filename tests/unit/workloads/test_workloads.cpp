@@ -33,7 +33,7 @@ TEST_CASE("ShareGPT-like requests obey vLLM's filter and have the expected means
   for (std::size_t i = 0; i < t.size(); ++i) REQUIRE(t[i].id == i);
 }
 
-TEST_CASE("arrivals follow the rate; burstiness < 1 makes gaps more variable", "[workloads]") {
+TEST_CASE("arrivals follow the rate - burstiness < 1 makes gaps more variable", "[workloads]") {
   auto cv = [](double burst) {
     ShareGptLikeParams p;
     p.requests = 20000;
@@ -56,7 +56,7 @@ TEST_CASE("arrivals follow the rate; burstiness < 1 makes gaps more variable", "
   CHECK(cv(0.25) == Approx(2.0).margin(0.2));  // gamma shape 0.25: CV = 1 / sqrt(shape)
 }
 
-TEST_CASE("same seed gives the same trace, another seed another", "[workloads]") {
+TEST_CASE("same seed gives the same trace / another seed another", "[workloads]") {
   ShareGptLikeParams p;
   p.requests = 500;
   const auto a = generate_sharegpt_like(p), b = generate_sharegpt_like(p);
@@ -85,7 +85,7 @@ std::string error_of(const std::string& text, TraceLimits lim = {}) {
 }
 }  // namespace
 
-TEST_CASE("bad trace lines are rejected naming the line, field, value and rule", "[workloads]") {
+TEST_CASE("bad trace lines are rejected naming the line / field / value and rule", "[workloads]") {
   const std::string ok = "{\"arrival_s\": 0.5, \"prompt_tokens\": 10, \"output_tokens\": 5}\n";
   CHECK(parse_trace(ok + "\n  \n" + ok, "t", {}).size() == 2);  // blank lines skipped
 
@@ -120,7 +120,7 @@ TEST_CASE("reading a missing trace file names the flag and the path", "[workload
                     Catch::Contains("--trace = /nonexistent/x.jsonl: cannot be opened"));
 }
 
-TEST_CASE("routing model: calibration counts, skew and drift", "[workloads][routing]") {
+TEST_CASE("routing model: calibration counts / skew and drift", "[workloads][routing]") {
   RoutingParams p;
   p.skew = 1.0;
   RoutingModel m(4, 16, 2, p, 7);

@@ -5,9 +5,9 @@
 // table.
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen3,mixtral] [--tokens 1,3,16,...] [--sets 8]
-//                   [--placement shuffled|experts|identity] [--variant default|narrow|unit-grid]
+//                   [--placement shuffled|experts|identity] [--variant pair|pair-inflight|wide[-persistent]]
 // --placement: where the paged view puts the matrices (see testing::Placement); --variant: the sm_90 grouped
-// GEMM's launch choice (narrow: 128-row weight tiles; unit-grid: one block per unit instead of persistent).
+// GEMM's tile and pipeline (kernels::detail::GroupedTuning), with -persistent for a persistent grid.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   std::vector<int> tokens = {1, 3, 16, 33, 64, 256, 1024, 4096, 16384};
   int num_sets = 8;
   Placement placement = Placement::kShuffled;
-  std::string placement_name = "shuffled", variant = "default";
+  std::string placement_name = "shuffled", variant = "pair";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--json")
@@ -138,8 +138,12 @@ int main(int argc, char** argv) {
                                    : Placement::kShuffled;
     } else if (k == "--variant") {
       variant = v;
-      if (v == "narrow") kernels::detail::grouped_tuning().block_n = 128;
-      if (v == "unit-grid") kernels::detail::grouped_tuning().persistent = false;
+      // <tile>[-persistent], tile = pair | pair-inflight | wide
+      auto& tune = kernels::detail::grouped_tuning();
+      using T = kernels::detail::GroupedTuning;
+      tune.persistent = v.find("-persistent") != std::string::npos;
+      const std::string tile = v.substr(0, v.find("-persistent"));
+      tune.tile = tile == "wide" ? T::kWide : tile == "pair-inflight" ? T::kPairInFlight : T::kPair;
     } else if (k == "--models") {
       models.clear();
       std::stringstream ss(v);

@@ -43,7 +43,8 @@ def main():
     }
     out = {"gpu": bench["gpu"], "date": a.date, "commit": a.commit, "command": a.command,
            "copy_gbs": bench["copy_gbs"], "matmul_tflops": tflops, "torch": torch.get("torch"),
-           "rotating_sets": bench["sets"], "summary": summary, "cases": rows}
+           "rotating_sets": bench["sets"], "grouped_variant": bench.get("variant", "pair"),
+           "placement": bench.get("placement", "shuffled"), "summary": summary, "cases": rows}
     json.dump(out, open(a.out_json, "w"), indent=1)
 
     md = []
@@ -51,6 +52,8 @@ def main():
     md.append(f"Measured in the same call: device copy {bench['copy_gbs']:.0f} GB/s (read+write), bf16 matmul "
               f"{tflops:.0f} TFLOP/s (8192^3, torch).  ")
     md.append(f"Command: `{a.command}`.  ")
+    md.append(f"Grouped GEMM variant: {bench.get('variant', 'pair')}; paged placement: "
+              f"{bench.get('placement', 'shuffled')}.  ")
     md.append("Times are CUDA-event medians per layer call (µs): kernel = CUDA-graph replays of "
               f"{bench['sets']} calls on rotating input sets; torch = eager (and CUDA graph) over the same number "
               "of sets. floor = max(distinct active expert bytes / copy bandwidth, FLOPs / matmul rate).")

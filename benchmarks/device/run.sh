@@ -3,7 +3,7 @@
 # merged results. Uses binaries in $BIN (default build/kern; build them with the `gpu` preset, or carry them),
 # else configures and builds there (needs Catch2 for the tests).
 #   OUT=/some/dir bash benchmarks/device/run.sh     # everything (tests, sanitizers, benchmark, torch, report)
-# Knobs: TOKENS=1,16 MODELS=qwen15 (subsets), SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_TORCH=1, DIAG=1 (ncu per-kernel
+# Knobs: TOKENS=1,16 MODELS=qwen15 (subsets), VARIANT=pair-persistent (grouped GEMM variant, see the benchmark), SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_TORCH=1, DIAG=1 (ncu per-kernel
 # times + SASS of the decode kernel into diag.log), COMMIT=<sha> (recorded in the results).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,6 +27,10 @@ if [[ ${SKIP_TESTS:-0} != 1 ]]; then
     grep -E "SUMMARY|passed|failed" "$OUT/sanitizer.log"
   fi
   "$TEST" "[models]" 2>&1 | tee -a "$OUT/tests.log" || rc=1
+  "$TEST" "[variants]" 2>&1 | tee -a "$OUT/tests.log" || rc=1
+  if [[ -x $BIN/tests/device_loader/device_loader_tests ]]; then
+    "$BIN/tests/device_loader/device_loader_tests" 2>&1 | tail -3 | tee -a "$OUT/tests.log" || rc=1
+  fi
 fi
 if [[ ${DIAG:-0} == 1 ]]; then  # per-kernel times (ncu, caches flushed) and the decode kernel's SASS
   ncu --clock-control none -k 'regex:gemv|gemm|routing|combine' --launch-count 24 \
@@ -35,7 +39,7 @@ if [[ ${DIAG:-0} == 1 ]]; then  # per-kernel times (ncu, caches flushed) and the
   cuobjdump -sass -fun '_ZN6amoeba7kernels6decode11gemv_kernelINS0_5PagedELNS1_5StageE0ELi1EEEvNS0_9MoeParamsIT_EE' \
     "$BENCH" | grep -E "LDG|HMMA|BRA|BAR" >>"$OUT/diag.log" 2>&1
 fi
-"$BENCH" --json "$OUT/bench.json" --tokens "$TOKENS" ${MODELS:+--models $MODELS} || rc=1
+"$BENCH" --json "$OUT/bench.json" --tokens "$TOKENS" ${MODELS:+--models $MODELS} ${VARIANT:+--variant $VARIANT} || rc=1
 if [[ ${SKIP_TORCH:-0} != 1 ]]; then
   PYTHONUNBUFFERED=1 python3 benchmarks/device/torch_baseline.py --json "$OUT/torch.json" --tokens "$TOKENS" \
     ${MODELS:+--models $MODELS} || rc=1

@@ -145,25 +145,36 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 }  // namespace wgmma
 
-// Tiling of the sm_90 kernel for kBlockN weight rows per block (128 or 256).
-template <int kN>
+// Tiling and pipeline of the sm_90 kernel: kN weight rows per block (128 or 256), kStages cp.async stages,
+// kInFlight wgmma groups left outstanding per k-step, kBlocks blocks per SM (the register and shared-memory
+// budget the launch bounds ask for).
+template <int kN, int kStagesT, int kInFlightT, int kBlocksT>
 struct Sm90Tile {
   static_assert(kN == 128 || kN == 256, "wgmma tile: 128 or 256 weight rows");
   static constexpr int kBlockN = kN;
-  static constexpr int kStages = 4;
-  static constexpr int kInFlight = 1;                     // wgmma groups left outstanding per k-step
+  static constexpr int kStages = kStagesT;
+  static constexpr int kInFlight = kInFlightT;
+  static constexpr int kBlocks = kBlocksT;
   static constexpr int kAhead = kStages - 1 - kInFlight;  // k-steps the loads run ahead of the MMAs
+  static_assert(kAhead >= 1 && kAhead <= 2, "loads 1 or 2 k-steps ahead (k_tiles >= 2 >= kAhead)");
   static constexpr int kStageElems = (kBlockM + kN) * kBlockK;
   static constexpr int kSmemBytes = kStages * kStageElems * 2 + 1024;  // + slack: 1024-byte aligned bases
   static constexpr int kGateUpFeatures = kN / 2;
   static constexpr int kBChunks = kN / 32;  // 16-byte B chunks per thread per stage
   static constexpr int kAcc = kN / 2;       // fp32 accumulators per thread
 };
+// 128×256 tiles, 4 stages, one wgmma group in flight, one block per SM.
+using Sm90Wide = Sm90Tile<256, 4, 1, 1>;
+// 128×128 tiles, 3 stages, wgmma drained every k-step, two blocks per SM (the blocks hide each other's
+// waits).
+using Sm90Pair = Sm90Tile<128, 3, 0, 2>;
+// As Sm90Pair with one wgmma group in flight (loads one k-step ahead).
+using Sm90PairInFlight = Sm90Tile<128, 3, 1, 2>;
 
 // Weight slices of one stage: F / features (gate/up) or H / rows (down).
-template <Stage kStage, int kN, class P>
+template <Stage kStage, class Tile, class P>
 __host__ __device__ inline int slices(const P& p) {
-  return kStage == Stage::kGateUp ? p.intermediate / Sm90Tile<kN>::kGateUpFeatures : p.hidden / kN;
+  return kStage == Stage::kGateUp ? p.intermediate / Tile::kGateUpFeatures : p.hidden / Tile::kBlockN;
 }
 
 // One work unit as this thread sees it: where its loader chunks come from and what its epilogue needs.
@@ -175,7 +186,7 @@ struct Sm90Unit {
 };
 
 // Unit u → (work tile, slice): expert-major, then slice, then the expert's token tiles.
-template <class Addressing, Stage kStage, int kN>
+template <class Addressing, Stage kStage, class Tile>
 __device__ __forceinline__ Sm90Unit sm90_unit(const MoeParams<Addressing>& p, int u, int nx, int ld_row,
                                               int ld_chunk) {
   constexpr bool kGateUp = kStage == Stage::kGateUp;
@@ -204,23 +215,23 @@ __device__ __forceinline__ Sm90Unit sm90_unit(const MoeParams<Addressing>& p, in
   }
   if constexpr (kGateUp) {
     // B row b = ld_row + 32·i: W1 (ld_row < 16) or W3 at feature slice·kN/2 + 16·i + ld_row % 16.
-    const int n = r.slice * Sm90Tile<kN>::kGateUpFeatures + ld_row % 16;
+    const int n = r.slice * Tile::kGateUpFeatures + ld_row % 16;
     r.b = (ld_row < 16 ? tile.matrix[0] : tile.matrix[1]) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
   } else {
-    r.b = tile.matrix[2] + static_cast<std::int64_t>(r.slice * kN + ld_row) * K + ld_chunk * 8;
+    r.b = tile.matrix[2] + static_cast<std::int64_t>(r.slice * Tile::kBlockN + ld_row) * K + ld_chunk * 8;
   }
   return r;
 }
 
-template <class Addressing, Stage kStage, int kN>
-__global__ void __launch_bounds__(kThreads, 1)
+template <class Addressing, Stage kStage, class Tile>
+__global__ void __launch_bounds__(kThreads, Tile::kBlocks)
     gemm_wgmma_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  using Tile = Sm90Tile<kN>;
+  constexpr int kN = Tile::kBlockN;
   constexpr int kS = Tile::kStages;
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  const int nx = slices<kStage, kN>(p);
+  const int nx = slices<kStage, Tile>(p);
   const int units = *p.num_tiles * nx;
   int u = blockIdx.x;
   if (u >= units) return;
@@ -239,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ld_row = tid / 8, ld_chunk = tid % 8;
   const int st_off = swizzle(ld_row, ld_chunk);  // rows ld_row + 32·i share (row & 7)
 
-  Sm90Unit cur = sm90_unit<Addressing, kStage, kN>(p, u, nx, ld_row, ld_chunk);
+  Sm90Unit cur = sm90_unit<Addressing, kStage, Tile>(p, u, nx, ld_row, ld_chunk);
   Sm90Unit next = cur;
   Sm90Unit lu = cur;  // the unit the loads are for
   int l_kt = 0;
@@ -279,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   while (true) {
     const int u_next = u + static_cast<int>(gridDim.x);
     has_next = u_next < units;
-    if (has_next) next = sm90_unit<Addressing, kStage, kN>(p, u_next, nx, ld_row, ld_chunk);
+    if (has_next) next = sm90_unit<Addressing, kStage, Tile>(p, u_next, nx, ld_row, ld_chunk);
     const bool active = wg * 64 < cur.count;  // warpgroup-uniform
 #pragma unroll
     for (int i = 0; i < Tile::kAcc; ++i) acc[i] = 0.f;

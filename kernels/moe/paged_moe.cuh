@@ -66,8 +66,9 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
 // Launch choices of the sm_90 grouped GEMM that the benchmark compares (benchmarks/device, `--variant`); the
 // defaults are the measured best. Not part of the API: process-wide, read at each run().
 struct GroupedTuning {
-  int block_n = 256;       // weight rows per block tile: 128 or 256
-  bool persistent = true;  // one block per SM walking units, else one block per unit
+  enum Tile { kPair, kPairInFlight, kWide };
+  Tile tile = kPair;        // grouped::Sm90Pair, Sm90PairInFlight or Sm90Wide
+  bool persistent = false;  // blocks per SM × SMs walking units, else one block per unit
 };
 inline GroupedTuning& grouped_tuning() {
   static GroupedTuning t;
@@ -192,18 +193,26 @@ class PagedMoe {
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && use_wgmma()) {
-      const detail::GroupedTuning& tune = detail::grouped_tuning();
-      const bool wide = tune.block_n == 256;
-      if (Status st = wide ? run_wgmma<grouped::Stage::kGateUp, 256>(p, grid_tiles, stream)
-                           : run_wgmma<grouped::Stage::kGateUp, 128>(p, grid_tiles, stream);
-          !st)
-        return st;
-      // Down tiles of 256 rows need H % 256 == 0 (can_implement guarantees 128).
-      if (Status st = wide && s.hidden % 256 == 0
-                          ? run_wgmma<grouped::Stage::kDown, 256>(p, grid_tiles, stream)
-                          : run_wgmma<grouped::Stage::kDown, 128>(p, grid_tiles, stream);
-          !st)
-        return st;
+      using grouped::Stage;
+      Status st = Status::success();
+      switch (detail::grouped_tuning().tile) {
+        case detail::GroupedTuning::kWide:
+          st = run_wgmma<Stage::kGateUp, grouped::Sm90Wide>(p, grid_tiles, stream);
+          // Down tiles of 256 rows need H % 256 == 0 (can_implement guarantees 128).
+          if (st)
+            st = s.hidden % 256 == 0 ? run_wgmma<Stage::kDown, grouped::Sm90Wide>(p, grid_tiles, stream)
+                                     : run_wgmma<Stage::kDown, grouped::Sm90Pair>(p, grid_tiles, stream);
+          break;
+        case detail::GroupedTuning::kPairInFlight:
+          st = run_wgmma<Stage::kGateUp, grouped::Sm90PairInFlight>(p, grid_tiles, stream);
+          if (st) st = run_wgmma<Stage::kDown, grouped::Sm90PairInFlight>(p, grid_tiles, stream);
+          break;
+        default:
+          st = run_wgmma<Stage::kGateUp, grouped::Sm90Pair>(p, grid_tiles, stream);
+          if (st) st = run_wgmma<Stage::kDown, grouped::Sm90Pair>(p, grid_tiles, stream);
+          break;
+      }
+      if (!st) return st;
     } else if (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma) {
       using grouped::gemm_kernel;
       using grouped::Stage;
@@ -313,14 +322,15 @@ class PagedMoe {
 
   // One stage of the sm_90 grouped GEMM: a persistent grid of one block per SM (or, untuned, one block per
   // unit), each walking work units (work tile, weight slice).
-  template <grouped::Stage kStage, int kN>
+  template <grouped::Stage kStage, class Tile>
   static Status run_wgmma(const MoeParams<Addressing>& p, unsigned grid_tiles, cudaStream_t stream) {
-    constexpr auto kernel = grouped::gemm_wgmma_kernel<Addressing, kStage, kN>;
-    using Tile = grouped::Sm90Tile<kN>;
+    constexpr auto kernel = grouped::gemm_wgmma_kernel<Addressing, kStage, Tile>;
     if (Status st = set_smem<kernel>(Tile::kSmemBytes); !st) return st;
-    const long long units = static_cast<long long>(grid_tiles) * grouped::slices<kStage, kN>(p);
+    const long long units = static_cast<long long>(grid_tiles) * grouped::slices<kStage, Tile>(p);
     const long long blocks =
-        detail::grouped_tuning().persistent ? std::min<long long>(units, sm_count()) : units;
+        detail::grouped_tuning().persistent
+            ? std::min<long long>(units, static_cast<long long>(sm_count()) * Tile::kBlocks)
+            : units;
     return launch(kernel, dim3(static_cast<unsigned>(blocks)), grouped::kThreads, Tile::kSmemBytes, stream, p,
                   kStage == grouped::Stage::kGateUp ? "grouped::gemm_wgmma_kernel<kGateUp>"
                                                     : "grouped::gemm_wgmma_kernel<kDown>");

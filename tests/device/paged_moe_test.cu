@@ -279,3 +279,33 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
     for (MoePath path : {MoePath::kDecode, MoePath::kGrouped, MoePath::kGroupedMma})
       check_case(store, shape_of(tiny, tokens), path, false, 16, 300 + tokens);
 }
+
+// Every launch variant of the sm_90 grouped GEMM (tile, pipeline, persistent grid) computes the same
+// function.
+TEST_CASE("grouped GEMM variants agree", "[gpu][small][sanitize]") {
+  using T = kernels::detail::GroupedTuning;
+  const T saved = kernels::detail::grouped_tuning();
+  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
+  ExpertStore store(tiny, 9, 3);
+  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide})
+    for (bool persistent : {false, true}) {
+      kernels::detail::grouped_tuning() = T{tile, persistent};
+      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent);
+      for (int tokens : {37, 3000})
+        check_case(store, shape_of(tiny, tokens), MoePath::kGrouped, false, 16, 500 + tokens);
+    }
+  kernels::detail::grouped_tuning() = saved;
+}
+
+TEST_CASE("grouped GEMM variants on a model shape", "[gpu][variants]") {
+  using T = kernels::detail::GroupedTuning;
+  const T saved = kernels::detail::grouped_tuning();
+  ExpertStore store(kQwen15, 13);
+  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide})
+    for (bool persistent : {false, true}) {
+      kernels::detail::grouped_tuning() = T{tile, persistent};
+      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent);
+      check_case(store, shape_of(kQwen15, 1024), MoePath::kGrouped, false, 48, 4000);
+    }
+  kernels::detail::grouped_tuning() = saved;
+}

@@ -201,6 +201,10 @@ class Scheduler {
     if (kv_pages > 0) {
       std::optional<PageHandle> near;
       if (!s.kv_pages.empty()) near = s.kv_pages.back();
+      // Grow geometrically: allocate_n reserves exactly what it appends, which would reallocate the page list
+      // at every block.
+      if (s.kv_pages.capacity() < s.kv_pages.size() + kv_pages)
+        s.kv_pages.reserve(std::max<std::size_t>(2 * s.kv_pages.capacity(), s.kv_pages.size() + kv_pages));
       if (auto f = pool_->template allocate_n<KvPage>(kv_pages, owner, s.kv_pages, near); f) {
         const std::uint64_t lack = (f->requested_pages - f->available_pages) * kv_page_bytes_;
         if (need_state) release_state(s);  // all or nothing

@@ -176,7 +176,18 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   if (!json_path.empty()) write_file_atomic(json_path, ablation_json(s, results), "--json");
   if (!csv_path.empty()) write_file_atomic(csv_path, ablation_csv(s, results), "--csv");
   std::cout << ablation_table(s, results);
-  std::cout << "\nmemory per policy (simulated " << s.gpu << "):\n";
+  const PageGeometry& g = setups.front().geometry;
+  std::cout << fmt::format("\npages: expert {} B; KV {} B per 16 tokens per layer", g.expert_page_bytes,
+                           g.kv_page_bytes);
+  if (g.kv_padding_bytes() > 0)
+    std::cout << fmt::format(" ({} B payload + {} B padding to divide the expert page, {:.1f}% of KV bytes)",
+                             g.kv_payload_bytes, g.kv_padding_bytes(),
+                             100.0 * double(g.kv_padding_bytes()) / double(g.kv_page_bytes));
+  if (g.ssm_page_bytes > 0)
+    std::cout << fmt::format("; SSM {} B, conv {} B ({} B padding)", g.ssm_page_bytes, g.conv_page_bytes,
+                             g.conv_padding_bytes());
+  std::cout << "\n";
+  std::cout << "memory per policy (simulated " << s.gpu << "):\n";
   for (const RunSetup& r : setups)
     std::cout << "  " << fmt::format("{:<12}", r.policy) << r.memory.describe() << "\n";
   return 0;

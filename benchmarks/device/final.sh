@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 AB=/tmp/ab_out
 mkdir -p $AB
-OUT=$AB SKIP_TESTS=1 PLACEMENTS="${PLACEMENTS:-}" VARIANTS="${VARIANTS:-pair pair-persistent pair-inflight}" \
+OUT=$AB SKIP_TESTS=1 PLACEMENTS="${PLACEMENTS:-}" VARIANTS="${VARIANTS:-grid pair pair-tiles wide-tiles}" \
   bash benchmarks/device/ab.sh
 best=$(python3 - "$AB" <<'PY'
 import glob, json, sys

@@ -5,9 +5,11 @@
 // table.
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen3,mixtral] [--tokens 1,3,16,...] [--sets 8]
-//                   [--placement shuffled|experts|identity] [--variant pair|pair-inflight|wide[-persistent]]
+//                   [--placement shuffled|experts|identity] [--variant
+//                   pair|pair-inflight|wide|grid[-tiles][-persistent]]
 // --placement: where the paged view puts the matrices (see testing::Placement); --variant: the sm_90 grouped
-// GEMM's tile and pipeline (kernels::detail::GroupedTuning), with -persistent for a persistent grid.
+// GEMM's tile and pipeline (kernels::detail::GroupedTuning), -tiles for tile-major unit order, -persistent
+// for a persistent grid; grid = the 2-D-grid kernel of commit d41ff97.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -141,9 +143,13 @@ int main(int argc, char** argv) {
       // <tile>[-persistent], tile = pair | pair-inflight | wide
       auto& tune = kernels::detail::grouped_tuning();
       using T = kernels::detail::GroupedTuning;
-      tune.persistent = v.find("-persistent") != std::string::npos;
-      const std::string tile = v.substr(0, v.find("-persistent"));
-      tune.tile = tile == "wide" ? T::kWide : tile == "pair-inflight" ? T::kPairInFlight : T::kPair;
+      auto has = [&](const char* w) { return v.find(w) != std::string::npos; };
+      tune.persistent = has("persistent");
+      tune.unit_order = has("tiles") ? 1 : 0;
+      tune.tile = has("wide")       ? T::kWide
+                  : has("inflight") ? T::kPairInFlight
+                  : has("grid")     ? T::kGrid
+                                    : T::kPair;
     } else if (k == "--models") {
       models.clear();
       std::stringstream ss(v);

@@ -145,6 +145,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 }  // namespace wgmma
 
+inline constexpr int kWgmmaGridSmemBytes = kSmemBytes + 1024;  // + slack: 1024-byte aligned bases
+
 // Tiling and pipeline of the sm_90 kernel: kN weight rows per block (128 or 256), kStages cp.async stages,
 // kInFlight wgmma groups left outstanding per k-step, kBlocks blocks per SM (the register and shared-memory
 // budget the launch bounds ask for).
@@ -190,12 +192,19 @@ template <class Addressing, Stage kStage, class Tile>
 __device__ __forceinline__ Sm90Unit sm90_unit(const MoeParams<Addressing>& p, int u, int nx, int ld_row,
                                               int ld_chunk) {
   constexpr bool kGateUp = kStage == Stage::kGateUp;
-  const WorkTile& bucket = p.tiles[u / nx];
-  const int first = bucket.first_tile, ny = bucket.expert_tiles;
-  const int local = u - first * nx;
-  const WorkTile& tile = p.tiles[first + local % ny];
   Sm90Unit r;
-  r.slice = local / ny;
+  int tile_index;
+  if (p.unit_order == 0) {  // expert-major: slice, then the expert's token tiles
+    const WorkTile& bucket = p.tiles[u / nx];
+    const int first = bucket.first_tile, ny = bucket.expert_tiles;
+    const int local = u - first * nx;
+    tile_index = first + local % ny;
+    r.slice = local / ny;
+  } else {  // tile-major: all slices of one work tile, then the next tile
+    tile_index = u / nx;
+    r.slice = u % nx;
+  }
+  const WorkTile& tile = p.tiles[tile_index];
   r.count = tile.count;
   r.row_start = tile.row_start;
   r.a_valid = 0;
@@ -353,6 +362,131 @@ __global__ void __launch_bounds__(kThreads, Tile::kBlocks)
     cur = next;
   }
   ptx::cp_async_wait<0>();
+}
+
+// The previous kernel (commit d41ff97), kept as a same-run baseline for the benchmark's A/B: 2-D grid of one
+// block per (weight slice, work tile), slice-fastest; 128×128 tiles, 3 stages, wgmma drained every k-step.
+template <class Addressing, Stage kStage>
+__global__ void __launch_bounds__(kThreads, 2)
+    gemm_wgmma_grid_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  const std::uint32_t raw = ptx::smem_u32(smem_dyn);
+  unsigned char* smem_raw = smem_dyn + (((raw + 1023) & ~1023u) - raw);
+  bf16* smem_a = reinterpret_cast<bf16*>(smem_raw);
+  bf16* smem_b = smem_a + kStages * kBlockM * kBlockK;
+
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
+  const WorkTile tile = p.tiles[blockIdx.y];
+  const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
+            q = lane % 4;
+  const int K = kGateUp ? p.hidden : p.intermediate;
+  const int k_tiles = K / kBlockK;
+
+  const int ld_row = tid / 8, ld_chunk = tid % 8;
+  const bf16* a_src[4];
+  int a_bytes[4];
+  const bf16* b_src[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = ld_row + 32 * i;
+    const bool valid = m < tile.count;
+    const int mm = valid ? m : 0;
+    a_bytes[i] = valid ? 16 : 0;
+    if constexpr (kGateUp) {
+      const int slot = p.sorted_slot[tile.row_start + mm];
+      a_src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + ld_chunk * 8;
+    } else {
+      a_src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + ld_chunk * 8;
+    }
+  }
+  if constexpr (kGateUp) {
+    const bf16* w1 = tile.matrix[0];
+    const bf16* w3 = tile.matrix[1];
+    const int n0 = blockIdx.x * kGateUpFeatures;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int b = ld_row + 32 * i;  // B row b: group b/32, W1 for (b % 32) < 16, else W3
+      const int n = n0 + 16 * (b / 32) + (b % 16);
+      b_src[i] = ((b % 32) < 16 ? w1 : w3) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
+    }
+  } else {
+    const int h0 = blockIdx.x * kBlockN;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      b_src[i] = tile.matrix[2] + static_cast<std::int64_t>(h0 + ld_row + 32 * i) * K + ld_chunk * 8;
+  }
+  const int st_off = swizzle(ld_row, ld_chunk);
+  auto load_stage = [&](int stage, int kt) {
+    bf16* sa = smem_a + stage * kBlockM * kBlockK;
+    bf16* sb = smem_b + stage * kBlockN * kBlockK;
+    const int k = kt * kBlockK;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      ptx::cp_async_16(ptx::smem_u32(sa + st_off + 32 * i * kBlockK), a_src[i] + k, a_bytes[i]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      ptx::cp_async_16(ptx::smem_u32(sb + st_off + 32 * i * kBlockK), b_src[i] + k, 16);
+  };
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    ptx::cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::cp_async_wait<kStages - 2>();
+    wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async
+                                 // one
+    __syncthreads();             // stage kt complete for all threads; every wgmma of kt-1 has finished
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(next % kStages, next);
+    ptx::cp_async_commit();
+    const std::uint32_t sa = ptx::smem_u32(smem_a + (kt % kStages) * kBlockM * kBlockK + wg * 64 * kBlockK);
+    const std::uint32_t sb = ptx::smem_u32(smem_b + (kt % kStages) * kBlockN * kBlockK);
+    wgmma::pin(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk)
+      wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(acc);
+  }
+  ptx::cp_async_wait<0>();
+
+  // Accumulator 4c + i: token row wg·64 + 16·warp + g + 8·(i/2), B row 8c + 2q + (i % 2).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int m = wg * 64 + 16 * warp_in_wg + g + 8 * half;
+    if (m >= tile.count) continue;
+    if constexpr (kGateUp) {
+      bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
+                   blockIdx.x * kGateUpFeatures + 2 * q;
+#pragma unroll
+      for (int grp = 0; grp < 4; ++grp)
+#pragma unroll
+        for (int c2 = 0; c2 < 2; ++c2) {
+          const int gate = 4 * (4 * grp + c2) + 2 * half,
+                    up = gate + 8;  // chunk 4·grp + c2 (W1) and + 2 (W3)
+          const float v0 = silu(acc[gate]) * acc[up];
+          const float v1 = silu(acc[gate + 1]) * acc[up + 1];
+          *reinterpret_cast<std::uint32_t*>(arow + 16 * grp + 8 * c2) = ptx::pack_bf16x2(v0, v1);
+        }
+    } else {
+      const int slot = p.sorted_slot[tile.row_start + m];
+      bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kBlockN + 2 * q;
+#pragma unroll
+      for (int c = 0; c < 16; ++c)
+        *reinterpret_cast<std::uint32_t*>(yrow + 8 * c) =
+            ptx::pack_bf16x2(acc[4 * c + 2 * half], acc[4 * c + 2 * half + 1]);
+    }
+  }
 }
 
 }  // namespace amoeba::kernels::grouped

@@ -66,9 +66,10 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
 // Launch choices of the sm_90 grouped GEMM that the benchmark compares (benchmarks/device, `--variant`); the
 // defaults are the measured best. Not part of the API: process-wide, read at each run().
 struct GroupedTuning {
-  enum Tile { kPair, kPairInFlight, kWide };
-  Tile tile = kPair;        // grouped::Sm90Pair, Sm90PairInFlight or Sm90Wide
+  enum Tile { kPair, kPairInFlight, kWide, kGrid };
+  Tile tile = kPair;        // grouped::Sm90Pair, Sm90PairInFlight, Sm90Wide, or gemm_wgmma_grid_kernel
   bool persistent = false;  // blocks per SM × SMs walking units, else one block per unit
+  int unit_order = 0;       // 0 expert-major, 1 tile-major (MoeParams::unit_order)
 };
 inline GroupedTuning& grouped_tuning() {
   static GroupedTuning t;
@@ -163,6 +164,7 @@ class PagedMoe {
     p.num_tiles = static_cast<int*>(at(lay.num_tiles));
     p.act = static_cast<bf16*>(at(lay.act));
     p.y = static_cast<bf16*>(at(lay.y));
+    p.unit_order = detail::grouped_tuning().unit_order;
     r.total_experts = s.total_experts();
     r.tile_rows = choice.tile_tokens;
     r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
@@ -203,6 +205,21 @@ class PagedMoe {
             st = s.hidden % 256 == 0 ? run_wgmma<Stage::kDown, grouped::Sm90Wide>(p, grid_tiles, stream)
                                      : run_wgmma<Stage::kDown, grouped::Sm90Pair>(p, grid_tiles, stream);
           break;
+        case detail::GroupedTuning::kGrid: {
+          using grouped::gemm_wgmma_grid_kernel;
+          constexpr int kSmem = grouped::kWgmmaGridSmemBytes;
+          st = set_smem<gemm_wgmma_grid_kernel<Addressing, Stage::kGateUp>>(kSmem);
+          if (st) st = set_smem<gemm_wgmma_grid_kernel<Addressing, Stage::kDown>>(kSmem);
+          if (st)
+            st = launch(gemm_wgmma_grid_kernel<Addressing, Stage::kGateUp>,
+                        dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads, kSmem,
+                        stream, p, "grouped::gemm_wgmma_grid_kernel<kGateUp>");
+          if (st)
+            st = launch(gemm_wgmma_grid_kernel<Addressing, Stage::kDown>,
+                        dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads, kSmem, stream, p,
+                        "grouped::gemm_wgmma_grid_kernel<kDown>");
+          break;
+        }
         case detail::GroupedTuning::kPairInFlight:
           st = run_wgmma<Stage::kGateUp, grouped::Sm90PairInFlight>(p, grid_tiles, stream);
           if (st) st = run_wgmma<Stage::kDown, grouped::Sm90PairInFlight>(p, grid_tiles, stream);

@@ -287,10 +287,11 @@ TEST_CASE("grouped GEMM variants agree", "[gpu][small][sanitize]") {
   const T saved = kernels::detail::grouped_tuning();
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
   ExpertStore store(tiny, 9, 3);
-  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide})
-    for (bool persistent : {false, true}) {
-      kernels::detail::grouped_tuning() = T{tile, persistent};
-      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent);
+  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide, T::kGrid})
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool persistent = mode & 1;
+      kernels::detail::grouped_tuning() = T{tile, persistent, mode / 2};
+      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent << " order " << mode / 2);
       for (int tokens : {37, 3000})
         check_case(store, shape_of(tiny, tokens), MoePath::kGrouped, false, 16, 500 + tokens);
     }
@@ -301,10 +302,11 @@ TEST_CASE("grouped GEMM variants on a model shape", "[gpu][variants]") {
   using T = kernels::detail::GroupedTuning;
   const T saved = kernels::detail::grouped_tuning();
   ExpertStore store(kQwen15, 13);
-  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide})
-    for (bool persistent : {false, true}) {
-      kernels::detail::grouped_tuning() = T{tile, persistent};
-      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent);
+  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide, T::kGrid})
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool persistent = mode & 1;
+      kernels::detail::grouped_tuning() = T{tile, persistent, mode / 2};
+      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent << " order " << mode / 2);
       check_case(store, shape_of(kQwen15, 1024), MoePath::kGrouped, false, 48, 4000);
     }
   kernels::detail::grouped_tuning() = saved;

@@ -16,7 +16,12 @@ function(amoeba_add_cpu_test name)
   cmake_parse_arguments(ARG "" "" "LABELS;LIBS;SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
   target_link_libraries(${name} PRIVATE amoeba::amoeba amoeba_catch_main amoeba_warnings ${ARG_LIBS})
-  catch_discover_tests(${name} TEST_PREFIX "${name}: " PROPERTIES LABELS "cpu;${ARG_LABELS}")
+  catch_discover_tests(${name} TEST_PREFIX "${name}: " TEST_LIST ${name}_TESTS)
+  # Labels are set by a second ctest include that runs after discovery (a list value does not survive being
+  # passed through catch_discover_tests' PROPERTIES).
+  set(_labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+  file(WRITE ${_labels_file} "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"cpu;${ARG_LABELS}\")\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_labels_file})
 endfunction()
 
 # amoeba_add_gpu_test(NAME TARGET exe [ARGS ...]): a device test. The binary exits with 77 when no CUDA device

@@ -28,6 +28,7 @@ for v in ${VARIANTS:-default narrow unit-grid}; do
     sed "s/^/$v /" | tee -a "$OUT/ab.log"
 done
 for pl in ${PLACEMENTS:-shuffled experts identity}; do
+  [[ $pl == none ]] && continue
   "$BENCH" --json "$OUT/pl_$pl.json" --models ${PL_MODELS:-qwen3,qwen15} --tokens ${PL_TOKENS:-1,16,33,64} \
     --placement "$pl" | grep -v "^NVIDIA" | sed "s/^/$pl /" | tee -a "$OUT/ab.log"
 done

@@ -364,14 +364,24 @@ __global__ void __launch_bounds__(kThreads, Tile::kBlocks)
   ptx::cp_async_wait<0>();
 }
 
-// The previous kernel (commit d41ff97), kept as a same-run baseline for the benchmark's A/B: 2-D grid of one
-// block per (weight slice, work tile), slice-fastest; 128×128 tiles, 3 stages, wgmma drained every k-step.
+// The kernel of commit d41ff97 (the measured best, see GroupedTuning): 2-D grid of one block per (weight
+// slice, work tile); 128×128 tiles, 3 stages, wgmma drained every k-step, two blocks per SM. Blocks map to
+// units tile-major (as in d41ff97) or expert-major (MoeParams::unit_order).
 template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kThreads, 2)
     gemm_wgmma_grid_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+  const int nx = static_cast<int>(gridDim.x);
+  const int u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
+  if (u >= *p.num_tiles * nx) return;
+  int tile_index = static_cast<int>(blockIdx.y), slice = static_cast<int>(blockIdx.x);  // tile-major
+  if (p.unit_order == 0) {  // expert-major: slice, then the expert's token tiles
+    const WorkTile& bucket = p.tiles[u / nx];
+    const int local = u - bucket.first_tile * nx;
+    tile_index = bucket.first_tile + local % bucket.expert_tiles;
+    slice = local / bucket.expert_tiles;
+  }
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   const std::uint32_t raw = ptx::smem_u32(smem_dyn);
   unsigned char* smem_raw = smem_dyn + (((raw + 1023) & ~1023u) - raw);
@@ -379,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   bf16* smem_b = smem_a + kStages * kBlockM * kBlockK;
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
-  const WorkTile tile = p.tiles[blockIdx.y];
+  const WorkTile tile = p.tiles[tile_index];
   const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
             q = lane % 4;
   const int K = kGateUp ? p.hidden : p.intermediate;
@@ -405,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (kGateUp) {
     const bf16* w1 = tile.matrix[0];
     const bf16* w3 = tile.matrix[1];
-    const int n0 = blockIdx.x * kGateUpFeatures;
+    const int n0 = slice * kGateUpFeatures;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int b = ld_row + 32 * i;  // B row b: group b/32, W1 for (b % 32) < 16, else W3
@@ -413,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       b_src[i] = ((b % 32) < 16 ? w1 : w3) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
     }
   } else {
-    const int h0 = blockIdx.x * kBlockN;
+    const int h0 = slice * kBlockN;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       b_src[i] = tile.matrix[2] + static_cast<std::int64_t>(h0 + ld_row + 32 * i) * K + ld_chunk * 8;
@@ -467,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (m >= tile.count) continue;
     if constexpr (kGateUp) {
       bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
-                   blockIdx.x * kGateUpFeatures + 2 * q;
+                   slice * kGateUpFeatures + 2 * q;
 #pragma unroll
       for (int grp = 0; grp < 4; ++grp)
 #pragma unroll
@@ -480,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
     } else {
       const int slot = p.sorted_slot[tile.row_start + m];
-      bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kBlockN + 2 * q;
+      bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + slice * kBlockN + 2 * q;
 #pragma unroll
       for (int c = 0; c < 16; ++c)
         *reinterpret_cast<std::uint32_t*>(yrow + 8 * c) =

@@ -64,10 +64,12 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
 }
 
 // Launch choices of the sm_90 grouped GEMM that the benchmark compares (benchmarks/device, `--variant`); the
-// defaults are the measured best. Not part of the API: process-wide, read at each run().
+// defaults are the measured best (docs/results/paged_moe_h200_ab.md: the 2-D-grid kernel beat every
+// persistent / 128×256 / in-flight / expert-major variant on all three models). Not part of the API:
+// process-wide, read at each run().
 struct GroupedTuning {
   enum Tile { kPair, kPairInFlight, kWide, kGrid };
-  Tile tile = kPair;        // grouped::Sm90Pair, Sm90PairInFlight, Sm90Wide, or gemm_wgmma_grid_kernel
+  Tile tile = kGrid;        // grouped::Sm90Pair, Sm90PairInFlight, Sm90Wide, or gemm_wgmma_grid_kernel
   bool persistent = false;  // blocks per SM × SMs walking units, else one block per unit
   int unit_order = 0;       // 0 expert-major, 1 tile-major (MoeParams::unit_order)
 };

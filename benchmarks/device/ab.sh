@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call of A/B measurements behind the results in docs/kernel.md (tests first, then timings):
-#  - the sm_90 grouped GEMM's launch variants (default = persistent 128x256 tiles; narrow = 128x128;
-#    unit-grid = one block per unit) at prefill token counts;
-#  - paged placement (shuffled pages / whole experts shuffled / identity) against contiguous at decode sizes.
+#  - the sm_90 grouped GEMM's variants (paged_moe_bench --variant: grid | pair | pair-inflight | wide, with
+#    -tiles for tile-major order and -persistent) at prefill token counts: VARIANTS="grid grid-tiles";
+#  - paged placement (shuffled pages / whole experts shuffled / identity) against contiguous at decode sizes
+#    (PLACEMENTS=none skips them).
 #   OUT=/some/dir BIN=build/kern2 bash benchmarks/device/ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +24,7 @@ if [[ ${SKIP_TESTS:-0} != 1 ]]; then
     { $BIN/tests/device_loader/device_loader_tests >>"$OUT/ab.log" 2>&1 || { rc=1; echo "loader test FAILED"; }; }
   grep -E "test cases|assertions" "$OUT/ab.log"
 fi
-for v in ${VARIANTS:-default narrow unit-grid}; do
+for v in ${VARIANTS:-grid grid-tiles}; do
   "$BENCH" --json "$OUT/ab_$v.json" --tokens ${AB_TOKENS:-1024,4096,16384} --variant "$v" | grep -v "^NVIDIA" |
     sed "s/^/$v /" | tee -a "$OUT/ab.log"
 done

@@ -1,28 +1,29 @@
-// Prefill path on Hopper (sm_90a): a persistent grouped GEMM on warpgroup wgmma (m64nNk16, bf16 → fp32)
-// straight from shared memory.
+// Prefill path on Hopper (sm_90a): grouped GEMMs on warpgroup wgmma (m64nNk16, bf16 → fp32) straight from
+// shared memory, on XOR-swizzled [rows][64] cp.async tiles (exactly wgmma's 128-byte-swizzle K-major layout,
+// so the descriptors point at them unchanged).
+//  - gate/up: B = features of W1 and the same features of W3, interleaved by 16, so each thread holds gate
+//  and up
+//    of the same (token, feature): SiLU·mul is fused into the epilogue (bf16 `act` rows).
+//  - down: B = rows of W2; the epilogue writes bf16 rows of `y` at their slot index.
 //
-// Block tile 128 token rows × kBlockN weight rows (256 by default: smem traffic per FLOP is what limits a
-// 128×128 tile — 160 B/clk of reads and writes against the SM's 128 at full MMA rate, 125 B/clk at 128×256) ×
-// 64 k, 4 cp.async stages of XOR-swizzled [rows][64] tiles (exactly wgmma's 128-byte-swizzle K-major layout,
-// so the descriptors point at them unchanged), one block per SM.
+// Work units are (work tile, weight slice) pairs, ordered expert-major by default: an expert's units run
+// weight slice by weight slice with its token tiles innermost, so blocks that run at the same time share one
+// weight slice across the expert's token tiles (read from DRAM once, then from L2); tile-major order (all
+// slices of a token tile, then the next) re-read a Mixtral expert's 235 MB of W1/W3 once per 128-token tile
+// (measured: 8–13% slower on Mixtral, neutral on Qwen). The order depends only on the tile list, never on
+// where pages sit.
 //
-// Pipeline: stage s is refilled while the wgmma of stage s+1 and s+2 are in flight — each k-step issues its
-// wgmma group, then the loads for step + 2, then waits with one wgmma group still outstanding
-// (`wgmma.wait_group 1`), so loads, MMAs and the next issue overlap instead of draining every step.
-//
-// Work units are (work tile, weight slice) pairs. The grid is persistent (one block per SM, each walking
-// units blockIdx.x, + gridDim.x, ...) and the copy pipeline runs across unit boundaries: the first stages of
-// the next unit load during the last k-steps and the epilogue of the current one. Units are ordered
-// expert-major, then weight slice, then token tile: blocks that run at the same time share one weight slice
-// across an expert's token tiles (read from DRAM once, then from L2), where slice-major order over all tiles
-// re-read a Mixtral expert's 235 MB of W1/W3 once per 128-token tile. The order depends only on the tile
-// list, never on where pages sit.
-//
-// A warpgroup whose 64 token rows are all past the tile's count (an expert's last, partly filled tile) issues
-// no wgmma: the other warpgroup keeps the tensor cores busy.
-//  - gate/up: B = kBlockN/2 features of W1 and the same of W3, interleaved by 16, so each thread holds gate
-//    and up of the same (token, feature): SiLU·mul is fused into the epilogue (bf16 `act` rows).
-//  - down: B = kBlockN rows of W2; the epilogue writes bf16 rows of `y` at their slot index.
+// Two kernels (detail::GroupedTuning picks; docs/results/paged_moe_h200_ab.md has the measurements):
+//  - gemm_wgmma_grid_kernel, the default: 2-D grid, 128×128×64 block tile, 3 stages, wgmma drained every
+//  k-step,
+//    2 blocks per SM (the second block covers the drain). Fastest of everything measured.
+//  - gemm_wgmma_kernel<Tile>: a 1-D grid of units, optionally persistent with the cp.async pipeline running
+//    across unit boundaries, kInFlight wgmma groups left outstanding per k-step (loads kStages-1-kInFlight
+//    steps ahead), 128×128 or 128×256 tiles, and warpgroups whose 64 rows are all past the count skip their
+//    wgmma. Every configuration measured 4–25% slower than the grid kernel: with cp.async issued by the MMA
+//    warps, a single block per SM cannot hide its own load latency, and the 2-block ones lost too (not
+//    explained yet). Kept for A/B runs; the next step is a warp-specialized producer (TMA/cp.async warp +
+//    mbarriers).
 #pragma once
 
 #include "moe/grouped_gemm.cuh"

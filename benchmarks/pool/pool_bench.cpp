@@ -59,6 +59,22 @@ void BM_Pool_ExpertPage_AllocFree(benchmark::State& state) {
 }
 BENCHMARK(BM_Pool_ExpertPage_AllocFree);
 
+// An expert's three matrix pages side by side (allocate_adjacent searches the free-page bit set for a run),
+// then freed: what the adjuster does for each restore.
+void BM_Pool_ExpertTriple_Adjacent(benchmark::State& state) {
+  std::vector<PageHandle> held;
+  MoePool pool = half_full_pool(held);
+  std::vector<PageHandle> got;
+  got.reserve(3);
+  for (auto _ : state) {
+    got.clear();
+    (void)pool.allocate_adjacent<ExpertPage>(3, 9, got);
+    for (auto p : got) (void)pool.free(p);
+  }
+  state.SetItemsProcessed(state.iterations() * 3);
+}
+BENCHMARK(BM_Pool_ExpertTriple_Adjacent);
+
 // A burst: 64 KV pages for one request (all or nothing, chained affinity), then all freed.
 void BM_Pool_KvPage_Burst64(benchmark::State& state) {
   std::vector<PageHandle> held;

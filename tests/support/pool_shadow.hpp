@@ -40,11 +40,12 @@ class PoolShadow {
         }
         return std::nullopt;
       }
-      case 3: {  // allocate n, all or nothing
+      case 3: {  // allocate n, all or nothing; adjacent runs requested half of the time
         const std::uint64_t n = 1 + (arg >> 16) % 12;
         std::vector<PageHandle> got;
         const std::uint64_t avail = pool_.available(kind);
-        auto err = pool_.allocate_n(kind, n, owner, got);
+        auto err = (arg >> 40) % 2 ? pool_.allocate_adjacent(kind, n, owner, got)
+                                   : pool_.allocate_n(kind, n, owner, got);
         if (bool(err) == (avail >= n)) return std::string("allocate_n disagrees with available()");
         if (err && !got.empty()) return std::string("failed allocate_n handed out pages");
         for (auto p : got)

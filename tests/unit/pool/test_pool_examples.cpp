@@ -182,3 +182,57 @@ TEST_CASE("a failed call changes nothing", "[pool]") {
   REQUIRE(pool.set_owner(*whole, 42) == PageStatus::kOk);
   REQUIRE(pool.owner_of(*whole) == OwnerId{42});
 }
+
+TEST_CASE("adjacent runs: an expert's three pages side by side when a run is free", "[pool]") {
+  MoePool pool(ArenaSpan{nullptr, 10 * kExpert}, {PageSpec{kExpert}, PageSpec{kKv}});
+  // Fragment the free space: pages 0..9 taken one by one, then 1, 4, 5, 7, 8, 9 freed -> free {1}, {4,5},
+  // {7,8,9}.
+  std::vector<PageHandle> one;
+  for (int i = 0; i < 10; ++i) one.push_back(*pool.allocate<ExpertPage>(1));
+  for (int i : {1, 4, 5, 7, 8, 9}) REQUIRE(pool.free(one[i]) == PageStatus::kOk);
+  std::vector<PageHandle> run;
+  REQUIRE_FALSE(pool.allocate_adjacent<ExpertPage>(3, 2, run).has_value());
+  REQUIRE(run.size() == 3);
+  CHECK(run[0].index == 7);  // the first run of three, not the lowest free page
+  CHECK(run[1].index == 8);
+  CHECK(run[2].index == 9);
+  // No run of three left ({1}, {4,5}): falls back to any three pages, still all or nothing.
+  std::vector<PageHandle> scattered;
+  REQUIRE_FALSE(pool.allocate_adjacent<ExpertPage>(3, 3, scattered).has_value());
+  CHECK(scattered.size() == 3);
+  std::vector<PageHandle> none;
+  auto err = pool.allocate_adjacent<ExpertPage>(1, 4, none);
+  REQUIRE(err.has_value());
+  CHECK(none.empty());
+  REQUIRE(pool.check_invariants() == std::nullopt);
+  for (auto* v : {&run, &scattered})
+    for (auto p : *v) REQUIRE(pool.free(p) == PageStatus::kOk);
+  for (int i : {0, 2, 3, 6}) REQUIRE(pool.free(one[i]) == PageStatus::kOk);
+  REQUIRE(pool.fully_merged());
+  // A run across a 64-page word boundary.
+  MoePool big(ArenaSpan{nullptr, 130 * kExpert}, {PageSpec{kExpert}, PageSpec{kKv}});
+  std::vector<PageHandle> head;
+  REQUIRE_FALSE(big.allocate_n<ExpertPage>(62, 1, head).has_value());
+  auto lone = big.allocate<ExpertPage>(1);      // page 62
+  auto gap = big.allocate<ExpertPage>(1);       // page 63
+  REQUIRE(big.free(*lone) == PageStatus::kOk);  // free: 62, 64..129
+  std::vector<PageHandle> cross;
+  REQUIRE_FALSE(big.allocate_adjacent<ExpertPage>(3, 2, cross).has_value());
+  CHECK(cross[0].index == 64);
+  REQUIRE(big.free(*gap) == PageStatus::kOk);  // free: 62, 63, 67..129 -> a run of 2 spans the boundary
+  std::vector<PageHandle> two;
+  REQUIRE_FALSE(big.allocate_adjacent<ExpertPage>(2, 2, two).has_value());
+  CHECK(two[0].index == 62);
+  CHECK(two[1].index == 63);
+  REQUIRE(big.check_invariants() == std::nullopt);
+  // A run of three straddling the word boundary (63, 64, 65) and nothing else free.
+  MoePool full(ArenaSpan{nullptr, 130 * kExpert}, {PageSpec{kExpert}, PageSpec{kKv}});
+  std::vector<PageHandle> all;
+  REQUIRE_FALSE(full.allocate_n<ExpertPage>(130, 1, all).has_value());
+  for (int i : {60, 63, 64, 65, 100}) REQUIRE(full.free(all[i]) == PageStatus::kOk);
+  std::vector<PageHandle> straddle;
+  REQUIRE_FALSE(full.allocate_adjacent<ExpertPage>(3, 2, straddle).has_value());
+  CHECK(straddle[0].index == 63);
+  CHECK(straddle[2].index == 65);
+  REQUIRE(full.check_invariants() == std::nullopt);
+}

@@ -23,6 +23,7 @@
 // configuration throws ConfigError naming the field, the value and the rule.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cassert>
@@ -281,7 +282,28 @@ class TieredPagePool {
                                       std::optional<PageHandle> near = std::nullopt) {
     if (owner == kFreeOwner) return Shortfall{ShortfallReason::kInvalidOwner, n, 0};
     if (available(kind) < n) return shortfall(kind, n);
-    out.reserve(out.size() + n);
+    if (out.capacity() < out.size() + n)
+      out.reserve(std::max<std::size_t>(out.size() + n, 2 * out.capacity()));
+    if (kTiers[kind] == Tier::kSmall) {  // fast path: fill one carrier at a time
+      Kind& d = kinds_[kind];
+      while (n > 0) {
+        const std::uint32_t c = pick_carrier(kind, near);
+        assert(c != kNil && "available() promised these pages");
+        Carrier& cr = carriers_[c];
+        const std::uint32_t take =
+            static_cast<std::uint32_t>(std::min<std::uint64_t>(n, d.per_carrier - cr.used));
+        for (std::uint32_t i = 0; i < take; ++i) {
+          const std::uint32_t idx = take_slot(d, cr, c);
+          d.owner[idx] = owner;
+          d.used_bytes[idx] = static_cast<std::uint32_t>(d.payload);
+          out.push_back(PageHandle{idx, kind});
+        }
+        d.used += take;
+        n -= take;
+        near = out.back();
+      }
+      return std::nullopt;
+    }
     for (std::uint64_t i = 0; i < n; ++i) {
       auto p = allocate(kind, owner, near);
       assert(p.has_value() && "available() promised these pages");
@@ -676,6 +698,13 @@ class TieredPagePool {
     cr.pprev = cr.pnext = kNil;
   }
   std::uint32_t take_small(std::uint8_t s, std::optional<PageHandle> near) noexcept {
+    const std::uint32_t c = pick_carrier(s, near);
+    if (c == kNil) return kNil;
+    return take_slot(kinds_[s], carriers_[c], c);
+  }
+  // The carrier the next small page of kind s comes from (splitting a fresh one if that is the choice), or
+  // kNil.
+  std::uint32_t pick_carrier(std::uint8_t s, std::optional<PageHandle> near) noexcept {
     Kind& d = kinds_[s];
     std::uint32_t c = kNil;
     if (near && near->kind == s && near->index < d.count) {  // affinity: same carrier as `near`
@@ -695,8 +724,10 @@ class TieredPagePool {
       }
     }
     if (c == kNil) c = d.partial_head[1];  // last resort: a slot of a carrier another owner claimed
-    if (c == kNil) return kNil;
-    Carrier& cr = carriers_[c];
+    return c;
+  }
+  // Takes a free slot of carrier c (which has one); leaves the page's owner to the caller.
+  std::uint32_t take_slot(Kind& d, Carrier& cr, std::uint32_t c) noexcept {
     std::uint32_t idx;
     if (cr.free_head != kNil) {
       idx = cr.free_head;

@@ -6,17 +6,13 @@
 #include <vector>
 
 #include "amoeba/policies/stacks.hpp"
+#include "support/policy_fixtures.hpp"
 
 using namespace amoeba;
 using namespace amoeba::policies;
 
 namespace {
-struct PoolFixture {
-  explicit PoolFixture(std::uint32_t expert_pages)
-      : arena(std::uint64_t(expert_pages) * 4096), pool(arena.span(), {PageSpec{4096}, PageSpec{1024}}) {}
-  HostArena arena;
-  MoePool pool;
-};
+using testing::PoolFixture;
 std::vector<std::uint32_t> resident_experts(const ResidencyTable& t, std::uint32_t layer) {
   std::vector<std::uint32_t> out;
   for (std::uint32_t e = 0; e < t.experts_per_layer(); ++e)

@@ -4,17 +4,13 @@
 #include <vector>
 
 #include "amoeba/policies/stacks.hpp"
+#include "support/policy_fixtures.hpp"
 
 using namespace amoeba;
 using namespace amoeba::policies;
 
 namespace {
-struct PoolFixture {
-  explicit PoolFixture(std::uint32_t expert_pages)
-      : arena(std::uint64_t(expert_pages) * 4096), pool(arena.span(), {PageSpec{4096}, PageSpec{1024}}) {}
-  HostArena arena;
-  MoePool pool;
-};
+using testing::PoolFixture;
 // layer 0 ranks 0,1,2,3; layer 1 ranks 1,3,2,0; layer 2 ranks 2,0,1,3
 ExpertRanker hand_ranking() {
   return ExpertRanker::from_probabilities(

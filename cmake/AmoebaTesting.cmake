@@ -24,6 +24,12 @@ function(amoeba_add_cpu_test name)
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_labels_file})
 endfunction()
 
+# One Catch2 main for every GPU test binary: exits 77 (ctest: skipped) when no CUDA device is present.
+if(AMOEBA_HAS_CUDA AND NOT TARGET amoeba_gpu_catch_main)
+  add_library(amoeba_gpu_catch_main STATIC ${PROJECT_SOURCE_DIR}/tests/gpu_main.cpp)
+  target_link_libraries(amoeba_gpu_catch_main PUBLIC Catch2::Catch2 CUDA::cudart_static)
+endif()
+
 # amoeba_add_gpu_test(NAME TARGET exe [ARGS ...]): a device test. The binary exits with 77 when no CUDA device
 # is present, which ctest reports as skipped (never as passed).
 function(amoeba_add_gpu_test name)

@@ -8,18 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev catch2 librange-v3-dev libbenchmark-dev)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "ablate.sh: installing ${missing[*]}" >&2
-  sudo_cmd=()
-  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >&2
-fi
+source cmake/install_deps.sh
 
 if [[ ! -f build/default/build.ninja ]]; then
   cmake --preset default >&2

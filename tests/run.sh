@@ -5,16 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake ninja-build g++ catch2 librange-v3-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
-missing=()
-for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if ((${#missing[@]})); then
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
-fi
+source cmake/install_deps.sh
 
 cmake --preset ci
 cmake --build --preset ci -j "$(nproc)"

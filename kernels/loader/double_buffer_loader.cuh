@@ -195,9 +195,10 @@ class DoubleBufferLoader {
       stats_.stall_ms_per_layer[l] += ms;
     }
     ++stats_.forwards;
+    // Queued on the compute stream, so every later kernel sees the entries absent before the pages they named
+    // can be reused; the row is a kernel parameter, so nothing on the host must outlive the launch.
     std::vector<ExpertKey> evicted = planner_.end_forward();
     for (ExpertKey k : evicted) write_row(k.layer, nullptr, 1, k.expert);
-    AMOEBA_CUDA_CHECK(cudaStreamSynchronize(compute_));
     return evicted;
   }
 

@@ -294,11 +294,9 @@ class TieredPagePool {
             static_cast<std::uint32_t>(std::min<std::uint64_t>(n, d.per_carrier - cr.used));
         for (std::uint32_t i = 0; i < take; ++i) {
           const std::uint32_t idx = take_slot(d, cr, c);
-          d.owner[idx] = owner;
-          d.used_bytes[idx] = static_cast<std::uint32_t>(d.payload);
+          hand_out(kind, idx, owner);
           out.push_back(PageHandle{idx, kind});
         }
-        d.used += take;
         n -= take;
         near = out.back();
       }

@@ -70,7 +70,7 @@ TEST_CASE("allocation order: free small page, then split an expert page, then cu
   MoePool pool(ArenaSpan{nullptr, 3 * kExpert}, {PageSpec{kExpert}, PageSpec{kKv}});
   const auto a = take_kv(pool, 1, 43);  // one carrier, one slot left
   REQUIRE(pool.stats().large_pages_in_use == 1);
-  auto b = pool.allocate<KvPage>(2);  // takes the last slot of the claimed carrier? no: a fresh page is split
+  auto b = pool.allocate<KvPage>(2);  // a fresh expert page is split, not owner 1's claimed carrier
   REQUIRE(b.has_value());
   // owner 2 has no hint: the claimed carrier of owner 1 is left alone while fresh pages exist
   REQUIRE(pool.offset_of(*b) / kExpert != pool.offset_of(a[0]) / kExpert);

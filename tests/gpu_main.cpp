@@ -1,4 +1,5 @@
-// Catch2 main for the device tests: exits with 77 (ctest: skipped) when no CUDA device is present.
+// The one Catch2 main of every GPU test binary: exits with 77 (ctest: skipped) when no CUDA device is
+// present.
 #define CATCH_CONFIG_RUNNER
 #include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>

@@ -2,16 +2,21 @@
 // requests). BM_SchedulerAdjusterStep: Scheduler::schedule() + Adjuster::adjust() + Adjuster::commit() +
 // Scheduler::complete() on a Qwen1.5-MoE-sized pool with N running requests in steady state (finished
 // requests are re-queued, so prefill chunks and KV growth happen at their natural rate), elastic policy.
-// BM_RoutingAndSimForward: the simulator's own per-step cost (routing sample + cost model), for reference.
+// BM_StepWithPlanning: the same step plus what the step contract adds on the host for any backend: the
+// routing source's draw and the LoadPlanner's per-layer plan (begin_forward, plan_prefetch, plan_demand,
+// end_forward), i.e. everything but the forward's compute. BM_RoutingAndSimForward: the simulator's own
+// per-step cost (routing sample + cost model over the plan), for reference.
 #include <deque>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
+#include "amoeba/loader/load_planner.hpp"
 #include "amoeba/policies/stacks.hpp"
 #include "engine/model.hpp"
 #include "engine/random.hpp"
 #include "engine/routing.hpp"
+#include "engine/routing_source.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/sim_backend.hpp"
 
@@ -29,7 +34,9 @@ ExpertRanker ranker_for(const ModelSpec& m) {
   return ExpertRanker::from_probabilities(p);
 }
 
-void BM_SchedulerAdjusterStep(benchmark::State& state) {
+// A Qwen1.5-MoE-sized pool with n running requests in steady state, elastic policy; `plan` adds the routing
+// draw and the LoadPlanner's plan for every MoE layer (oracle prediction of the routed offloaded experts).
+void step_bench(benchmark::State& state, bool plan_loads) {
   const auto n = static_cast<std::uint32_t>(state.range(0));
   const ModelSpec m = find_model("qwen1.5-moe-a2.7b");
   const PageGeometry g = page_geometry(m);
@@ -43,6 +50,9 @@ void BM_SchedulerAdjusterStep(benchmark::State& state) {
   SchedulerConfig cfg;
   cfg.max_num_seqs = n;
   Scheduler<MoePool> sched(m, g, cfg, pool);
+  SyntheticRouting routing(RoutingModel(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0));
+  LoadPlanner planner(LoaderShape{m.moe_layers(), m.num_experts, 10});
+  std::vector<std::uint32_t> predicted;
   Rng rng(1);
   std::deque<Sequence> seqs;
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -54,6 +64,18 @@ void BM_SchedulerAdjusterStep(benchmark::State& state) {
   auto one_step = [&] {
     const StepPlan plan = sched.schedule();
     ChangeList c = adj.adjust(AdjustSignal{plan.shortfall_pages, pool.available<ExpertPage>()}, pool);
+    if (plan_loads && !plan.empty()) {
+      routing.begin_step(plan.batch);
+      if (planner.begin_forward(c, adj.residency(), pool)) state.SkipWithError("begin_forward");
+      for (std::uint32_t l = 0; l < m.moe_layers(); ++l) {
+        predicted.clear();
+        for (std::uint32_t e : routing.layer_experts(l))
+          if (!adj.residency().is_resident({l, e})) predicted.push_back(e);
+        benchmark::DoNotOptimize(planner.plan_prefetch(l, predicted));
+        benchmark::DoNotOptimize(planner.plan_demand(l, routing.layer_experts(l)));
+      }
+      benchmark::DoNotOptimize(planner.end_forward());
+    }
     if (!c.empty()) (void)adj.commit(c, pool);
     sched.complete(plan, now += 0.02);
     for (Sequence& s : seqs)
@@ -62,37 +84,48 @@ void BM_SchedulerAdjusterStep(benchmark::State& state) {
         s.first_token_s = s.finish_s = -1;
         sched.add(s);
       }
-    return plan.batch.size();
+    return plan.size();
   };
   for (int i = 0; i < 600; ++i) one_step();  // warm up into steady state
   std::size_t batch = 0;
   for (auto _ : state) batch += one_step();
   state.counters["running"] = benchmark::Counter(double(batch) / double(state.iterations()));
 }
+
+void BM_SchedulerAdjusterStep(benchmark::State& state) {
+  step_bench(state, false);
+}
 BENCHMARK(BM_SchedulerAdjusterStep)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
+
+void BM_StepWithPlanning(benchmark::State& state) {
+  step_bench(state, true);
+}
+BENCHMARK(BM_StepWithPlanning)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
 
 void BM_RoutingAndSimForward(benchmark::State& state) {
   const auto n = static_cast<std::uint32_t>(state.range(0));
   const ModelSpec m = find_model("qwen1.5-moe-a2.7b");
-  RoutingModel routing(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0);
+  SyntheticRouting routing(RoutingModel(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0));
   SimBackend b(m, find_gpu("rtx5090"), find_cost_model("default"), PredictorParams{}, 10, 0);
-  std::vector<Sequence> seqs;
-  StepPlan plan;
-  for (std::uint32_t i = 0; i < n; ++i) seqs.emplace_back(Request{i, 0, 300, 100});
-  for (auto& s : seqs) plan.batch.push_back({&s, 1, 300});
-  plan.tokens = plan.decode_seqs = n;
-  std::vector<std::uint8_t> touched, resident(m.total_experts(), 1), restoring(m.total_experts(), 0);
-  for (std::size_t i = 0; i < resident.size(); i += 6) resident[i] = 0;  // 10 of 60 offloaded per layer
-  std::vector<LayerExperts> layers(m.moe_layers());
-  ForwardStats fs;
-  for (auto _ : state) {
-    routing.step(plan.tokens, touched);
-    for (std::uint32_t l = 0; l < m.moe_layers(); ++l) {
-      const std::size_t o = std::size_t(l) * m.num_experts;
-      layers[l] = LayerExperts{&touched[o], &resident[o], &restoring[o]};
+  StepBatch batch;
+  for (std::uint32_t i = 0; i < n; ++i) batch.seqs.push_back(SequenceStep{i, 300, 1, true, {}, {}});
+  batch.tokens = batch.sampling_seqs = n;
+  // 10 of 60 experts offloaded per layer (every sixth).
+  MoePool pool(ArenaSpan{nullptr, m.total_experts() * 3 * 4096}, {PageSpec{4096, 0}, PageSpec{1024, 0}});
+  ResidencyTable table(m.moe_layers(), m.num_experts);
+  for (std::uint32_t l = 0; l < m.moe_layers(); ++l)
+    for (std::uint32_t e = 0; e < m.num_experts; ++e) {
+      if (e % 6 == 0) continue;
+      ExpertPages p;
+      for (ExpertMatrix x : kExpertMatrices) p[x] = *pool.allocate<ExpertPage>(expert_owner({l, e}, x));
+      (void)table.mark_resident({l, e}, p);
     }
-    b.forward(plan, layers, fs);
-    benchmark::DoNotOptimize(fs.step_s);
+  const ChangeList none;
+  StepResult r;
+  for (auto _ : state) {
+    routing.begin_step(batch);
+    if (b.forward(StepInput<MoePool>{batch, none, table, pool, routing}, r)) state.SkipWithError("forward");
+    benchmark::DoNotOptimize(r.step_s);
   }
 }
 BENCHMARK(BM_RoutingAndSimForward)->Arg(256)->Unit(benchmark::kMicrosecond);

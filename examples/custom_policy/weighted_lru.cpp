@@ -9,8 +9,8 @@
 #include <vector>
 
 // example-begin weighted-lru-policy
+#include <amoeba/adjust/policy_concepts.hpp>
 #include <amoeba/adjust/score_order.hpp>
-#include <amoeba/concepts/adjust_policies.hpp>
 
 // Frequency-weighted LRU: an expert's claim to stay is the tick of its last use plus `weight` ticks for every
 // step it was routed in; the expert with the smallest claim leaves first (ties: the colder rank).

@@ -5,10 +5,10 @@
 // layer, and a device page table [layers][experts] of ExpertLocation that the paged MoE kernel reads.
 //
 // Protocol (who waits on what; docs/loader.md has the timeline):
-//   begin_forward(changes)   validates the ChangeList (LoadPlanner) -- nothing is issued on error;
-//   prefetch(l, predicted)   copy stream: [wait computed(l-2) if l's buffer is reused] restores of l into
-//   their
-//                            reserved pages, then predicted experts into buffer l%2;
+//   begin_forward(changes)   validates the ChangeList (LoadPlanner, the adjuster's validation) -- nothing is
+//                            issued on error;
+//   prefetch(l, predicted)   copy stream: [wait computed(l-2) if l's buffer is reused] restores of l
+//                            into their reserved pages, then predicted experts into buffer l%2;
 //   prepare_layer(l, routed) copy stream: on-demand loads of misses, then records copied(l);
 //                            compute stream: waits copied(l), then a tiny kernel writes l's page-table row
 //                            (restored experts flip to their pages here: after their copy, before l runs);
@@ -39,10 +39,6 @@
 #include "moe/addressing.cuh"
 
 namespace amoeba::kernels {
-
-static_assert(sizeof(ExpertLocation) == sizeof(ExpertSlotRef) &&
-                  offsetof(ExpertLocation, buffer_slot) == offsetof(ExpertSlotRef, buffer_slot),
-              "host ExpertSlotRef and device ExpertLocation must share one layout");
 
 namespace detail {
 // One page-table row update, passed by value: up to kRowChunk entries per launch.
@@ -138,8 +134,9 @@ class DoubleBufferLoader {
   cudaStream_t copy_stream() const noexcept { return copy_; }
   const ExpertLocation* device_table() const noexcept { return table_; }
 
+  // Validates `changes` (the adjuster's own validation, through the planner) and starts a forward.
   template <class Pool>
-  std::optional<LoaderError> begin_forward(const ChangeList& changes, const ResidencyTable& residency,
+  std::optional<ChangeError> begin_forward(const ChangeList& changes, const ResidencyTable& residency,
                                            const Pool& pool) {
     if (auto e = planner_.begin_forward(changes, residency, pool)) return e;
     std::fill(computed_recorded_.begin(), computed_recorded_.end(), 0);
@@ -233,7 +230,7 @@ class DoubleBufferLoader {
         std::byte* dst = buffers_[c.buffer] + std::uint64_t(c.slot) * 3 * mb;
         copy(dst, store_.expert(c.expert), 3 * mb);  // W1, W3, W2 contiguous on both sides: one copy
       } else {
-        for (amoeba::ExpertMatrix m : kExpertMatrices)
+        for (ExpertMatrix m : kExpertMatrices)
           copy(pool_.base + std::uint64_t(c.pages[m].index) * mb, store_.matrix(c.expert, m), mb);
       }
     }
@@ -245,16 +242,13 @@ class DoubleBufferLoader {
     ++stats_.copy_calls;
   }
   // Writes entries [first, first + n) of `layer`'s row on the compute stream; entries == nullptr: absent.
-  void write_row(std::uint32_t layer, const ExpertSlotRef* entries, std::uint32_t n,
+  void write_row(std::uint32_t layer, const ExpertLocation* entries, std::uint32_t n,
                  std::uint32_t first = 0) {
     for (std::uint32_t base = 0; base < n; base += detail::kRowChunk) {
       detail::RowWrite w;
       w.dst = table_ + std::size_t(layer) * planner_.shape().experts + first + base;
       w.count = static_cast<int>(std::min<std::uint32_t>(detail::kRowChunk, n - base));
-      for (int i = 0; i < w.count; ++i) {
-        const ExpertSlotRef r = entries ? entries[base + i] : ExpertSlotRef{};
-        w.entries[i] = ExpertLocation{{r.page[0], r.page[1], r.page[2]}, r.buffer_slot};
-      }
+      for (int i = 0; i < w.count; ++i) w.entries[i] = entries ? entries[base + i] : ExpertLocation{};
       detail::write_row_kernel<<<1, 256, 0, compute_>>>(w);
       AMOEBA_CUDA_CHECK(cudaGetLastError());
     }
@@ -270,7 +264,7 @@ class DoubleBufferLoader {
   ExpertLocation* table_ = nullptr;
   std::vector<cudaEvent_t> copied_, computed_, stall_begin_, stall_end_;
   std::vector<std::uint8_t> computed_recorded_, stall_recorded_;
-  std::vector<ExpertSlotRef> row_;
+  std::vector<ExpertLocation> row_;
   LoaderDeviceStats stats_;
 };
 

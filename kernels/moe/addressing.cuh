@@ -10,23 +10,17 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "amoeba/engine/expert_location.hpp"
 #include "moe/moe_shape.hpp"
 
 namespace amoeba::kernels {
 
 using bf16 = __nv_bfloat16;
 
-// Matrix index j within an expert (DESIGN §3.5: each expert = 3 expert pages).
-enum class ExpertMatrix : int { kGate = 0, kUp = 1, kDown = 2 };  // W1, W3, W2
-
-// Where one expert lives: three pool page ids (W1, W3, W2), or, when buffer_slot >= 0, a load-buffer slot
-// that holds W1, W3, W2 back to back (page ids are then ignored). Trivially copyable; the engine builds one
-// per expert per layer.
-struct ExpertLocation {
-  std::int32_t page[3] = {-1, -1, -1};
-  std::int32_t buffer_slot = -1;
-};
-static_assert(std::is_trivially_copyable_v<ExpertLocation> && sizeof(ExpertLocation) == 16);
+// The host's own vocabulary (amoeba/engine/expert_location.hpp): the LoadPlanner writes ExpertLocation
+// entries, the loader copies them to the device page table, and matrix_base() below reads them.
+using amoeba::ExpertLocation;
+using amoeba::ExpertMatrix;
 
 // An addressing policy: host Arguments, a trivially copyable device Params, and the lookup of (expert, matrix
 // j) → base pointer. The routing kernel calls `matrix_base` once per work tile (once per layer per tile) and

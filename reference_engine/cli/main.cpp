@@ -40,13 +40,14 @@ using namespace amoeba::engine;
 // Flags shared by ablate and run; unset ones leave the config/defaults alone.
 struct ScenarioFlags {
   std::string config;
-  std::optional<std::string> model, gpu, trace, cost_model, predictor;
+  std::optional<std::string> backend, model, gpu, trace, cost_model, predictor;
   std::optional<double> rate, burstiness, memory_cap_gib, usable_fraction, drift, predictor_accuracy, skew;
   std::optional<std::uint64_t> requests, seed;
   std::optional<std::uint32_t> offload_limit, fixed_offload, max_num_seqs, max_batched_tokens;
 
   void add_to(CLI::App& app) {
     app.add_option("--config", config, "JSON config file (see docs/engine.md)");
+    app.add_option("--backend", backend, "what runs the forward passes: sim (simulated GPU, the default)");
     app.add_option("--model", model, "model name from `amoeba models`, or a model .json file");
     app.add_option("--gpu", gpu, "GPU profile from `amoeba gpus`, or a profile .json file");
     app.add_option("--rate", rate, "request rate (req/s) of the generated trace");
@@ -70,6 +71,7 @@ struct ScenarioFlags {
   Scenario resolve() const {
     Scenario s;
     if (!config.empty()) s = parse_scenario(read_text_file(config, "--config"), config, s);
+    if (backend) s.backend = *backend;
     if (model) s.model = *model;
     if (gpu) s.gpu = *gpu;
     if (trace) s.trace = *trace;

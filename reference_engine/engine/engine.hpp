@@ -1,23 +1,26 @@
-// Engine<Pool, Adjuster, Backend>: the serving loop (nano-vllm's `llm_engine.py`), one step as DESIGN §2
-// draws it:
+// Engine<Pool, Adjuster, Backend>: the serving loop (nano-vllm's `llm_engine.py`), one step as the step
+// contract draws it (DESIGN §3.7, amoeba/engine/step.hpp):
 //
-//   arrivals -> Scheduler.schedule()            -> StepPlan {batch, KV pages granted, shortfall R_b}
-//            -> Adjuster.adjust({R_b, F_b}, pool) -> ChangeList {evictions, restores with reserved pages}
-//            -> routing for the batch             -> which experts each MoE layer's tokens pick
-//            -> Backend.forward(plan, experts)     -> step time, bytes moved, hits and misses
-//            -> Adjuster.observe(routing), Adjuster.commit(changes)   (evicted pages back only now)
-//            -> Scheduler.complete(plan, now)      -> tokens emitted, finished requests' pages back
+//   arrivals -> Scheduler.schedule()               -> StepPlan {StepBatch, shortfall R_b}
+//            -> Adjuster.adjust({R_b, F_b}, pool)    -> ChangeList {evictions, restores with reserved pages}
+//            -> RoutingSource.begin_step(batch)      -> this step's synthetic or recorded choices
+//            -> Backend.forward({batch, changes, residency, pool, routing})
+//                                                    -> StepResult {routing used, copies, hits, times}
+//            -> Adjuster.observe(result routing), Adjuster.commit(changes)   (evicted pages back only now)
+//            -> Scheduler.complete(plan, now)         -> tokens emitted, finished requests' pages back
 //
-// All three are template parameters; the one place that turns policy names into instantiations is
-// policy_dispatch.hpp. A step whose plan is empty (nothing fits, nothing runs) still lets the adjuster act
-// and commits at once (no forward is in flight), costing the backend's idle step time. After run(), drain()
-// checks conservation: every request finished, every KV/state page and every reservation back, and -- after
-// the resident experts are released too -- the pool fully merged with its invariants intact.
+// Pool, Adjuster and Backend are template parameters (Backend models `backend<B, Pool>`); the routing source
+// is chosen at run time. The one place that turns names into instantiations is policy_dispatch.cpp. A step
+// whose plan is empty (nothing fits, nothing runs) still lets the adjuster act and commits at once (no
+// forward is in flight), costing the backend's idle step time. After run(), drain() checks conservation:
+// every request finished, every KV/state page and every reservation back, and -- after the resident experts
+// are released too -- the pool fully merged with its invariants intact.
 #pragma once
 
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -26,41 +29,36 @@
 #include <vector>
 
 #include "amoeba/adjust/adjuster.hpp"
+#include "amoeba/engine/backend.hpp"
+#include "amoeba/engine/step.hpp"
 #include "engine/metrics.hpp"
 #include "engine/model.hpp"
-#include "engine/routing.hpp"
 #include "engine/scheduler.hpp"
-#include "engine/sim_backend.hpp"
 
 namespace amoeba::engine {
-
-// What the engine needs from a backend.
-template <class B>
-concept backend = requires(B& b, const B& cb, const StepPlan& plan, const std::vector<LayerExperts>& layers,
-                           ForwardStats& stats) {
-  b.forward(plan, layers, stats);
-  { cb.idle_step_s() } -> std::convertible_to<double>;
-};
 
 struct EngineOptions {
   bool record_timeline = false;
   std::uint64_t max_steps = 50'000'000;  // a guard against a policy that never makes progress
 };
 
-template <class Pool, class Adj, backend Backend>
+template <class Pool, class Adj, class Backend>
+requires backend<Backend, Pool>
 class Engine {
  public:
   Engine(const ModelSpec& model, const PageGeometry& geometry, const SchedulerConfig& sched, Pool pool,
-         Adj adj, Backend backend, RoutingModel routing, const std::vector<Request>& trace,
+         Adj adj, Backend backend, std::unique_ptr<RoutingSource> routing, const std::vector<Request>& trace,
          EngineOptions options = {})
       : pool_(std::move(pool)),
         adj_(std::move(adj)),
         backend_(std::move(backend)),
         routing_(std::move(routing)),
         scheduler_(model, geometry, sched, pool_),
-        options_(options),
-        layers_(routing_.layers()),
-        experts_(routing_.experts()) {
+        options_(options) {
+    if (!routing_) throw std::logic_error("engine: no routing source");
+    if (routing_->layers() != adj_.residency().layers() ||
+        routing_->experts() != adj_.residency().experts_per_layer())
+      throw std::logic_error("engine: the routing source's shape differs from the adjuster's");
     seqs_.reserve(trace.size());
     for (const Request& r : trace) seqs_.emplace_back(r);
     std::stable_sort(seqs_.begin(), seqs_.end(),
@@ -70,13 +68,7 @@ class Engine {
                              std::to_string(s->requested_pages) + " expert pages (have " +
                              std::to_string(s->available_pages) +
                              "); the memory plan should have refused this configuration");
-    resident_.assign(std::size_t(layers_) * experts_, 0);
-    restoring_.assign(resident_.size(), 0);
-    adj_.residency().for_each_resident(
-        [&](ExpertKey k, const ExpertPages&) { resident_[std::size_t(k.layer) * experts_ + k.expert] = 1; });
     result_.min_resident_experts = result_.max_resident_experts = adj_.residency().resident_total();
-    layer_views_.resize(layers_);
-    routed_.reserve(experts_);
   }
 
   // One iteration of the loop. False once every request has finished.
@@ -99,41 +91,30 @@ class Engine {
         throw std::logic_error("engine: no request can be scheduled and the adjuster frees nothing");
       commit(changes);
       now_ += backend_.idle_step_s();
-      record(plan, changes, ForwardStats{});
+      step_.clear();
+      record(plan, changes, step_);
       return true;
     }
     stuck_ = 0;
-    for (const Restore& r : changes.restores) restoring_[index(r.expert)] = 1;
-    routing_.step(plan.tokens, touched_);
-    for (std::uint32_t l = 0; l < layers_; ++l) {
-      const std::size_t o = std::size_t(l) * experts_;
-      layer_views_[l] = LayerExperts{&touched_[o], &resident_[o], &restoring_[o]};
-    }
-    ForwardStats fs;
-    backend_.forward(plan, layer_views_, fs);
-    now_ += fs.step_s;
+    routing_->begin_step(plan.batch);
+    if (auto e =
+            backend_.forward(StepInput<Pool>{plan.batch, changes, adj_.residency(), pool_, *routing_}, step_))
+      throw std::logic_error("engine: the backend refused the change list: " + e->message);
+    now_ += step_.step_s;
     ++result_.forward_steps;
     result_.peak_concurrency =
-        std::max<std::uint32_t>(result_.peak_concurrency, static_cast<std::uint32_t>(plan.batch.size()));
-    result_.expert_bytes_h2d += fs.h2d_bytes;
-    touches_ += fs.expert_touches;
-    hits_ += fs.expert_hits;
-    prefetched_ += fs.expert_prefetched;
-    result_.wasted_prefetches += fs.wasted_prefetches;
-    result_.copy_stall_s += fs.stall_s;
-    result_.compute_s += fs.compute_s;
-    if constexpr (kObservesRouting) {
-      for (std::uint32_t l = 0; l < layers_; ++l) {
-        routed_.clear();
-        const std::size_t o = std::size_t(l) * experts_;
-        for (std::uint32_t e = 0; e < experts_; ++e)
-          if (touched_[o + e]) routed_.push_back(e);
-        adj_.observe(l, std::span<const std::uint32_t>(routed_));
-      }
-    }
-    for (const Restore& r : changes.restores) restoring_[index(r.expert)] = 0;
+        std::max<std::uint32_t>(result_.peak_concurrency, static_cast<std::uint32_t>(plan.size()));
+    result_.expert_bytes_h2d += step_.h2d_bytes;
+    touches_ += step_.expert_touches;
+    hits_ += step_.expert_hits;
+    prefetched_ += step_.expert_prefetched;
+    result_.wasted_prefetches += step_.wasted_prefetches;
+    result_.copy_stall_s += step_.stall_s;
+    result_.compute_s += step_.compute_s;
+    if constexpr (kObservesRouting)  // routing is an output of the forward: observed after it
+      for (std::uint32_t l = 0; l < step_.routed_layers(); ++l) adj_.observe(l, step_.routed_at(l));
     commit(changes);
-    record(plan, changes, fs);
+    record(plan, changes, step_);
     scheduler_.complete(plan, now_);
     return true;
   }
@@ -181,6 +162,9 @@ class Engine {
   const Adj& adjuster() const noexcept { return adj_; }
   const Scheduler<Pool>& scheduler() const noexcept { return scheduler_; }
   const std::vector<Sequence>& sequences() const noexcept { return seqs_; }
+  const Backend& backend() const noexcept { return backend_; }
+  const RoutingSource& routing() const noexcept { return *routing_; }
+  const StepResult& last_step() const noexcept { return step_; }
   double now() const noexcept { return now_; }
 
  private:
@@ -188,27 +172,23 @@ class Engine {
                                            routing_observer<typename Adj::restore_policy_type> ||
                                            routing_observer<typename Adj::capacity_rule_type>;
 
-  std::size_t index(ExpertKey k) const noexcept { return std::size_t(k.layer) * experts_ + k.expert; }
-
   void commit(const ChangeList& changes) {
     if (changes.empty()) return;
     if (auto e = adj_.commit(changes, pool_)) throw std::logic_error("engine: " + e->message);
-    for (const Restore& r : changes.restores) resident_[index(r.expert)] = 1;
-    for (const Eviction& ev : changes.evictions) resident_[index(ev.expert)] = 0;
     const std::uint64_t n = adj_.residency().resident_total();
     result_.min_resident_experts = std::min(result_.min_resident_experts, n);
     result_.max_resident_experts = std::max(result_.max_resident_experts, n);
   }
 
-  void record(const StepPlan& plan, const ChangeList& changes, const ForwardStats& fs) {
+  void record(const StepPlan& plan, const ChangeList& changes, const StepResult& fs) {
     if (!options_.record_timeline) return;
     TimelineRow row;
     row.step = result_.timeline.size();
     row.time_s = now_;
     row.step_ms = fs.step_s * 1e3;
-    row.running = static_cast<std::uint32_t>(plan.batch.size());
+    row.running = static_cast<std::uint32_t>(plan.size());
     row.waiting = static_cast<std::uint32_t>(scheduler_.num_waiting());
-    row.batch_tokens = plan.tokens;
+    row.batch_tokens = plan.batch.tokens;
     row.free_kv_pages = pool_.template available<KvPage>();
     row.free_expert_pages = pool_.template available<ExpertPage>();
     row.resident_experts = adj_.residency().resident_total();
@@ -222,17 +202,14 @@ class Engine {
   Pool pool_;
   Adj adj_;
   Backend backend_;
-  RoutingModel routing_;
+  std::unique_ptr<RoutingSource> routing_;
   Scheduler<Pool> scheduler_;
   EngineOptions options_;
-  std::uint32_t layers_, experts_;
+  StepResult step_;  // the last forward's result, reused across steps
   std::vector<Sequence> seqs_;
   std::size_t next_arrival_ = 0;
   double now_ = 0;
   std::uint64_t iterations_ = 0, stuck_ = 0;
-  std::vector<std::uint8_t> resident_, restoring_, touched_;
-  std::vector<LayerExperts> layer_views_;
-  std::vector<std::uint32_t> routed_;
   std::uint64_t touches_ = 0, hits_ = 0, prefetched_ = 0;
   RunResult result_;
 };

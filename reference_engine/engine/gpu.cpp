@@ -57,10 +57,15 @@ GpuProfile find_gpu(const std::string& name_or_path) {
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what) {
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, what);
+  if (j.is_object() && j.contains("copies_per_expert"))
+    throw ConfigError(
+        what + ".copies_per_expert", "(present)",
+        "is no longer a cost-model parameter: copy calls come from the loader's plan (a restore "
+        "is 3, a buffered expert 1); remove the key");
   o.reject_unknown({"name", "calibrated", "source", "moe_memory_efficiency", "moe_compute_efficiency",
                     "dense_memory_efficiency", "dense_compute_efficiency", "attention_memory_efficiency",
                     "attention_compute_efficiency", "per_layer_overhead_us", "step_overhead_us",
-                    "copies_per_expert", "h2d_bandwidth_scale"});
+                    "h2d_bandwidth_scale"});
   CostModelParams p;
   p.name = o.get_string_or("name", "unnamed");
   p.source = o.get_string_or("source", "");
@@ -74,7 +79,6 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   p.attention_compute_efficiency = o.get_double("attention_compute_efficiency", kMinEff, 1.0);
   p.per_layer_overhead_s = o.get_double("per_layer_overhead_us", 0.0, 1e6) * 1e-6;
   p.step_overhead_s = o.get_double("step_overhead_us", 0.0, 1e7) * 1e-6;
-  p.copies_per_expert = static_cast<std::uint32_t>(o.get_uint_or("copies_per_expert", 3, 1, 3));
   p.h2d_bandwidth_scale = o.get_double_or("h2d_bandwidth_scale", 1.0, 0.01, 2.0);
   return p;
 }
@@ -102,7 +106,6 @@ std::string cost_model_to_json(const CostModelParams& p) {
   j["attention_compute_efficiency"] = p.attention_compute_efficiency;
   j["per_layer_overhead_us"] = p.per_layer_overhead_s * 1e6;
   j["step_overhead_us"] = p.step_overhead_s * 1e6;
-  j["copies_per_expert"] = p.copies_per_expert;
   j["h2d_bandwidth_scale"] = p.h2d_bandwidth_scale;
   return j.dump(2) + "\n";
 }

@@ -36,8 +36,7 @@ struct CostModelParams {
   double attention_memory_efficiency = 0.60, attention_compute_efficiency = 0.40;
   double per_layer_overhead_s = 30e-6;
   double step_overhead_s = 1e-3;
-  std::uint32_t copies_per_expert = 3;  // one per matrix (W1, W3, W2), each paying the per-copy latency
-  double h2d_bandwidth_scale = 1.0;     // measured / profile bandwidth, written by calibration
+  double h2d_bandwidth_scale = 1.0;  // measured / profile bandwidth, written by calibration
 };
 
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what);

@@ -1,8 +1,9 @@
-// The dispatch table and the runner that instantiates Engine<Pool, Adjuster, SimBackend>; see
+// The dispatch tables and the runner that instantiates Engine<Pool, Adjuster, Backend>; see
 // policy_dispatch.hpp.
 #include "engine/policy_dispatch.hpp"
 
 #include <array>
+#include <memory>
 #include <stdexcept>
 #include <type_traits>
 
@@ -11,6 +12,7 @@
 #include "amoeba/policies/stacks.hpp"
 #include "amoeba/pool/tiered_page_pool.hpp"
 #include "engine/engine.hpp"
+#include "engine/routing_source.hpp"
 #include "engine/scenario.hpp"
 #include "engine/sim_backend.hpp"
 
@@ -48,8 +50,15 @@ typename Pool::Layout pool_layout(const PageGeometry& g) {
   }
 }
 
-template <class Pool, class Adj>
-RunResult run_with_pool(const RunSetup& s) {
+template <class Backend>
+Backend make_backend(const RunSetup& s);
+template <>
+SimBackend make_backend<SimBackend>(const RunSetup& s) {
+  return SimBackend(s.model, s.gpu, s.cost, s.scenario->predictor, s.offload_limit, s.scenario->seed);
+}
+
+template <class Pool, class Adj, class Backend>
+RunResult run_engine(const RunSetup& s) {
   const Scenario& sc = *s.scenario;
   const std::uint32_t layers = s.model.moe_layers(), experts = s.model.num_experts;
   // The offline ranking sample and the live routing come from the same synthetic model (same seed); `drift`
@@ -66,11 +75,11 @@ RunResult run_with_pool(const RunSetup& s) {
   AdjusterConfig acfg;
   acfg.expert_offload_limit = s.capacity == CapacityKind::kStatic ? kNoOffloadLimit : s.offload_limit;
   Adj adj(std::move(ranker), acfg, capacity_for<Adj>(s));
-  SimBackend backend(s.model, s.gpu, s.cost, sc.predictor, s.offload_limit, sc.seed);
   EngineOptions eo;
   eo.record_timeline = s.options.record_timeline;
-  Engine<Pool, Adj, SimBackend> engine(s.model, s.geometry, sc.scheduler, std::move(pool), std::move(adj),
-                                       std::move(backend), std::move(routing), *s.trace, eo);
+  Engine<Pool, Adj, Backend> engine(s.model, s.geometry, sc.scheduler, std::move(pool), std::move(adj),
+                                    make_backend<Backend>(s),
+                                    std::make_unique<SyntheticRouting>(std::move(routing)), *s.trace, eo);
   RunResult r = engine.run();
   r.policy = s.policy;
   r.pool_bytes = s.memory.pool_bytes;
@@ -82,11 +91,25 @@ RunResult run_with_pool(const RunSetup& s) {
   return r;
 }
 
+template <class Pool, class Adj>
+RunResult run_with_pool(const RunSetup& s) {
+  switch (s.backend) {
+    case BackendKind::kSim:
+      return run_engine<Pool, Adj, SimBackend>(s);
+  }
+  throw std::logic_error("no runner for this backend");
+}
+
 template <class Adj>
 RunResult run_stack(const RunSetup& s) {
   if (s.model.is_hybrid()) return run_with_pool<HybridMoePool, Adj>(s);
   return run_with_pool<MoePool, Adj>(s);
 }
+
+constexpr std::array<BackendEntry, 1> kBackends{{
+    {"sim", "simulated GPU: a cost model over the loader's copy plan (no GPU is used)", BackendKind::kSim,
+     true},
+}};
 
 constexpr std::array<PolicyEntry, 6> kTable{{
     {"static", "every expert resident, nothing moves (vLLM/SGLang)", CapacityKind::kStatic,
@@ -109,6 +132,19 @@ std::span<const PolicyEntry> policy_table() {
   return kTable;
 }
 
+std::span<const BackendEntry> backend_table() {
+  return kBackends;
+}
+
+const BackendEntry& find_backend(const std::string& name) {
+  std::string known;
+  for (const BackendEntry& e : kBackends) {
+    if (e.name == name) return e;
+    known += (known.empty() ? "" : ", ") + std::string(e.name);
+  }
+  throw ConfigError("--backend", name, "unknown backend (known: " + known + ")");
+}
+
 const PolicyEntry& find_policy(const std::string& name) {
   std::string known;
   for (const PolicyEntry& e : kTable) {
@@ -127,7 +163,9 @@ std::vector<std::string> all_policy_names() {
 RunSetup prepare_run(const Scenario& sc, const std::string& policy, const std::vector<Request>& trace,
                      const RunOptions& options) {
   const PolicyEntry& entry = find_policy(policy);
+  const BackendEntry& backend = find_backend(sc.backend);
   RunSetup s;
+  s.backend = backend.kind;
   s.scenario = &sc;
   s.model = find_model(sc.model);
   s.gpu = find_gpu(sc.gpu);

@@ -1,8 +1,13 @@
-// The one place where run-time policy names become compiled stacks (STYLE: a dispatch table, not scattered
-// switches). Each entry names an Adjuster<Evict, Restore, Capacity> from amoeba/policies/stacks.hpp; the
-// runner instantiates Engine<Pool, Adjuster, SimBackend> for it, with MoePool or HybridMoePool chosen by the
+// The one place where run-time names become compiled stacks (STYLE: a dispatch table, not scattered
+// switches). Each policy entry names an Adjuster<Evict, Restore, Capacity> from amoeba/policies/stacks.hpp;
+// each backend entry names a model of the `backend` concept (amoeba/engine/backend.hpp). The runner
+// instantiates Engine<Pool, Adjuster, Backend> for the pair, with MoePool or HybridMoePool chosen by the
 // model.
 //
+// Backends (--backend):
+//   sim          simulated GPU: the cost model of sim_backend.hpp over the LoadPlanner's copies (no GPU)
+//
+// Policies (--policy, --policies):
 //   static       every expert resident, nothing moves (vLLM / SGLang)
 //   fixed        fixed resident prefix per layer, misses from the load buffer (Fate)
 //   lru, lfu     fixed capacity, a missed expert is admitted and swaps out the LRU / LFU one (CoMoE-style)
@@ -28,6 +33,17 @@ namespace amoeba::engine {
 struct Scenario;
 
 enum class CapacityKind : std::uint8_t { kStatic, kFixed, kElastic };
+enum class BackendKind : std::uint8_t { kSim };
+
+struct BackendEntry {
+  std::string_view name;
+  std::string_view description;
+  BackendKind kind;
+  bool simulated;  // its times come from a cost model, not a measurement
+};
+std::span<const BackendEntry> backend_table();
+// Throws ConfigError("--backend", name, "unknown backend (known: ...)").
+const BackendEntry& find_backend(const std::string& name);
 
 struct RunOptions {
   bool record_timeline = false;
@@ -44,6 +60,7 @@ struct RunSetup {
   MemoryPlan memory;
   std::string policy;
   CapacityKind capacity = CapacityKind::kStatic;
+  BackendKind backend = BackendKind::kSim;
   std::uint32_t offload_limit = 0;       // per layer; sizes the load buffers
   std::uint32_t resident_per_layer = 0;  // initial
   const std::vector<Request>* trace = nullptr;

@@ -19,8 +19,9 @@ std::uint32_t Scenario::fixed_offload_for(std::uint32_t experts) const noexcept 
 Scenario parse_scenario(std::string_view json_text, const std::string& what, Scenario s) {
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, "config");
-  o.reject_unknown({"model", "gpu", "cost_model", "memory_cap_gib", "usable_fraction", "workload", "policies",
-                    "engine", "experts", "routing", "predictor"});
+  o.reject_unknown({"backend", "model", "gpu", "cost_model", "memory_cap_gib", "usable_fraction", "workload",
+                    "policies", "engine", "experts", "routing", "predictor"});
+  s.backend = o.get_string_or("backend", s.backend);
   s.model = o.get_string_or("model", s.model);
   s.gpu = o.get_string_or("gpu", s.gpu);
   s.cost_model = o.get_string_or("cost_model", s.cost_model);
@@ -102,6 +103,7 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
 }
 
 void validate_scenario(const Scenario& s) {
+  (void)find_backend(s.backend);
   for (const std::string& p : s.policies) (void)find_policy(p);
   if (!(s.rate > 0) || !std::isfinite(s.rate))
     throw_config_error("--rate", s.rate, "must be a finite number > 0");
@@ -117,6 +119,7 @@ void validate_scenario(const Scenario& s) {
 
 std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::ordered_json j;
+  j["backend"] = s.backend;
   j["model"] = s.model;
   j["gpu"] = s.gpu;
   j["cost_model"] = s.cost_model;

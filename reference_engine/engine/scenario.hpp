@@ -5,6 +5,7 @@
 //
 // Config file format (every key optional; unknown keys are errors):
 // {
+//   "backend": "sim",
 //   "model": "qwen1.5-moe-a2.7b", "gpu": "rtx5090", "cost_model": "default", "memory_cap_gib": 0,
 //   "usable_fraction": 0.905,
 //   "workload": {"rate": 10, "burstiness": 1, "requests": 1000, "seed": 0, "trace": ""},
@@ -31,6 +32,7 @@
 namespace amoeba::engine {
 
 struct Scenario {
+  std::string backend = "sim";  // a name from the backend table (policy_dispatch.hpp)
   std::string model = "qwen1.5-moe-a2.7b";
   std::string gpu = "rtx5090";
   std::string cost_model = "default";

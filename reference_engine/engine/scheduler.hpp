@@ -10,14 +10,14 @@
 //   - a running sequence that cannot grow preempts the most recently admitted running sequence (recompute:
 //     its pages go back, it rejoins the front of the waiting queue); if it is itself that sequence, it is
 //     preempted; waiting sequences are not admitted in a step that preempted (as vLLM v1);
-//   - the first allocation that fails in a step (a growth that forced preemption, or the waiting head) sets
-//   the
-//     shortfall R_b = ceil(missing bytes / expert page bytes): expert pages the adjuster would have to free
-//     for it to fit (DESIGN §3.3). A request blocked only by the budget or the sequence cap sets none.
+//   - the first allocation that fails in a step (a growth that forced preemption, or the waiting head)
+//     sets the shortfall R_b = ceil(missing bytes / expert page bytes): expert pages the adjuster would
+//     have to free for it to fit (DESIGN §3.3). A request blocked only by the budget or the sequence cap
+//     sets none.
 //
-// schedule() returns the step's plan; complete() applies the forward's outcome (tokens emitted, sequences
-// finished and their pages freed). Neither throws on a shortfall. Complexity per step: O(scheduled sequences
-// + pages allocated/freed).
+// schedule() returns the step's plan, whose batch is the step contract's StepBatch (amoeba/engine/step.hpp);
+// complete() applies the forward's outcome (tokens emitted, sequences finished and their pages freed).
+// Neither throws on a shortfall. Complexity per step: O(scheduled sequences + pages allocated/freed).
 #pragma once
 
 #include <algorithm>
@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amoeba/engine/step.hpp"
 #include "amoeba/pool/tiered_page_pool.hpp"
 #include "engine/model.hpp"
 #include "engine/sequence.hpp"
@@ -45,19 +46,15 @@ struct SchedulerConfig {
   std::uint32_t max_model_len = 2048;
 };
 
-struct ScheduledSeq {
-  Sequence* seq = nullptr;
-  std::uint32_t new_tokens = 0;
-  std::uint32_t context_before = 0;  // computed tokens before this step
-};
-
+// The scheduler's plan for one step: the step contract's batch (what a backend sees) and, beside it, the
+// engine's own sequence records.
 struct StepPlan {
-  std::vector<ScheduledSeq> batch;
-  std::uint64_t tokens = 0;           // sum of new_tokens
-  std::uint64_t decode_seqs = 0;      // sequences scheduled for exactly their last token (sampling)
+  StepBatch batch;                    // batch.seqs[i]: context, new tokens, sampling, KV and state page lists
+  std::vector<Sequence*> seqs;        // seqs[i] is the sequence behind batch.seqs[i]
   std::uint64_t shortfall_pages = 0;  // R_b, in expert pages
   std::uint32_t preempted = 0;
   bool empty() const noexcept { return batch.empty(); }
+  std::size_t size() const noexcept { return seqs.size(); }
 };
 
 template <class Pool>
@@ -96,7 +93,9 @@ class Scheduler {
 
   StepPlan schedule() {
     StepPlan plan;
-    plan.batch.reserve(running_.size() + 8);
+    plan.seqs.reserve(running_.size() + 8);
+    std::vector<std::uint32_t> new_tokens;
+    new_tokens.reserve(running_.size() + 8);
     std::uint64_t budget = cfg_.max_num_batched_tokens;
     std::uint64_t lack_bytes = 0;
     bool preempted = false;
@@ -120,7 +119,8 @@ class Scheduler {
         }
       }
       if (!scheduled) break;
-      plan.batch.push_back({s, n, s->computed});
+      plan.seqs.push_back(s);
+      new_tokens.push_back(n);
       budget -= n;
       ++i;
     }
@@ -136,13 +136,28 @@ class Scheduler {
         waiting_.pop_front();
         s->status = SeqStatus::kRunning;
         running_.push_back(s);
-        plan.batch.push_back({s, n, 0});
+        plan.seqs.push_back(s);
+        new_tokens.push_back(n);
         budget -= n;
       }
     }
-    for (const ScheduledSeq& b : plan.batch) {
-      plan.tokens += b.new_tokens;
-      plan.decode_seqs += b.context_before + b.new_tokens == b.seq->num_tokens();
+    // The page lists are final only now: a later preemption in this step may have taken a victim's pages,
+    // but never those of a sequence already in the batch (victims come from the back of running_).
+    StepBatch& b = plan.batch;
+    b.attention_layers = attn_layers_;
+    b.tokens_per_kv_page = kBlock;
+    b.seqs.resize(plan.seqs.size());
+    for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+      const Sequence& s = *plan.seqs[i];
+      SequenceStep& x = b.seqs[i];
+      x.request = s.id;
+      x.context_before = s.computed;
+      x.new_tokens = new_tokens[i];
+      x.samples = s.computed + new_tokens[i] == s.num_tokens();
+      x.kv_pages = s.kv_pages;
+      x.state_pages = s.state_pages;
+      b.tokens += x.new_tokens;
+      b.sampling_seqs += x.samples;
     }
     plan.shortfall_pages = (lack_bytes + expert_page_bytes_ - 1) / expert_page_bytes_;
     return plan;
@@ -152,9 +167,9 @@ class Scheduler {
   // go back to the pool). Returns the number of sequences that finished.
   std::uint32_t complete(const StepPlan& plan, double now) {
     std::uint32_t finished = 0;
-    for (const ScheduledSeq& b : plan.batch) {
-      Sequence& s = *b.seq;
-      s.computed += b.new_tokens;
+    for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+      Sequence& s = *plan.seqs[i];
+      s.computed += plan.batch.seqs[i].new_tokens;
       if (s.computed < s.num_tokens()) continue;  // a prefill chunk that did not reach the end
       ++s.generated;
       if (s.first_token_s < 0) s.first_token_s = now;

@@ -1,7 +1,10 @@
-// The simulated step; see sim_backend.hpp for the cost model.
+// The simulated forward; see sim_backend.hpp for the cost model.
 #include "engine/sim_backend.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+
+#include "amoeba/core/errors.hpp"
 
 namespace amoeba::engine {
 
@@ -12,17 +15,20 @@ SimBackend::SimBackend(const ModelSpec& model, const GpuProfile& gpu, const Cost
       gpu_(gpu),
       cost_(cost),
       predictor_(predictor),
-      buffer_experts_(load_buffer_experts),
+      planner_(LoaderShape{model.moe_layers(), model.num_experts, load_buffer_experts}),
       rng_(seed, 31),
-      predicted_(model.num_experts) {}
+      touched_(model.num_experts),
+      resident_(model.num_experts),
+      predicted_flags_(model.num_experts),
+      routed_flags_(model.num_experts) {}
 
 double SimBackend::roofline(double bytes, double flops, double mem_eff, double comp_eff) const noexcept {
   return std::max(bytes / (gpu_.hbm_bandwidth * mem_eff), flops / (gpu_.bf16_flops * comp_eff)) +
          cost_.per_layer_overhead_s;
 }
 
-double SimBackend::attention_time(std::uint32_t layer, const StepPlan& plan) const {
-  const double tokens = double(plan.tokens);
+double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) const {
+  const double tokens = double(batch.tokens);
   const double params = double(model_.attention_params(layer));
   double bytes = 2.0 * params, flops = 2.0 * tokens * params;
   if (model_.has_full_attention(layer)) {
@@ -30,14 +36,14 @@ double SimBackend::attention_time(std::uint32_t layer, const StepPlan& plan) con
     const double hd = model_.attention == AttentionKind::kMla
                           ? double(model_.kv_lora_rank + model_.qk_rope_head_dim)
                           : double(model_.head_dim);
-    for (const ScheduledSeq& b : plan.batch) {
+    for (const SequenceStep& b : batch.seqs) {
       const double ctx = double(b.context_before) + double(b.new_tokens);
       bytes += ctx * kv;
       flops += 4.0 * double(b.new_tokens) * (double(b.context_before) + double(b.new_tokens) / 2.0) *
                model_.num_heads * hd;
     }
   } else {
-    bytes += 2.0 * double(model_.ssm_state_bytes() + model_.conv_state_bytes()) * double(plan.batch.size());
+    bytes += 2.0 * double(model_.ssm_state_bytes() + model_.conv_state_bytes()) * double(batch.size());
     const auto& l = *model_.linear;
     flops += 4.0 * tokens * l.num_value_heads * l.key_head_dim * l.value_head_dim;
   }
@@ -53,103 +59,117 @@ double SimBackend::moe_time(std::uint64_t tokens, std::uint64_t distinct_experts
   return roofline(bytes, flops, cost_.moe_memory_efficiency, cost_.moe_compute_efficiency);
 }
 
-double SimBackend::copy_time(std::uint64_t experts) const {
-  if (experts == 0) return 0;
-  return double(experts * cost_.copies_per_expert) * gpu_.h2d_copy_latency_s +
-         double(experts * model_.expert_bytes()) / (gpu_.h2d_bandwidth * cost_.h2d_bandwidth_scale);
+double SimBackend::copy_time(std::uint64_t calls, std::uint64_t bytes) const {
+  if (calls == 0) return 0;
+  return double(calls) * gpu_.h2d_copy_latency_s +
+         double(bytes) / (gpu_.h2d_bandwidth * cost_.h2d_bandwidth_scale);
 }
 
-void SimBackend::forward(const StepPlan& plan, const std::vector<LayerExperts>& layers, ForwardStats& st) {
-  st = ForwardStats{};
+void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residency, RoutingSource& routing,
+                          StepResult& out) {
+  if (routing.kind() == RoutingKind::kModel)
+    throw ConfigError("routing", std::string(to_string(routing.kind())),
+                      "the simulator has no router: use synthetic or recorded routing");
+  out.clear();
   const std::uint32_t experts = model_.num_experts;
+  const std::uint32_t moe_layers = model_.moe_layers();
+  const std::uint64_t expert_bytes = model_.expert_bytes();
   const double h = model_.hidden_size;
   double t = cost_.step_overhead_s, copy_free = t;
-  st.compute_s = cost_.step_overhead_s;
+  out.compute_s = cost_.step_overhead_s;
 
-  // Queue of MoE layer m: restores, then predicted offloaded experts (at most a load buffer's worth).
-  auto issue_prefetch = [&](std::uint32_t m, double at) {
-    const LayerExperts& le = layers[m];
-    std::uint64_t n = 0, predicted_n = 0;
-    predict_layer(predictor_, le.touched, le.resident, experts, rng_, predicted_.data());
-    for (std::uint32_t e = 0; e < experts; ++e) {
-      if (le.restoring[e]) {
-        ++n;
-        predicted_[e] = 0;
-      } else if (predicted_[e]) {
-        if (predicted_n < buffer_experts_) {
-          ++predicted_n;
-          if (!le.touched[e]) ++st.wasted_prefetches;
-        } else {
-          predicted_[e] = 0;
-        }
-      }
+  copies_.clear();
+  auto price = [&](std::uint32_t layer, bool after_routing, const std::vector<ExpertCopy>& copies,
+                   double at) {
+    std::uint64_t calls = 0;
+    for (const ExpertCopy& c : copies) {
+      copies_.push_back(CopyRecord{layer, after_routing, c});
+      calls += c.copy_calls();
+      if (c.target == CopyTarget::kReservedPages)
+        ++out.restores_copied;
+      else if (c.on_demand)
+        ++out.on_demand;
+      else
+        ++out.prefetches;
     }
-    n += predicted_n;
-    const double d = copy_time(n);
+    const std::uint64_t bytes = copies.size() * expert_bytes;
+    const double d = copy_time(calls, bytes);
     copy_free = std::max(copy_free, at) + d;
-    st.copy_s += d;
-    st.h2d_bytes += n * model_.expert_bytes();
+    out.copy_s += d;
+    out.copy_calls += calls;
+    out.h2d_bytes += bytes;
     return copy_free;
+  };
+  // MoE layer m's prefetch queue, issued at `at`: the predictor names experts (it may peek at the routing
+  // source, which knows the step's choices), the planner turns them into copies. Returns when they complete.
+  auto issue_prefetch = [&](std::uint32_t m, double at) {
+    std::fill(touched_.begin(), touched_.end(), std::uint8_t{0});
+    for (std::uint32_t e : routing.layer_experts(m)) touched_[e] = 1;
+    for (std::uint32_t e = 0; e < experts; ++e) resident_[e] = residency.is_resident({m, e});
+    predict_layer(predictor_, touched_.data(), resident_.data(), experts, rng_, predicted_flags_.data());
+    predicted_.clear();
+    for (std::uint32_t e = 0; e < experts; ++e)
+      if (predicted_flags_[e]) predicted_.push_back(e);
+    auto plan = planner_.plan_prefetch(m, predicted_);
+    if (!plan) throw std::logic_error("sim backend: " + plan.error().message);
+    buffered_.clear();
+    for (const ExpertCopy& c : *plan)
+      if (c.target == CopyTarget::kBufferSlot) buffered_.push_back(c.expert.expert);
+    return price(m, false, *plan, at);
   };
 
   std::uint32_t m = 0;  // next MoE layer
-  const std::uint32_t moe_layers = model_.moe_layers();
   double ready = moe_layers > 0 ? issue_prefetch(0, t) : t;
-  std::vector<std::uint8_t> fetched(experts);
   for (std::uint32_t layer = 0; layer < model_.num_layers; ++layer) {
     const bool is_moe = layer >= model_.first_dense_layers;
-    const double attn_start = is_moe ? std::max(t, ready) : t;
-    st.stall_s += attn_start - t;
-    const double ta = attention_time(layer, plan);
-    const double attn_end = attn_start + ta;
-    st.compute_s += ta;
+    const double ta = attention_time(layer, batch);
+    const double attn_end = t + ta;
+    out.attention_s += ta;
+    out.compute_s += ta;
     if (!is_moe) {
       const double p = 3.0 * h * model_.dense_intermediate_size;
-      const double td = roofline(2.0 * p, 2.0 * double(plan.tokens) * p, cost_.dense_memory_efficiency,
+      const double td = roofline(2.0 * p, 2.0 * double(batch.tokens) * p, cost_.dense_memory_efficiency,
                                  cost_.dense_compute_efficiency);
       t = attn_end + td;
-      st.compute_s += td;
+      out.dense_s += td;
+      out.compute_s += td;
       continue;
     }
-    // This layer's fetched set was decided when its queue was issued (predicted_ holds it until the next
-    // issue below overwrites it).
-    const LayerExperts& le = layers[m];
-    std::copy(predicted_.begin(), predicted_.end(), fetched.begin());
-    std::uint64_t distinct = 0, misses = 0;
-    for (std::uint32_t e = 0; e < experts; ++e) {
-      if (!le.touched[e]) continue;
-      ++distinct;
-      if (le.resident[e]) {
-        ++st.expert_hits;
-      } else if (le.restoring[e] || fetched[e]) {
-        ++st.expert_prefetched;
-      } else {
-        ++misses;
-      }
+    const std::span<const std::uint32_t> routed = routing.layer_experts(m);
+    out.add_routed(routed);
+    for (std::uint32_t e : routed) routed_flags_[e] = 1;
+    for (std::uint32_t e : buffered_) out.wasted_prefetches += routed_flags_[e] == 0;
+    auto demand = planner_.plan_demand(m, routed);
+    if (!demand) throw std::logic_error("sim backend: " + demand.error().message);
+    std::uint64_t misses = 0;
+    for (const ExpertCopy& c : *demand) misses += c.on_demand;
+    std::uint64_t hits = 0;
+    for (std::uint32_t e : routed) {
+      hits += residency.is_resident({m, e});
+      routed_flags_[e] = 0;
     }
-    st.expert_touches += distinct;
-    st.expert_misses += misses;
-    double moe_ready = attn_end;
-    if (misses > 0) {  // on-demand loads, after the router has run
-      const double d = copy_time(misses);
-      copy_free = std::max(copy_free, attn_end) + d;
-      st.copy_s += d;
-      st.h2d_bytes += misses * model_.expert_bytes();
-      moe_ready = copy_free;
-    }
+    out.expert_touches += routed.size();
+    out.expert_hits += hits;
+    out.expert_misses += misses;
+    out.expert_prefetched += routed.size() - hits - misses;
+    // The MoE waits for every copy of this layer: its prefetch queue and the misses queued after routing.
+    double moe_ready = std::max(attn_end, ready);
+    if (!demand->empty()) moe_ready = std::max(moe_ready, price(m, true, *demand, attn_end));
     if (m + 1 < moe_layers) ready = issue_prefetch(m + 1, attn_end);
-    st.stall_s += moe_ready - attn_end;
-    const double tm = moe_time(plan.tokens, distinct);
+    out.stall_s += moe_ready - attn_end;
+    const double tm = moe_time(batch.tokens, routed.size());
     t = moe_ready + tm;
-    st.compute_s += tm;
+    out.moe_s += tm;
+    out.compute_s += tm;
     ++m;
   }
   const double lm = double(model_.vocab_size) * h;
-  const double tl = roofline(2.0 * lm, 2.0 * double(plan.decode_seqs) * lm, cost_.dense_memory_efficiency,
+  const double tl = roofline(2.0 * lm, 2.0 * double(batch.sampling_seqs) * lm, cost_.dense_memory_efficiency,
                              cost_.dense_compute_efficiency);
   t += tl;
-  st.compute_s += tl;
-  st.step_s = t;
+  out.dense_s += tl;
+  out.compute_s += tl;
+  out.step_s = t;
 }
 
 }  // namespace amoeba::engine

@@ -1,5 +1,10 @@
-// SimBackend: the time one engine step takes on a simulated GPU, from a documented cost model (DESIGN §3.6).
-// No GPU is used; every number it produces is simulated.
+// SimBackend: a model of the `backend` concept (amoeba/engine/backend.hpp) that runs no GPU. It prices one
+// forward with a documented cost model (DESIGN §3.6); every number it produces is simulated.
+//
+// What is copied is not decided here: the forward runs the LoadPlanner (amoeba/loader/load_planner.hpp), the
+// same per-layer plan the CUDA loader executes (restores into reserved pages, then predicted experts into the
+// load buffer, then on-demand misses), and prices its copies. Only the predictor is modelled (routing.hpp:
+// a cross-layer gate of a given accuracy, none, or an oracle), since the simulator has no hidden states.
 //
 // Compute (one stream), per layer, a roofline with efficiency factors (CostModelParams):
 //   time = max(bytes / (HBM bandwidth x memory efficiency), FLOPs / (bf16 rate x compute efficiency))
@@ -12,72 +17,88 @@
 //   MoE: bytes = distinct experts touched x 3 expert pages + shared experts + router;
 //        FLOPs = 2 T x top_k x 3 x F x H + shared experts' 2 T x 3 x Fs x H;
 //   dense FFN layers and the LM head (sampled sequences only) as dense GEMMs; plus step_overhead per step.
-// Copies (one copy engine, FIFO, pinned host memory): each expert = copies_per_expert copies, each paying the
-//   per-copy latency, bytes at the profile's H2D bandwidth x h2d_bandwidth_scale.
-//   The queue for MoE layer m (restores into reserved pages first, then predicted offloaded experts into the
-//   free load buffer, deduplicated) is issued when the previous layer's attention ends (the first at the
-//   start of the step), so it overlaps the previous layer's compute; layer m's attention waits for it (the
-//   page table flips only after the copies complete). Experts the router picks that are neither resident nor
-//   fetched (misses) are copied after layer m's attention and its MoE waits for them (a stall). Evicted
-//   experts stay usable until the forward ends (deferred eviction, DESIGN §3.3): they cost nothing here.
+// Copies (one copy engine, FIFO, pinned host memory): each copy call pays the profile's per-copy latency and
+//   its bytes move at the H2D bandwidth x h2d_bandwidth_scale. The planner's calls: a restore is 3 calls (one
+//   per reserved page), a buffered expert 1 (its matrices are contiguous in the host store and in the slot).
+// Timeline of MoE layer m: its prefetch queue (restores, then predicted experts) is issued when layer m-1's
+//   attention ends (the first at the start of the step), behind whatever the copy engine still has queued;
+//   layer m's attention runs without waiting; after it, the router's misses are queued; layer m's MoE waits
+//   until every copy of m has completed (the stall). Only the MoE waits: the attention of a layer reads no
+//   expert, and the CUDA loader makes only the MoE kernel wait for the layer's copies.
+//   Evicted experts stay usable until the forward ends (deferred eviction, DESIGN §3.3): they cost nothing.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "amoeba/adjust/change_list.hpp"
+#include "amoeba/engine/backend.hpp"
+#include "amoeba/engine/step.hpp"
+#include "amoeba/expert/residency_table.hpp"
+#include "amoeba/loader/load_planner.hpp"
 #include "engine/gpu.hpp"
 #include "engine/model.hpp"
 #include "engine/random.hpp"
 #include "engine/routing.hpp"
-#include "engine/scheduler.hpp"
 
 namespace amoeba::engine {
 
-struct ForwardStats {
-  double step_s = 0;
-  double compute_s = 0;  // compute stream busy
-  double copy_s = 0;     // copy engine busy
-  double stall_s = 0;    // compute waiting for copies
-  std::uint64_t h2d_bytes = 0;
-  std::uint64_t expert_touches = 0;     // (layer, expert) pairs the router picked
-  std::uint64_t expert_hits = 0;        // ... that were resident
-  std::uint64_t expert_prefetched = 0;  // ... that were restored or predicted in time
-  std::uint64_t expert_misses = 0;      // ... loaded on demand
-  std::uint64_t wasted_prefetches = 0;  // predicted, not picked
-};
-
-// What the backend needs to know about one MoE layer's experts this step.
-struct LayerExperts {
-  const std::uint8_t* touched;    // [experts], 1 = the router picks it
-  const std::uint8_t* resident;   // [experts], 1 = in GPU pages (evicted-this-step still counts)
-  const std::uint8_t* restoring;  // [experts], 1 = a restore in this step's change list
-};
-
 class SimBackend {
  public:
+  // One planned copy as the simulator priced it: MoE layer, whether it was queued after routing (a miss or a
+  // late restore) rather than in the layer's prefetch queue, and the planner's ExpertCopy.
+  struct CopyRecord {
+    std::uint32_t layer = 0;
+    bool after_routing = false;
+    ExpertCopy copy;
+    friend bool operator==(const CopyRecord&, const CopyRecord&) = default;
+  };
+
+  // load_buffer_experts: slots per load buffer (= expert_offload_limit; 0 when nothing may be offloaded).
   SimBackend(const ModelSpec& model, const GpuProfile& gpu, const CostModelParams& cost,
              const PredictorParams& predictor, std::uint32_t load_buffer_experts, std::uint64_t seed);
 
-  // One forward pass of `plan`. `layers[m]` describes MoE layer m. Fills `stats`.
-  void forward(const StepPlan& plan, const std::vector<LayerExperts>& layers, ForwardStats& stats);
+  static constexpr std::string_view name() noexcept { return "sim"; }
+
+  // One forward of in.batch (the backend concept). The routing source must know its choices (synthetic or
+  // recorded); a kModel source is refused with ConfigError. Throws std::logic_error if the plan breaks the
+  // offload limit (more misses than load-buffer slots: the adjuster's invariant is broken).
+  template <class Pool>
+  std::optional<ChangeError> forward(const StepInput<Pool>& in, StepResult& out) {
+    if (auto e = planner_.begin_forward(in.changes, in.residency, in.pool)) return e;
+    simulate(in.batch, in.residency, in.routing, out);
+    (void)planner_.end_forward();
+    return std::nullopt;
+  }
 
   // Pure compute time of one layer kind, exposed for tests and docs.
-  double attention_time(std::uint32_t layer, const StepPlan& plan) const;
+  double attention_time(std::uint32_t layer, const StepBatch& batch) const;
   double moe_time(std::uint64_t tokens, std::uint64_t distinct_experts) const;
-  double copy_time(std::uint64_t experts) const;
+  // Copy-engine time of `calls` copy calls moving `bytes`.
+  double copy_time(std::uint64_t calls, std::uint64_t bytes) const;
   double idle_step_s() const noexcept { return cost_.step_overhead_s; }
+  const LoadPlanner& planner() const noexcept { return planner_; }
+  // Every copy of the last forward, in the order the copy engine ran them.
+  const std::vector<CopyRecord>& last_copies() const noexcept { return copies_; }
 
  private:
+  void simulate(const StepBatch& batch, const ResidencyTable& residency, RoutingSource& routing,
+                StepResult& out);
   double roofline(double bytes, double flops, double mem_eff, double comp_eff) const noexcept;
 
   ModelSpec model_;
   GpuProfile gpu_;
   CostModelParams cost_;
   PredictorParams predictor_;
-  std::uint32_t buffer_experts_;
+  LoadPlanner planner_;
   Rng rng_;
-  std::vector<std::uint8_t> predicted_;
+  // Scratch reused across forwards.
+  std::vector<std::uint8_t> touched_, resident_, predicted_flags_, routed_flags_;
+  std::vector<std::uint32_t> predicted_, buffered_;
+  std::vector<CopyRecord> copies_;
 };
 
 }  // namespace amoeba::engine

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "amoeba/adjust/adjuster.hpp"
-#include "amoeba/concepts/adjust_policies.hpp"
+#include "amoeba/adjust/policy_concepts.hpp"
 #include "amoeba/expert/nominations.hpp"
 #include "amoeba/policies/stacks.hpp"
 
@@ -102,8 +102,7 @@ static_assert(std::is_copy_constructible_v<ChangeList>);
 
 // ---- every stack is an Adjuster over the right axes
 static_assert(std::is_same_v<ElasticAdjuster::capacity_rule_type, ElasticHysteresis>);
-static_assert(
-    std::is_same_v<Adjuster<RankedEvict, RankedRestore>, ElasticAdjuster>);  // the paper is the default
+static_assert(std::is_same_v<Adjuster<RankedEvict, RankedRestore, ElasticHysteresis>, ElasticAdjuster>);
 static_assert(std::is_same_v<LruCacheAdjuster::evict_policy_type, LruEvict>);
 static_assert(std::is_same_v<ElasticLruAdjuster::restore_policy_type, RankedRestore>);
 }  // namespace

@@ -23,7 +23,6 @@
 
 using namespace amoeba;
 using amoeba::kernels::DoubleBufferLoader;
-using amoeba::kernels::ExpertLocation;
 using amoeba::kernels::LoaderOptions;
 using amoeba::kernels::PinnedExpertStore;
 
@@ -240,7 +239,7 @@ TEST_CASE("the hash detects a missing wait", "[gpu][loader]") {
   auto w = loader.prepare_layer(0, routed);  // queues the on-demand copy behind a 20 ms spin
   REQUIRE(w.has_value());
   // A rogue reader: the same locations, uploaded by hand, read on a stream that does NOT wait for the copy.
-  std::vector<ExpertSlotRef> row(Harness::kExperts);
+  std::vector<ExpertLocation> row(Harness::kExperts);
   loader.planner().locations(0, row);
   REQUIRE(row[victim.expert].buffer_slot >= 0);
   cudaStream_t rogue;
@@ -296,7 +295,7 @@ TEST_CASE("bad input: too many misses, unreserved restore pages, out-of-order la
   bogus.restores.push_back(Restore{{0, off[0]}, {}});  // pages never reserved
   auto e = loader.begin_forward(bogus, h.adjuster.residency(), h.pool);
   REQUIRE(e.has_value());
-  CHECK(e->code == LoaderErrorCode::kNotReserved);
+  CHECK(e->code == ChangeErrorCode::kNotReserved);
 }
 
 TEST_CASE("the paged MoE kernel reads experts through the loader like the contiguous layout",

@@ -2,15 +2,14 @@
 // (DESIGN §3.3). Runs once per step, after the scheduler (the free pages left then best reflect memory
 // pressure):
 //
-//   changes = adjuster.adjust({R_b, F_b}, pool);   // decide; reserves 3 expert pages per restore, nothing
-//   else backend.forward(plan, changes);                // evicted experts stay usable; restores copied into
-//   their
-//                                                  // reserved pages ahead of predicted experts
+//   changes = adjuster.adjust({R_b, F_b}, pool);   // decide; reserves 3 expert pages per restore only
+//   backend.forward(step with changes);            // evicted experts stay usable; restores copied into
+//                                                  // their reserved pages ahead of predicted experts
 //   adjuster.commit(changes, pool);                // after the forward: evicted pages back to the pool,
 //                                                  // restored experts resident, residency table updated
 //   adjuster.cancel(changes, pool);                // instead of commit: releases the reservations
 //
-// Axes (each a concept in amoeba/concepts/adjust_policies.hpp):
+// Axes (each a concept in amoeba/adjust/policy_concepts.hpp; none has a default: the core names no policy):
 //   CapacityRule  how many experts move (StaticCapacity, FixedCapacity, ElasticHysteresis = the paper);
 //   EvictPolicy   which resident experts leave (RankedEvict = paper, LruEvict, LfuEvict, NeverEvict);
 //   RestorePolicy which offloaded experts come back (RankedRestore = paper, AdmitOnMiss, NeverRestore).
@@ -35,12 +34,12 @@
 
 #include "amoeba/adjust/adjust_view.hpp"
 #include "amoeba/adjust/change_list.hpp"
-#include "amoeba/concepts/adjust_policies.hpp"
+#include "amoeba/adjust/policy_concepts.hpp"
+#include "amoeba/adjust/validate_changes.hpp"
 #include "amoeba/core/errors.hpp"
 #include "amoeba/expert/expert_key.hpp"
 #include "amoeba/expert/expert_ranker.hpp"
 #include "amoeba/expert/residency_table.hpp"
-#include "amoeba/policies/elastic_hysteresis.hpp"
 #include "amoeba/pool/page_kinds.hpp"
 #include "amoeba/pool/tiered_page_pool.hpp"
 
@@ -63,8 +62,7 @@ struct AdjusterConfig {
   std::uint32_t expert_offload_limit = kNoOffloadLimit;
 };
 
-template <evict_policy EvictPolicy, restore_policy RestorePolicy,
-          capacity_rule CapacityRule = policies::ElasticHysteresis>
+template <evict_policy EvictPolicy, restore_policy RestorePolicy, capacity_rule CapacityRule>
 class Adjuster {
  public:
   using evict_policy_type = EvictPolicy;
@@ -218,7 +216,7 @@ class Adjuster {
   // marked offloaded and their pages freed. Validates the whole list first; on an error nothing changes.
   template <expert_page_pool Pool>
   [[nodiscard]] std::optional<ChangeError> commit(const ChangeList& changes, Pool& pool) {
-    if (auto e = validate(changes, pool, "commit", /*evictions=*/true)) return e;
+    if (auto e = validate(changes, pool, "commit", ChangeCheck::kApply)) return e;
     for (const Restore& r : changes.restores) {
       for (ExpertMatrix m : kExpertMatrices) {
         [[maybe_unused]] const PageStatus s = pool.set_owner(r.pages[m], expert_owner(r.expert, m));
@@ -249,7 +247,7 @@ class Adjuster {
   // changes.
   template <expert_page_pool Pool>
   [[nodiscard]] std::optional<ChangeError> cancel(ChangeList& changes, Pool& pool) {
-    if (auto e = validate(changes, pool, "cancel", /*evictions=*/false)) return e;
+    if (auto e = validate(changes, pool, "cancel", ChangeCheck::kCancel)) return e;
     for (const Restore& r : changes.restores) release_reservation(r, pool);
     for (const Eviction& ev : changes.evictions)
       if (table_.contains(ev.expert)) release_busy(ev.expert);
@@ -263,8 +261,9 @@ class Adjuster {
   [[nodiscard]] std::optional<ChangeError> cancel_restore(ChangeList& changes, ExpertKey expert, Pool& pool) {
     auto it = std::find_if(changes.restores.begin(), changes.restores.end(),
                            [&](const Restore& r) { return r.expert == expert; });
-    if (it == changes.restores.end()) return error(ChangeErrorCode::kNotFound, expert, "cancel_restore");
-    if (auto e = check_restore(*it, pool, "cancel_restore")) return e;
+    if (it == changes.restores.end())
+      return change_error(ChangeErrorCode::kNotFound, expert, "cancel_restore");
+    if (auto e = check_restore(*it, table_, pool, "cancel_restore")) return e;
     release_reservation(*it, pool);
     changes.restores.erase(it);
     return std::nullopt;
@@ -331,69 +330,10 @@ class Adjuster {
     release_busy(r.expert);
   }
 
-  static ChangeError error(ChangeErrorCode c, ExpertKey k, const char* op) {
-    std::string msg = std::string(op) + ": " + std::string(to_string(c)) + ": (layer " +
-                      std::to_string(k.layer) + ", expert " + std::to_string(k.expert) + ")";
-    return ChangeError{c, k, std::move(msg)};
-  }
   template <class Pool>
-  std::optional<ChangeError> check_restore(const Restore& r, const Pool& pool, const char* op) const {
-    if (!table_.contains(r.expert)) return error(ChangeErrorCode::kOutOfRange, r.expert, op);
-    if (table_.is_resident(r.expert)) return error(ChangeErrorCode::kAlreadyResident, r.expert, op);
-    for (ExpertMatrix m : kExpertMatrices)
-      if (pool.owner_of(r.pages[m]) != std::optional<OwnerId>(expert_owner(r.expert, m, true)))
-        return error(ChangeErrorCode::kNotReserved, r.expert, op);
-    return std::nullopt;
-  }
-  // Checks every entry before anything changes; `evictions`: also check the evictions (commit).
-  template <class Pool>
-  std::optional<ChangeError> validate(const ChangeList& c, const Pool& pool, const char* op, bool evictions) {
-    std::optional<ChangeError> err;
-    std::vector<ExpertKey> marked;
-    auto mark = [&](ExpertKey k) {
-      if (seen_[index(k)]) return false;
-      seen_[index(k)] = 1;
-      marked.push_back(k);
-      return true;
-    };
-    for (const Restore& r : c.restores) {
-      if (!table_.contains(r.expert)) {
-        err = error(ChangeErrorCode::kOutOfRange, r.expert, op);
-        break;
-      }
-      if (!mark(r.expert)) {
-        err = error(ChangeErrorCode::kDuplicate, r.expert, op);
-        break;
-      }
-      if ((err = check_restore(r, pool, op))) break;
-    }
-    for (std::size_t i = 0; !err && i < c.evictions.size(); ++i) {
-      const Eviction& ev = c.evictions[i];
-      if (!table_.contains(ev.expert)) {
-        err = error(ChangeErrorCode::kOutOfRange, ev.expert, op);
-        break;
-      }
-      if (!mark(ev.expert)) {
-        err = error(ChangeErrorCode::kDuplicate, ev.expert, op);
-        break;
-      }
-      if (!evictions) continue;
-      if (!table_.is_resident(ev.expert)) {
-        err = error(ChangeErrorCode::kNotResident, ev.expert, op);
-        break;
-      }
-      if (*table_.pages_of(ev.expert) != ev.pages) {
-        err = error(ChangeErrorCode::kPagesMismatch, ev.expert, op);
-        break;
-      }
-      for (ExpertMatrix m : kExpertMatrices)
-        if (pool.owner_of(ev.pages[m]) != std::optional<OwnerId>(expert_owner(ev.expert, m))) {
-          err = error(ChangeErrorCode::kPagesMismatch, ev.expert, op);
-          break;
-        }
-    }
-    for (ExpertKey k : marked) seen_[index(k)] = 0;
-    return err;
+  std::optional<ChangeError> validate(const ChangeList& c, const Pool& pool, const char* op,
+                                      ChangeCheck check) {
+    return validate_changes(c, table_, pool, op, check, seen_);
   }
 
   ExpertRanker ranker_;

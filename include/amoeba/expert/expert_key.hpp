@@ -18,6 +18,7 @@
 #include <optional>
 #include <ostream>
 
+#include "amoeba/engine/expert_location.hpp"
 #include "amoeba/pool/page_kinds.hpp"
 
 namespace amoeba {
@@ -34,10 +35,7 @@ inline std::ostream& operator<<(std::ostream& os, ExpertKey k) {
   return os << "(layer " << k.layer << ", expert " << k.expert << ')';
 }
 
-// The weight matrices of one expert, each on its own expert page (the paged kernel addresses W1 and W3 by
-// page, DESIGN §3.5).
-enum class ExpertMatrix : std::uint8_t { kW1 = 0, kW3 = 1, kW2 = 2 };
-inline constexpr std::size_t kMatricesPerExpert = 3;
+// ExpertMatrix and kMatricesPerExpert come from amoeba/engine/expert_location.hpp (shared with the kernels).
 inline constexpr std::array<ExpertMatrix, kMatricesPerExpert> kExpertMatrices{
     ExpertMatrix::kW1, ExpertMatrix::kW3, ExpertMatrix::kW2};
 

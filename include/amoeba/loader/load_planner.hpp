@@ -4,15 +4,13 @@
 // Keeping the decisions here, CUDA-free, lets the protocol be tested on any machine.
 //
 // Per forward:
-//   begin_forward(changes, residency, pool)  checks the ChangeList: evictions name resident experts, restores
-//                                            name offloaded experts whose 3 pages are reserved for them;
+//   begin_forward(changes, residency, pool)  checks the ChangeList with the adjuster's own validation
+//                                            (validate_changes): a bad list is a ChangeError, nothing starts;
 //   plan_prefetch(l, predicted)              layer l's queue: its restores first (straight into their
-//   reserved
-//                                            pages), then predicted experts (into load buffer l % 2),
-//                                            deduplicated, at most `buffer_slots` of them;
+//                                            reserved pages), then predicted experts (into load
+//                                            buffer l % 2), deduplicated, at most `buffer_slots` of them;
 //   plan_demand(l, routed)                   experts the router picked that are neither resident, restored
-//   nor
-//                                            buffered: loaded on demand before the MoE runs (free slots
+//                                            nor buffered: loaded on demand before the MoE runs (free slots
 //                                            first, then slots of predicted experts the router did not pick);
 //   locations(l, out)                        where each expert of l is read from: pages (resident experts and
 //                                            this layer's restores -- call it after waiting for l's copies),
@@ -20,6 +18,10 @@
 //   end_forward()                            the experts whose entries go absent now (evictions); the caller
 //                                            then commits the ChangeList, which returns their pages.
 // Evicted experts stay readable through the whole forward (deferred free). Failed calls change nothing.
+// Every backend runs its forward through this plan (DESIGN §3.7): the CUDA loader issues these copies, the
+// simulator prices them, so there is one prefetch rule. A restore is three copies (its reserved pages need
+// not be adjacent), an expert into a buffer slot one (W1, W3, W2 are contiguous on both sides): see
+// ExpertCopy::copy_calls(). buffer_slots may be 0 (nothing may be offloaded; every miss is kTooManyMisses).
 #pragma once
 
 #include <algorithm>
@@ -31,20 +33,14 @@
 #include <vector>
 
 #include "amoeba/adjust/change_list.hpp"
+#include "amoeba/adjust/validate_changes.hpp"
 #include "amoeba/core/errors.hpp"
 #include "amoeba/core/expected.hpp"
+#include "amoeba/engine/expert_location.hpp"
 #include "amoeba/expert/expert_key.hpp"
 #include "amoeba/expert/residency_table.hpp"
 
 namespace amoeba {
-
-// Where the kernel reads one expert: three pool page ids (W1, W3, W2) or a load-buffer slot holding the three
-// matrices back to back. Same layout as kernels::ExpertLocation (static_assert'ed there).
-struct ExpertSlotRef {
-  std::int32_t page[3] = {-1, -1, -1};
-  std::int32_t buffer_slot = -1;
-  bool absent() const noexcept { return buffer_slot < 0 && page[0] < 0; }
-};
 
 enum class CopyTarget : std::uint8_t { kReservedPages, kBufferSlot };
 
@@ -56,16 +52,21 @@ struct ExpertCopy {
   std::uint32_t slot = 0;   // kBufferSlot: slot in buffer `buffer`
   std::uint8_t buffer = 0;  // layer % 2
   bool on_demand = false;   // a miss found after routing (the layer waits for it)
+
+  // Host-to-device copy calls this copy takes: one per reserved page, one for a whole buffered expert.
+  constexpr std::uint32_t copy_calls() const noexcept {
+    return target == CopyTarget::kReservedPages ? std::uint32_t(kMatricesPerExpert) : 1u;
+  }
+  friend constexpr bool operator==(const ExpertCopy&, const ExpertCopy&) = default;
 };
 
+// Errors of the per-layer calls. A bad ChangeList is reported by begin_forward() as a ChangeError, from the
+// same validation that Adjuster::commit() runs (amoeba/adjust/validate_changes.hpp).
 enum class LoaderErrorCode : std::uint8_t {
-  kOutOfRange,       // layer or expert outside the model
-  kNotResident,      // a ChangeList eviction names an expert that is not resident
-  kAlreadyResident,  // a ChangeList restore names an expert that is resident
-  kNotReserved,      // a restore page is not reserved for that expert in the pool
-  kTooManyMisses,    // more experts to load on demand than the load buffer holds
-  kNoForward,        // a layer call outside begin_forward/end_forward
-  kOutOfOrder,       // layers must be prepared in order, each finished (layer_done) before layer + 2 loads
+  kOutOfRange,     // layer or expert outside the model
+  kTooManyMisses,  // more experts to load on demand than the load buffer holds
+  kNoForward,      // a layer call outside begin_forward/end_forward
+  kOutOfOrder,     // layers must be prepared in order, each finished (layer_done) before layer + 2 loads
 };
 
 struct LoaderError {
@@ -95,9 +96,6 @@ class LoadPlanner {
   explicit LoadPlanner(LoaderShape shape) : shape_(shape) {
     if (shape.layers == 0) throw_config_error("loader.layers", shape.layers, "must be greater than zero");
     if (shape.experts == 0) throw_config_error("loader.experts", shape.experts, "must be greater than zero");
-    if (shape.buffer_slots == 0)
-      throw_config_error("loader.buffer_slots", shape.buffer_slots,
-                         "must be greater than zero (it is expert_offload_limit)");
     if (shape.buffer_slots > shape.experts)
       throw_config_error("loader.buffer_slots", shape.buffer_slots,
                          "must not exceed the experts per layer (" + std::to_string(shape.experts) + ")");
@@ -110,27 +108,21 @@ class LoadPlanner {
   const LoadStats& stats() const noexcept { return stats_; }
   bool in_forward() const noexcept { return residency_ != nullptr; }
 
-  // Checks `changes` and starts a forward. On error nothing changes. `pool` needs owner_of(PageHandle).
+  // Checks `changes` (validate_changes, ChangeCheck::kApply: the rules Adjuster::commit() applies) and starts
+  // a forward. On error nothing changes. `pool` needs owner_of(PageHandle). Throws ConfigError when the
+  // residency table's shape is not the planner's (a wiring bug, not a bad list).
   template <class Pool>
-  std::optional<LoaderError> begin_forward(const ChangeList& changes, const ResidencyTable& residency,
+  std::optional<ChangeError> begin_forward(const ChangeList& changes, const ResidencyTable& residency,
                                            const Pool& pool) {
     if (residency.layers() != shape_.layers || residency.experts_per_layer() != shape_.experts)
-      return error(LoaderErrorCode::kOutOfRange, {}, "residency table shape differs from the loader's");
-    for (const Eviction& e : changes.evictions) {
-      if (!residency.contains(e.expert)) return error(LoaderErrorCode::kOutOfRange, e.expert, "eviction");
-      if (!residency.is_resident(e.expert))
-        return error(LoaderErrorCode::kNotResident, e.expert, "eviction of an expert that is not resident");
-    }
-    for (const Restore& r : changes.restores) {
-      if (!residency.contains(r.expert)) return error(LoaderErrorCode::kOutOfRange, r.expert, "restore");
-      if (residency.is_resident(r.expert))
-        return error(LoaderErrorCode::kAlreadyResident, r.expert,
-                     "restore of an expert that is already resident");
-      for (ExpertMatrix m : kExpertMatrices)
-        if (pool.owner_of(r.pages[m]) != expert_owner(r.expert, m, /*reserved=*/true))
-          return error(LoaderErrorCode::kNotReserved, r.expert,
-                       "restore page " + std::to_string(r.pages[m].index) + " is not reserved for it");
-    }
+      throw_config_error(
+          "loader.residency",
+          std::to_string(residency.layers()) + "x" + std::to_string(residency.experts_per_layer()),
+          "must match the loader's shape (" + std::to_string(shape_.layers) + "x" +
+              std::to_string(shape_.experts) + ")");
+    if (auto e =
+            validate_changes(changes, residency, pool, "loader: begin_forward", ChangeCheck::kApply, seen_))
+      return e;
     residency_ = &residency;
     for (auto& v : restores_by_layer_) v.clear();
     std::fill(restores_issued_.begin(), restores_issued_.end(), 0);
@@ -226,9 +218,9 @@ class LoadPlanner {
   // Where each expert of `layer` is read from in this forward (out.size() == experts). Resident experts --
   // evicted ones included, they stay usable until the forward ends -- and this layer's restores by page,
   // buffered experts by slot, others absent.
-  void locations(std::uint32_t layer, std::span<ExpertSlotRef> out) const {
+  void locations(std::uint32_t layer, std::span<ExpertLocation> out) const {
     for (std::uint32_t x = 0; x < shape_.experts && x < out.size(); ++x) {
-      ExpertSlotRef r;
+      ExpertLocation r;
       if (auto p = residency_ ? residency_->pages_of({layer, x}) : std::nullopt) set_pages(r, *p);
       out[x] = r;
     }
@@ -271,7 +263,7 @@ class LoadPlanner {
     }
   };
 
-  static void set_pages(ExpertSlotRef& r, const ExpertPages& p) {
+  static void set_pages(ExpertLocation& r, const ExpertPages& p) {
     for (std::size_t j = 0; j < kMatricesPerExpert; ++j)
       r.page[j] = static_cast<std::int32_t>(p.pages[j].index);
     r.buffer_slot = -1;
@@ -318,6 +310,7 @@ class LoadPlanner {
   std::vector<std::vector<Restore>> restores_by_layer_;
   std::vector<std::uint8_t> restores_issued_;
   std::vector<ExpertKey> evictions_;
+  std::vector<std::uint8_t> seen_;  // validate_changes scratch
   Buffer buffers_[2];
   LoadStats stats_;
 };

@@ -10,7 +10,7 @@
 
 #include "amoeba/adjust/adjust_view.hpp"
 #include "amoeba/adjust/change_list.hpp"
-#include "amoeba/concepts/adjust_policies.hpp"
+#include "amoeba/adjust/policy_concepts.hpp"
 
 namespace amoeba::policies {
 

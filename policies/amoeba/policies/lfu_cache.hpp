@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "amoeba/adjust/adjust_view.hpp"
+#include "amoeba/adjust/policy_concepts.hpp"
 #include "amoeba/adjust/score_order.hpp"
-#include "amoeba/concepts/adjust_policies.hpp"
 
 namespace amoeba::policies {
 

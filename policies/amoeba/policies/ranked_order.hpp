@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "amoeba/adjust/adjust_view.hpp"
-#include "amoeba/concepts/adjust_policies.hpp"
+#include "amoeba/adjust/policy_concepts.hpp"
 #include "amoeba/expert/nominations.hpp"
 
 namespace amoeba::policies {

@@ -11,7 +11,6 @@
 #include "engine/policy_dispatch.hpp"
 #include "engine/report.hpp"
 #include "engine/scenario.hpp"
-#include "engine/sim_backend.hpp"
 
 using namespace amoeba;
 using namespace amoeba::engine;
@@ -153,45 +152,4 @@ TEST_CASE("scenario config files: fields applied / unknown keys and bad values r
                     Catch::Contains("config.predictor.kind = magic"));
   CHECK_THROWS_WITH(parse_scenario(R"({"policies": []})", "c.json"), Catch::Contains("config.policies"));
   CHECK_THROWS_WITH(parse_scenario("{\"model\": ", "c.json"), Catch::Contains("is not valid JSON"));
-}
-
-TEST_CASE("cost model: copies pay latency and bandwidth - misses stall - prefetch overlaps",
-          "[engine][sim]") {
-  const ModelSpec m = find_model("qwen1.5-moe-a2.7b");
-  const GpuProfile g = find_gpu("h200");
-  const CostModelParams c = find_cost_model("default");
-  SimBackend b(m, g, c, PredictorParams{PredictorKind::kNone, 0}, 8, 0);
-  CHECK(b.copy_time(0) == 0);
-  CHECK(b.copy_time(1) == Approx(3 * 9.5e-6 + double(m.expert_bytes()) / 54.3e9));
-  CHECK(b.moe_time(1, 4) < b.moe_time(1, 60));       // decode: bytes of distinct experts
-  CHECK(b.moe_time(4096, 60) > b.moe_time(64, 60));  // prefill: FLOPs
-  // One decode step of 8 sequences: all experts resident vs 8 offloaded experts per layer that the router
-  // picks.
-  StepPlan plan;
-  std::vector<Sequence> seqs;
-  for (int i = 0; i < 8; ++i) seqs.emplace_back(Request{std::uint64_t(i), 0, 100, 10});
-  for (auto& s : seqs) plan.batch.push_back({&s, 1, 100});
-  plan.tokens = 8;
-  plan.decode_seqs = 8;
-  std::vector<std::uint8_t> touched(60, 1), all(60, 1), none(60, 0), some(60, 1);
-  for (int e = 0; e < 8; ++e) some[std::size_t(e)] = 0;
-  std::vector<LayerExperts> resident(24, LayerExperts{touched.data(), all.data(), none.data()});
-  std::vector<LayerExperts> offloaded(24, LayerExperts{touched.data(), some.data(), none.data()});
-  ForwardStats a, o;
-  b.forward(plan, resident, a);
-  b.forward(plan, offloaded, o);
-  CHECK(a.h2d_bytes == 0);
-  CHECK(a.stall_s == 0);
-  CHECK(a.expert_hits == 24 * 60);
-  CHECK(o.expert_misses == 24 * 8);
-  CHECK(o.h2d_bytes == 24 * 8 * m.expert_bytes());
-  CHECK(o.stall_s > 0);
-  CHECK(o.step_s > a.step_s + 0.9 * 24 * b.copy_time(8) - 24 * b.moe_time(8, 60));
-  // The same experts prefetched (oracle) overlap the previous layer: no slower than on-demand loads.
-  SimBackend oracle(m, g, c, PredictorParams{PredictorKind::kOracle, 1}, 8, 0);
-  ForwardStats p;
-  oracle.forward(plan, offloaded, p);
-  CHECK(p.expert_prefetched == 24 * 8);
-  CHECK(p.expert_misses == 0);
-  CHECK(p.step_s <= o.step_s);
 }

@@ -2,8 +2,10 @@
 // on-demand slot reuse, where the kernel reads each expert, and rejected inputs that change nothing.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
+#include "amoeba/adjust/validate_changes.hpp"
 #include "amoeba/loader/load_planner.hpp"
 #include "amoeba/pool.hpp"
 
@@ -60,7 +62,7 @@ TEST_CASE("prefetch queue: restores first, then predictions, deduplicated", "[lo
   CHECK(f.planner.stats().prefetches == 2);
 
   // where layer 1 is read from: 0..4 resident pages, 6 restored pages, 7 and 5 buffer slots
-  std::vector<ExpertSlotRef> loc(kExperts);
+  std::vector<ExpertLocation> loc(kExperts);
   f.planner.locations(1, loc);
   CHECK(loc[2].page[1] == static_cast<std::int32_t>(f.table.pages_of({1, 2})->pages[1].index));
   CHECK(loc[6].buffer_slot == -1);
@@ -103,7 +105,7 @@ TEST_CASE("on-demand loads: free slots first, then unrouted predictions; too man
   CHECK(bad.error().code == LoaderErrorCode::kTooManyMisses);
   CHECK(bad.error().message.find("expert_offload_limit") != std::string::npos);
   CHECK(f.planner.stats().on_demand_misses == 0);
-  std::vector<ExpertSlotRef> loc(kExperts);
+  std::vector<ExpertLocation> loc(kExperts);
   f.planner.locations(2, loc);
   CHECK(loc[5].buffer_slot == 0);  // unchanged
   CHECK(loc[6].buffer_slot == 1);
@@ -138,7 +140,7 @@ TEST_CASE("buffers alternate by layer and are emptied for layer + 2", "[loader]"
   REQUIRE(c.has_value());
   CHECK((*c)[0].buffer == 0);
   CHECK((*c)[0].slot == 0);  // layer 0's occupant is gone
-  std::vector<ExpertSlotRef> loc(kExperts);
+  std::vector<ExpertLocation> loc(kExperts);
   f.planner.locations(0, loc);
   CHECK(loc[5].absent());  // buffer 0 now belongs to layer 2
 }
@@ -148,7 +150,7 @@ TEST_CASE("evicted experts stay readable until the forward ends", "[loader]") {
   ChangeList cl;
   cl.evictions.push_back(Eviction{{0, 4}, *f.table.pages_of({0, 4}), EvictionCause::kPressure});
   REQUIRE_FALSE(f.planner.begin_forward(cl, f.table, f.pool).has_value());
-  std::vector<ExpertSlotRef> loc(kExperts);
+  std::vector<ExpertLocation> loc(kExperts);
   f.planner.locations(0, loc);
   CHECK(loc[4].page[0] == static_cast<std::int32_t>(cl.evictions[0].pages.pages[0].index));
   // its pages still belong to the expert: nobody can be handed them during the forward
@@ -165,7 +167,7 @@ TEST_CASE("bad change lists are rejected and change nothing", "[loader]") {
     cl.evictions.push_back(Eviction{{1, 6}, {}, EvictionCause::kPressure});
     auto e = f.planner.begin_forward(cl, f.table, f.pool);
     REQUIRE(e.has_value());
-    CHECK(e->code == LoaderErrorCode::kNotResident);
+    CHECK(e->code == ChangeErrorCode::kNotResident);
     CHECK(e->message.find("(layer 1, expert 6)") != std::string::npos);
   }
   SECTION("restore of a resident expert") {
@@ -173,7 +175,7 @@ TEST_CASE("bad change lists are rejected and change nothing", "[loader]") {
     cl.restores.push_back(Restore{{1, 2}, *f.table.pages_of({1, 2})});
     auto e = f.planner.begin_forward(cl, f.table, f.pool);
     REQUIRE(e.has_value());
-    CHECK(e->code == LoaderErrorCode::kAlreadyResident);
+    CHECK(e->code == ChangeErrorCode::kAlreadyResident);
   }
   SECTION("restore page not reserved for that expert") {
     ChangeList cl;
@@ -182,7 +184,7 @@ TEST_CASE("bad change lists are rejected and change nothing", "[loader]") {
     cl.restores.push_back(r);
     auto e = f.planner.begin_forward(cl, f.table, f.pool);
     REQUIRE(e.has_value());
-    CHECK(e->code == LoaderErrorCode::kNotReserved);
+    CHECK(e->code == ChangeErrorCode::kNotReserved);
   }
   SECTION("restore page that is free") {
     ChangeList cl;
@@ -191,7 +193,7 @@ TEST_CASE("bad change lists are rejected and change nothing", "[loader]") {
     cl.restores.push_back(r);
     auto e = f.planner.begin_forward(cl, f.table, f.pool);
     REQUIRE(e.has_value());
-    CHECK(e->code == LoaderErrorCode::kNotReserved);
+    CHECK(e->code == ChangeErrorCode::kNotReserved);
   }
   CHECK_FALSE(f.planner.in_forward());
   const std::vector<std::uint32_t> p{5};
@@ -203,7 +205,6 @@ TEST_CASE("bad change lists are rejected and change nothing", "[loader]") {
 
 TEST_CASE("bad shapes and indices", "[loader]") {
   CHECK_THROWS_AS(LoadPlanner(LoaderShape{0, 8, 2}), ConfigError);
-  CHECK_THROWS_AS(LoadPlanner(LoaderShape{2, 8, 0}), ConfigError);
   CHECK_THROWS_WITH(LoadPlanner(LoaderShape{2, 8, 9}), Catch::Contains("loader.buffer_slots = 9"));
   Fixture f;
   REQUIRE_FALSE(f.planner.begin_forward(ChangeList{}, f.table, f.pool).has_value());
@@ -211,4 +212,73 @@ TEST_CASE("bad shapes and indices", "[loader]") {
   CHECK(f.planner.plan_prefetch(0, bad).error().code == LoaderErrorCode::kOutOfRange);
   CHECK(f.planner.plan_demand(0, bad).error().code == LoaderErrorCode::kOutOfRange);
   CHECK(f.planner.plan_demand(3, {}).error().code == LoaderErrorCode::kOutOfRange);
+}
+
+TEST_CASE("zero buffer slots: nothing may be offloaded, so any miss is refused", "[loader]") {
+  Fixture f;
+  LoadPlanner none(LoaderShape{kLayers, kExperts, 0});
+  REQUIRE_FALSE(none.begin_forward(ChangeList{}, f.table, f.pool).has_value());
+  const std::vector<std::uint32_t> resident{0, 3}, offloaded{6};
+  auto p = none.plan_prefetch(0, offloaded);  // a prediction with no slot is dropped, not an error
+  REQUIRE(p.has_value());
+  CHECK(p->empty());
+  CHECK(none.stats().predictions_dropped == 1);
+  auto ok = none.plan_demand(0, resident);
+  REQUIRE(ok.has_value());
+  CHECK(ok->empty());
+  auto miss = none.plan_demand(1, offloaded);
+  REQUIRE_FALSE(miss.has_value());
+  CHECK(miss.error().code == LoaderErrorCode::kTooManyMisses);
+}
+
+TEST_CASE("one validation: the planner rejects exactly what Adjuster::commit rejects", "[loader][adjust]") {
+  // Every bad list gives the same ChangeError code from validate_changes under both callers' names.
+  Fixture f;
+  struct Case {
+    const char* what;
+    ChangeList list;
+    ChangeErrorCode code;
+  };
+  std::vector<Case> cases;
+  {
+    ChangeList c;
+    c.evictions.push_back(Eviction{{1, 6}, {}, EvictionCause::kPressure});
+    cases.push_back({"eviction of an offloaded expert", c, ChangeErrorCode::kNotResident});
+  }
+  {
+    ChangeList c;
+    c.evictions.push_back(Eviction{{1, 2}, *f.table.pages_of({1, 3}), EvictionCause::kPressure});
+    cases.push_back({"eviction naming another expert's pages", c, ChangeErrorCode::kPagesMismatch});
+  }
+  {
+    ChangeList c;
+    const Eviction ev{{2, 1}, *f.table.pages_of({2, 1}), EvictionCause::kPressure};
+    c.evictions = {ev, ev};
+    cases.push_back({"an expert named twice", c, ChangeErrorCode::kDuplicate});
+  }
+  {
+    ChangeList c;
+    c.restores.push_back(Restore{{0, 9}, {}});
+    cases.push_back({"an expert outside the model", c, ChangeErrorCode::kOutOfRange});
+  }
+  {
+    ChangeList c;
+    c.restores.push_back(Restore{{0, 7}, f.take_pages({0, 7}, /*reserved=*/false)});
+    cases.push_back({"restore into pages that are not reserved", c, ChangeErrorCode::kNotReserved});
+  }
+  const auto used_before = f.pool.stats().used_of<ExpertPage>();
+  for (const Case& c : cases) {
+    INFO(c.what);
+    std::vector<std::uint8_t> seen;
+    const auto direct = validate_changes(c.list, f.table, f.pool, "commit", ChangeCheck::kApply, seen);
+    REQUIRE(direct.has_value());
+    CHECK(direct->code == c.code);
+    const auto planner = f.planner.begin_forward(c.list, f.table, f.pool);
+    REQUIRE(planner.has_value());
+    CHECK(planner->code == c.code);
+    CHECK(planner->expert == direct->expert);
+    CHECK_FALSE(f.planner.in_forward());
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 0);  // scratch left clean
+  }
+  CHECK(f.pool.stats().used_of<ExpertPage>() == used_before);
 }

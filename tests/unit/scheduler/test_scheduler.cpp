@@ -59,29 +59,38 @@ TEST_CASE("FCFS admission within the token budget / chunked prefill / then decod
   Sequence& a = f.add(150, 3);  // longer than the budget: chunked
   Sequence& b = f.add(20, 2);
   StepPlan p = f.sched.schedule();
-  REQUIRE(p.batch.size() == 1);  // a takes the whole budget
-  CHECK(p.batch[0].seq == &a);
-  CHECK(p.batch[0].new_tokens == 100);
-  CHECK(p.tokens == 100);
+  REQUIRE(p.size() == 1);  // a takes the whole budget
+  CHECK(p.seqs[0] == &a);
+  CHECK(p.batch.seqs[0].new_tokens == 100);
+  CHECK(p.batch.tokens == 100);
   CHECK(a.blocks == 7);               // ceil(100 / 16)
   CHECK(a.kv_pages.size() == 7 * 2);  // one page per attention layer per block
-  CHECK(p.shortfall_pages == 0);      // b waits for the budget, not for memory
+  // The step contract's view of a: its context, its chunk, and exactly the pages it holds, block-major.
+  CHECK(p.batch.attention_layers == 2);
+  CHECK(p.batch.seqs[0].request == a.id);
+  CHECK(p.batch.seqs[0].context_before == 0);
+  CHECK_FALSE(p.batch.seqs[0].samples);  // a chunk short of the prompt's end samples nothing
+  CHECK(p.batch.seqs[0].kv_pages.data() == a.kv_pages.data());
+  CHECK(p.batch.seqs[0].kv_pages.size() == a.kv_pages.size());
+  CHECK(p.shortfall_pages == 0);  // b waits for the budget, not for memory
   f.sched.complete(p, 1.0);
   CHECK(a.computed == 100);
   CHECK(a.generated == 0);  // prefill not finished: no token yet
   p = f.sched.schedule();
-  REQUIRE(p.batch.size() == 2);
-  CHECK(p.batch[0].seq == &a);  // running first
-  CHECK(p.batch[0].new_tokens == 50);
-  CHECK(p.batch[1].seq == &b);
-  CHECK(p.batch[1].new_tokens == 20);
+  REQUIRE(p.size() == 2);
+  CHECK(p.seqs[0] == &a);  // running first
+  CHECK(p.batch.seqs[0].new_tokens == 50);
+  CHECK(p.batch.seqs[0].context_before == 100);
+  CHECK(p.batch.seqs[0].samples);  // reaches the prompt's end: samples the first token
+  CHECK(p.seqs[1] == &b);
+  CHECK(p.batch.seqs[1].new_tokens == 20);
   f.sched.complete(p, 2.0);
   CHECK(a.generated == 1);
   CHECK(a.first_token_s == 2.0);
   CHECK(b.generated == 1);
   p = f.sched.schedule();  // both decode: one token each
-  CHECK(p.tokens == 2);
-  CHECK(p.decode_seqs == 2);
+  CHECK(p.batch.tokens == 2);
+  CHECK(p.batch.sampling_seqs == 2);
   f.sched.complete(p, 3.0);
   CHECK(b.status == SeqStatus::kFinished);  // 2 outputs
   CHECK(b.kv_pages.empty());
@@ -92,7 +101,7 @@ TEST_CASE("max_num_seqs caps the running set", "[scheduler]") {
   Fixture f(64, SchedulerConfig{1000, 2, 2048});
   for (int i = 0; i < 4; ++i) f.add(10, 5);
   const StepPlan p = f.sched.schedule();
-  CHECK(p.batch.size() == 2);
+  CHECK(p.size() == 2);
   CHECK(f.sched.num_waiting() == 2);
   CHECK(p.shortfall_pages == 0);
 }
@@ -103,8 +112,8 @@ TEST_CASE("a waiting head that does not fit sets R_b in expert pages", "[schedul
   Sequence& a = f.add(96, 10);  // 6 blocks = 12 KV pages
   f.add(64, 10);                // 4 blocks = 8 KV pages: only 4 left -> short 4 KV pages = 1 expert page
   const StepPlan p = f.sched.schedule();
-  REQUIRE(p.batch.size() == 1);
-  CHECK(p.batch[0].seq == &a);
+  REQUIRE(p.size() == 1);
+  CHECK(p.seqs[0] == &a);
   CHECK(p.shortfall_pages == 1);
   CHECK(f.sched.num_waiting() == 1);
   CHECK(f.pool.available<KvPage>() == 4);  // nothing was taken for the head that did not fit
@@ -116,14 +125,14 @@ TEST_CASE("a running sequence that cannot grow preempts the newest one recompute
   Sequence& a = f.add(32, 40);                   // 2 blocks
   Sequence& b = f.add(32, 40);                   // 2 blocks: pool full
   StepPlan p = f.sched.schedule();
-  REQUIRE(p.batch.size() == 2);
+  REQUIRE(p.size() == 2);
   f.sched.complete(p, 1.0);
   CHECK(a.generated == 1);
   // a's next token (position 32) needs a third block: b (newest) is preempted.
   p = f.sched.schedule();
   CHECK(p.preempted == 1);
-  REQUIRE(p.batch.size() == 1);
-  CHECK(p.batch[0].seq == &a);
+  REQUIRE(p.size() == 1);
+  CHECK(p.seqs[0] == &a);
   CHECK(b.status == SeqStatus::kWaiting);
   CHECK(b.computed == 0);
   CHECK(b.kv_pages.empty());
@@ -133,7 +142,7 @@ TEST_CASE("a running sequence that cannot grow preempts the newest one recompute
   // b is at the front and recomputes prompt + its generated token; it is not admitted in a step that
   // preempted, and now a holds 3 blocks, so b (33 tokens = 3 blocks) does not fit: R_b again.
   p = f.sched.schedule();
-  CHECK(p.batch.size() == 1);
+  CHECK(p.size() == 1);
   CHECK(p.shortfall_pages == 1);
   CHECK(b.num_tokens() == 33);
 }
@@ -142,7 +151,7 @@ TEST_CASE("the last running sequence that cannot grow preempts itself", "[schedu
   Fixture f(1, SchedulerConfig{1000, 8, 2048});  // 4 KV pages = 2 blocks
   Sequence& a = f.add(32, 40);
   StepPlan p = f.sched.schedule();
-  REQUIRE(p.batch.size() == 1);
+  REQUIRE(p.size() == 1);
   f.sched.complete(p, 1.0);
   p = f.sched.schedule();
   CHECK(p.empty());

@@ -1,9 +1,11 @@
-// Concepts for the three policy axes of Adjuster<EvictPolicy, RestorePolicy, CapacityRule> (DESIGN §3.3):
+// Concepts for the three policy axes of Adjuster<EvictPolicy, RestorePolicy, CapacityRule> (DESIGN §3.3).
+// They sit beside the adjuster they constrain and mention only its vocabulary (AdjustView, AdjustSignal,
+// CapacityDecision, ChangeList), never the adjuster itself:
 //
 //   capacity_rule   HOW MANY experts move this step (static: none; fixed cache: none on pressure, a fixed
 //                   per-layer capacity; elastic hysteresis: the paper's R_b / F_b rules);
-//   evict_policy    WHICH resident experts leave (rank-coldest, least recently used, least frequently
-//   used...); restore_policy  WHICH offloaded experts come back (rank-hottest, the ones just missed...).
+//   evict_policy    WHICH resident experts leave (rank-coldest, least recently or frequently used...);
+//   restore_policy  WHICH offloaded experts come back (rank-hottest, the ones just missed...).
 //
 // Optional hooks, detected by the adjuster: routing_observer (observe the experts routed at a layer, for
 // LRU/LFU bookkeeping and miss admission) and commit_observer (told about every committed change list).

@@ -1,0 +1,56 @@
+// The simulator's RoutingSource models (amoeba/engine/step.hpp):
+//   SyntheticRouting  the seeded routing model of routing.hpp: each step marks the experts a batch of
+//                     T tokens touches, layer by layer; the same seed gives the same choices everywhere;
+//   RecordedRouting   a recorded routing trace replayed step by step (step i of the run reads record i; a run
+//                     longer than the record is refused at that step with the counts).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "amoeba/engine/step.hpp"
+#include "engine/routing.hpp"
+
+namespace amoeba::engine {
+
+class SyntheticRouting final : public RoutingSource {
+ public:
+  explicit SyntheticRouting(RoutingModel model);
+
+  RoutingKind kind() const noexcept override { return RoutingKind::kSynthetic; }
+  std::uint32_t layers() const noexcept override { return model_.layers(); }
+  std::uint32_t experts() const noexcept override { return model_.experts(); }
+  void begin_step(const StepBatch& batch) override;
+  std::span<const std::uint32_t> layer_experts(std::uint32_t layer) const override;
+
+  const RoutingModel& model() const noexcept { return model_; }
+
+ private:
+  RoutingModel model_;
+  std::vector<std::uint8_t> touched_;  // [layer * experts + expert]
+  std::vector<std::uint32_t> experts_, offsets_;
+};
+
+// One recorded step: the distinct experts of every MoE layer.
+using RecordedStep = std::vector<std::vector<std::uint32_t>>;
+
+class RecordedRouting final : public RoutingSource {
+ public:
+  // Throws ConfigError when a step has the wrong number of layers or an expert id >= `experts`.
+  RecordedRouting(std::uint32_t layers, std::uint32_t experts, std::vector<RecordedStep> steps);
+
+  RoutingKind kind() const noexcept override { return RoutingKind::kRecorded; }
+  std::uint32_t layers() const noexcept override { return layers_; }
+  std::uint32_t experts() const noexcept override { return experts_; }
+  void begin_step(const StepBatch& batch) override;
+  std::span<const std::uint32_t> layer_experts(std::uint32_t layer) const override;
+  std::size_t steps_replayed() const noexcept { return next_; }
+
+ private:
+  std::uint32_t layers_, experts_;
+  std::vector<RecordedStep> steps_;
+  std::size_t next_ = 0;
+};
+
+}  // namespace amoeba::engine

@@ -3,9 +3,11 @@
 // Scheduler::complete() on a Qwen1.5-MoE-sized pool with N running requests in steady state (finished
 // requests are re-queued, so prefill chunks and KV growth happen at their natural rate), elastic policy.
 // BM_StepWithPlanning: the same step plus what the step contract adds on the host for any backend: the
-// routing source's draw and the LoadPlanner's per-layer plan (begin_forward, plan_prefetch, plan_demand,
-// end_forward), i.e. everything but the forward's compute. BM_RoutingAndSimForward: the simulator's own
-// per-step cost (routing sample + cost model over the plan), for reference.
+// LoadPlanner's per-layer plan (begin_forward, plan_prefetch, plan_demand, end_forward) over routing read
+// from a source, i.e. everything but the forward's compute. The routing is drawn before timing (64 steps of
+// the synthetic model, replayed in a cycle): a GPU backend's router decides it on the device, and the
+// synthetic draw is the simulator's own cost (in BM_RoutingAndSimForward). BM_RoutingAndSimForward: the
+// simulator's own per-step cost (routing sample + cost model over the plan), for reference.
 #include <deque>
 #include <vector>
 
@@ -24,6 +26,37 @@ using namespace amoeba;
 using namespace amoeba::engine;
 
 namespace {
+
+// Pre-drawn routing replayed in a cycle (RecordedRouting refuses to run past its end).
+class CyclingRouting final : public RoutingSource {
+ public:
+  CyclingRouting(SyntheticRouting& source, std::uint64_t tokens, std::size_t steps)
+      : layers_(source.layers()), experts_(source.experts()) {
+    StepBatch b;
+    b.tokens = tokens;
+    for (std::size_t i = 0; i < steps; ++i) {
+      source.begin_step(b);
+      RecordedStep s;
+      for (std::uint32_t l = 0; l < layers_; ++l) {
+        const auto e = source.layer_experts(l);
+        s.emplace_back(e.begin(), e.end());
+      }
+      steps_.push_back(std::move(s));
+    }
+  }
+  RoutingKind kind() const noexcept override { return RoutingKind::kRecorded; }
+  std::uint32_t layers() const noexcept override { return layers_; }
+  std::uint32_t experts() const noexcept override { return experts_; }
+  void begin_step(const StepBatch&) override { next_ = (next_ + 1) % steps_.size(); }
+  std::span<const std::uint32_t> layer_experts(std::uint32_t layer) const override {
+    return steps_[next_][layer];
+  }
+
+ private:
+  std::uint32_t layers_, experts_;
+  std::vector<RecordedStep> steps_;
+  std::size_t next_ = 0;
+};
 
 ExpertRanker ranker_for(const ModelSpec& m) {
   RoutingModel r(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0);
@@ -50,7 +83,8 @@ void step_bench(benchmark::State& state, bool plan_loads) {
   SchedulerConfig cfg;
   cfg.max_num_seqs = n;
   Scheduler<MoePool> sched(m, g, cfg, pool);
-  SyntheticRouting routing(RoutingModel(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0));
+  SyntheticRouting synthetic(RoutingModel(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0));
+  CyclingRouting routing(synthetic, n, 64);
   LoadPlanner planner(LoaderShape{m.moe_layers(), m.num_experts, 10});
   std::vector<std::uint32_t> predicted;
   Rng rng(1);
@@ -61,8 +95,9 @@ void step_bench(benchmark::State& state, bool plan_loads) {
     sched.add(seqs.back());
   }
   double now = 0;
+  StepPlan plan;
   auto one_step = [&] {
-    const StepPlan plan = sched.schedule();
+    sched.schedule(plan);
     ChangeList c = adj.adjust(AdjustSignal{plan.shortfall_pages, pool.available<ExpertPage>()}, pool);
     if (plan_loads && !plan.empty()) {
       routing.begin_step(plan.batch);

@@ -81,7 +81,8 @@ class Engine {
       return true;
     }
     if (++iterations_ > options_.max_steps) throw std::logic_error("engine: step limit reached");
-    StepPlan plan = scheduler_.schedule();
+    StepPlan& plan = plan_;  // reused across steps: a steady-state step allocates nothing for it
+    scheduler_.schedule(plan);
     const AdjustSignal signal{plan.shortfall_pages, pool_.template available<ExpertPage>()};
     ChangeList changes = adj_.adjust(signal, pool_);
     result_.evictions += changes.evictions.size();
@@ -205,6 +206,7 @@ class Engine {
   std::unique_ptr<RoutingSource> routing_;
   Scheduler<Pool> scheduler_;
   EngineOptions options_;
+  StepPlan plan_;    // the current step's plan, reused across steps
   StepResult step_;  // the last forward's result, reused across steps
   std::vector<Sequence> seqs_;
   std::size_t next_arrival_ = 0;

@@ -93,9 +93,21 @@ class Scheduler {
 
   StepPlan schedule() {
     StepPlan plan;
+    schedule(plan);
+    return plan;
+  }
+  // The same into `plan`, which is cleared first; its vectors keep their capacity (the engine reuses one plan
+  // across steps, so a steady-state step allocates nothing here).
+  void schedule(StepPlan& plan) {
+    std::vector<SequenceStep> steps = std::move(plan.batch.seqs);
+    steps.clear();
+    plan.batch = StepBatch{};
+    plan.batch.seqs = std::move(steps);
+    plan.seqs.clear();
+    plan.shortfall_pages = 0;
+    plan.preempted = 0;
     plan.seqs.reserve(running_.size() + 8);
-    std::vector<std::uint32_t> new_tokens;
-    new_tokens.reserve(running_.size() + 8);
+    plan.batch.seqs.reserve(running_.size() + 8);
     std::uint64_t budget = cfg_.max_num_batched_tokens;
     std::uint64_t lack_bytes = 0;
     bool preempted = false;
@@ -120,7 +132,7 @@ class Scheduler {
       }
       if (!scheduled) break;
       plan.seqs.push_back(s);
-      new_tokens.push_back(n);
+      plan.batch.seqs.push_back(SequenceStep{s->id, 0, n, false, {}, {}});
       budget -= n;
       ++i;
     }
@@ -137,7 +149,7 @@ class Scheduler {
         s->status = SeqStatus::kRunning;
         running_.push_back(s);
         plan.seqs.push_back(s);
-        new_tokens.push_back(n);
+        plan.batch.seqs.push_back(SequenceStep{s->id, 0, n, false, {}, {}});
         budget -= n;
       }
     }
@@ -146,21 +158,17 @@ class Scheduler {
     StepBatch& b = plan.batch;
     b.attention_layers = attn_layers_;
     b.tokens_per_kv_page = kBlock;
-    b.seqs.resize(plan.seqs.size());
     for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
       const Sequence& s = *plan.seqs[i];
       SequenceStep& x = b.seqs[i];
-      x.request = s.id;
       x.context_before = s.computed;
-      x.new_tokens = new_tokens[i];
-      x.samples = s.computed + new_tokens[i] == s.num_tokens();
+      x.samples = s.computed + x.new_tokens == s.num_tokens();
       x.kv_pages = s.kv_pages;
       x.state_pages = s.state_pages;
       b.tokens += x.new_tokens;
       b.sampling_seqs += x.samples;
     }
     plan.shortfall_pages = (lack_bytes + expert_page_bytes_ - 1) / expert_page_bytes_;
-    return plan;
   }
 
   // After the forward that ran `plan`, at simulated time `now`: emits tokens, finishes sequences (their pages

@@ -172,8 +172,10 @@ class LoadPlanner {
     for (std::uint32_t x : routed)
       if (x >= shape_.experts) return Unexpected{*error(LoaderErrorCode::kOutOfRange, {layer, x}, "routing")};
     Buffer& b = buffer_for(layer);
-    std::vector<std::uint32_t> misses;
-    std::vector<std::uint8_t> routed_slot(b.slots.size(), 0);
+    std::vector<std::uint32_t>& misses = misses_;
+    std::vector<std::uint8_t>& routed_slot = routed_slot_;
+    misses.clear();
+    routed_slot.assign(b.slots.size(), 0);
     for (std::uint32_t x : routed) {
       if (!needs_load(layer, x)) continue;
       if (const int s = b.find(x); s >= 0) {
@@ -183,7 +185,8 @@ class LoadPlanner {
       if (std::find(misses.begin(), misses.end(), x) == misses.end()) misses.push_back(x);
     }
     // Slots usable for misses: free ones, then those of predicted experts nobody routed to.
-    std::vector<std::uint32_t> usable;
+    std::vector<std::uint32_t>& usable = usable_;
+    usable.clear();
     for (std::uint32_t s = 0; s < b.slots.size(); ++s)
       if (b.slots[s].expert < 0) usable.push_back(s);
     for (std::uint32_t s = 0; s < b.slots.size(); ++s)
@@ -310,7 +313,9 @@ class LoadPlanner {
   std::vector<std::vector<Restore>> restores_by_layer_;
   std::vector<std::uint8_t> restores_issued_;
   std::vector<ExpertKey> evictions_;
-  std::vector<std::uint8_t> seen_;  // validate_changes scratch
+  std::vector<std::uint8_t> seen_;              // validate_changes scratch
+  std::vector<std::uint32_t> misses_, usable_;  // plan_demand scratch
+  std::vector<std::uint8_t> routed_slot_;
   Buffer buffers_[2];
   LoadStats stats_;
 };

@@ -13,7 +13,9 @@
 #include "amoeba/loader/load_planner.hpp"
 #include "amoeba/policies/stacks.hpp"
 #include "engine/model.hpp"
+#include "engine/policy_dispatch.hpp"
 #include "engine/routing_source.hpp"
+#include "engine/scenario.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/sim_backend.hpp"
 
@@ -221,4 +223,46 @@ TEST_CASE("cost model over the plan: copy calls, misses stall the MoE, prefetch 
   // Layer 0's prefetch is issued at the start of the step and its attention does not wait for it: the stall
   // of layer 0 is the copy time minus that attention, not the whole copy time.
   CHECK(p.stall_s < layers * b.copy_time(8, 8 * m.expert_bytes()));
+}
+
+TEST_CASE("backend names: known ones resolve, unknown ones list the known", "[engine][contract]") {
+  CHECK(find_backend("sim").kind == BackendKind::kSim);
+  CHECK(find_backend("sim").simulated);
+  CHECK_THROWS_WITH(find_backend("cuda"), Catch::Contains("--backend = cuda: unknown backend (known: sim)"));
+  Scenario s;
+  s.backend = "tpu";
+  CHECK_THROWS_WITH(validate_scenario(s), Catch::Contains("--backend = tpu"));
+  const Scenario t = parse_scenario(R"({"backend": "sim"})", "c.json");
+  CHECK(t.backend == "sim");
+}
+
+TEST_CASE("recorded routing: replayed in order, checked on load, refused past its end",
+          "[engine][contract]") {
+  std::vector<RecordedStep> steps{{{3, 1, 3}, {}}, {{0}, {2, 2}}};
+  RecordedRouting r(2, 4, steps);
+  const StepBatch b = decode_batch(1, 1);
+  r.begin_step(b);
+  CHECK(std::vector<std::uint32_t>(r.layer_experts(0).begin(), r.layer_experts(0).end()) ==
+        std::vector<std::uint32_t>{1, 3});  // sorted, deduplicated
+  CHECK(r.layer_experts(1).empty());
+  r.begin_step(b);
+  CHECK(r.layer_experts(1).size() == 1);
+  CHECK_THROWS_WITH(r.begin_step(b), Catch::Contains("routing.steps = 2: the recorded routing ends"));
+  CHECK_THROWS_WITH(RecordedRouting(2, 4, {{{5}, {}}}), Catch::Contains("routing.steps[0][0] = 5"));
+  CHECK_THROWS_WITH(RecordedRouting(3, 4, {{{1}, {}}}), Catch::Contains("must list 3 MoE layers"));
+  // The simulator has no router: a model-routed source is refused by name.
+  struct ModelRouting final : RoutingSource {
+    RoutingKind kind() const noexcept override { return RoutingKind::kModel; }
+    std::uint32_t layers() const noexcept override { return 24; }
+    std::uint32_t experts() const noexcept override { return 60; }
+    void begin_step(const StepBatch&) override {}
+    std::span<const std::uint32_t> layer_experts(std::uint32_t) const override { return {}; }
+  } model_routing;
+  World w;
+  SimBackend sim(w.model, find_gpu("rtx5090"), find_cost_model("default"), PredictorParams{}, World::kSlots,
+                 0);
+  StepResult out;
+  CHECK_THROWS_WITH(
+      sim.forward(StepInput<MoePool>{b, ChangeList{}, w.adj.residency(), w.pool, model_routing}, out),
+      Catch::Contains("routing = model: the simulator has no router"));
 }

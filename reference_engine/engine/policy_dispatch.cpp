@@ -136,22 +136,24 @@ std::span<const BackendEntry> backend_table() {
   return kBackends;
 }
 
-const BackendEntry& find_backend(const std::string& name) {
+// The entry of `table` called `name`, or ConfigError(flag, name, "unknown <what> (known: ...)").
+template <class Entry, std::size_t N>
+const Entry& find_by_name(const std::array<Entry, N>& table, const std::string& name, const char* flag,
+                          const char* what) {
   std::string known;
-  for (const BackendEntry& e : kBackends) {
+  for (const Entry& e : table) {
     if (e.name == name) return e;
     known += (known.empty() ? "" : ", ") + std::string(e.name);
   }
-  throw ConfigError("--backend", name, "unknown backend (known: " + known + ")");
+  throw ConfigError(flag, name, std::string("unknown ") + what + " (known: " + known + ")");
+}
+
+const BackendEntry& find_backend(const std::string& name) {
+  return find_by_name(kBackends, name, "--backend", "backend");
 }
 
 const PolicyEntry& find_policy(const std::string& name) {
-  std::string known;
-  for (const PolicyEntry& e : kTable) {
-    if (e.name == name) return e;
-    known += (known.empty() ? "" : ", ") + std::string(e.name);
-  }
-  throw ConfigError("--policy", name, "unknown policy (known: " + known + ")");
+  return find_by_name(kTable, name, "--policy", "policy");
 }
 
 std::vector<std::string> all_policy_names() {

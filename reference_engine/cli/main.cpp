@@ -2,6 +2,7 @@
 //
 //   amoeba ablate   run several policy stacks on one trace, print one table (the main job)
 //   amoeba run      one policy; per-step timeline CSV (running requests, free pages, resident experts)
+//   amoeba rank     turn a routing record (run --record-routing) into expert statistics (--ranking)
 //   amoeba trace    generate a ShareGPT-like JSONL trace, or inspect one
 //   amoeba models   the model catalog with page sizes and weight split
 //   amoeba gpus     the GPU profiles with the source of each number
@@ -29,6 +30,7 @@
 #include "engine/model.hpp"
 #include "engine/policy_dispatch.hpp"
 #include "engine/report.hpp"
+#include "engine/routing_record.hpp"
 #include "engine/scenario.hpp"
 #include "engine/workload.hpp"
 
@@ -40,7 +42,7 @@ using namespace amoeba::engine;
 // Flags shared by ablate and run; unset ones leave the config/defaults alone.
 struct ScenarioFlags {
   std::string config;
-  std::optional<std::string> backend, model, gpu, trace, cost_model, predictor;
+  std::optional<std::string> backend, model, gpu, trace, cost_model, predictor, routing, ranking;
   std::optional<double> rate, burstiness, memory_cap_gib, usable_fraction, drift, predictor_accuracy, skew;
   std::optional<std::uint64_t> requests, seed;
   std::optional<std::uint32_t> offload_limit, fixed_offload, max_num_seqs, max_batched_tokens;
@@ -66,12 +68,17 @@ struct ScenarioFlags {
     app.add_option("--predictor", predictor, "prefetch predictor: none, cross-layer, oracle");
     app.add_option("--predictor-accuracy", predictor_accuracy, "cross-layer predictor accuracy");
     app.add_option("--cost-model", cost_model, "cost-model profile: default, or a .json file");
+    app.add_option("--routing", routing,
+                   "where routing comes from: synthetic (the routing model), or a routing record to replay");
+    app.add_option("--ranking", ranking, "expert statistics to rank experts by (e.g. from `amoeba rank`)");
   }
 
   Scenario resolve() const {
     Scenario s;
     if (!config.empty()) s = parse_scenario(read_text_file(config, "--config"), config, s);
     if (backend) s.backend = *backend;
+    if (routing) s.routing_source = *routing;
+    if (ranking) s.ranking = *ranking;
     if (model) s.model = *model;
     if (gpu) s.gpu = *gpu;
     if (trace) s.trace = *trace;
@@ -196,25 +203,50 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
 }
 
 int cmd_run(const ScenarioFlags& flags, const std::string& policy, const std::string& json_path,
-            const std::string& csv_path) {
+            const std::string& csv_path, const std::string& record_path) {
   Scenario s = flags.resolve();
   s.policies = {policy};
   validate_scenario(s);
   if (!json_path.empty()) check_output_path(json_path, "--json");
   if (!csv_path.empty()) check_output_path(csv_path, "--csv");
+  if (!record_path.empty()) check_output_path(record_path, "--record-routing");
   const std::vector<Request> trace = scenario_requests(s);
   RunOptions opt;
   opt.record_timeline = true;
   const RunSetup setup = prepare_run(s, policy, trace, opt);
-  const RunResult r = run_policy(setup);
+  std::optional<RoutingRecorder> recorder;
+  if (!record_path.empty()) {
+    recorder.emplace(RoutingRecordHeader{s.model, setup.model.moe_layers(), setup.model.num_experts,
+                                         setup.model.top_k, s.backend,
+                                         s.routing_source == "synthetic" ? "synthetic" : "recorded"});
+  }
+  RunSetup to_run = setup;
+  if (recorder) to_run.options.recorder = &*recorder;
+  const RunResult r = run_policy(to_run);
   if (!json_path.empty()) write_file_atomic(json_path, ablation_json(s, {r}), "--json");
   if (!csv_path.empty()) write_file_atomic(csv_path, timeline_csv(r), "--csv");
+  if (recorder) write_file_atomic(record_path, recorder->text(), "--record-routing");
   std::cout << ablation_table(s, {r});
   std::cout << "\nmemory: " << setup.memory.describe() << "\n";
   std::cout << fmt::format(
       "preemptions {}, evictions {}, restores {}, resident experts min {} max {}, copy stall {:.2f} s\n",
       r.preemptions, r.evictions, r.restores, r.min_resident_experts, r.max_resident_experts, r.copy_stall_s);
   if (csv_path.empty()) std::cout << "(per-step timeline: add --csv FILE)\n";
+  return 0;
+}
+
+int cmd_rank(const std::string& record_path, const std::string& out) {
+  if (!out.empty()) check_output_path(out, "--out");
+  const RoutingRecord r = read_routing_record(record_path);
+  const std::string stats = expert_stats_json(r, record_path);
+  if (out.empty()) {
+    std::cout << stats;
+  } else {
+    write_file_atomic(out, stats, "--out");
+    std::cerr << fmt::format("ranked {} MoE layers x {} experts from {} steps ({}) -> {}\n",
+                             r.header.moe_layers, r.header.experts, r.steps.size(),
+                             r.counts.empty() ? "steps routed to" : "tokens routed", out);
+  }
   return 0;
 }
 
@@ -307,6 +339,14 @@ int main(int argc, char** argv) {
   run->add_option("--policy", run_policy_name, "policy name (see `amoeba ablate --help`)");
   run->add_option("--json", run_json, "write the result as JSON");
   run->add_option("--csv", run_csv, "write the per-step timeline as CSV");
+  std::string run_record;
+  run->add_option("--record-routing", run_record,
+                  "write the experts every MoE layer routed to at every step (JSONL, docs/engine.md)");
+
+  std::string rank_in, rank_out;
+  CLI::App* rank = app.add_subcommand("rank", "turn a routing record into expert statistics for --ranking");
+  rank->add_option("record", rank_in, "routing record (from `amoeba run --record-routing`)")->required();
+  rank->add_option("--out,-o", rank_out, "output file (default: stdout)");
 
   CLI::App* trace = app.add_subcommand("trace", "generate or inspect JSONL traces");
   trace->require_subcommand(1);
@@ -335,7 +375,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (ablate->parsed()) return cmd_ablate(ab_flags, ab_policies, ab_json, ab_csv, ab_quiet);
-    if (run->parsed()) return cmd_run(run_flags, run_policy_name, run_json, run_csv);
+    if (run->parsed()) return cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record);
+    if (rank->parsed()) return cmd_rank(rank_in, rank_out);
     if (gen->parsed()) return cmd_trace_generate(tr_rate, tr_burst, tr_requests, tr_seed, tr_out);
     if (inspect->parsed()) return cmd_trace_inspect(in_path, in_max_len);
     if (models->parsed()) return cmd_models();

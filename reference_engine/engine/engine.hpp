@@ -73,6 +73,7 @@ class Engine {
 
   // One iteration of the loop. False once every request has finished.
   bool step() {
+    step_.clear();  // a step that runs no forward leaves an empty result
     while (next_arrival_ < seqs_.size() && seqs_[next_arrival_].arrival_s <= now_)
       scheduler_.add(seqs_[next_arrival_++]);
     if (scheduler_.idle()) {
@@ -92,7 +93,6 @@ class Engine {
         throw std::logic_error("engine: no request can be scheduled and the adjuster frees nothing");
       commit(changes);
       now_ += backend_.idle_step_s();
-      step_.clear();
       record(plan, changes, step_);
       return true;
     }
@@ -165,6 +165,8 @@ class Engine {
   const std::vector<Sequence>& sequences() const noexcept { return seqs_; }
   const Backend& backend() const noexcept { return backend_; }
   const RoutingSource& routing() const noexcept { return *routing_; }
+  // The last step's plan and forward result (the result is empty when that step ran no forward).
+  const StepPlan& last_plan() const noexcept { return plan_; }
   const StepResult& last_step() const noexcept { return step_; }
   double now() const noexcept { return now_; }
 

@@ -4,14 +4,18 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 
 #include "amoeba/core/errors.hpp"
 #include "amoeba/expert/expert_ranker.hpp"
+#include "amoeba/expert/ranker_json.hpp"
 #include "amoeba/policies/stacks.hpp"
 #include "amoeba/pool/tiered_page_pool.hpp"
 #include "engine/engine.hpp"
+#include "engine/json_fields.hpp"
+#include "engine/routing_record.hpp"
 #include "engine/routing_source.hpp"
 #include "engine/scenario.hpp"
 #include "engine/sim_backend.hpp"
@@ -61,26 +65,38 @@ template <class Pool, class Adj, class Backend>
 RunResult run_engine(const RunSetup& s) {
   const Scenario& sc = *s.scenario;
   const std::uint32_t layers = s.model.moe_layers(), experts = s.model.num_experts;
-  // The offline ranking sample and the live routing come from the same synthetic model (same seed); `drift`
-  // moves the live ranking away from the sample.
+  // Without a ranking file, the offline ranking sample and the live routing come from the same synthetic
+  // model (same seed); `drift` moves the live ranking away from the sample.
   RoutingModel routing(layers, experts, s.model.top_k, sc.routing, sc.seed);
-  const std::vector<double> counts = routing.calibration_counts(sc.routing.calibration_tokens);
-  std::vector<std::vector<double>> probs(layers, std::vector<double>(experts));
-  for (std::uint32_t l = 0; l < layers; ++l)
-    for (std::uint32_t e = 0; e < experts; ++e)
-      probs[l][e] = counts[std::size_t(l) * experts + e] / double(sc.routing.calibration_tokens);
-  ExpertRanker ranker = ExpertRanker::from_probabilities(probs, "calibration sample");
+  std::optional<ExpertRanker> ranker;
+  if (s.ranking) {
+    ranker = *s.ranking;
+  } else {
+    const std::vector<double> counts = routing.calibration_counts(sc.routing.calibration_tokens);
+    std::vector<std::vector<double>> probs(layers, std::vector<double>(experts));
+    for (std::uint32_t l = 0; l < layers; ++l)
+      for (std::uint32_t e = 0; e < experts; ++e)
+        probs[l][e] = counts[std::size_t(l) * experts + e] / double(sc.routing.calibration_tokens);
+    ranker = ExpertRanker::from_probabilities(probs, "calibration sample");
+  }
+  std::unique_ptr<RoutingSource> source;
+  if (s.routing_record)
+    source = replay(*s.routing_record, layers, experts, sc.routing_source);
+  else
+    source = std::make_unique<SyntheticRouting>(std::move(routing));
 
   Pool pool(ArenaSpan{nullptr, s.memory.pool_bytes}, pool_layout<Pool>(s.geometry));
   AdjusterConfig acfg;
   acfg.expert_offload_limit = s.capacity == CapacityKind::kStatic ? kNoOffloadLimit : s.offload_limit;
-  Adj adj(std::move(ranker), acfg, capacity_for<Adj>(s));
+  Adj adj(std::move(*ranker), acfg, capacity_for<Adj>(s));
   EngineOptions eo;
   eo.record_timeline = s.options.record_timeline;
   Engine<Pool, Adj, Backend> engine(s.model, s.geometry, sc.scheduler, std::move(pool), std::move(adj),
-                                    make_backend<Backend>(s),
-                                    std::make_unique<SyntheticRouting>(std::move(routing)), *s.trace, eo);
-  RunResult r = engine.run();
+                                    make_backend<Backend>(s), std::move(source), *s.trace, eo);
+  while (engine.step())
+    if (s.options.recorder && engine.last_step().routed_layers() > 0)
+      s.options.recorder->add(engine.last_plan().batch, engine.last_step());
+  RunResult r = engine.result();
   r.policy = s.policy;
   r.pool_bytes = s.memory.pool_bytes;
   r.initial_kv_bytes = s.memory.initial_kv_bytes();
@@ -197,6 +213,22 @@ RunSetup prepare_run(const Scenario& sc, const std::string& policy, const std::v
       throw_config_error("trace request " + std::to_string(r.id), r.prompt_tokens + r.output_tokens,
                          "prompt + output tokens must be <= max_model_len (" +
                              std::to_string(sc.scheduler.max_model_len) + ")");
+  const std::uint32_t layers = s.model.moe_layers();
+  if (!sc.ranking.empty()) {
+    auto r = std::make_shared<ExpertRanker>(
+        expert_ranker_from_json_string(read_text_file(sc.ranking, "--ranking"), sc.ranking));
+    if (r->layers() != layers || r->experts_per_layer() != e)
+      throw ConfigError("--ranking", sc.ranking,
+                        "ranks " + std::to_string(r->layers()) + " x " +
+                            std::to_string(r->experts_per_layer()) + " experts; the model has " +
+                            std::to_string(layers) + " MoE layers x " + std::to_string(e));
+    s.ranking = std::move(r);
+  }
+  if (sc.routing_source != "synthetic") {
+    auto rec = std::make_shared<RoutingRecord>(read_routing_record(sc.routing_source));
+    check_record_shape(*rec, layers, e, sc.routing_source);
+    s.routing_record = std::move(rec);
+  }
   s.memory =
       plan_memory(s.model, s.gpu, sc.memory, sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs,
                   sc.scheduler.max_model_len, s.offload_limit, min_res, max_res, policy);

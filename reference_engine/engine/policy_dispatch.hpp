@@ -17,11 +17,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "amoeba/expert/expert_ranker.hpp"
 #include "engine/gpu.hpp"
 #include "engine/memory_plan.hpp"
 #include "engine/metrics.hpp"
@@ -45,9 +47,13 @@ std::span<const BackendEntry> backend_table();
 // Throws ConfigError("--backend", name, "unknown backend (known: ...)").
 const BackendEntry& find_backend(const std::string& name);
 
+class RoutingRecorder;
+struct RoutingRecord;
+
 struct RunOptions {
   bool record_timeline = false;
-  bool check_conservation = true;  // run Engine::drain() at the end; a violation throws std::logic_error
+  RoutingRecorder* recorder = nullptr;  // receives the routing of every forward step
+  bool check_conservation = true;       // run Engine::drain() at the end; a violation throws std::logic_error
 };
 
 // Everything a run needs, resolved from a Scenario (names looked up, memory planned).
@@ -65,6 +71,10 @@ struct RunSetup {
   std::uint32_t resident_per_layer = 0;  // initial
   const std::vector<Request>* trace = nullptr;
   RunOptions options;
+  // Loaded and checked against the model by prepare_run (before anything runs): the record to replay when
+  // the scenario's routing source is a file, the expert statistics when it names a ranking file.
+  std::shared_ptr<const RoutingRecord> routing_record;
+  std::shared_ptr<const ExpertRanker> ranking;
 };
 
 struct PolicyEntry {

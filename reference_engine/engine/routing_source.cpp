@@ -32,8 +32,10 @@ std::span<const std::uint32_t> SyntheticRouting::layer_experts(std::uint32_t lay
                                                           offsets_[layer + 1] - offsets_[layer]);
 }
 
-RecordedRouting::RecordedRouting(std::uint32_t layers, std::uint32_t experts, std::vector<RecordedStep> steps)
-    : layers_(layers), experts_(experts), steps_(std::move(steps)) {
+RecordedRouting::RecordedRouting(std::uint32_t layers, std::uint32_t experts, std::vector<RecordedStep> steps,
+                                 bool wrap)
+    : layers_(layers), experts_(experts), steps_(std::move(steps)), wrap_(wrap) {
+  if (steps_.empty()) throw_config_error("routing.steps", 0, "must hold at least one step");
   for (std::size_t i = 0; i < steps_.size(); ++i) {
     RecordedStep& s = steps_[i];
     const std::string field = "routing.steps[" + std::to_string(i) + "]";
@@ -51,14 +53,16 @@ RecordedRouting::RecordedRouting(std::uint32_t layers, std::uint32_t experts, st
 }
 
 void RecordedRouting::begin_step(const StepBatch&) {
-  if (next_ >= steps_.size())
-    throw_config_error("routing.steps", steps_.size(),
-                       "the recorded routing ends before the run (step " + std::to_string(next_ + 1) + ")");
-  ++next_;
+  if (replayed_ >= steps_.size() && !wrap_)
+    throw_config_error(
+        "routing.steps", steps_.size(),
+        "the recorded routing ends before the run (step " + std::to_string(replayed_ + 1) + ")");
+  current_ = replayed_ % steps_.size();
+  ++replayed_;
 }
 
 std::span<const std::uint32_t> RecordedRouting::layer_experts(std::uint32_t layer) const {
-  return steps_[next_ - 1][layer];
+  return steps_[current_][layer];
 }
 
 }  // namespace amoeba::engine

@@ -1,8 +1,8 @@
 // The simulator's RoutingSource models (amoeba/engine/step.hpp):
 //   SyntheticRouting  the seeded routing model of routing.hpp: each step marks the experts a batch of
 //                     T tokens touches, layer by layer; the same seed gives the same choices everywhere;
-//   RecordedRouting   a recorded routing trace replayed step by step (step i of the run reads record i; a run
-//                     longer than the record is refused at that step with the counts).
+//   RecordedRouting   a recorded routing trace replayed step by step (step i of the run reads record i); past
+//                     the record's end it either starts again (wrap) or refuses the step with the counts.
 #pragma once
 
 #include <cstdint>
@@ -37,20 +37,24 @@ using RecordedStep = std::vector<std::vector<std::uint32_t>>;
 
 class RecordedRouting final : public RoutingSource {
  public:
-  // Throws ConfigError when a step has the wrong number of layers or an expert id >= `experts`.
-  RecordedRouting(std::uint32_t layers, std::uint32_t experts, std::vector<RecordedStep> steps);
+  // Throws ConfigError when there is no step, a step has the wrong number of layers or an expert id >=
+  // `experts`. `wrap`: after the last step, start again from the first.
+  RecordedRouting(std::uint32_t layers, std::uint32_t experts, std::vector<RecordedStep> steps,
+                  bool wrap = false);
 
   RoutingKind kind() const noexcept override { return RoutingKind::kRecorded; }
   std::uint32_t layers() const noexcept override { return layers_; }
   std::uint32_t experts() const noexcept override { return experts_; }
   void begin_step(const StepBatch& batch) override;
   std::span<const std::uint32_t> layer_experts(std::uint32_t layer) const override;
-  std::size_t steps_replayed() const noexcept { return next_; }
+  std::size_t steps_replayed() const noexcept { return replayed_; }
+  std::size_t record_steps() const noexcept { return steps_.size(); }
 
  private:
   std::uint32_t layers_, experts_;
   std::vector<RecordedStep> steps_;
-  std::size_t next_ = 0;
+  bool wrap_;
+  std::size_t replayed_ = 0, current_ = 0;
 };
 
 }  // namespace amoeba::engine

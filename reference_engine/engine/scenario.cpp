@@ -73,8 +73,10 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
   }
   if (o.has("routing")) {
     const JsonObject r = o.get_object("routing");
-    r.reject_unknown({"skew", "cross_layer_correlation", "locality", "temporal_sigma", "drift",
-                      "calibration_tokens", "temporal_period"});
+    r.reject_unknown({"source", "ranking", "skew", "cross_layer_correlation", "locality", "temporal_sigma",
+                      "drift", "calibration_tokens", "temporal_period"});
+    s.routing_source = r.get_string_or("source", s.routing_source);
+    s.ranking = r.get_string_or("ranking", s.ranking);
     s.routing.skew = r.get_double_or("skew", s.routing.skew, 0.0, 8.0);
     s.routing.cross_layer_correlation =
         r.get_double_or("cross_layer_correlation", s.routing.cross_layer_correlation, 0.0, 1.0);
@@ -104,6 +106,8 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
 
 void validate_scenario(const Scenario& s) {
   (void)find_backend(s.backend);
+  if (s.routing_source.empty())
+    throw ConfigError("--routing", "\"\"", "must be synthetic or a routing record file (amoeba.routing)");
   for (const std::string& p : s.policies) (void)find_policy(p);
   if (!(s.rate > 0) || !std::isfinite(s.rate))
     throw_config_error("--rate", s.rate, "must be a finite number > 0");
@@ -144,7 +148,9 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   ex["restore_above"] = s.restore_above;
   ex["max_restores"] = s.max_restores;
   j["experts"] = ex;
-  j["routing"] = {{"skew", s.routing.skew},
+  j["routing"] = {{"source", s.routing_source},
+                  {"ranking", s.ranking},
+                  {"skew", s.routing.skew},
                   {"cross_layer_correlation", s.routing.cross_layer_correlation},
                   {"locality", s.routing.locality},
                   {"temporal_sigma", s.routing.temporal_sigma},

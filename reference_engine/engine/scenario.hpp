@@ -13,7 +13,8 @@
 //   "engine": {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "max_model_len": 2048},
 //   "experts": {"expert_offload_limit": 10, "fixed_offload": 6,
 //               "evict_below": 2, "restore_above": 9, "max_restores": 5},
-//   "routing": {"skew": 0.6, "cross_layer_correlation": 0.5, "locality": 0.9, "temporal_sigma": 0.3,
+//   "routing": {"source": "synthetic", "ranking": "", "skew": 0.6, "cross_layer_correlation": 0.5,
+//   "locality": 0.9, "temporal_sigma": 0.3,
 //               "drift": 0, "calibration_tokens": 8192, "temporal_period": 8},
 //   "predictor": {"kind": "cross-layer", "accuracy": 0.9}
 // }
@@ -49,6 +50,12 @@ struct Scenario {
   std::uint64_t evict_below = 2, restore_above = 9;  // paper's hysteresis thresholds
   std::uint32_t max_restores = 5;
   RoutingParams routing{};
+  // Where routing comes from: "synthetic" (the routing model above, seeded) or a routing record file
+  // (engine/routing_record.hpp) replayed step by step.
+  std::string routing_source = "synthetic";
+  // Expert statistics the policies rank by (amoeba.expert_stats, e.g. from `amoeba rank`); empty = a sample
+  // of `calibration_tokens` tokens drawn from the routing model.
+  std::string ranking;
   PredictorParams predictor{};
 
   // Fixed-cache offload per layer: the given value, else 10% of the layer's experts (rounded).

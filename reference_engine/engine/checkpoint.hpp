@@ -1,0 +1,72 @@
+// Hugging Face checkpoints of the MoE architectures the GPU backend serves (Qwen2-MoE, e.g.
+// Qwen1.5-MoE-A2.7B; Qwen3-MoE, e.g. Qwen3-30B-A3B), checked on the host before any GPU memory is taken:
+//   DIR/config.json                        architecture and shapes (parse_hf_moe_config);
+//   DIR/model.safetensors.index.json       optional: which shard holds which tensor ("weight_map");
+//   DIR/*.safetensors                      the shards (engine/safetensors.hpp).
+// open_checkpoint() derives every tensor the architecture needs (expected_tensors) and checks that each is
+// present exactly once, in bf16, with its shape; the first problem is a ConfigError that names the tensor,
+// the expected and the found value ("checkpoint DIR: tensor model.layers.0.mlp.experts.3.down_proj.weight:
+// shape = [64, 30]: expected [64, 32]"). Tensors no architecture needs are listed, not refused.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "amoeba/engine/expert_location.hpp"
+#include "engine/model.hpp"
+#include "engine/safetensors.hpp"
+
+namespace amoeba::engine {
+
+enum class MoeArchitecture : std::uint8_t { kQwen2Moe, kQwen3Moe };
+
+struct HfMoeConfig {
+  MoeArchitecture arch = MoeArchitecture::kQwen2Moe;
+  std::string architecture;  // "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"
+  std::uint32_t hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  std::uint32_t vocab_size = 0, intermediate_size = 0;  // intermediate_size: dense MLP layers
+  std::uint32_t num_experts = 0, top_k = 0, moe_intermediate_size = 0;
+  std::uint32_t shared_expert_intermediate_size = 0;  // Qwen2-MoE: one shared expert behind a sigmoid gate
+  std::uint32_t decoder_sparse_step = 1;
+  std::vector<std::uint32_t> mlp_only_layers;
+  bool norm_topk_prob = false, tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2-MoE: q/k/v projections have biases
+  bool qk_norm = false;   // Qwen3-MoE: RMSNorm over each head of q and k
+  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
+
+  bool is_moe_layer(std::uint32_t layer) const noexcept;
+  std::uint32_t moe_layers() const noexcept;
+  // The catalog's view of this model (ModelSpec), so the memory plan and the simulator see the same shapes.
+  ModelSpec to_model_spec(const std::string& name) const;
+};
+
+// Parses config.json text; throws ConfigError naming "<what>.<field>" for a missing or bad field and for an
+// architecture other than the two above.
+HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what);
+
+struct ExpectedTensor {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+};
+// Every tensor the architecture reads, in a fixed order (embedding, layers, final norm, LM head).
+std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c);
+// The name of one routed expert's matrix (gate_proj = W1, up_proj = W3, down_proj = W2).
+std::string expert_tensor_name(std::uint32_t layer, std::uint32_t expert, ExpertMatrix m);
+
+struct Checkpoint {
+  std::string dir;
+  HfMoeConfig config;
+  std::vector<SafetensorsFile> shards;
+  std::map<std::string, std::size_t> shard_of;  // tensor name -> index into shards
+  std::vector<std::string> unused;              // tensors in the files that no layer reads
+  const TensorInfo& tensor(const std::string& name) const;
+  const SafetensorsFile& shard(const std::string& name) const { return shards[shard_of.at(name)]; }
+};
+
+// Opens and checks a checkpoint directory (nothing is read beyond the headers). Throws ConfigError.
+Checkpoint open_checkpoint(const std::string& dir);
+
+}  // namespace amoeba::engine

@@ -165,7 +165,7 @@ std::string expert_tensor_name(std::uint32_t layer, std::uint32_t expert, Expert
   return fmt::format("model.layers.{}.mlp.experts.{}.{}.weight", layer, expert, proj);
 }
 
-std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c) {
+std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c, ExpertLayout layout) {
   using S = std::vector<std::uint64_t>;
   const std::uint64_t h = c.hidden_size, q = std::uint64_t(c.num_heads) * c.head_dim,
                       kv = std::uint64_t(c.num_kv_heads) * c.head_dim, f = c.moe_intermediate_size;
@@ -195,10 +195,15 @@ std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c) {
       continue;
     }
     out.push_back({p + "mlp.gate.weight", S{c.num_experts, h}});
-    for (std::uint32_t e = 0; e < c.num_experts; ++e) {
-      out.push_back({expert_tensor_name(l, e, ExpertMatrix::kW1), S{f, h}});
-      out.push_back({expert_tensor_name(l, e, ExpertMatrix::kW3), S{f, h}});
-      out.push_back({expert_tensor_name(l, e, ExpertMatrix::kW2), S{h, f}});
+    if (layout == ExpertLayout::kFused) {
+      out.push_back({p + "mlp.experts.gate_up_proj", S{c.num_experts, 2 * f, h}});
+      out.push_back({p + "mlp.experts.down_proj", S{c.num_experts, h, f}});
+    } else {
+      for (std::uint32_t e = 0; e < c.num_experts; ++e) {
+        out.push_back({expert_tensor_name(l, e, ExpertMatrix::kW1), S{f, h}});
+        out.push_back({expert_tensor_name(l, e, ExpertMatrix::kW3), S{f, h}});
+        out.push_back({expert_tensor_name(l, e, ExpertMatrix::kW2), S{h, f}});
+      }
     }
     if (c.shared_expert_intermediate_size > 0) {
       const std::uint64_t fs = c.shared_expert_intermediate_size;
@@ -215,6 +220,15 @@ std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c) {
 
 const TensorInfo& Checkpoint::tensor(const std::string& name) const {
   return *shard(name).find(name);
+}
+
+ExpertSlice Checkpoint::expert_slice(std::uint32_t layer, std::uint32_t expert, ExpertMatrix m) const {
+  const std::uint64_t matrix = std::uint64_t(config.moe_intermediate_size) * config.hidden_size * 2;
+  if (layout == ExpertLayout::kPerExpert) return {expert_tensor_name(layer, expert, m), 0, matrix};
+  const std::string p = fmt::format("model.layers.{}.mlp.experts.", layer);
+  if (m == ExpertMatrix::kW2) return {p + "down_proj", expert * matrix, matrix};
+  return {p + "gate_up_proj", (2 * std::uint64_t(expert) + (m == ExpertMatrix::kW3 ? 1 : 0)) * matrix,
+          matrix};
 }
 
 Checkpoint open_checkpoint(const std::string& dir) {
@@ -267,8 +281,13 @@ Checkpoint open_checkpoint(const std::string& dir) {
                             ? "is in the index but in no shard"
                             : "is in the index under another shard than the one holding it");
   }
+  // The experts' layout: fused when the first MoE layer has the fused tensor (then every MoE layer must).
+  std::uint32_t first_moe = 0;
+  while (!ck.config.is_moe_layer(first_moe)) ++first_moe;
+  if (ck.shard_of.count(fmt::format("model.layers.{}.mlp.experts.gate_up_proj", first_moe)))
+    ck.layout = ExpertLayout::kFused;
   std::set<std::string> needed;
-  for (const ExpectedTensor& e : expected_tensors(ck.config)) {
+  for (const ExpectedTensor& e : expected_tensors(ck.config, ck.layout)) {
     needed.insert(e.name);
     const auto it = ck.shard_of.find(e.name);
     if (it == ck.shard_of.end())

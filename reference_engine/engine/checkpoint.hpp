@@ -4,7 +4,11 @@
 //   DIR/model.safetensors.index.json       optional: which shard holds which tensor ("weight_map");
 //   DIR/*.safetensors                      the shards (engine/safetensors.hpp).
 // open_checkpoint() derives every tensor the architecture needs (expected_tensors) and checks that each is
-// present exactly once, in bf16, with its shape; the first problem is a ConfigError that names the tensor,
+// present exactly once, in bf16, with its shape. Routed experts come in either of two layouts, per layer:
+//   per expert (the hub's checkpoints): mlp.experts.E.{gate,up,down}_proj.weight, [F, H], [F, H], [H, F];
+//   fused (transformers 5's in-memory names): mlp.experts.gate_up_proj [E, 2F, H] (gate rows, then up rows)
+//   and mlp.experts.down_proj [E, H, F].
+// The first problem found the first problem is a ConfigError that names the tensor,
 // the expected and the found value ("checkpoint DIR: tensor model.layers.0.mlp.experts.3.down_proj.weight:
 // shape = [64, 30]: expected [64, 32]"). Tensors no architecture needs are listed, not refused.
 #pragma once
@@ -51,19 +55,32 @@ struct ExpectedTensor {
   std::string name;
   std::vector<std::uint64_t> shape;
 };
-// Every tensor the architecture reads, in a fixed order (embedding, layers, final norm, LM head).
-std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c);
+enum class ExpertLayout : std::uint8_t { kPerExpert, kFused };
+
+// Every tensor the architecture reads, in a fixed order (embedding, layers, final norm, LM head), with the
+// routed experts of every MoE layer in `layout`.
+std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c,
+                                             ExpertLayout layout = ExpertLayout::kPerExpert);
 // The name of one routed expert's matrix (gate_proj = W1, up_proj = W3, down_proj = W2).
 std::string expert_tensor_name(std::uint32_t layer, std::uint32_t expert, ExpertMatrix m);
+
+// Where one routed expert matrix's bytes are: a tensor and a byte range inside it (the whole tensor in the
+// per-expert layout; a slice of the fused one).
+struct ExpertSlice {
+  std::string tensor;
+  std::uint64_t offset = 0, bytes = 0;
+};
 
 struct Checkpoint {
   std::string dir;
   HfMoeConfig config;
+  ExpertLayout layout = ExpertLayout::kPerExpert;
   std::vector<SafetensorsFile> shards;
   std::map<std::string, std::size_t> shard_of;  // tensor name -> index into shards
   std::vector<std::string> unused;              // tensors in the files that no layer reads
   const TensorInfo& tensor(const std::string& name) const;
   const SafetensorsFile& shard(const std::string& name) const { return shards[shard_of.at(name)]; }
+  ExpertSlice expert_slice(std::uint32_t layer, std::uint32_t expert, ExpertMatrix m) const;
 };
 
 // Opens and checks a checkpoint directory (nothing is read beyond the headers). Throws ConfigError.

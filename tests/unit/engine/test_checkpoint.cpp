@@ -48,13 +48,14 @@ void write_shard(const fs::path& p, const std::vector<TensorInfo>& in) {
 // A checkpoint directory of `config`, every expected tensor in bf16 split over `shards` files with an index;
 // `edit` may change the tensor list first.
 fs::path write_checkpoint(const std::string& name, const char* config, int shards = 1,
-                          const std::function<void(std::vector<TensorInfo>&)>& edit = {}) {
+                          const std::function<void(std::vector<TensorInfo>&)>& edit = {},
+                          ExpertLayout layout = ExpertLayout::kPerExpert) {
   const fs::path dir = fs::temp_directory_path() / ("amoeba_ckpt_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   write_file(dir / "config.json", config);
   std::vector<TensorInfo> all;
-  for (const ExpectedTensor& e : expected_tensors(parse_hf_moe_config(config, "config.json")))
+  for (const ExpectedTensor& e : expected_tensors(parse_hf_moe_config(config, "config.json"), layout))
     all.push_back(TensorInfo{e.name, TensorDtype::kBF16, e.shape, 0, 0});
   if (edit) edit(all);
   std::string index = R"({"metadata": {}, "weight_map": {)";
@@ -100,6 +101,33 @@ TEST_CASE("well-formed Qwen2-MoE and Qwen3-MoE checkpoints pass, single file and
   CHECK(m.expert_page_bytes() == 8 * 32 * 2);
   CHECK(m.moe_layers() == 2);
   CHECK(m.num_shared_experts == 0);
+}
+
+TEST_CASE("fused experts (transformers 5 names): accepted, and each matrix found inside its tensor",
+          "[checkpoint]") {
+  const Checkpoint c =
+      open_checkpoint(write_checkpoint("fused", kQwen3Config, 2, {}, ExpertLayout::kFused).string());
+  CHECK(c.layout == ExpertLayout::kFused);
+  CHECK(c.tensor("model.layers.1.mlp.experts.gate_up_proj").shape == std::vector<std::uint64_t>{8, 16, 32});
+  const std::uint64_t m = 8 * 32 * 2;  // F x H bf16
+  const ExpertSlice w3 = c.expert_slice(1, 5, ExpertMatrix::kW3);
+  CHECK(w3.tensor == "model.layers.1.mlp.experts.gate_up_proj");
+  CHECK(w3.offset == (2 * 5 + 1) * m);
+  CHECK(w3.bytes == m);
+  CHECK(c.expert_slice(0, 7, ExpertMatrix::kW2).offset == 7 * m);
+  const Checkpoint p = open_checkpoint(write_checkpoint("perexpert", kQwen3Config).string());
+  CHECK(p.expert_slice(1, 5, ExpertMatrix::kW3).tensor == "model.layers.1.mlp.experts.5.up_proj.weight");
+  CHECK(p.expert_slice(1, 5, ExpertMatrix::kW3).offset == 0);
+  // One layer fused and the next per expert is refused: the fused down_proj of layer 1 is missing.
+  const auto mixed = write_checkpoint(
+      "mixed", kQwen3Config, 1,
+      [](std::vector<TensorInfo>& t) {
+        std::erase_if(t,
+                      [](const TensorInfo& x) { return x.name == "model.layers.1.mlp.experts.down_proj"; });
+      },
+      ExpertLayout::kFused);
+  CHECK_THROWS_WITH(open_checkpoint(mixed.string()),
+                    Catch::Contains("tensor model.layers.1.mlp.experts.down_proj = (missing)"));
 }
 
 TEST_CASE("the public Qwen1.5-MoE-A2.7B config gives the catalog's shapes", "[checkpoint]") {

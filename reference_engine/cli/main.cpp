@@ -2,6 +2,7 @@
 //
 //   amoeba ablate   run several policy stacks on one trace, print one table (the main job)
 //   amoeba run      one policy; per-step timeline CSV (running requests, free pages, resident experts)
+//   amoeba generate greedy tokens from a Hugging Face checkpoint through the host reference decoder
 //   amoeba rank     turn a routing record (run --record-routing) into expert statistics (--ranking)
 //   amoeba trace    generate a ShareGPT-like JSONL trace, or inspect one
 //   amoeba models   the model catalog with page sizes and weight split
@@ -15,16 +16,20 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/decoder_reference.hpp"
 #include "engine/gpu.hpp"
 #include "engine/json_fields.hpp"
 #include "engine/model.hpp"
@@ -250,6 +255,48 @@ int cmd_rank(const std::string& record_path, const std::string& out) {
   return 0;
 }
 
+int cmd_generate(const std::string& backend, const std::string& weights, const std::string& prompt_text,
+                 std::uint32_t new_tokens, const std::string& json_path) {
+  if (backend != "reference")
+    throw ConfigError("--backend", backend,
+                      "unknown generation backend (known: reference, the host reference)");
+  if (new_tokens == 0 || new_tokens > 4096)
+    throw_config_error("--new-tokens", new_tokens, "must be in [1, 4096]");
+  if (!json_path.empty()) check_output_path(json_path, "--json");
+  std::vector<std::int32_t> prompt;
+  for (const std::string& t : split_commas(prompt_text)) {
+    std::size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (t.empty() || used != t.size() || v < 0 || v > std::numeric_limits<std::int32_t>::max())
+      throw ConfigError("--prompt", prompt_text, "must be comma-separated token ids (non-negative integers)");
+    prompt.push_back(static_cast<std::int32_t>(v));
+  }
+  const Checkpoint ck = open_checkpoint(weights);
+  DecoderReference ref(ck);
+  const auto steps = ref.generate(prompt, new_tokens);
+  nlohmann::ordered_json j;
+  j["backend"] = backend;
+  j["weights"] = weights;
+  j["architecture"] = ck.config.architecture;
+  j["prompt"] = prompt;
+  std::vector<std::int32_t> tokens;
+  nlohmann::json logits = nlohmann::json::array();
+  for (const auto& s : steps) {
+    tokens.push_back(s.token);
+    logits.push_back(s.logits);
+  }
+  j["tokens"] = tokens;
+  j["logits"] = std::move(logits);
+  if (!json_path.empty()) write_file_atomic(json_path, j.dump() + "\n", "--json");
+  std::cout << fmt::format("{} ({}): {}\n", ck.config.architecture, backend, fmt::join(tokens, ","));
+  return 0;
+}
+
 int cmd_trace_generate(double rate, double burstiness, std::uint64_t requests, std::uint64_t seed,
                        const std::string& out) {
   if (!(rate > 0)) throw_config_error("--rate", rate, "must be > 0");
@@ -343,6 +390,18 @@ int main(int argc, char** argv) {
   run->add_option("--record-routing", run_record,
                   "write the experts every MoE layer routed to at every step (JSONL, docs/engine.md)");
 
+  std::string gen_backend = "reference", gen_weights, gen_prompt, gen_json;
+  std::uint32_t gen_new = 32;
+  CLI::App* generate = app.add_subcommand(
+      "generate",
+      "greedy generation from a Hugging Face checkpoint (Qwen2-MoE, Qwen3-MoE), tokens in and out");
+  generate->add_option("--weights", gen_weights, "checkpoint directory (config.json + *.safetensors)")
+      ->required();
+  generate->add_option("--prompt", gen_prompt, "comma-separated token ids")->required();
+  generate->add_option("--new-tokens", gen_new, "tokens to generate (default 32)");
+  generate->add_option("--backend", gen_backend, "reference (the host reference decoder; default)");
+  generate->add_option("--json", gen_json, "write prompt, tokens and every step's logits as JSON");
+
   std::string rank_in, rank_out;
   CLI::App* rank = app.add_subcommand("rank", "turn a routing record into expert statistics for --ranking");
   rank->add_option("record", rank_in, "routing record (from `amoeba run --record-routing`)")->required();
@@ -377,6 +436,7 @@ int main(int argc, char** argv) {
     if (ablate->parsed()) return cmd_ablate(ab_flags, ab_policies, ab_json, ab_csv, ab_quiet);
     if (run->parsed()) return cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record);
     if (rank->parsed()) return cmd_rank(rank_in, rank_out);
+    if (generate->parsed()) return cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_json);
     if (gen->parsed()) return cmd_trace_generate(tr_rate, tr_burst, tr_requests, tr_seed, tr_out);
     if (inspect->parsed()) return cmd_trace_inspect(in_path, in_max_len);
     if (models->parsed()) return cmd_models();

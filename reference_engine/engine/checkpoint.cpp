@@ -155,6 +155,18 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
   c.qk_norm = !q2;
   c.rms_norm_eps = get_double(j, "rms_norm_eps", what, 1e-6, 1e-12, 1e-2);
   c.rope_theta = get_double(j, "rope_theta", what, 10000.0, 1.0, 1e12);
+  // transformers 5 writes RoPE settings as an object ("rope_parameters"; older: "rope_scaling"); only the
+  // default (unscaled) RoPE is served.
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object()) throw ConfigError(what + "." + key, it->dump().substr(0, 80), "must be an object");
+    const std::string type = it->value("rope_type", it->value("type", std::string("default")));
+    if (type != "default")
+      throw ConfigError(what + "." + key + ".rope_type", type, "only the default RoPE is supported");
+    if (!j.contains("rope_theta"))
+      c.rope_theta = get_double(*it, "rope_theta", what + "." + key, 10000.0, 1.0, 1e12);
+  }
   if (c.moe_layers() == 0)
     throw_config_error(what + ".num_experts", c.num_experts, "no layer is a MoE layer");
   return c;

@@ -255,3 +255,15 @@ TEST_CASE("safetensors headers: every rule of the format is checked", "[checkpoi
                     Catch::Contains("exceeds the file (2 bytes after the length)"));
   fs::remove(p);
 }
+
+TEST_CASE("RoPE settings: top-level rope_theta or transformers 5's rope_parameters; scaled RoPE refused",
+          "[checkpoint]") {
+  std::string cfg = kQwen3Config;
+  cfg.insert(cfg.rfind('}'), R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})");
+  CHECK(parse_hf_moe_config(cfg, "c").rope_theta == 1e6);
+  std::string yarn = kQwen3Config;
+  yarn.insert(yarn.rfind('}'), R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})");
+  CHECK_THROWS_WITH(parse_hf_moe_config(yarn, "c"),
+                    Catch::Contains("c.rope_scaling.rope_type = yarn: only the default RoPE is supported"));
+  CHECK(parse_hf_moe_config(kQwen2Config, "c").rope_theta == 1e6);
+}

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""External oracle: Hugging Face transformers against amoeba, on small Qwen2-MoE and Qwen3-MoE models.
+
+For each architecture: build a model from a config with transformers (2 layers, the real head dim 128 and the
+real expert counts 60 / 128; smaller hidden, intermediate and vocabulary sizes so the host reference stays
+fast), random weights from a seed, bf16, save it as safetensors; generate 32 greedy tokens after a fixed
+prompt with transformers on the GPU; run `amoeba generate --backend B` on the saved checkpoint; compare the
+tokens and every step's logits (max |difference| up to the first token that differs, and relative to the
+largest |logit|).
+
+Runs where torch and transformers are installed (the GPU machine):
+    python3 benchmarks/device/hf_oracle.py --amoeba PATH/TO/amoeba --out DIR [--backend reference]
+Writes DIR/hf_oracle.json and prints a table.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, Qwen2MoeConfig, Qwen3MoeConfig
+
+PROMPT = [11, 503, 7, 1999, 42, 1024, 3, 777, 1500, 64, 9, 300]
+NEW_TOKENS = 32
+
+
+def configs():
+    common = dict(vocab_size=2048, num_hidden_layers=2, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, initializer_range=0.05)
+    yield "qwen2_moe", Qwen2MoeConfig(
+        hidden_size=512, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=4,
+        moe_intermediate_size=64, shared_expert_intermediate_size=256, num_experts=60, num_experts_per_tok=4,
+        norm_topk_prob=False, decoder_sparse_step=1, rope_theta=1000000.0, **common)
+    yield "qwen3_moe", Qwen3MoeConfig(
+        hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+        moe_intermediate_size=64, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+        decoder_sparse_step=1, rope_theta=1000000.0, **common)
+
+
+def hf_generate(model):
+    ids = torch.tensor([PROMPT], device="cuda")
+    out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    tokens = out.sequences[0, len(PROMPT):].tolist()
+    logits = [step[0].float().cpu().tolist() for step in out.logits]
+    return tokens, logits
+
+
+def compare(hf_tokens, hf_logits, ours):
+    same = 0
+    for a, b in zip(hf_tokens, ours["tokens"]):
+        if a != b:
+            break
+        same += 1
+    steps = []
+    for s in range(min(same + 1, len(hf_logits))):  # logits are comparable up to the first differing token
+        a, b = hf_logits[s], ours["logits"][s]
+        diff = max(abs(x - y) for x, y in zip(a, b))
+        scale = max(abs(x) for x in a)
+        top2 = sorted(a, reverse=True)[:2]
+        steps.append({"step": s, "max_abs_diff": diff, "max_abs_logit": scale,
+                      "rel": diff / scale if scale else 0.0, "hf_top1_margin": top2[0] - top2[1]})
+    return same, steps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--amoeba", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--backend", default="reference")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    report = {"torch": torch.__version__, "transformers": transformers.__version__,
+              "gpu": torch.cuda.get_device_name(0), "backend": args.backend, "prompt": PROMPT,
+              "new_tokens": NEW_TOKENS, "models": []}
+    for name, cfg in configs():
+        torch.manual_seed(args.seed)
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).cuda().eval()
+        ckpt = os.path.join(args.out, name)
+        model.save_pretrained(ckpt, safe_serialization=True)
+        t0 = time.time()
+        with torch.no_grad():
+            hf_tokens, hf_logits = hf_generate(model)
+        t_hf = time.time() - t0
+        ours_json = os.path.join(args.out, name + "_amoeba.json")
+        t0 = time.time()
+        run = subprocess.run([args.amoeba, "generate", "--backend", args.backend, "--weights", ckpt, "--prompt",
+                              ",".join(map(str, PROMPT)), "--new-tokens", str(NEW_TOKENS), "--json", ours_json],
+                             capture_output=True, text=True)
+        t_ours = time.time() - t0
+        entry = {"model": name, "config": cfg.to_dict(), "hf_tokens": hf_tokens, "hf_seconds": t_hf,
+                 "amoeba_seconds": t_ours, "amoeba_rc": run.returncode, "amoeba_stderr": run.stderr[-2000:]}
+        if run.returncode == 0:
+            ours = json.load(open(ours_json))
+            same, steps = compare(hf_tokens, hf_logits, ours)
+            entry.update({"amoeba_tokens": ours["tokens"], "same_tokens": same, "steps": steps,
+                          "saved_tensors": sorted(os.listdir(ckpt))})
+        report["models"].append(entry)
+        del model
+        torch.cuda.empty_cache()
+    json.dump(report, open(os.path.join(args.out, "hf_oracle.json"), "w"), indent=1)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, {report['gpu']}, "
+          f"backend {args.backend}")
+    print(f"{'model':10} {'same tokens':>12} {'max |dlogit|':>13} {'rel':>9} {'min HF margin':>14}")
+    for m in report["models"]:
+        if m["amoeba_rc"] != 0:
+            print(f"{m['model']:10} amoeba failed: {m['amoeba_stderr'].strip()[-300:]}")
+            continue
+        worst = max(s["max_abs_diff"] for s in m["steps"])
+        rel = max(s["rel"] for s in m["steps"])
+        margin = min(s["hf_top1_margin"] for s in m["steps"])
+        print(f"{m['model']:10} {m['same_tokens']:>5} of {NEW_TOKENS:<4} {worst:13.4f} {rel:9.2e} {margin:14.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

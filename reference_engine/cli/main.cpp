@@ -255,16 +255,9 @@ int cmd_rank(const std::string& record_path, const std::string& out) {
   return 0;
 }
 
-int cmd_generate(const std::string& backend, const std::string& weights, const std::string& prompt_text,
-                 std::uint32_t new_tokens, const std::string& json_path) {
-  if (backend != "reference")
-    throw ConfigError("--backend", backend,
-                      "unknown generation backend (known: reference, the host reference)");
-  if (new_tokens == 0 || new_tokens > 4096)
-    throw_config_error("--new-tokens", new_tokens, "must be in [1, 4096]");
-  if (!json_path.empty()) check_output_path(json_path, "--json");
-  std::vector<std::int32_t> prompt;
-  for (const std::string& t : split_commas(prompt_text)) {
+std::vector<std::int32_t> token_ids(const std::string& text, const char* flag) {
+  std::vector<std::int32_t> ids;
+  for (const std::string& t : split_commas(text)) {
     std::size_t used = 0;
     long long v = -1;
     try {
@@ -273,17 +266,33 @@ int cmd_generate(const std::string& backend, const std::string& weights, const s
       used = 0;
     }
     if (t.empty() || used != t.size() || v < 0 || v > std::numeric_limits<std::int32_t>::max())
-      throw ConfigError("--prompt", prompt_text, "must be comma-separated token ids (non-negative integers)");
-    prompt.push_back(static_cast<std::int32_t>(v));
+      throw ConfigError(flag, text, "must be comma-separated token ids (non-negative integers)");
+    ids.push_back(static_cast<std::int32_t>(v));
   }
+  return ids;
+}
+
+int cmd_generate(const std::string& backend, const std::string& weights, const std::string& prompt_text,
+                 std::uint32_t new_tokens, const std::string& teacher_text, const std::string& json_path) {
+  if (backend != "reference")
+    throw ConfigError("--backend", backend,
+                      "unknown generation backend (known: reference, the host reference)");
+  if (new_tokens == 0 || new_tokens > 4096)
+    throw_config_error("--new-tokens", new_tokens, "must be in [1, 4096]");
+  if (!json_path.empty()) check_output_path(json_path, "--json");
+  const std::vector<std::int32_t> prompt = token_ids(prompt_text, "--prompt");
+  const std::vector<std::int32_t> teacher =
+      teacher_text.empty() ? std::vector<std::int32_t>{} : token_ids(teacher_text, "--teacher-tokens");
   const Checkpoint ck = open_checkpoint(weights);
   DecoderReference ref(ck);
-  const auto steps = ref.generate(prompt, new_tokens);
+  const auto steps =
+      teacher.empty() ? ref.generate(prompt, new_tokens) : ref.generate_forced(prompt, teacher);
   nlohmann::ordered_json j;
   j["backend"] = backend;
   j["weights"] = weights;
   j["architecture"] = ck.config.architecture;
   j["prompt"] = prompt;
+  if (!teacher.empty()) j["teacher_tokens"] = teacher;
   std::vector<std::int32_t> tokens;
   nlohmann::json logits = nlohmann::json::array();
   for (const auto& s : steps) {
@@ -401,6 +410,10 @@ int main(int argc, char** argv) {
   generate->add_option("--new-tokens", gen_new, "tokens to generate (default 32)");
   generate->add_option("--backend", gen_backend, "reference (the host reference decoder; default)");
   generate->add_option("--json", gen_json, "write prompt, tokens and every step's logits as JSON");
+  std::string gen_teacher;
+  generate->add_option(
+      "--teacher-tokens", gen_teacher,
+      "feed these tokens after each step instead of the argmax (teacher forcing; one step each)");
 
   std::string rank_in, rank_out;
   CLI::App* rank = app.add_subcommand("rank", "turn a routing record into expert statistics for --ranking");
@@ -436,7 +449,8 @@ int main(int argc, char** argv) {
     if (ablate->parsed()) return cmd_ablate(ab_flags, ab_policies, ab_json, ab_csv, ab_quiet);
     if (run->parsed()) return cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record);
     if (rank->parsed()) return cmd_rank(rank_in, rank_out);
-    if (generate->parsed()) return cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_json);
+    if (generate->parsed())
+      return cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_teacher, gen_json);
     if (gen->parsed()) return cmd_trace_generate(tr_rate, tr_burst, tr_requests, tr_seed, tr_out);
     if (inspect->parsed()) return cmd_trace_inspect(in_path, in_max_len);
     if (models->parsed()) return cmd_models();

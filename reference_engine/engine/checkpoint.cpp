@@ -133,7 +133,9 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
                     c.hidden_size));
   c.vocab_size = get_u32(j, "vocab_size", what, 1, 1u << 24);
   c.intermediate_size = get_u32(j, "intermediate_size", what, 1, 1u << 20, 1);
-  c.num_experts = get_u32(j, "num_experts", what, 1, 1u << 16);
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
+  c.num_experts =
+      get_u32(j, j.contains("num_experts") ? "num_experts" : "num_local_experts", what, 1, 1u << 16);
   c.top_k = get_u32(j, "num_experts_per_tok", what, 1, c.num_experts);
   c.moe_intermediate_size = get_u32(j, "moe_intermediate_size", what, 1, 1u << 20);
   if (q2)

@@ -256,6 +256,23 @@ std::vector<float> DecoderReference::feed(std::span<const std::int32_t> tokens) 
   return logits;
 }
 
+std::vector<DecoderReference::Step> DecoderReference::generate_forced(std::span<const std::int32_t> prompt,
+                                                                      std::span<const std::int32_t> teacher) {
+  if (prompt.empty()) throw_config_error("reference.prompt", 0, "must hold at least one token");
+  std::vector<Step> out;
+  reset();
+  std::vector<std::int32_t> next(prompt.begin(), prompt.end());
+  for (std::size_t s = 0; s < teacher.size(); ++s) {
+    Step st;
+    st.logits = feed(next);
+    st.token =
+        static_cast<std::int32_t>(std::max_element(st.logits.begin(), st.logits.end()) - st.logits.begin());
+    next.assign(1, teacher[s]);
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
 std::vector<DecoderReference::Step> DecoderReference::generate(std::span<const std::int32_t> prompt,
                                                                std::uint32_t new_tokens) {
   if (prompt.empty()) throw_config_error("reference.prompt", 0, "must hold at least one token");

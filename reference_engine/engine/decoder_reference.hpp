@@ -38,6 +38,11 @@ class DecoderReference {
   // Prefills `prompt` (one forward over all its tokens), then `new_tokens` greedy decode steps; returns one
   // Step per generated token (the first comes from the prefill). Starts from an empty KV cache.
   std::vector<Step> generate(std::span<const std::int32_t> prompt, std::uint32_t new_tokens);
+  // The same, but after each step the given token is fed instead of the argmax (teacher forcing), so that
+  // logits can be compared with another implementation's at every step even after a near-tie. Steps:
+  // teacher.size() (the last teacher token is not fed).
+  std::vector<Step> generate_forced(std::span<const std::int32_t> prompt,
+                                    std::span<const std::int32_t> teacher);
 
   // Lower level: one forward over `tokens` at the next positions, appended to the KV cache; returns the last
   // token's logits. reset() empties the cache.

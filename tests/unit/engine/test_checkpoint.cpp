@@ -266,4 +266,8 @@ TEST_CASE("RoPE settings: top-level rope_theta or transformers 5's rope_paramete
   CHECK_THROWS_WITH(parse_hf_moe_config(yarn, "c"),
                     Catch::Contains("c.rope_scaling.rope_type = yarn: only the default RoPE is supported"));
   CHECK(parse_hf_moe_config(kQwen2Config, "c").rope_theta == 1e6);
+  // transformers 5 names Qwen3-MoE's expert count num_local_experts.
+  std::string local = kQwen3Config;
+  local.replace(local.find("\"num_experts\""), 13, "\"num_local_experts\"");
+  CHECK(parse_hf_moe_config(local, "c").num_experts == 8);
 }

@@ -107,6 +107,16 @@ TEST_CASE("reference: prefill equals token-by-token decoding, for both architect
       CHECK(st.token < 96);
       for (float v : st.logits) CHECK(std::isfinite(v));
     }
+    // Teacher forcing with its own tokens is the free run; with other tokens the logits part after step 0.
+    std::vector<std::int32_t> own;
+    for (const auto& st : whole) own.push_back(st.token);
+    const auto forced = b.generate_forced(prompt, own);
+    REQUIRE(forced.size() == whole.size());
+    for (std::size_t s = 0; s < whole.size(); ++s) CHECK(forced[s].logits == whole[s].logits);
+    std::vector<std::int32_t> other(own.size(), (own[0] + 1) % 96);
+    const auto moved = b.generate_forced(prompt, other);
+    CHECK(moved[0].logits == whole[0].logits);
+    CHECK(moved[1].logits != whole[1].logits);
     const auto& routed = a.last_routing(1);
     REQUIRE(routed.size() == 1);  // the last forward was one decode token
     CHECK(routed[0].size() == ck.config.top_k);

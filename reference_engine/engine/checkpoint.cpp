@@ -232,6 +232,28 @@ std::vector<ExpectedTensor> expected_tensors(const HfMoeConfig& c, ExpertLayout 
   return out;
 }
 
+std::uint32_t Checkpoint::model_layer(std::uint32_t moe_layer) const noexcept {
+  std::uint32_t l = 0;
+  while (!config.is_moe_layer(l)) ++l;
+  return l + moe_layer;
+}
+
+void Checkpoint::read_expert(std::uint32_t moe_layer, std::uint32_t expert, std::span<std::byte> dst) const {
+  const std::uint64_t m = std::uint64_t(config.moe_intermediate_size) * config.hidden_size * 2;
+  if (moe_layer >= config.moe_layers() || expert >= config.num_experts || dst.size() != 3 * m)
+    throw ConfigError("checkpoint.read_expert",
+                      fmt::format("({}, {}) into {} bytes", moe_layer, expert, dst.size()),
+                      fmt::format("needs a MoE layer < {}, an expert < {} and {} bytes", config.moe_layers(),
+                                  config.num_experts, 3 * m));
+  const std::uint32_t l = model_layer(moe_layer);
+  std::size_t j = 0;
+  for (ExpertMatrix x : {ExpertMatrix::kW1, ExpertMatrix::kW3, ExpertMatrix::kW2}) {
+    const ExpertSlice s = expert_slice(l, expert, x);
+    shard(s.tensor).read_range(s.tensor, s.offset, dst.subspan(j * m, m));
+    ++j;
+  }
+}
+
 const TensorInfo& Checkpoint::tensor(const std::string& name) const {
   return *shard(name).find(name);
 }

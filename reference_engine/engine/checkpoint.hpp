@@ -81,6 +81,12 @@ struct Checkpoint {
   const TensorInfo& tensor(const std::string& name) const;
   const SafetensorsFile& shard(const std::string& name) const { return shards[shard_of.at(name)]; }
   ExpertSlice expert_slice(std::uint32_t layer, std::uint32_t expert, ExpertMatrix m) const;
+  // Model layer of MoE layer `moe_layer` (MoE layers are numbered 0.. in the engine; dense layers come
+  // first).
+  std::uint32_t model_layer(std::uint32_t moe_layer) const noexcept;
+  // Writes one routed expert as the host expert store holds it: W1, W3, W2 back to back (3 x F x H bf16),
+  // expert `expert` of MoE layer `moe_layer`. dst.size() must be 3 x matrix bytes. Thread-safe.
+  void read_expert(std::uint32_t moe_layer, std::uint32_t expert, std::span<std::byte> dst) const;
 };
 
 // Opens and checks a checkpoint directory (nothing is read beyond the headers). Throws ConfigError.

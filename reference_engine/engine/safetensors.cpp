@@ -175,8 +175,18 @@ void SafetensorsFile::read(const std::string& name, std::span<std::byte> out) co
   if (out.size() != t->bytes())
     throw ConfigError(path_ + ": " + name, fmt::format("{} bytes", t->bytes()),
                       fmt::format("does not fit the {}-byte destination", out.size()));
+  read_range(name, 0, out);
+}
+
+void SafetensorsFile::read_range(const std::string& name, std::uint64_t offset,
+                                 std::span<std::byte> out) const {
+  const TensorInfo* t = find(name);
+  if (!t) throw ConfigError(path_, name, "no such tensor in this file");
+  if (offset > t->bytes() || out.size() > t->bytes() - offset)
+    throw ConfigError(path_ + ": " + name, fmt::format("bytes [{}, {})", offset, offset + out.size()),
+                      fmt::format("lie outside the tensor's {} bytes", t->bytes()));
   std::ifstream in(path_, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(data_offset_ + t->begin));
+  in.seekg(static_cast<std::streamoff>(data_offset_ + t->begin + offset));
   in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
   if (!in) throw ConfigError(path_ + ": " + name, "read failed", "the file changed or is unreadable");
 }

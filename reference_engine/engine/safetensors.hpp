@@ -60,6 +60,9 @@ class SafetensorsFile {
   std::uint64_t data_offset() const noexcept { return data_offset_; }  // 8 + N
   // Copies tensor `name`'s bytes into `out` (out.size() must equal its byte count). Throws ConfigError.
   void read(const std::string& name, std::span<std::byte> out) const;
+  // Copies out.size() bytes of tensor `name` from byte `offset` of the tensor. Throws ConfigError when the
+  // range leaves the tensor. Safe to call from several threads (each call opens the file).
+  void read_range(const std::string& name, std::uint64_t offset, std::span<std::byte> out) const;
 
   // The header (and nothing else) of a file holding `tensors` with their data laid out in the given order,
   // for writers; each TensorInfo's offsets are set.

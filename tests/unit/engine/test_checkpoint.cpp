@@ -1,6 +1,7 @@
 // Checkpoint validation on the CPU, on checkpoints the test writes itself: a well-formed tiny Qwen2-MoE and
 // Qwen3-MoE pass; a missing tensor, a wrong shape or dtype, a truncated shard, a broken safetensors header or
 // a config of another architecture are refused with the tensor, the expected and the found value.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -270,4 +271,42 @@ TEST_CASE("RoPE settings: top-level rope_theta or transformers 5's rope_paramete
   std::string local = kQwen3Config;
   local.replace(local.find("\"num_experts\""), 13, "\"num_local_experts\"");
   CHECK(parse_hf_moe_config(local, "c").num_experts == 8);
+}
+
+TEST_CASE("read_expert: W1, W3, W2 back to back from either layout; MoE layers after a dense prefix",
+          "[checkpoint]") {
+  // Every byte of every tensor is a function of (tensor name, position): compare against the per-expert
+  // files.
+  const Checkpoint per = open_checkpoint(write_checkpoint("rx_per", kQwen3Config).string());
+  const Checkpoint fused =
+      open_checkpoint(write_checkpoint("rx_fused", kQwen3Config, 1, {}, ExpertLayout::kFused).string());
+  const std::uint64_t m = 8 * 32 * 2;
+  std::vector<std::byte> a(3 * m), b(3 * m), w(m);
+  per.read_expert(1, 6, a);
+  std::size_t j = 0;
+  for (ExpertMatrix x : {ExpertMatrix::kW1, ExpertMatrix::kW3, ExpertMatrix::kW2}) {
+    const std::string name = expert_tensor_name(1, 6, x);
+    per.shard(name).read(name, w);
+    CHECK(std::equal(w.begin(), w.end(), a.begin() + std::ptrdiff_t(j++ * m)));
+  }
+  fused.read_expert(1, 6, b);
+  const ExpertSlice s = fused.expert_slice(1, 6, ExpertMatrix::kW3);
+  fused.shard(s.tensor).read_range(s.tensor, s.offset, w);
+  CHECK(std::equal(w.begin(), w.end(), b.begin() + std::ptrdiff_t(m)));
+  CHECK_THROWS_WITH(per.read_expert(2, 0, a), Catch::Contains("needs a MoE layer < 2"));
+  CHECK_THROWS_WITH(
+      per.shard(s.tensor.empty() ? "" : expert_tensor_name(0, 0, ExpertMatrix::kW1))
+          .read_range(expert_tensor_name(0, 0, ExpertMatrix::kW1), m - 2, std::span(w).first(4)),
+      Catch::Contains("lie outside the tensor's 512 bytes"));
+  // A dense first layer: MoE layer 0 is model layer 1.
+  std::string cfg = kQwen2Config;
+  cfg.replace(cfg.find("\"mlp_only_layers\": []"), 21, "\"mlp_only_layers\": [0]");
+  const Checkpoint d = open_checkpoint(write_checkpoint("rx_dense", cfg.c_str()).string());
+  CHECK(d.config.moe_layers() == 1);
+  CHECK(d.model_layer(0) == 1);
+  CHECK(d.tensor("model.layers.0.mlp.down_proj.weight").shape == std::vector<std::uint64_t>{32, 64});
+  std::vector<std::byte> e(3 * 16 * 32 * 2), f(16 * 32 * 2);
+  d.read_expert(0, 3, e);
+  d.shard(expert_tensor_name(1, 3, ExpertMatrix::kW1)).read(expert_tensor_name(1, 3, ExpertMatrix::kW1), f);
+  CHECK(std::equal(f.begin(), f.end(), e.begin()));
 }

@@ -199,6 +199,12 @@ class Engine {
     row.evictions = static_cast<std::uint32_t>(changes.evictions.size());
     row.restores = static_cast<std::uint32_t>(changes.restores.size());
     row.h2d_bytes = fs.h2d_bytes;
+    row.copy_calls = fs.copy_calls;
+    row.attention_ms = fs.attention_s * 1e3;
+    row.moe_ms = fs.moe_s * 1e3;
+    row.dense_ms = fs.dense_s * 1e3;
+    row.copy_ms = fs.copy_s * 1e3;
+    row.stall_ms = fs.stall_s * 1e3;
     result_.timeline.push_back(row);
   }
 

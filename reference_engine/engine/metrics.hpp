@@ -26,6 +26,9 @@ struct TimelineRow {
   std::uint64_t shortfall_pages = 0;
   std::uint32_t evictions = 0, restores = 0;
   std::uint64_t h2d_bytes = 0;
+  // The forward's phases (StepResult): compute per kind, copy engine busy, compute waiting for copies.
+  std::uint64_t copy_calls = 0;
+  double attention_ms = 0, moe_ms = 0, dense_ms = 0, copy_ms = 0, stall_ms = 0;
 };
 
 struct RunResult {

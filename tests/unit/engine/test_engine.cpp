@@ -117,6 +117,18 @@ TEST_CASE("a timeline is recorded per step for `amoeba run`", "[engine]") {
   std::uint32_t peak = 0;
   for (const TimelineRow& t : r.timeline) peak = std::max(peak, t.running);
   CHECK(peak == r.peak_concurrency);
+  // Phases add up: a forward is its compute (attention, MoE, dense, the fixed step overhead) plus its stalls.
+  const double overhead_ms = find_cost_model("default").step_overhead_s * 1e3;
+  std::uint64_t forwards = 0;
+  for (const TimelineRow& t : r.timeline) {
+    if (t.running == 0) continue;
+    ++forwards;
+    CHECK(t.step_ms >= t.attention_ms + t.moe_ms + t.dense_ms + t.stall_ms - 1e-9);
+    CHECK(t.step_ms ==
+          Approx(t.attention_ms + t.moe_ms + t.dense_ms + t.stall_ms + overhead_ms).epsilon(1e-9));
+    CHECK((t.h2d_bytes == 0) == (t.copy_calls == 0));
+  }
+  CHECK(forwards == r.forward_steps);
   const std::string csv = timeline_csv(r);
   CHECK(csv.rfind("step,time_s,step_ms,running,waiting,batch_tokens,free_kv_pages,free_expert_pages,"
                   "resident_experts",

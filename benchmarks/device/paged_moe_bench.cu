@@ -102,18 +102,28 @@ double read_bandwidth_gbs(int sms) {
   return bytes / (ms * 1e-3) / 1e9;
 }
 
-// One addressing of the layer: a CUDA graph of one call per routing set.
-template <class Addressing>
-struct Graph {
-  std::vector<typename PagedMoe<Addressing>::Arguments> args;
+struct GraphBase {
+  cudaGraphExec_t exec = nullptr;
+  GraphBase() = default;
+  GraphBase(const GraphBase&) = delete;
+  GraphBase& operator=(const GraphBase&) = delete;
+  virtual ~GraphBase() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+// One addressing and configuration of the layer: a CUDA graph of one call per routing set.
+template <class Addressing, class Config>
+struct Graph : GraphBase {
+  using Moe = PagedMoe<Addressing, Config>;
+  std::vector<typename Moe::Arguments> args;
   DeviceBuffer<unsigned char> workspace;
   std::size_t workspace_bytes = 0;
-  cudaGraphExec_t exec = nullptr;
 
   Graph(const std::vector<RoutingSet>& sets, const MoeShape& shape, typename Addressing::Arguments w,
         bf16* out, cudaStream_t stream) {
     for (const RoutingSet& r : sets) {
-      typename PagedMoe<Addressing>::Arguments a{};
+      typename Moe::Arguments a{};
       a.shape = shape;
       a.input = r.x.get();
       a.topk_ids = r.ids.get();
@@ -121,9 +131,9 @@ struct Graph {
       a.shared_weights = shape.num_shared_chunks > 0 ? r.shared.get() : nullptr;
       a.output = out;
       a.weights = w;
-      const kernels::Status st = PagedMoe<Addressing>::can_implement(a);
+      const kernels::Status st = Moe::can_implement(a);
       if (!st) throw std::runtime_error(st.message);
-      workspace_bytes = std::max(workspace_bytes, PagedMoe<Addressing>::workspace_size(a));
+      workspace_bytes = std::max(workspace_bytes, Moe::workspace_size(a));
       args.push_back(a);
     }
     workspace = DeviceBuffer<unsigned char>(workspace_bytes);
@@ -137,18 +147,39 @@ struct Graph {
     AMOEBA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     cudaGraphDestroy(graph);
   }
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
   void run_all(cudaStream_t stream) {
     for (const auto& a : args) {
-      const kernels::Status st = PagedMoe<Addressing>{}.run(a, workspace.get(), workspace_bytes, stream);
+      const kernels::Status st = Moe{}.run(a, workspace.get(), workspace_bytes, stream);
       if (!st) throw std::runtime_error(st.message);
     }
   }
-  ~Graph() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
+};
+
+// Configurations compared against the default (A/B): other decode kernels.
+template <int kWarps>
+struct DecodeWarpsConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    c.decode_warps = kWarps;
+    return c;
   }
 };
+using Warps2Config = DecodeWarpsConfig<2>;
+using RegisterConfig = DecodeWarpsConfig<0>;
+
+// The graphs of one configuration: contiguous, then one per paged view.
+template <class Config>
+std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet>& sets,
+                                                    const MoeShape& shape, const ExpertStore& store,
+                                                    const std::vector<ExpertStore::AliasedView>& views,
+                                                    bf16* out, cudaStream_t stream) {
+  std::vector<std::unique_ptr<GraphBase>> g;
+  g.push_back(std::make_unique<Graph<kernels::Contiguous, Config>>(sets, shape, store.contiguous_args(), out,
+                                                                   stream));
+  for (const auto& v : views)
+    g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, v.args(), out, stream));
+  return g;
+}
 
 const char* path_name(MoePath p) {
   return p == MoePath::kDecode ? "decode" : p == MoePath::kGroupedMma ? "grouped-mma" : "grouped";
@@ -169,6 +200,7 @@ int main(int argc, char** argv) {
   std::vector<int> tokens = {1, 3, 16, 33, 64, 256, 1024, 4096, 16384};
   std::vector<std::string> placements = {"shuffled", "adjacent"};
   std::vector<int> seeds = {1, 2, 3};
+  std::vector<std::string> configs = {"default"};
   int num_sets = 8;
   double seconds = 0.1;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -187,6 +219,8 @@ int main(int argc, char** argv) {
       seconds = std::stod(v);
     else if (k == "--models")
       models = split(v);
+    else if (k == "--config")
+      configs = split(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -218,16 +252,13 @@ int main(int argc, char** argv) {
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
     ExpertStore store(spec, 42, 0, /*aliased=*/true);
-    struct View {
-      std::string placement;
-      int seed;
-      ExpertStore::AliasedView view;
-    };
-    std::vector<View> views;
+    std::vector<std::pair<std::string, int>> view_names;
+    std::vector<ExpertStore::AliasedView> views;
     for (const std::string& pl : placements)
-      for (int seed : seeds)  // 1 expert in 8 in load-buffer slots
-        views.push_back(
-            {pl, seed, store.aliased_view(parse_placement(pl), static_cast<std::uint64_t>(seed), 8)});
+      for (int seed : seeds) {  // 1 expert in 8 in load-buffer slots
+        view_names.emplace_back(pl, seed);
+        views.push_back(store.aliased_view(parse_placement(pl), static_cast<std::uint64_t>(seed), 8));
+      }
     for (int t : tokens) {
       const MoeShape shape = shape_of(spec, t);
       std::vector<RoutingSet> sets;
@@ -238,17 +269,28 @@ int main(int argc, char** argv) {
       }
       distinct /= num_sets;
       DeviceBuffer<bf16> out(static_cast<std::size_t>(t) * spec.hidden);
-      // Graph 0 is contiguous, graphs 1.. the paged views.
-      Graph<kernels::Contiguous> contiguous(sets, shape, store.contiguous_args(), out.get(), stream);
-      std::vector<std::unique_ptr<Graph<kernels::Paged>>> paged;
-      for (const View& v : views)
-        paged.push_back(
-            std::make_unique<Graph<kernels::Paged>>(sets, shape, v.view.args(), out.get(), stream));
-      const int n = 1 + static_cast<int>(paged.size());
-      auto launch = [&](int g) {
-        AMOEBA_CUDA_CHECK(cudaGraphLaunch(g == 0 ? contiguous.exec : paged[g - 1]->exec, stream));
-      };
-      const kernels::MoeConfig config = PagedMoe<kernels::Contiguous>::config(contiguous.args[0]);
+      const kernels::MoeConfig config = kernels::DefaultMoeConfig::select(shape, MoePath::kAuto);
+      // Per configuration: graph 0 contiguous, graphs 1.. the paged views. Other configurations only where
+      // they differ (decode).
+      std::vector<std::string> used;
+      std::vector<std::unique_ptr<GraphBase>> graphs;
+      for (const std::string& c : configs) {
+        if (c != configs[0] && config.path != MoePath::kDecode) continue;
+        std::vector<std::unique_ptr<GraphBase>> g;
+        if (c == "default")
+          g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
+        else if (c == "warps2")
+          g = make_graphs<Warps2Config>(sets, shape, store, views, out.get(), stream);
+        else if (c == "register")
+          g = make_graphs<RegisterConfig>(sets, shape, store, views, out.get(), stream);
+        else
+          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, warps2, register)");
+        used.push_back(c);
+        for (auto& x : g) graphs.push_back(std::move(x));
+      }
+      const int per_config = 1 + static_cast<int>(views.size());
+      const int n = static_cast<int>(graphs.size());
+      auto launch = [&](int g) { AMOEBA_CUDA_CHECK(cudaGraphLaunch(graphs[g]->exec, stream)); };
       for (int i = 0; i < 2; ++i)
         for (int g = 0; g < n; ++g) launch(g);
       cudaEventRecord(ev[0], stream);
@@ -276,23 +318,30 @@ int main(int argc, char** argv) {
                            shape.num_shared_chunks * 3.0 * static_cast<double>(shape.matrix_bytes());
       const double flops =
           2.0 * t * shape.slots_per_token() * 3.0 * static_cast<double>(shape.matrix_elems());
-      const float mc = median(us[0]);
-      std::printf("%-14s T=%-6d %-8s tile=%-4d contiguous %9.2f us  paged", name.c_str(), t,
-                  path_name(config.path), config.tile_tokens, mc);
       std::fprintf(
           js,
           "%s  {\"model\": \"%s\", \"tokens\": %d, \"E\": %d, \"k\": %d, \"H\": %d, \"F\": %d, "
-          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"contiguous_us\": %.3f, "
-          "\"distinct_experts\": %.2f, \"expert_bytes\": %.0f, \"flops\": %.0f, \"reps\": %d, \"paged\": [",
+          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"distinct_experts\": %.2f, "
+          "\"expert_bytes\": %.0f, \"flops\": %.0f, \"reps\": %d, \"configs\": [",
           first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
-          spec.shared_chunks, path_name(config.path), config.tile_tokens, mc, distinct, bytes, flops, reps);
-      for (std::size_t v = 0; v < views.size(); ++v) {
-        const float mp = median(us[v + 1]);
-        std::printf(" %s/%d %+.2f%%", views[v].placement.c_str(), views[v].seed, 100.0 * (mp - mc) / mc);
-        std::fprintf(js, "%s{\"placement\": \"%s\", \"seed\": %d, \"us\": %.3f}", v ? ", " : "",
-                     views[v].placement.c_str(), views[v].seed, mp);
+          spec.shared_chunks, path_name(config.path), config.tile_tokens, distinct, bytes, flops, reps);
+      for (std::size_t ci = 0; ci < used.size(); ++ci) {
+        const int base = static_cast<int>(ci) * per_config;
+        const float mc = median(us[base]);
+        std::printf("%-14s T=%-6d %-8s tile=%-4d %-9s contiguous %9.2f us  paged", name.c_str(), t,
+                    path_name(config.path), config.tile_tokens, used[ci].c_str(), mc);
+        std::fprintf(js, "%s{\"config\": \"%s\", \"contiguous_us\": %.3f, \"paged\": [", ci ? ", " : "",
+                     used[ci].c_str(), mc);
+        for (std::size_t v = 0; v < views.size(); ++v) {
+          const float mp = median(us[base + 1 + static_cast<int>(v)]);
+          std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,
+                      100.0 * (mp - mc) / mc);
+          std::fprintf(js, "%s{\"placement\": \"%s\", \"seed\": %d, \"us\": %.3f}", v ? ", " : "",
+                       view_names[v].first.c_str(), view_names[v].second, mp);
+        }
+        std::printf("  reps %d\n", reps);
+        std::fprintf(js, "]}");
       }
-      std::printf("  reps %d\n", reps);
       std::fflush(stdout);
       std::fprintf(js, "]}");
       first = false;

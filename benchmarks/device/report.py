@@ -51,6 +51,11 @@ def main():
     tmap = {(c["model"], c["tokens"]): c for c in torch["cases"]}
 
     keys = [(c["model"], c["tokens"]) for c in runs[0]["cases"]]
+    # The first configuration of each case is the one reported (the others are A/B runs).
+    for r in runs:
+        for c in r["cases"]:
+            if "configs" in c:
+                c.update(contiguous_us=c["configs"][0]["contiguous_us"], paged=c["configs"][0]["paged"])
     per_run = [{(c["model"], c["tokens"]): c for c in r["cases"]} for r in runs]
     rows = []
     for key in keys:

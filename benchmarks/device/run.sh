@@ -6,8 +6,10 @@
 #   OUT=/some/dir BIN=/folder/with/binaries bash benchmarks/device/run.sh
 # $BIN holds paged_moe_bench and paged_moe_device_test (built elsewhere with the gpu preset and carried); without
 # them both are built here. Knobs: TOKENS, MODELS, SEEDS (1,2,3), PLACEMENTS (shuffled,adjacent), PROCESSES (3),
-# SECONDS_PER_VIEW (0.1), SKIP_TESTS=1, SKIP_SANITIZER=1, TEST_TAGS ("[small] [models]"), TORCH_MODELS (torch
-# pipeline baseline models; none by default, the matmul rate is always measured), COMMIT.
+# SECONDS_PER_VIEW (0.1), CONFIGS (default; e.g. default,warps2,register for an A/B of decode kernels),
+# SKIP_TESTS=1, SKIP_SANITIZER=1, TEST_TAGS ("[small] [models]"), TORCH_MODELS (torch pipeline baseline
+# models; none by default, the matmul rate is always measured), DIAG=1 (ncu per-kernel time and DRAM
+# throughput of a few decode cases into diag.log), COMMIT.
 set -uo pipefail
 : "${OUT:?OUT must name the folder for logs and results}"
 cd "$(dirname "$0")/../.."
@@ -41,11 +43,21 @@ fi
 benches=()
 for i in $(seq 1 "${PROCESSES:-3}"); do
   "$BENCH" --json "$OUT/bench_$i.json" --tokens "$TOKENS" --models "$MODELS" --seed "${SEEDS:-1,2,3}" \
-    --placement "${PLACEMENTS:-shuffled,adjacent}" --seconds "${SECONDS_PER_VIEW:-0.1}" >"$OUT/bench_$i.log" 2>&1 ||
+    --placement "${PLACEMENTS:-shuffled,adjacent}" --seconds "${SECONDS_PER_VIEW:-0.1}" \
+    --config "${CONFIGS:-default}" >"$OUT/bench_$i.log" 2>&1 ||
     { rc=1; tail -5 "$OUT/bench_$i.log"; }
   benches+=("$OUT/bench_$i.json")
   stamp "benchmark process $i"
 done
+if [[ ${DIAG:-0} == 1 ]]; then
+  for m in qwen3 mixtral; do
+    ncu --clock-control none -k regex:gemv --launch-count 8 \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum \
+      "$BENCH" --json /dev/null --models $m --tokens ${DIAG_TOKENS:-16} --sets 1 --seed 1 --placement shuffled \
+      --config "${CONFIGS:-default}" --seconds 0.001 >>"$OUT/diag.log" 2>&1
+  done
+  stamp "diag"
+fi
 PYTHONUNBUFFERED=1 python3 benchmarks/device/torch_baseline.py --json "$OUT/torch.json" --tokens "$TOKENS" \
   --models "${TORCH_MODELS:-}" >"$OUT/torch.log" 2>&1 || rc=1
 stamp "torch"

@@ -17,7 +17,8 @@ enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
-  int tile_tokens = 8;  // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
+  int tile_tokens = 8;   // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
+  int decode_warps = 4;  // decode: consumer warps per block (2 or 4), each owning 16 weight rows of an item
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -43,27 +44,28 @@ constexpr bool fits(double mean, double limit) {
 struct DefaultMoeConfig {
   static constexpr int kDecodeTiles[] = {8, 16, 32};
   static constexpr int kGroupedTile = 128;
+  static constexpr int kDecodeWarps = 4;
 
   static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
     const double mean = s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
     MoePath path = requested;
     if (path == MoePath::kAuto)
       path = config_detail::fits(mean, kDecodeTiles[2]) ? MoePath::kDecode : MoePath::kGrouped;
-    if (path != MoePath::kDecode) return {path, kGroupedTile};
+    if (path != MoePath::kDecode) return {path, kGroupedTile, kDecodeWarps};
     for (const int tile : kDecodeTiles)
-      if (config_detail::fits(mean, tile)) return {path, tile};
-    return {path, kDecodeTiles[2]};
+      if (config_detail::fits(mean, tile)) return {path, tile, kDecodeWarps};
+    return {path, kDecodeTiles[2], kDecodeWarps};
   }
 };
 static_assert(moe_config<DefaultMoeConfig>);
 // Examples (T, H, F, E, k, m): Qwen3-30B-A3B decodes 16 tokens in 8-token tiles and 256 in 32-token tiles,
 // Mixtral 16 tokens in 16-token tiles and 256 through the grouped GEMM.
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8});
+              MoeConfig{MoePath::kDecode, 8, 4});
 static_assert(DefaultMoeConfig::select({256, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32});
+              MoeConfig{MoePath::kDecode, 32, 4});
 static_assert(DefaultMoeConfig::select({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 16});
+              MoeConfig{MoePath::kDecode, 16, 4});
 static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto).path ==
               MoePath::kGrouped);
 static_assert(DefaultMoeConfig::select({4096, 2048, 1408, 60, 4, 4}, MoePath::kDecode).tile_tokens == 32);

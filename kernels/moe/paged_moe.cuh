@@ -20,6 +20,7 @@
 
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
+#include "moe/decode_gemv_register.cuh"
 #include "moe/grouped_gemm.cuh"
 #include "moe/grouped_gemm_sm90.cuh"
 #include "moe/moe_config.hpp"
@@ -272,13 +273,13 @@ class PagedMoe {
       Status st = Status::success();
       switch (choice.tile_tokens) {
         case 8:
-          st = run_decode<1>(p, s, grid_tiles, stream);
+          st = run_decode<1>(p, s, choice.decode_warps, grid_tiles, dev, stream);
           break;
         case 16:
-          st = run_decode<2>(p, s, grid_tiles, stream);
+          st = run_decode<2>(p, s, choice.decode_warps, grid_tiles, dev, stream);
           break;
         default:
-          st = run_decode<4>(p, s, grid_tiles, stream);
+          st = run_decode<4>(p, s, choice.decode_warps, grid_tiles, dev, stream);
           break;
       }
       if (!st) return st;
@@ -330,18 +331,38 @@ class PagedMoe {
   }
 
   template <int kTokTiles>
-  static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                           cudaStream_t stream) {
-    using decode::gemv_kernel;
-    using decode::Stage;
+  static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, int warps, unsigned grid_tiles,
+                           const detail::DeviceInfo& dev, cudaStream_t stream) {
+    if (warps == 2) return run_stream<decode::Tile<kTokTiles, 2>>(p, dev, stream);
+    if (warps == 4) return run_stream<decode::Tile<kTokTiles, 4>>(p, dev, stream);
+    using decode_register::gemv_kernel;
+    using decode_register::Stage;
     if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>,
-                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, 0,
-                           stream, p, "decode::gemv_kernel<kGateUp>");
+                           dim3(s.intermediate / decode_register::kGateUpRows, grid_tiles),
+                           decode_register::kThreads, 0, stream, p, "decode_register::gemv_kernel<kGateUp>");
         !st)
       return st;
     return launch(gemv_kernel<Addressing, Stage::kDown, kTokTiles>,
-                  dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream, p,
-                  "decode::gemv_kernel<kDown>");
+                  dim3(s.hidden / decode_register::kDownRows, grid_tiles), decode_register::kThreads, 0,
+                  stream, p, "decode_register::gemv_kernel<kDown>");
+  }
+
+  // The decode stages: one persistent block per SM each.
+  template <class T>
+  static Status run_stream(const MoeParams<Addressing>& p, const detail::DeviceInfo& dev,
+                           cudaStream_t stream) {
+    using decode::gemv_kernel;
+    using decode::Stage;
+    constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T>;
+    constexpr auto kDown = gemv_kernel<Addressing, Stage::kDown, T>;
+    if (Status st = detail::set_smem<kGateUp>(dev.device, T::kSmemBytes); !st) return st;
+    if (Status st = detail::set_smem<kDown>(dev.device, T::kSmemBytes); !st) return st;
+    const dim3 grid(static_cast<unsigned>(dev.sms));
+    if (Status st =
+            launch(kGateUp, grid, T::kThreads, T::kSmemBytes, stream, p, "decode::gemv_kernel<kGateUp>");
+        !st)
+      return st;
+    return launch(kDown, grid, T::kThreads, T::kSmemBytes, stream, p, "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start

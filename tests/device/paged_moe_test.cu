@@ -23,9 +23,10 @@ using kernels::MoePath;
 using kernels::PagedMoe;
 using reference::bf16_to_float;
 
-template <class Addressing>
+template <class Addressing, class Config = kernels::DefaultMoeConfig>
 struct Runner {
-  typename PagedMoe<Addressing>::Arguments args{};
+  using Moe = PagedMoe<Addressing, Config>;
+  typename Moe::Arguments args{};
   DeviceBuffer<unsigned char> workspace;
   DeviceBuffer<bf16> out;
 
@@ -40,15 +41,15 @@ struct Runner {
     args.path = path;
     out = DeviceBuffer<bf16>(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
     args.output = out.get();
-    const kernels::Status ok = PagedMoe<Addressing>::can_implement(args);
+    const kernels::Status ok = Moe::can_implement(args);
     INFO(ok.message);
     REQUIRE(ok.ok);
-    const std::size_t bytes = PagedMoe<Addressing>::workspace_size(args);
+    const std::size_t bytes = Moe::workspace_size(args);
     workspace = DeviceBuffer<unsigned char>(bytes);
     poison(out.get(), out.size());
     // Poison the workspace too: nothing may read scratch that this call did not write.
     AMOEBA_CUDA_CHECK(cudaMemset(workspace.get(), 0xFF, bytes));
-    const kernels::Status st = PagedMoe<Addressing>{}.run(args, workspace.get(), bytes, nullptr);
+    const kernels::Status st = Moe{}.run(args, workspace.get(), bytes, nullptr);
     INFO(st.message);
     REQUIRE(st.ok);
     AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -179,15 +180,16 @@ const char* path_name(MoePath p) {
 
 // Runs one case on both addressings and checks everything; returns the paged output.
 // With `hot_expert` >= 0, half the tokens route to that expert (skewed routing).
+template <class Config = kernels::DefaultMoeConfig>
 void check_case(ExpertStore& store, const MoeShape& shape, MoePath path, bool cpu_check, int gpu_samples,
                 std::uint64_t seed, int hot_expert = -1) {
   const bool with_shared_weights = shape.num_shared_chunks > 0;
   RoutingSet r = make_routing(store.spec(), shape.num_tokens, seed, hot_expert);
-  Runner<kernels::Paged> paged;
-  Runner<kernels::Contiguous> contiguous;
+  Runner<kernels::Paged, Config> paged;
+  Runner<kernels::Contiguous, Config> contiguous;
   const auto out_p = paged.run(r, shape, store.paged_args(), path, with_shared_weights);
   const auto out_c = contiguous.run(r, shape, store.contiguous_args(), path, with_shared_weights);
-  const kernels::MoeConfig chosen = PagedMoe<kernels::Paged>::config(paged.args);
+  const kernels::MoeConfig chosen = PagedMoe<kernels::Paged, Config>::config(paged.args);
   INFO(store.spec().name << " T=" << shape.num_tokens << " path=" << path_name(chosen.path)
                          << " tile=" << chosen.tile_tokens);
   CHECK(count_nonfinite(out_p) == 0);
@@ -424,4 +426,30 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
   for (int tokens : {5, 3000})
     for (MoePath path : {MoePath::kDecode, MoePath::kGrouped, MoePath::kGroupedMma})
       check_case(store, shape_of(tiny, tokens), path, false, 16, 300 + tokens);
+}
+
+// Decode kernels compared by the benchmark compute the same function.
+template <int kWarps>
+struct DecodeWarpsConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    c.decode_warps = kWarps;
+    return c;
+  }
+};
+
+TEST_CASE("decode configurations", "[gpu][small][sanitize]") {
+  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
+  ExpertStore store(tiny, 19, 3);
+  for (int tokens : {1, 5, 37, 300}) {
+    check_case<DecodeWarpsConfig<2>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeWarpsConfig<0>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64, 900 + tokens);
+  }
+}
+
+TEST_CASE("decode configurations on a model shape", "[gpu][small]") {
+  ExpertStore qwen(kQwen15, 21);
+  for (int tokens : {3, 64})
+    check_case<DecodeWarpsConfig<2>>(qwen, shape_of(kQwen15, tokens), MoePath::kDecode, false, 48,
+                                     950 + tokens);
 }

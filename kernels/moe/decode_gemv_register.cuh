@@ -1,0 +1,165 @@
+// Decode path (few tokens per expert, memory-bound): each block streams a 32-row slice of one expert matrix
+// pair straight from global memory into tensor-core fragments and multiplies it by the tile's <= 8·kTokTiles
+// tokens ("swap AB": weight rows are the MMA's M = 16, tokens its N = 8).
+//
+// Why it is fast: the weight bytes are the whole cost, so every block reads them with 16-byte streaming
+// loads, many in flight (kUnroll k-steps × 4 loads per thread before the first MMA), and the grid spreads
+// each expert's rows over all SMs (one block per 16 output features of W1/W3, per 32 rows of W2). The K
+// dimension is split across the block's 4 warps and reduced through shared memory.
+//
+// Fragment trick: the reduction over K may visit k in any order as long as A and B agree. A thread that loads
+// 8 consecutive k (one 16-byte load) of weight rows g and g+8 and of token g uses them as its
+// {2q,2q+1,2q+8,2q+9} elements of two successive m16n8k16 MMAs; the token operand uses the same mapping, so
+// the dot products are exact and both operands come from single coalesced 16-byte loads with no shared-memory
+// staging.
+#pragma once
+
+#include "moe/moe_params.cuh"
+#include "moe/ptx.cuh"
+
+namespace amoeba::kernels::decode_register {
+
+enum class Stage { kGateUp, kDown };
+
+inline constexpr int kWarps = 4;  // K split
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kRowTiles = 2;  // m16 tiles per block: (W1, W3) at the same features, or 2×16 W2 rows
+inline constexpr int kGateUpRows = 16;  // output features per W13 block
+inline constexpr int kDownRows = 32;    // output rows of W2 per block
+inline constexpr int kKStep = 32;       // k per (two-MMA) step
+
+template <int kTokTiles>
+struct Traits {
+  static constexpr int kTileTokens = 8 * kTokTiles;
+  static constexpr int kUnroll = kTokTiles <= 2 ? 4 : 2;
+};
+
+__device__ __forceinline__ float silu(float v) {
+  return v / (1.0f + __expf(-v));
+}
+
+template <class Addressing, Stage kStage, int kTokTiles>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  using T = Traits<kTokTiles>;
+  constexpr int kUnroll = T::kUnroll;
+  ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
+  ptx::launch_dependents();
+  if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+  const WorkTile tile = p.tiles[blockIdx.y];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
+  const int K = kGateUp ? p.hidden : p.intermediate;
+  // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
+  const bf16* rows[kRowTiles];
+  if constexpr (kGateUp) {
+    const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
+    rows[0] = tile.matrix[0] + n0 * K;
+    rows[1] = tile.matrix[1] + n0 * K;
+  } else {
+    const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
+    const bf16* base = tile.matrix[2];
+    rows[0] = base + h0 * K;
+    rows[1] = base + (h0 + 16) * K;
+  }
+  const int k_per_warp = K / kWarps;
+  const int k0 = warp * k_per_warp + 8 * q;
+  // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
+  // dropped).
+  const bf16* tok[kTokTiles];
+#pragma unroll
+  for (int nt = 0; nt < kTokTiles; ++nt) {
+    const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
+    if constexpr (kGateUp) {
+      const int slot = p.sorted_slot[tile.row_start + c];
+      tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + k0;
+    } else {
+      tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K + k0;
+    }
+  }
+  const bf16* a_lo[kRowTiles];
+  const bf16* a_hi[kRowTiles];
+#pragma unroll
+  for (int r = 0; r < kRowTiles; ++r) {
+    a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
+    a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
+  }
+
+  float acc[kRowTiles][kTokTiles][4] = {};
+  const int steps = k_per_warp / kKStep;
+  for (int s = 0; s < steps; s += kUnroll) {
+    uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
+    // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
+    // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = min(s + u, steps - 1) * kKStep;
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) {
+        alo[u][r] = ptx::ld_stream_16(a_lo[r] + k);
+        ahi[u][r] = ptx::ld_stream_16(a_hi[r] + k);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
+    }
+#pragma unroll
+    for (int u = 1; u < kUnroll; ++u)
+      if (s + u >= steps)
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt) {
+          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
+                              b[u][nt].y);
+          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
+                              b[u][nt].w);
+        }
+  }
+
+  // Reduce the K split: warps 1..3 hand their partial sums to warp 0 through shared memory.
+  __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];
+  if (warp > 0) {
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp - 1][r][nt][i][lane] = acc[r][nt][i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][nt][i] += red[w][r][nt][i][lane];
+
+          // Accumulator (r, nt, i): weight row g + 8·(i/2) of row tile r, token nt·8 + 2q + (i % 2).
+#pragma unroll
+  for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = nt * 8 + 2 * q + (i % 2);
+      if (c >= tile.count) continue;
+      const int row = g + 8 * (i / 2);
+      if constexpr (kGateUp) {
+        const int n = blockIdx.x * kGateUpRows + row;
+        p.act[static_cast<std::int64_t>(tile.row_start + c) * p.intermediate + n] =
+            __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
+      } else {
+        const int slot = p.sorted_slot[tile.row_start + c];
+        bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
+      }
+    }
+}
+
+}  // namespace amoeba::kernels::decode_register

@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -166,6 +168,16 @@ struct DecodeWarpsConfig {
 };
 using Warps2Config = DecodeWarpsConfig<2>;
 using RegisterConfig = DecodeWarpsConfig<0>;
+using Async2Config = DecodeWarpsConfig<12>;
+using Async4Config = DecodeWarpsConfig<14>;
+struct Register32Config {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    if (c.path == MoePath::kDecode) c.tile_tokens = 32;
+    c.decode_warps = 0;
+    return c;
+  }
+};
 
 // The graphs of one configuration: contiguous, then one per paged view.
 template <class Config>
@@ -283,8 +295,15 @@ int main(int argc, char** argv) {
           g = make_graphs<Warps2Config>(sets, shape, store, views, out.get(), stream);
         else if (c == "register")
           g = make_graphs<RegisterConfig>(sets, shape, store, views, out.get(), stream);
+        else if (c == "register32")
+          g = make_graphs<Register32Config>(sets, shape, store, views, out.get(), stream);
+        else if (c == "async2")
+          g = make_graphs<Async2Config>(sets, shape, store, views, out.get(), stream);
+        else if (c == "async4")
+          g = make_graphs<Async4Config>(sets, shape, store, views, out.get(), stream);
         else
-          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, warps2, register)");
+          throw std::runtime_error("--config: unknown configuration '" + c +
+                                   "' (default, warps2, register, register32, async2, async4)");
         used.push_back(c);
         for (auto& x : g) graphs.push_back(std::move(x));
       }
@@ -301,10 +320,14 @@ int main(int argc, char** argv) {
       cudaEventElapsedTime(&once, ev[0], ev[1]);
       const int reps = std::clamp(static_cast<int>(seconds * 1000.0 / std::max(once, 1e-3f)), 5, 301);
       std::vector<std::vector<float>> us(n);
-      for (int r = 0; r < reps; ++r)
+      std::vector<int> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937 shuffle_rng(static_cast<unsigned>(t));
+      for (int r = 0; r < reps; ++r) {
+        // A new order every repetition, so that no graph always follows the same one.
+        std::shuffle(order.begin(), order.end(), shuffle_rng);
         for (int i = 0; i < n; ++i) {
-          // Rotate the order so that no graph always follows the same one.
-          const int g = (i + r) % n;
+          const int g = order[i];
           cudaEventRecord(ev[0], stream);
           launch(g);
           cudaEventRecord(ev[1], stream);
@@ -313,6 +336,7 @@ int main(int argc, char** argv) {
           cudaEventElapsedTime(&ms, ev[0], ev[1]);
           us[g].push_back(ms * 1000.0f / num_sets);
         }
+      }
       AMOEBA_CUDA_CHECK(cudaGetLastError());
       const double bytes = distinct * 3.0 * static_cast<double>(shape.matrix_bytes()) +
                            shape.num_shared_chunks * 3.0 * static_cast<double>(shape.matrix_bytes());

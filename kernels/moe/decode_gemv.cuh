@@ -36,9 +36,14 @@ enum class Stage { kGateUp, kDown };
 
 inline constexpr int kSmemLimit = 227 * 1024;  // sm_90 dynamic shared memory per block
 
+// How the producer warp moves a stage: one bulk copy (TMA engine) per row chunk, or cp.async with each warp
+// instruction moving 512 contiguous bytes of one row.
+enum class Copy { kBulk, kAsync };
+
 // Compile-time shape of one decode launch: kTokTiles 8-token MMA tiles per work tile, kWarps consumer warps.
-template <int kTokTilesT, int kWarpsT>
+template <int kTokTilesT, int kWarpsT, Copy kCopyT = Copy::kBulk>
 struct Tile {
+  static constexpr Copy kCopy = kCopyT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
   static constexpr int kWarps = kWarpsT;
@@ -61,6 +66,12 @@ __host__ __device__ inline int row_groups(const P& p) {
   return kStage == Stage::kGateUp ? p.intermediate / (T::kRows / 2) : p.hidden / T::kRows;
 }
 
+// Lane `src`'s pointer, as bytes.
+__device__ __forceinline__ const char* shfl_ptr(const bf16* p, int src) {
+  const auto v = __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(p), src);
+  return reinterpret_cast<const char*>(v);
+}
+
 __device__ __forceinline__ float silu(float v) {
   return v / (1.0f + __expf(-v));
 }
@@ -76,7 +87,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
-      ptx::mbarrier_init(full + 8 * s, 1);
+      ptx::mbarrier_init(full + 8 * s, T::kCopy == Copy::kBulk ? 1 : 32);
       ptx::mbarrier_init(empty + 8 * s, T::kWarps);
     }
     ptx::fence_mbarrier_init();
@@ -143,23 +154,44 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       resolve(n / chunks);
       const int s = n % T::kStages, c = n % chunks;
       const int len = min(T::kChunk, K - c * T::kChunk);
-      if (lane == 0) ptx::mbarrier_expect_tx(full + 8 * s, T::kRows * len * 2);
-      __syncwarp();
+      const std::uint32_t dst = ring + s * T::kStageBytes;
+      if constexpr (T::kCopy == Copy::kBulk) {
+        if (lane == 0) ptx::mbarrier_expect_tx(full + 8 * s, T::kRows * len * 2);
+        __syncwarp();
 #pragma unroll
-      for (int r = 0; r < kRowsPerLane; ++r)
-        ptx::bulk_copy_g2s(ring + s * T::kStageBytes + (lane + 32 * r) * T::kPitch, wrow[r] + c * T::kChunk,
-                           len * 2, full + 8 * s);
+        for (int r = 0; r < kRowsPerLane; ++r)
+          ptx::bulk_copy_g2s(dst + (lane + 32 * r) * T::kPitch, wrow[r] + c * T::kChunk, len * 2,
+                             full + 8 * s);
+      } else {
+        // Row l + 32·rr's chunk, 512 contiguous bytes per warp instruction; its pointer is lane l's.
+#pragma unroll
+        for (int rr = 0; rr < kRowsPerLane; ++rr)
+          for (int l = 0; l < 32; ++l) {
+            const char* src = shfl_ptr(wrow[rr], l) + 2 * c * T::kChunk;
+            for (int off = 16 * lane; off < len * 2; off += 512)
+              ptx::cp_async_16(dst + (l + 32 * rr) * T::kPitch + off, src + off, 16);
+          }
+      }
     };
     // The arrival comes last, after every byte of the stage is announced, so the phase cannot complete early.
     auto issue_tokens = [&](int n) {
       resolve(n / chunks);
       const int s = n % T::kStages, c = n % chunks;
       const int len = min(T::kChunk, K - c * T::kChunk);
-      if (lane == 0) ptx::mbarrier_arrive_expect_tx(full + 8 * s, count * len * 2);
-      __syncwarp();
-      if (lane < count)
-        ptx::bulk_copy_g2s(ring + s * T::kStageBytes + (T::kRows + lane) * T::kPitch, trow + c * T::kChunk,
-                           len * 2, full + 8 * s);
+      const std::uint32_t dst = ring + s * T::kStageBytes + T::kRows * T::kPitch;
+      if constexpr (T::kCopy == Copy::kBulk) {
+        if (lane == 0) ptx::mbarrier_arrive_expect_tx(full + 8 * s, count * len * 2);
+        __syncwarp();
+        if (lane < count)
+          ptx::bulk_copy_g2s(dst + lane * T::kPitch, trow + c * T::kChunk, len * 2, full + 8 * s);
+      } else {
+        for (int r = 0; r < count; ++r) {
+          const char* src = shfl_ptr(trow, r) + 2 * c * T::kChunk;
+          for (int off = 16 * lane; off < len * 2; off += 512)
+            ptx::cp_async_16(dst + r * T::kPitch + off, reinterpret_cast<const char*>(src) + off, 16);
+        }
+        ptx::cp_async_mbarrier_arrive(full + 8 * s);
+      }
     };
     const int total = items * chunks;
     int n = 0;

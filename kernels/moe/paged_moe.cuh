@@ -333,8 +333,11 @@ class PagedMoe {
   template <int kTokTiles>
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, int warps, unsigned grid_tiles,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
+    constexpr auto kAsync = decode::Copy::kAsync;
     if (warps == 2) return run_stream<decode::Tile<kTokTiles, 2>>(p, dev, stream);
     if (warps == 4) return run_stream<decode::Tile<kTokTiles, 4>>(p, dev, stream);
+    if (warps == 12) return run_stream<decode::Tile<kTokTiles, 2, kAsync>>(p, dev, stream);
+    if (warps == 14) return run_stream<decode::Tile<kTokTiles, 4, kAsync>>(p, dev, stream);
     using decode_register::gemv_kernel;
     using decode_register::Stage;
     if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>,

@@ -104,6 +104,12 @@ __device__ __forceinline__ void bulk_copy_g2s(std::uint32_t dst, const void* src
       : "memory");
 }
 
+// Arrives on `bar` once every cp.async this thread issued before has landed (the barrier's count includes
+// it).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(std::uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Programmatic dependent launch (sm_90): wait until the previous kernel in the stream has completed and its
 // writes are visible; allow the next kernel to start launching (its blocks then wait in
 // grid_dependency_wait).

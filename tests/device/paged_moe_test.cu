@@ -444,12 +444,21 @@ TEST_CASE("decode configurations", "[gpu][small][sanitize]") {
   for (int tokens : {1, 5, 37, 300}) {
     check_case<DecodeWarpsConfig<2>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeWarpsConfig<0>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeWarpsConfig<12>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64,
+                                      900 + tokens);
+    check_case<DecodeWarpsConfig<14>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64,
+                                      900 + tokens);
   }
 }
 
 TEST_CASE("decode configurations on a model shape", "[gpu][small]") {
   ExpertStore qwen(kQwen15, 21);
-  for (int tokens : {3, 64})
+  for (int tokens : {3, 64}) {
     check_case<DecodeWarpsConfig<2>>(qwen, shape_of(kQwen15, tokens), MoePath::kDecode, false, 48,
                                      950 + tokens);
+    check_case<DecodeWarpsConfig<12>>(qwen, shape_of(kQwen15, tokens), MoePath::kDecode, false, 48,
+                                      950 + tokens);
+    check_case<DecodeWarpsConfig<14>>(qwen, shape_of(kQwen15, tokens), MoePath::kDecode, false, 48,
+                                      950 + tokens);
+  }
 }

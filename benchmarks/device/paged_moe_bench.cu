@@ -157,24 +157,19 @@ struct Graph : GraphBase {
   }
 };
 
-// Configurations compared against the default (A/B): other decode kernels.
-template <int kWarps>
-struct DecodeWarpsConfig {
+// Configurations compared against the default (A/B): other decode tiles.
+template <int kTile, int kWarps, int kUnroll>
+struct DecodeTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.decode_warps = kWarps;
-    return c;
-  }
-};
-using Warps2Config = DecodeWarpsConfig<2>;
-using RegisterConfig = DecodeWarpsConfig<0>;
-using Async2Config = DecodeWarpsConfig<12>;
-using Async4Config = DecodeWarpsConfig<14>;
-struct Register32Config {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == MoePath::kDecode) c.tile_tokens = 32;
-    c.decode_warps = 0;
+    if (c.path != MoePath::kDecode) return c;
+    // 8-token tiles where the expected largest batch fits them (mean + 3σ + 1 <= 8), else 32.
+    const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
+    const double room = 7.0 - mean;
+    c.tile_tokens = kTile == 8 && room >= 0 && 9.0 * mean <= room * room ? 8 : 32;
+    const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
+    c.decode_warps = k_ok ? kWarps : 4;
+    c.decode_unroll = kUnroll;
     return c;
   }
 };
@@ -291,19 +286,14 @@ int main(int argc, char** argv) {
         std::vector<std::unique_ptr<GraphBase>> g;
         if (c == "default")
           g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
-        else if (c == "warps2")
-          g = make_graphs<Warps2Config>(sets, shape, store, views, out.get(), stream);
-        else if (c == "register")
-          g = make_graphs<RegisterConfig>(sets, shape, store, views, out.get(), stream);
-        else if (c == "register32")
-          g = make_graphs<Register32Config>(sets, shape, store, views, out.get(), stream);
-        else if (c == "async2")
-          g = make_graphs<Async2Config>(sets, shape, store, views, out.get(), stream);
-        else if (c == "async4")
-          g = make_graphs<Async4Config>(sets, shape, store, views, out.get(), stream);
+        else if (c == "w8")
+          g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "u3")
+          g = make_graphs<DecodeTileConfig<32, 4, 3>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "t8")
+          g = make_graphs<DecodeTileConfig<8, 4, 2>>(sets, shape, store, views, out.get(), stream);
         else
-          throw std::runtime_error("--config: unknown configuration '" + c +
-                                   "' (default, warps2, register, register32, async2, async4)");
+          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, w8, u3, t8)");
         used.push_back(c);
         for (auto& x : g) graphs.push_back(std::move(x));
       }

@@ -17,10 +17,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
-#include "moe/decode_gemv_register.cuh"
 #include "moe/grouped_gemm.cuh"
 #include "moe/grouped_gemm_sm90.cuh"
 #include "moe/moe_config.hpp"
@@ -143,11 +143,20 @@ class PagedMoe {
                            "num_tokens*(top_k+num_shared_chunks) must be <= 2^30");
     if (max_tiles(s, 8) > 65535)
       return Status::error("shape.num_tokens", s.num_tokens, "too many work tiles for one grid (<= 65535)");
-    if (const MoeConfig c = config(a); c.path == MoePath::kDecode
-                                           ? c.tile_tokens != 8 && c.tile_tokens != 16 && c.tile_tokens != 32
-                                           : c.path == MoePath::kAuto || c.tile_tokens != grouped::kBlockM)
+    const MoeConfig c = config(a);
+    if (c.path == MoePath::kAuto || (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM))
       return Status::error("config.tile_tokens", c.tile_tokens,
-                           "must be 8, 16 or 32 (decode) or 128 (grouped), with a path other than kAuto");
+                           "must be 128 on the grouped paths (kAuto resolved)");
+    if (c.path == MoePath::kDecode) {
+      const int multiple = decode_k_multiple(c);
+      if (multiple == 0)
+        return Status::error("config.tile_tokens", c.tile_tokens,
+                             "with decode_warps and decode_unroll must name an instantiated decode tile "
+                             "(PagedMoe::DecodeTiles)");
+      if (s.hidden % multiple != 0 || s.intermediate % multiple != 0)
+        return Status::error("config.decode_warps", c.decode_warps,
+                             "needs hidden and intermediate to be multiples of 32·decode_warps");
+    }
     if (s.num_tokens > 0) {
       if (a.input == nullptr) return Status::error("input", "must not be null");
       if (a.output == nullptr) return Status::error("output", "must not be null");
@@ -270,19 +279,7 @@ class PagedMoe {
           !st)
         return st;
     } else {
-      Status st = Status::success();
-      switch (choice.tile_tokens) {
-        case 8:
-          st = run_decode<1>(p, s, choice.decode_warps, grid_tiles, dev, stream);
-          break;
-        case 16:
-          st = run_decode<2>(p, s, choice.decode_warps, grid_tiles, dev, stream);
-          break;
-        default:
-          st = run_decode<4>(p, s, choice.decode_warps, grid_tiles, dev, stream);
-          break;
-      }
-      if (!st) return st;
+      if (Status st = run_decode(p, s, choice, grid_tiles, stream); !st) return st;
     }
 
     // 4. Combine.
@@ -330,42 +327,47 @@ class PagedMoe {
     return l;
   }
 
-  template <int kTokTiles>
-  static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, int warps, unsigned grid_tiles,
-                           const detail::DeviceInfo& dev, cudaStream_t stream) {
-    constexpr auto kAsync = decode::Copy::kAsync;
-    if (warps == 2) return run_stream<decode::Tile<kTokTiles, 2>>(p, dev, stream);
-    if (warps == 4) return run_stream<decode::Tile<kTokTiles, 4>>(p, dev, stream);
-    if (warps == 12) return run_stream<decode::Tile<kTokTiles, 2, kAsync>>(p, dev, stream);
-    if (warps == 14) return run_stream<decode::Tile<kTokTiles, 4, kAsync>>(p, dev, stream);
-    using decode_register::gemv_kernel;
-    using decode_register::Stage;
-    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>,
-                           dim3(s.intermediate / decode_register::kGateUpRows, grid_tiles),
-                           decode_register::kThreads, 0, stream, p, "decode_register::gemv_kernel<kGateUp>");
-        !st)
-      return st;
-    return launch(gemv_kernel<Addressing, Stage::kDown, kTokTiles>,
-                  dim3(s.hidden / decode_register::kDownRows, grid_tiles), decode_register::kThreads, 0,
-                  stream, p, "decode_register::gemv_kernel<kDown>");
+  // The decode tiles a configuration may name, one instantiation each.
+  using DecodeTiles =
+      std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 2>, decode::Tile<4, 8, 2>, decode::Tile<4, 4, 3>>;
+
+  template <class T>
+  static constexpr bool names(const MoeConfig& c) {
+    return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll;
+  }
+  template <class T>
+  static constexpr int k_multiple_of(const MoeConfig& c) {
+    return names<T>(c) ? T::kKMultiple : 0;
+  }
+  // K multiple the configuration's decode tile needs, 0 when it names no instantiated tile.
+  static constexpr int decode_k_multiple(const MoeConfig& c) {
+    return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
   }
 
-  // The decode stages: one persistent block per SM each.
+  static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                           unsigned grid_tiles, cudaStream_t stream) {
+    Status st = Status::success();
+    std::apply(
+        [&](auto... t) {
+          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, stream), 0) : 0),
+           ...);
+        },
+        DecodeTiles{});
+    return st;
+  }
+
   template <class T>
-  static Status run_stream(const MoeParams<Addressing>& p, const detail::DeviceInfo& dev,
-                           cudaStream_t stream) {
+  static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
+                                cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
-    constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T>;
-    constexpr auto kDown = gemv_kernel<Addressing, Stage::kDown, T>;
-    if (Status st = detail::set_smem<kGateUp>(dev.device, T::kSmemBytes); !st) return st;
-    if (Status st = detail::set_smem<kDown>(dev.device, T::kSmemBytes); !st) return st;
-    const dim3 grid(static_cast<unsigned>(dev.sms));
-    if (Status st =
-            launch(kGateUp, grid, T::kThreads, T::kSmemBytes, stream, p, "decode::gemv_kernel<kGateUp>");
+    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, T>,
+                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads, 0, stream, p,
+                           "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
-    return launch(kDown, grid, T::kThreads, T::kSmemBytes, stream, p, "decode::gemv_kernel<kDown>");
+    return launch(gemv_kernel<Addressing, Stage::kDown, T>, dim3(s.hidden / decode::kDownRows, grid_tiles),
+                  T::kThreads, 0, stream, p, "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start

@@ -1,6 +1,5 @@
-// Thin wrappers over the sm_80+ / sm_90 PTX the MoE kernels use: bf16 tensor-core MMA, ldmatrix, cp.async,
-// streaming 16-byte loads, mbarriers and bulk (TMA-engine) copies. Kept in one place so the collectives read
-// as plain C++.
+// Thin wrappers over the sm_80+ PTX the MoE kernels use: bf16 tensor-core MMA, ldmatrix, cp.async and
+// streaming 16-byte loads. Kept in one place so the collectives read as plain C++.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,55 +58,6 @@ __device__ __forceinline__ uint4 ld_cached_16(const void* p) {
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<std::uint32_t*>(&v);
-}
-
-// mbarrier (sm_90): a shared-memory barrier whose phase completes when its expected arrivals have arrived
-// and the bytes announced with expect_tx have landed.
-__device__ __forceinline__ void mbarrier_init(std::uint32_t bar, int arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
-}
-// Makes initialised barriers visible to the async proxy (the bulk-copy engine) before first use.
-__device__ __forceinline__ void fence_mbarrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// Announces `bytes` more to land in the current phase, without arriving.
-__device__ __forceinline__ void mbarrier_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(std::uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-// Bulk copy global → shared by the TMA engine (no tensor map): `bytes` (a multiple of 16) from 16-byte
-// aligned `src` to 16-byte aligned `dst`; the landed bytes are counted on `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(std::uint32_t dst, const void* src, std::uint32_t bytes,
-                                              std::uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
-// Arrives on `bar` once every cp.async this thread issued before has landed (the barrier's count includes
-// it).
-__device__ __forceinline__ void cp_async_mbarrier_arrive(std::uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // Programmatic dependent launch (sm_90): wait until the previous kernel in the stream has completed and its

@@ -428,37 +428,35 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
       check_case(store, shape_of(tiny, tokens), path, false, 16, 300 + tokens);
 }
 
-// Decode kernels compared by the benchmark compute the same function.
-template <int kWarps>
-struct DecodeWarpsConfig {
+// Every instantiated decode tile computes the same function (the benchmark compares them).
+template <int kTile, int kWarps, int kUnroll>
+struct DecodeTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.decode_warps = kWarps;
+    if (c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll};
     return c;
   }
 };
 
-TEST_CASE("decode configurations", "[gpu][small][sanitize]") {
-  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
+TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
+  const ModelSpec tiny{"tiny-f256", 8, 2, 256, 256, 1};
   ExpertStore store(tiny, 19, 3);
   for (int tokens : {1, 5, 37, 300}) {
-    check_case<DecodeWarpsConfig<2>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64, 900 + tokens);
-    check_case<DecodeWarpsConfig<0>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64, 900 + tokens);
-    check_case<DecodeWarpsConfig<12>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64,
-                                      900 + tokens);
-    check_case<DecodeWarpsConfig<14>>(store, shape_of(tiny, tokens), MoePath::kDecode, true, 64,
-                                      900 + tokens);
+    const MoeShape shape = shape_of(tiny, tokens);
+    check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<32, 4, 3>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
 }
 
-TEST_CASE("decode configurations on a model shape", "[gpu][small]") {
-  ExpertStore qwen(kQwen15, 21);
-  for (int tokens : {3, 64}) {
-    check_case<DecodeWarpsConfig<2>>(qwen, shape_of(kQwen15, tokens), MoePath::kDecode, false, 48,
-                                     950 + tokens);
-    check_case<DecodeWarpsConfig<12>>(qwen, shape_of(kQwen15, tokens), MoePath::kDecode, false, 48,
-                                      950 + tokens);
-    check_case<DecodeWarpsConfig<14>>(qwen, shape_of(kQwen15, tokens), MoePath::kDecode, false, 48,
-                                      950 + tokens);
+TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
+  for (const ModelSpec& spec : {kQwen3, kMixtral}) {
+    ExpertStore store(spec, 21);
+    for (int tokens : {3, 33}) {
+      const MoeShape shape = shape_of(spec, tokens);
+      check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+      check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+      check_case<DecodeTileConfig<32, 4, 3>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+    }
   }
 }

@@ -39,15 +39,30 @@ constexpr bool fits(double mean, double limit) {
 }  // namespace config_detail
 
 // The default table. Decode while the expected largest per-expert batch of a uniform router (mean + 3σ + 1
-// tokens, routed experts only) fits a 32-token tile; grouped GEMM (128-token tiles) beyond. Decode always
-// uses 32-token tiles, 4 warps splitting K and 2 k-steps of loads in flight: measured on the H200 against 8-
-// and 16-token tiles (4 k-steps in flight) at 1–256 tokens, it was as fast at 1 token and up to 20% faster
-// from 3 tokens on (docs/kernel.md). Skewed routing stays correct on either path: an expert with more tokens
-// than a tile gets several tiles.
+// tokens, routed experts only) fits a 32-token tile; grouped GEMM (128-token tiles) beyond. The decode tile
+// is the first row of kDecodeRows that the shape satisfies. Measured on the H200 (docs/kernel.md, "Decode
+// tiles"), against 8-token tiles everywhere, 8 warps and 3 k-steps in flight:
+//  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles, 4–12% faster than 32 there and
+//    5–30% slower from 16 tokens on;
+//  - one or two routed slots on huge experts (Mixtral at 1 token): the down projection has only H/32 blocks
+//    per expert, so 8 warps split K: 6% faster; slower (+1.5–20%) wherever there are more blocks;
+//  - otherwise 32-token tiles, 4 warps, 2 k-steps of loads in flight.
+// Skewed routing stays correct on either path: an expert with more tokens than a tile gets several tiles.
 struct DefaultMoeConfig {
-  static constexpr int kDecodeTile = 32;
-  static constexpr int kDecodeWarps = 4;
-  static constexpr int kDecodeUnroll = 2;
+  struct DecodeRow {
+    long long max_routed_slots;  // T·k at most
+    int min_intermediate, max_intermediate;
+    int tile_tokens, warps, unroll;
+  };
+  // clang-format off
+  static constexpr DecodeRow kDecodeRows[] = {
+      // slots ≤  F from   F to     tile warps unroll
+      {24,        0,       2048,    8,   4,    2},
+      {2,         8192,    1 << 30, 32,  8,    2},
+      {1LL << 40, 0,       1 << 30, 32,  4,    2},
+  };
+  // clang-format on
+  static constexpr int kDecodeTile = 32;  // the largest decode tile: decode while the batch fits it
   static constexpr int kGroupedTile = 128;
 
   static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
@@ -55,18 +70,32 @@ struct DefaultMoeConfig {
     MoePath path = requested;
     if (path == MoePath::kAuto)
       path = config_detail::fits(mean, kDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
-    if (path != MoePath::kDecode) return {path, kGroupedTile, kDecodeWarps, kDecodeUnroll};
-    return {path, kDecodeTile, kDecodeWarps, kDecodeUnroll};
+    if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 2};
+    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
+    for (const DecodeRow& r : kDecodeRows) {
+      const bool k_ok = s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0;
+      if (slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
+          s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.tile_tokens) && k_ok)
+        return {path, r.tile_tokens, r.warps, r.unroll};
+    }
+    return {path, kDecodeTile, 4, 2};
   }
 };
 static_assert(moe_config<DefaultMoeConfig>);
-// Examples (T, H, F, E, k, m): Qwen3-30B-A3B decodes up to 256 tokens, Mixtral up to 64; Mixtral's 256 go
-// through the grouped GEMM.
+// Examples (T, H, F, E, k, m).
+static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 2});
+static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 32, 4, 2});
 static_assert(DefaultMoeConfig::select({256, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
               MoePath::kGrouped);
+static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 8, 2});
+static_assert(DefaultMoeConfig::select({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 2});
 static_assert(DefaultMoeConfig::select({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 2});

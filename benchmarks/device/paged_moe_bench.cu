@@ -164,10 +164,10 @@ struct DecodeTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path != MoePath::kDecode) return c;
-    // 8-token tiles where the expected largest batch fits them (mean + 3σ + 1 <= 8), else 32.
+    // kTile-token tiles where the expected largest batch fits them (mean + 3σ + 1 <= kTile), else 32.
     const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
-    const double room = 7.0 - mean;
-    c.tile_tokens = kTile == 8 && room >= 0 && 9.0 * mean <= room * room ? 8 : 32;
+    const double room = kTile - 1.0 - mean;
+    c.tile_tokens = room >= 0 && 9.0 * mean <= room * room ? kTile : 32;
     const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
     c.decode_warps = k_ok ? kWarps : 4;
     c.decode_unroll = kUnroll;
@@ -291,6 +291,10 @@ int main(int argc, char** argv) {
           g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
         else if (c == "w4")
           g = make_graphs<DecodeTileConfig<32, 4, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "u1")
+          g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "t16")
+          g = make_graphs<DecodeTileConfig<16, 4, 2>>(sets, shape, store, views, out.get(), stream);
         else if (c == "t8")
           g = make_graphs<DecodeTileConfig<8, 4, 2>>(sets, shape, store, views, out.get(), stream);
         else

@@ -446,6 +446,8 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
     check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<16, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
 }
 

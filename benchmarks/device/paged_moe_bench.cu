@@ -10,8 +10,8 @@
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
-// case; --config default,w4,w8,t8: decode tiles to compare (t8: 8-token tiles where they fit, else 32; w4/w8:
-// 32-token tiles with 4/8 warps), decode cases only, the first is the one reported.
+// case; --config default,t8,t16,t32,w8: decode tiles to compare (one tile wherever it holds the expected
+// largest batch, else the default's), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -158,19 +158,17 @@ struct Graph : GraphBase {
   }
 };
 
-// Configurations compared against the default (A/B): other decode tiles.
+// Configurations compared against the default (A/B): one decode tile wherever it holds the expected largest
+// batch and K allows its warps, the default's choice elsewhere.
 template <int kTile, int kWarps, int kUnroll>
 struct DecodeTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path != MoePath::kDecode) return c;
-    // kTile-token tiles where the expected largest batch fits them (mean + 3σ + 1 <= kTile), else 32.
     const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
     const double room = kTile - 1.0 - mean;
-    c.tile_tokens = room >= 0 && 9.0 * mean <= room * room ? kTile : 32;
     const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
-    c.decode_warps = k_ok ? kWarps : 4;
-    c.decode_unroll = kUnroll;
+    if (room >= 0 && 9.0 * mean <= room * room && k_ok) c = {MoePath::kDecode, kTile, kWarps, kUnroll};
     return c;
   }
 };
@@ -287,18 +285,16 @@ int main(int argc, char** argv) {
         std::vector<std::unique_ptr<GraphBase>> g;
         if (c == "default")
           g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
-        else if (c == "w8")
-          g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "w4")
-          g = make_graphs<DecodeTileConfig<32, 4, 2>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "u1")
-          g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "t16")
-          g = make_graphs<DecodeTileConfig<16, 4, 2>>(sets, shape, store, views, out.get(), stream);
         else if (c == "t8")
           g = make_graphs<DecodeTileConfig<8, 4, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "t16")
+          g = make_graphs<DecodeTileConfig<16, 4, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "t32")
+          g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "w8")
+          g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
         else
-          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, w4, w8, t8)");
+          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, t8, t16, t32, w8)");
         used.push_back(c);
         for (auto& x : g) graphs.push_back(std::move(x));
       }

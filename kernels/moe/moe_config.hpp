@@ -40,26 +40,30 @@ constexpr bool fits(double mean, double limit) {
 
 // The default table. Decode while the expected largest per-expert batch of a uniform router (mean + 3σ + 1
 // tokens, routed experts only) fits a 32-token tile; grouped GEMM (128-token tiles) beyond. The decode tile
-// is the first row of kDecodeRows that the shape satisfies. Measured on the H200 (docs/kernel.md, "Decode
-// tiles"), against 8-token tiles everywhere, 8 warps and 3 k-steps in flight:
-//  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles, 4–12% faster than 32 there and
-//    5–30% slower from 16 tokens on;
+// is the first row of kDecodeRows the shape satisfies. Each row is the fastest of the tiles measured on the
+// H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians):
+//  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles, 4–12% faster than 32-token ones;
 //  - one or two routed slots on huge experts (Mixtral at 1 token): the down projection has only H/32 blocks
-//    per expert, so 8 warps split K: 6% faster; slower (+1.5–20%) wherever there are more blocks;
-//  - otherwise 32-token tiles, 4 warps, 2 k-steps of loads in flight.
+//  per
+//    expert, so 8 warps split K: 6% faster, but 1.5–20% slower wherever there are more blocks;
+//  - small experts, largest batch ≤ 8 tokens (Qwen at 16 and 33 tokens): 16-token tiles, 1–6% faster than
+//    32-token ones (and 5–11% slower than 32 at 64 tokens, 26% slower on Mixtral at 16);
+//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two.
 // Skewed routing stays correct on either path: an expert with more tokens than a tile gets several tiles.
 struct DefaultMoeConfig {
   struct DecodeRow {
     long long max_routed_slots;  // T·k at most
     int min_intermediate, max_intermediate;
+    int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
     int tile_tokens, warps, unroll;
   };
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
-      // slots ≤  F from   F to     tile warps unroll
-      {24,        0,       2048,    8,   4,    2},
-      {2,         8192,    1 << 30, 32,  8,    2},
-      {1LL << 40, 0,       1 << 30, 32,  4,    2},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll
+      {24,        0,      2048,    8,      8,   4,    2},
+      {2,         8192,   1 << 30, 32,     32,  8,    2},
+      {1LL << 40, 0,      2048,    8,      16,  4,    2},
+      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1},
   };
   // clang-format on
   static constexpr int kDecodeTile = 32;  // the largest decode tile: decode while the batch fits it
@@ -70,15 +74,15 @@ struct DefaultMoeConfig {
     MoePath path = requested;
     if (path == MoePath::kAuto)
       path = config_detail::fits(mean, kDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
-    if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 2};
+    if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
     const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
     for (const DecodeRow& r : kDecodeRows) {
       const bool k_ok = s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0;
       if (slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
-          s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.tile_tokens) && k_ok)
+          s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.max_expected_batch) && k_ok)
         return {path, r.tile_tokens, r.warps, r.unroll};
     }
-    return {path, kDecodeTile, 4, 2};
+    return {path, kDecodeTile, 4, 1};
   }
 };
 static_assert(moe_config<DefaultMoeConfig>);
@@ -88,17 +92,26 @@ static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto
 static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32, 4, 2});
+              MoeConfig{MoePath::kDecode, 16, 4, 2});
+static_assert(DefaultMoeConfig::select({33, 2048, 1408, 60, 4, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 16, 4, 2});
+static_assert(DefaultMoeConfig::select({64, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({256, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
               MoePath::kGrouped);
 static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 32, 8, 2});
-static_assert(DefaultMoeConfig::select({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32, 4, 2});
-static_assert(DefaultMoeConfig::select({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto).path == MoePath::kDecode);
+static_assert(DefaultMoeConfig::select({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 2});
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
 static_assert(DefaultMoeConfig::select({4096, 2048, 1408, 60, 4, 4}, MoePath::kDecode).tile_tokens == 32);
+// Every row names a tile that holds its largest expected batch.
+static_assert([] {
+  for (const auto& r : DefaultMoeConfig::kDecodeRows)
+    if (r.max_expected_batch > r.tile_tokens) return false;
+  return true;
+}());
 
 }  // namespace amoeba::kernels

@@ -10,7 +10,7 @@
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
-// case; --config default,t8,t16,t32,w8: decode tiles to compare (one tile wherever it holds the expected
+// case; --config default,t8,t32,w8: decode tiles to compare (one tile wherever it holds the expected
 // largest batch, else the default's), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
 
@@ -287,14 +287,12 @@ int main(int argc, char** argv) {
           g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
         else if (c == "t8")
           g = make_graphs<DecodeTileConfig<8, 4, 2>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "t16")
-          g = make_graphs<DecodeTileConfig<16, 4, 2>>(sets, shape, store, views, out.get(), stream);
         else if (c == "t32")
           g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
         else if (c == "w8")
           g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
         else
-          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, t8, t16, t32, w8)");
+          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, t8, t32, w8)");
         used.push_back(c);
         for (auto& x : g) graphs.push_back(std::move(x));
       }

@@ -46,9 +46,9 @@ constexpr bool fits(double mean, double limit) {
 //  - one or two routed slots on huge experts (Mixtral at 1 token): the down projection has only H/32 blocks
 //  per
 //    expert, so 8 warps split K: 6% faster, but 1.5–20% slower wherever there are more blocks;
-//  - small experts, largest batch ≤ 8 tokens (Qwen at 16 and 33 tokens): 16-token tiles, 1–6% faster than
-//    32-token ones (and 5–11% slower than 32 at 64 tokens, 26% slower on Mixtral at 16);
-//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two.
+//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 16-token tiles
+//    were 1–6% faster on Qwen at 16 and 33 tokens but made the paged layer up to 3% slower than the
+//    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
 // Skewed routing stays correct on either path: an expert with more tokens than a tile gets several tiles.
 struct DefaultMoeConfig {
   struct DecodeRow {
@@ -62,7 +62,6 @@ struct DefaultMoeConfig {
       // slots ≤  F from  F to     batch ≤ tile warps unroll
       {24,        0,      2048,    8,      8,   4,    2},
       {2,         8192,   1 << 30, 32,     32,  8,    2},
-      {1LL << 40, 0,      2048,    8,      16,  4,    2},
       {1LL << 40, 0,      1 << 30, 32,     32,  4,    1},
   };
   // clang-format on
@@ -92,9 +91,7 @@ static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto
 static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 16, 4, 2});
-static_assert(DefaultMoeConfig::select({33, 2048, 1408, 60, 4, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 16, 4, 2});
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({64, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({256, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);

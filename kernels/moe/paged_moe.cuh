@@ -328,8 +328,7 @@ class PagedMoe {
   }
 
   // The decode tiles a configuration may name, one instantiation each.
-  using DecodeTiles =
-      std::tuple<decode::Tile<1, 4, 2>, decode::Tile<2, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>>;
+  using DecodeTiles = std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>>;
 
   template <class T>
   static constexpr bool names(const MoeConfig& c) {

@@ -444,7 +444,6 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
   for (int tokens : {1, 5, 37, 300}) {
     const MoeShape shape = shape_of(tiny, tokens);
     check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
-    check_case<DecodeTileConfig<16, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
@@ -456,7 +455,6 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
     for (int tokens : {3, 33}) {
       const MoeShape shape = shape_of(spec, tokens);
       check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
-      check_case<DecodeTileConfig<16, 4, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
     }

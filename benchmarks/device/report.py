@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--date", default="unknown")
     ap.add_argument("--command", default="bash benchmarks/device/run.sh")
+    ap.add_argument("--note", default="", help="an extra line under the command (how the binaries were built)")
     a = ap.parse_args()
     runs = [json.load(open(f)) for f in a.bench]
     try:
@@ -83,15 +84,16 @@ def main():
                                        "vs_contiguous_sd_pct": pct[1], "samples": len(pairs),
                                        "worst_pct": max(100.0 * (p - q) / q for p, q in pairs)}
         main_pl = "shuffled" if "shuffled" in placements else next(iter(placements))
+        samples = [p for p, _ in placements[main_pl]]
         paged = row["placements"][main_pl]["paged_us"]
         row["paged_us"] = paged
-        row["paged_over_floor"] = paged / floor
-        row["paged_over_datasheet_floor"] = paged / ds_floor
+        row["paged_over_floor"], row["paged_over_floor_sd"] = mean_sd(p / floor for p in samples)
+        row["paged_over_datasheet_floor"], row["paged_over_datasheet_floor_sd"] = mean_sd(p / ds_floor for p in samples)
         t = tmap.get((row["model"], row["tokens"]), {})
         row["torch_us"], row["torch_graph_us"] = t.get("torch_us"), t.get("torch_graph_us")
         v = VLLM_US.get(row["model"], {}).get(row["tokens"]) if row["shared_chunks"] == 0 else None
         row["vllm_us"] = v
-        row["paged_over_vllm"] = paged / v if v else None
+        row["paged_over_vllm"], row["paged_over_vllm_sd"] = mean_sd(p / v for p in samples) if v else (None, None)
         rows.append(row)
 
     def summary_for(pl):
@@ -112,19 +114,23 @@ def main():
            "rotating_sets": runs[0]["sets"], "summary": summary, "cases": rows}
     json.dump(out, open(a.out_json, "w"), indent=1)
 
-    md = []
+    md = ["# PagedMoe on the H200", ""]
     md.append(f"GPU: {runs[0]['gpu']}; date {a.date}; commit {a.commit}; torch {torch.get('torch')}.  ")
     md.append(f"Command: `{a.command}`.  ")
+    if a.note:
+        md.append(a.note + "  ")
     md.append(f"Measured in the same call: read {read_gbs:.0f} GB/s, device copy {copy_gbs:.0f} GB/s (read+write), "
               f"bf16 matmul {tflops:.0f} TFLOP/s (8192³, torch); datasheet {DATASHEET_GBS:.0f} GB/s, "
               f"{DATASHEET_TFLOPS:.0f} TFLOP/s.  ")
     md.append(f"{len(runs)} processes; in each, contiguous and every paged view (placement × page-permutation seed) "
-              f"alternate, CUDA-graph medians per layer call over {runs[0]['sets']} rotating input sets. Times: mean "
-              "± sd over processes. paged vs contig: mean ± sd over processes × seeds. floor = max(expert bytes / "
-              "bandwidth, FLOPs / matmul rate), measured rates (meas.) and datasheet (ds.). vLLM: GPU_NOTES (routed "
-              "experts only, other call).")
+              f"alternate, CUDA-graph medians per layer call over {runs[0]['sets']} rotating input sets. "
+              "contiguous: mean ± sd over processes; paged µs, paged / floor, paged / vLLM: shuffled pages, mean (± sd) "
+              "over processes × seeds; paged vs contig: mean ± sd over processes × seeds. floor = max(expert bytes / "
+              "read bandwidth, FLOPs / matmul rate), measured rates (meas.) and datasheet (ds.). vLLM: fused_moe, "
+              "routed experts only, measured in another call (GPU_NOTES, 'The strongest peer'), so ±3% between "
+              "machines applies to that column.")
     md.append("")
-    hdr = "| model | T | path | contiguous µs | paged µs (shuffled) |"
+    hdr = "| model | T | path | contiguous µs | paged µs |"
     sep = "|---|---:|---|---:|---:|"
     for pl in placements:
         hdr += f" {pl} vs contig |"
@@ -139,9 +145,9 @@ def main():
             p = r["placements"].get(pl)
             line += f" {p['vs_contiguous_pct']:+.2f} ± {p['vs_contiguous_sd_pct']:.2f}% |" if p else " – |"
         vl = "–" if r["vllm_us"] is None else f"{r['vllm_us']:.1f}"
-        rv = "–" if r["paged_over_vllm"] is None else f"{r['paged_over_vllm']:.2f}×"
-        line += (f" {r['floor_us']:.1f} ({r['floor_kind']}) | {r['paged_over_floor']:.2f}× | "
-                 f"{r['paged_over_datasheet_floor']:.2f}× | {vl} | {rv} |")
+        rv = "–" if r["paged_over_vllm"] is None else f"{r['paged_over_vllm']:.3f} ± {r['paged_over_vllm_sd']:.3f}"
+        line += (f" {r['floor_us']:.1f} ({r['floor_kind']}) | {r['paged_over_floor']:.3f} ± "
+                 f"{r['paged_over_floor_sd']:.3f} | {r['paged_over_datasheet_floor']:.2f} | {vl} | {rv} |")
         md.append(line)
     md.append("")
     for pl in placements:

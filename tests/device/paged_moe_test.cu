@@ -287,9 +287,18 @@ TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu
   CHECK(PagedMoe<kernels::Contiguous>{}.run(empty, nullptr, 0, nullptr).ok);
 }
 
-// A configuration policy that asks for a tile the kernels do not have: can_implement must refuse it.
+// Configuration policies can_implement must refuse: a decode tile the kernels do not have, 8 warps where H or
+// F is not a multiple of 256, a grouped tile other than 128.
 struct BadTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kDecode, 24}; }
+};
+struct EightWarpsConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    return {MoePath::kDecode, 32, 8, 2};
+  }
+};
+struct BadGroupedConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 64}; }
 };
 
 TEST_CASE("can_implement names the field, the value and the rule, for every rule", "[gpu][small]") {
@@ -380,16 +389,31 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(C::can_implement(c).message.find("16-byte aligned") != std::string::npos);
 
   // A configuration policy's tile must be one the kernels have.
+  auto fill = [&](auto& args) {
+    args.shape = good.shape;
+    args.input = x;
+    args.output = x;
+    args.topk_ids = ids;
+    args.topk_weights = w;
+    args.weights = good.weights;
+  };
   PagedMoe<kernels::Paged, BadTileConfig>::Arguments bad{};
-  bad.shape = good.shape;
-  bad.input = x;
-  bad.output = x;
-  bad.topk_ids = ids;
-  bad.topk_weights = w;
-  bad.weights = good.weights;
+  fill(bad);
   const kernels::Status st = PagedMoe<kernels::Paged, BadTileConfig>::can_implement(bad);
   CHECK(st.field == "config.tile_tokens");
   CHECK(st.message.find("24") != std::string::npos);
+  PagedMoe<kernels::Paged, EightWarpsConfig>::Arguments eight{};
+  fill(eight);
+  const kernels::Status st8 = PagedMoe<kernels::Paged, EightWarpsConfig>::can_implement(eight);  // F = 1408
+  CHECK(st8.field == "config.decode_warps");
+  CHECK(st8.message.find("32·decode_warps") != std::string::npos);
+  eight.shape.intermediate = 1536;
+  CHECK(PagedMoe<kernels::Paged, EightWarpsConfig>::can_implement(eight).ok);
+  PagedMoe<kernels::Paged, BadGroupedConfig>::Arguments grouped{};
+  fill(grouped);
+  const kernels::Status stg = PagedMoe<kernels::Paged, BadGroupedConfig>::can_implement(grouped);
+  CHECK(stg.field == "config.tile_tokens");
+  CHECK(stg.message.find("128") != std::string::npos);
 
   // run() checks the workspace it is given.
   std::size_t bytes = P::workspace_size(good);

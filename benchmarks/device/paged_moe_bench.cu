@@ -1,21 +1,26 @@
-// Device benchmark of PagedMoe: paged vs contiguous addressing of the same layer, interleaved in one process,
-// CUDA-event medians of CUDA-graph replays (each graph = one layer call per rotating input set, so weights
-// and inputs cycle through more than the 60 MB L2), plus the measured device-copy bandwidth for the floor.
-// Writes one JSON object; benchmarks/device/run.sh merges it with the PyTorch baseline into the results
-// table.
+// Device benchmark of PagedMoe: the same layer read through contiguous addressing and through paged views
+// (each a page placement × permutation seed), interleaved in one process, CUDA-event medians of CUDA-graph
+// replays (each graph = one layer call per rotating input set, so weights and inputs cycle through more than
+// the 60 MB L2), plus the measured device read and copy bandwidths for the floor. Writes one JSON object;
+// benchmarks/device/report.py merges several processes' files (and the PyTorch matmul rate) into the table.
 //
-//   paged_moe_bench --json out.json [--models qwen15,qwen3,mixtral] [--tokens 1,3,16,...] [--sets 8]
-//                   [--placement shuffled|experts|identity] [--variant
-//                   pair|pair-inflight|wide|grid[-tiles][-persistent]]
-// --placement: where the paged view puts the matrices (see testing::Placement); --variant: the sm_90 grouped
-// GEMM's tile and pipeline (kernels::detail::GroupedTuning), -tiles for tile-major unit order, -persistent
-// for a persistent grid; grid = the 2-D-grid kernel of commit d41ff97.
+//   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
+//                   [--sets 8] [--placement shuffled,adjacent] [--seed 1,2,3] [--seconds 0.1]
+// --placement: where the paged views put the matrices (testing::Placement: `shuffled` scatters every matrix,
+// `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
+// layout through the page table);
+// --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
+// case; --config default,t8,t32,w8: decode tiles to compare (one tile wherever it holds the expected
+// largest batch, else the default's), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,10 +35,17 @@ using kernels::PagedMoe;
 
 namespace {
 
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) v.push_back(item);
+  return v;
+}
+
 std::vector<int> parse_ints(const std::string& s) {
   std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoi(item));
+  for (const std::string& item : split(s)) v.push_back(std::stoi(item));
   return v;
 }
 
@@ -42,40 +54,79 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-// Device-to-device copy bandwidth, counting bytes read plus bytes written (as the project's floor does).
-double copy_bandwidth_gbs() {
-  const std::size_t bytes = std::size_t{2} << 30;
-  DeviceBuffer<unsigned char> a(bytes), b(bytes);
-  AMOEBA_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+template <class F>
+float time_ms(F&& body, int warmup = 3, int reps = 11) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   std::vector<float> ms;
-  for (int i = 0; i < 13; ++i) {
+  for (int i = 0; i < warmup + reps; ++i) {
     cudaEventRecord(e0);
-    AMOEBA_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
+    body();
     cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
+    AMOEBA_CUDA_CHECK(cudaEventSynchronize(e1));
     float t;
     cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 3) ms.push_back(t);
+    if (i >= warmup) ms.push_back(t);
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  return 2.0 * bytes / (median(ms) * 1e-3) / 1e9;
+  return median(ms);
 }
 
-template <class Addressing>
-struct Variant {
-  std::vector<typename PagedMoe<Addressing>::Arguments> args;
+// Device-to-device copy bandwidth, counting bytes read plus bytes written.
+double copy_bandwidth_gbs() {
+  const std::size_t bytes = std::size_t{2} << 30;
+  DeviceBuffer<unsigned char> a(bytes), b(bytes);
+  AMOEBA_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  const float ms = time_ms([&] { cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice); });
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+
+// Streams `n` 16-byte words with the loads the decode kernels use for weights; one word per block is written
+// so the reads cannot be dropped.
+__global__ void read_kernel(const uint4* p, std::size_t n, uint4* sink) {
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = kernels::ptx::ld_stream_16(p + i);
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x | acc.y | acc.z | acc.w) == 0x12345678u) sink[blockIdx.x] = acc;
+}
+
+// Device read bandwidth (bytes read only), the memory floor's rate: the weights are only read.
+double read_bandwidth_gbs(int sms) {
+  const std::size_t bytes = std::size_t{4} << 30;
+  DeviceBuffer<uint4> a(bytes / 16), sink(static_cast<std::size_t>(sms) * 8);
+  AMOEBA_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  const float ms = time_ms([&] { read_kernel<<<sms * 8, 512>>>(a.get(), bytes / 16, sink.get()); });
+  AMOEBA_CUDA_CHECK(cudaGetLastError());
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
+struct GraphBase {
+  cudaGraphExec_t exec = nullptr;
+  GraphBase() = default;
+  GraphBase(const GraphBase&) = delete;
+  GraphBase& operator=(const GraphBase&) = delete;
+  virtual ~GraphBase() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+// One addressing and configuration of the layer: a CUDA graph of one call per routing set.
+template <class Addressing, class Config>
+struct Graph : GraphBase {
+  using Moe = PagedMoe<Addressing, Config>;
+  std::vector<typename Moe::Arguments> args;
   DeviceBuffer<unsigned char> workspace;
   std::size_t workspace_bytes = 0;
-  cudaGraphExec_t exec = nullptr;
 
-  void build(const ExpertStore& store, const std::vector<RoutingSet>& sets, const MoeShape& shape,
-             typename Addressing::Arguments w, bf16* out, MoePath path, cudaStream_t stream) {
+  Graph(const std::vector<RoutingSet>& sets, const MoeShape& shape, typename Addressing::Arguments w,
+        bf16* out, cudaStream_t stream) {
     for (const RoutingSet& r : sets) {
-      typename PagedMoe<Addressing>::Arguments a{};
+      typename Moe::Arguments a{};
       a.shape = shape;
       a.input = r.x.get();
       a.topk_ids = r.ids.get();
@@ -83,13 +134,11 @@ struct Variant {
       a.shared_weights = shape.num_shared_chunks > 0 ? r.shared.get() : nullptr;
       a.output = out;
       a.weights = w;
-      a.path = path;
-      const kernels::Status st = PagedMoe<Addressing>::can_implement(a);
+      const kernels::Status st = Moe::can_implement(a);
       if (!st) throw std::runtime_error(st.message);
-      workspace_bytes = std::max(workspace_bytes, PagedMoe<Addressing>::workspace_size(a));
+      workspace_bytes = std::max(workspace_bytes, Moe::workspace_size(a));
       args.push_back(a);
     }
-    (void)store;
     workspace = DeviceBuffer<unsigned char>(workspace_bytes);
     // One eager call first (sets kernel attributes outside the capture), then capture one call per set.
     run_all(stream);
@@ -103,28 +152,63 @@ struct Variant {
   }
   void run_all(cudaStream_t stream) {
     for (const auto& a : args) {
-      const kernels::Status st = PagedMoe<Addressing>{}.run(a, workspace.get(), workspace_bytes, stream);
+      const kernels::Status st = Moe{}.run(a, workspace.get(), workspace_bytes, stream);
       if (!st) throw std::runtime_error(st.message);
     }
   }
-  ~Variant() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
+};
+
+// Configurations compared against the default (A/B): one decode tile wherever it holds the expected largest
+// batch and K allows its warps, the default's choice elsewhere.
+template <int kTile, int kWarps, int kUnroll>
+struct DecodeTileConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    if (c.path != MoePath::kDecode) return c;
+    const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
+    const double room = kTile - 1.0 - mean;
+    const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
+    if (room >= 0 && 9.0 * mean <= room * room && k_ok) c = {MoePath::kDecode, kTile, kWarps, kUnroll};
+    return c;
   }
 };
 
+// The graphs of one configuration: contiguous, then one per paged view.
+template <class Config>
+std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet>& sets,
+                                                    const MoeShape& shape, const ExpertStore& store,
+                                                    const std::vector<ExpertStore::AliasedView>& views,
+                                                    bf16* out, cudaStream_t stream) {
+  std::vector<std::unique_ptr<GraphBase>> g;
+  g.push_back(std::make_unique<Graph<kernels::Contiguous, Config>>(sets, shape, store.contiguous_args(), out,
+                                                                   stream));
+  for (const auto& v : views)
+    g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, v.args(), out, stream));
+  return g;
+}
+
 const char* path_name(MoePath p) {
   return p == MoePath::kDecode ? "decode" : p == MoePath::kGroupedMma ? "grouped-mma" : "grouped";
+}
+
+Placement parse_placement(const std::string& v) {
+  if (v == "shuffled") return Placement::kShuffled;
+  if (v == "adjacent") return Placement::kAdjacent;
+  if (v == "identity") return Placement::kIdentity;
+  throw std::runtime_error("--placement: unknown placement '" + v + "' (shuffled, adjacent, identity)");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path = "paged_moe_bench.json";
-  std::vector<std::string> models = {"qwen15", "qwen3", "mixtral"};
+  std::vector<std::string> models = {"qwen15", "qwen15_shared", "qwen3", "mixtral"};
   std::vector<int> tokens = {1, 3, 16, 33, 64, 256, 1024, 4096, 16384};
+  std::vector<std::string> placements = {"shuffled", "adjacent"};
+  std::vector<int> seeds = {1, 2, 3};
+  std::vector<std::string> configs = {"default"};
   int num_sets = 8;
-  Placement placement = Placement::kShuffled;
-  std::string placement_name = "shuffled", variant = "pair";
+  double seconds = 0.1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--json")
@@ -133,28 +217,17 @@ int main(int argc, char** argv) {
       tokens = parse_ints(v);
     else if (k == "--sets")
       num_sets = std::stoi(v);
-    else if (k == "--placement") {
-      placement_name = v;
-      placement = v == "identity"  ? Placement::kIdentity
-                  : v == "experts" ? Placement::kExperts
-                                   : Placement::kShuffled;
-    } else if (k == "--variant") {
-      variant = v;
-      // <tile>[-persistent], tile = pair | pair-inflight | wide
-      auto& tune = kernels::detail::grouped_tuning();
-      using T = kernels::detail::GroupedTuning;
-      auto has = [&](const char* w) { return v.find(w) != std::string::npos; };
-      tune.persistent = has("persistent");
-      tune.unit_order = has("tiles") ? 1 : 0;
-      tune.tile = has("wide")       ? T::kWide
-                  : has("inflight") ? T::kPairInFlight
-                  : has("grid")     ? T::kGrid
-                                    : T::kPair;
-    } else if (k == "--models") {
-      models.clear();
-      std::stringstream ss(v);
-      for (std::string m; std::getline(ss, m, ',');) models.push_back(m);
-    } else {
+    else if (k == "--placement")
+      placements = split(v);
+    else if (k == "--seed")
+      seeds = parse_ints(v);
+    else if (k == "--seconds")
+      seconds = std::stod(v);
+    else if (k == "--models")
+      models = split(v);
+    else if (k == "--config")
+      configs = split(v);
+    else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
@@ -167,24 +240,31 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   const double copy_gbs = copy_bandwidth_gbs();
-  std::printf("%s: device copy %.0f GB/s (read+write)\n", prop.name, copy_gbs);
+  const double read_gbs = read_bandwidth_gbs(prop.multiProcessorCount);
+  std::printf("%s: device copy %.0f GB/s (read+write), read %.0f GB/s\n", prop.name, copy_gbs, read_gbs);
 
-  std::map<std::string, ModelSpec> specs = {
+  const std::map<std::string, ModelSpec> specs = {
       {"qwen15", kQwen15Routed}, {"qwen15_shared", kQwen15}, {"qwen3", kQwen3}, {"mixtral", kMixtral}};
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  cudaEvent_t ev[3];
+  cudaEvent_t ev[2];
   for (auto& e : ev) cudaEventCreate(&e);
 
   std::FILE* js = std::fopen(json_path.c_str(), "w");
-  std::fprintf(js,
-               "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"sets\": %d,\n \"placement\": \"%s\",\n "
-               "\"variant\": \"%s\",\n \"cases\": [\n",
-               prop.name, copy_gbs, num_sets, placement_name.c_str(), variant.c_str());
+  std::fprintf(
+      js, "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"read_gbs\": %.1f,\n \"sets\": %d,\n \"cases\": [\n",
+      prop.name, copy_gbs, read_gbs, num_sets);
   bool first = true;
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
-    ExpertStore store(spec, 42, 8, /*aliased=*/true, placement);  // 1 expert in 8 in the load buffer
+    ExpertStore store(spec, 42, 0, /*aliased=*/true);
+    std::vector<std::pair<std::string, int>> view_names;
+    std::vector<ExpertStore::AliasedView> views;
+    for (const std::string& pl : placements)
+      for (int seed : seeds) {  // 1 expert in 8 in load-buffer slots
+        view_names.emplace_back(pl, seed);
+        views.push_back(store.aliased_view(parse_placement(pl), static_cast<std::uint64_t>(seed), 8));
+      }
     for (int t : tokens) {
       const MoeShape shape = shape_of(spec, t);
       std::vector<RoutingSet> sets;
@@ -195,59 +275,88 @@ int main(int argc, char** argv) {
       }
       distinct /= num_sets;
       DeviceBuffer<bf16> out(static_cast<std::size_t>(t) * spec.hidden);
-      Variant<kernels::Paged> paged;
-      Variant<kernels::Contiguous> contiguous;
-      paged.build(store, sets, shape, store.paged_args(), out.get(), MoePath::kAuto, stream);
-      contiguous.build(store, sets, shape, store.contiguous_args(), out.get(), MoePath::kAuto, stream);
-      const MoePath path = PagedMoe<kernels::Paged>::chosen_path(paged.args[0]);
-      const int tile = PagedMoe<kernels::Paged>::tile_tokens(paged.args[0]);
-      // Warm up, then size the repetitions to ~0.4 s per variant.
-      for (int i = 0; i < 3; ++i) {
-        cudaGraphLaunch(paged.exec, stream);
-        cudaGraphLaunch(contiguous.exec, stream);
+      const kernels::MoeConfig config = kernels::DefaultMoeConfig::select(shape, MoePath::kAuto);
+      // Per configuration: graph 0 contiguous, graphs 1.. the paged views. Other configurations only where
+      // they differ (decode).
+      std::vector<std::string> used;
+      std::vector<std::unique_ptr<GraphBase>> graphs;
+      for (const std::string& c : configs) {
+        if (c != configs[0] && config.path != MoePath::kDecode) continue;
+        std::vector<std::unique_ptr<GraphBase>> g;
+        if (c == "default")
+          g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
+        else if (c == "t8")
+          g = make_graphs<DecodeTileConfig<8, 4, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "t32")
+          g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "w8")
+          g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
+        else
+          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, t8, t32, w8)");
+        used.push_back(c);
+        for (auto& x : g) graphs.push_back(std::move(x));
       }
+      const int per_config = 1 + static_cast<int>(views.size());
+      const int n = static_cast<int>(graphs.size());
+      auto launch = [&](int g) { AMOEBA_CUDA_CHECK(cudaGraphLaunch(graphs[g]->exec, stream)); };
+      for (int i = 0; i < 2; ++i)
+        for (int g = 0; g < n; ++g) launch(g);
       cudaEventRecord(ev[0], stream);
-      cudaGraphLaunch(paged.exec, stream);
+      launch(0);
       cudaEventRecord(ev[1], stream);
       AMOEBA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
       float once;
       cudaEventElapsedTime(&once, ev[0], ev[1]);
-      const int reps = std::clamp(static_cast<int>(400.0f / std::max(once, 1e-3f)), 7, 201);
-      std::vector<float> tp, tc;
+      const int reps = std::clamp(static_cast<int>(seconds * 1000.0 / std::max(once, 1e-3f)), 5, 301);
+      std::vector<std::vector<float>> us(n);
+      std::vector<int> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937 shuffle_rng(static_cast<unsigned>(t));
       for (int r = 0; r < reps; ++r) {
-        // Alternate which variant goes first so neither always follows the other.
-        const bool paged_first = r % 2 == 0;
-        cudaEventRecord(ev[0], stream);
-        cudaGraphLaunch(paged_first ? paged.exec : contiguous.exec, stream);
-        cudaEventRecord(ev[1], stream);
-        cudaGraphLaunch(paged_first ? contiguous.exec : paged.exec, stream);
-        cudaEventRecord(ev[2], stream);
-        AMOEBA_CUDA_CHECK(cudaEventSynchronize(ev[2]));
-        float a, b;
-        cudaEventElapsedTime(&a, ev[0], ev[1]);
-        cudaEventElapsedTime(&b, ev[1], ev[2]);
-        (paged_first ? tp : tc).push_back(a * 1000.0f / num_sets);
-        (paged_first ? tc : tp).push_back(b * 1000.0f / num_sets);
+        // A new order every repetition, so that no graph always follows the same one.
+        std::shuffle(order.begin(), order.end(), shuffle_rng);
+        for (int i = 0; i < n; ++i) {
+          const int g = order[i];
+          cudaEventRecord(ev[0], stream);
+          launch(g);
+          cudaEventRecord(ev[1], stream);
+          AMOEBA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+          float ms;
+          cudaEventElapsedTime(&ms, ev[0], ev[1]);
+          us[g].push_back(ms * 1000.0f / num_sets);
+        }
       }
       AMOEBA_CUDA_CHECK(cudaGetLastError());
-      const float mp = median(tp), mc = median(tc);
       const double bytes = distinct * 3.0 * static_cast<double>(shape.matrix_bytes()) +
                            shape.num_shared_chunks * 3.0 * static_cast<double>(shape.matrix_bytes());
       const double flops =
           2.0 * t * shape.slots_per_token() * 3.0 * static_cast<double>(shape.matrix_elems());
-      std::printf(
-          "%-8s T=%-6d %-8s tile=%-4d paged %9.2f us  contiguous %9.2f us  (%+.2f%%)  distinct %.1f  reps "
-          "%d\n",
-          name.c_str(), t, path_name(path), tile, mp, mc, 100.0 * (mp - mc) / mc, distinct, reps);
-      std::fflush(stdout);
       std::fprintf(
           js,
           "%s  {\"model\": \"%s\", \"tokens\": %d, \"E\": %d, \"k\": %d, \"H\": %d, \"F\": %d, "
-          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"paged_us\": %.3f, "
-          "\"contiguous_us\": %.3f, \"distinct_experts\": %.2f, \"expert_bytes\": %.0f, \"flops\": %.0f, "
-          "\"reps\": %d}",
+          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"distinct_experts\": %.2f, "
+          "\"expert_bytes\": %.0f, \"flops\": %.0f, \"reps\": %d, \"configs\": [",
           first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
-          spec.shared_chunks, path_name(path), tile, mp, mc, distinct, bytes, flops, reps);
+          spec.shared_chunks, path_name(config.path), config.tile_tokens, distinct, bytes, flops, reps);
+      for (std::size_t ci = 0; ci < used.size(); ++ci) {
+        const int base = static_cast<int>(ci) * per_config;
+        const float mc = median(us[base]);
+        std::printf("%-14s T=%-6d %-8s tile=%-4d %-9s contiguous %9.2f us  paged", name.c_str(), t,
+                    path_name(config.path), config.tile_tokens, used[ci].c_str(), mc);
+        std::fprintf(js, "%s{\"config\": \"%s\", \"contiguous_us\": %.3f, \"paged\": [", ci ? ", " : "",
+                     used[ci].c_str(), mc);
+        for (std::size_t v = 0; v < views.size(); ++v) {
+          const float mp = median(us[base + 1 + static_cast<int>(v)]);
+          std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,
+                      100.0 * (mp - mc) / mc);
+          std::fprintf(js, "%s{\"placement\": \"%s\", \"seed\": %d, \"us\": %.3f}", v ? ", " : "",
+                       view_names[v].first.c_str(), view_names[v].second, mp);
+        }
+        std::printf("  reps %d\n", reps);
+        std::fprintf(js, "]}");
+      }
+      std::fflush(stdout);
+      std::fprintf(js, "]}");
       first = false;
     }
   }

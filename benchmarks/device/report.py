@@ -1,79 +1,160 @@
-"""Merges the kernel benchmark and the PyTorch baseline into docs/results/paged_moe_h200.{json,md}.
+"""Merges the kernel benchmark of several processes (and the PyTorch matmul rate and baseline) into one
+results JSON and a markdown table. Writes only the two files it is given.
 
-    python3 report.py --bench bench.json --torch torch.json --out-json X.json --out-md X.md [--commit C] [--date D]
+    python3 report.py --bench p1.json p2.json p3.json --torch torch.json --out-json X.json --out-md X.md \
+        [--commit C] [--date D] [--command "..."]
+
+Every paged-vs-contiguous ratio is a mean ± sd over all processes × page-permutation seeds of one placement;
+times are means ± sd over processes of each process's median. Floors: max(expert bytes / read bandwidth,
+FLOPs / matmul rate), once with the rates measured in the same call and once with the datasheet's.
 """
 import argparse
 import json
+import statistics
+
+DATASHEET_GBS = 4800.0  # H200 SXM HBM3e
+DATASHEET_TFLOPS = 989.0  # dense bf16
+
+# vLLM fused_moe (Triton 3.6, routed experts only, whole layer incl. routing), µs: GPU_NOTES, "The strongest
+# peer" (H200, 2026-12-01, project commit 67fa3b5).
+VLLM_US = {
+    "qwen1.5-moe-a2.7b": {1: 46.8, 16: 206.1, 64: 284.8, 1024: 361.9, 4096: 842.2, 16384: 2604.0},
+    "qwen3-30b-a3b": {1: 50.4, 16: 231.4, 64: 334.2, 1024: 431.6, 4096: 886.5, 16384: 2868.0},
+    "mixtral-8x7b": {1: 202.0, 16: 666.7, 64: 689.5, 1024: 1639.0, 4096: 5065.0, 16384: 19102.0},
+}
+
+
+def mean_sd(values):
+    values = list(values)
+    m = statistics.fmean(values)
+    return m, (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bench", required=True)
+    ap.add_argument("--bench", nargs="+", required=True)
     ap.add_argument("--torch", required=True)
     ap.add_argument("--out-json", required=True)
     ap.add_argument("--out-md", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--date", default="unknown")
     ap.add_argument("--command", default="bash benchmarks/device/run.sh")
+    ap.add_argument("--note", default="", help="an extra line under the command (how the binaries were built)")
     a = ap.parse_args()
-    bench = json.load(open(a.bench))
+    runs = [json.load(open(f)) for f in a.bench]
     try:
         torch = json.load(open(a.torch))
     except (OSError, ValueError):
         torch = {"cases": [], "matmul_tflops": None, "torch": "unavailable"}
     tflops = torch.get("matmul_tflops") or 790.0
+    read_gbs = statistics.fmean(r["read_gbs"] for r in runs)
+    copy_gbs = statistics.fmean(r["copy_gbs"] for r in runs)
     tmap = {(c["model"], c["tokens"]): c for c in torch["cases"]}
+
+    keys = [(c["model"], c["tokens"]) for c in runs[0]["cases"]]
+    # The first configuration of each case is the one reported (the others are A/B runs).
+    for r in runs:
+        for c in r["cases"]:
+            if "configs" in c:
+                c.update(contiguous_us=c["configs"][0]["contiguous_us"], paged=c["configs"][0]["paged"])
+    per_run = [{(c["model"], c["tokens"]): c for c in r["cases"]} for r in runs]
     rows = []
-    for c in bench["cases"]:
-        mem_us = c["expert_bytes"] / (bench["copy_gbs"] * 1e9) * 1e6
-        cmp_us = c["flops"] / (tflops * 1e12) * 1e6
+    for key in keys:
+        cs = [pr[key] for pr in per_run if key in pr]
+        c0 = cs[0]
+        mem_us = c0["expert_bytes"] / (read_gbs * 1e9) * 1e6
+        cmp_us = c0["flops"] / (tflops * 1e12) * 1e6
         floor = max(mem_us, cmp_us)
-        t = tmap.get((c["model"], c["tokens"]), {})
-        row = dict(c)
-        row.update(floor_us=floor, floor_memory_us=mem_us, floor_compute_us=cmp_us,
-                   paged_over_contiguous_pct=100.0 * (c["paged_us"] - c["contiguous_us"]) / c["contiguous_us"],
-                   paged_over_floor=c["paged_us"] / floor, torch_us=t.get("torch_us"),
-                   torch_graph_us=t.get("torch_graph_us"))
+        ds_floor = max(c0["expert_bytes"] / (DATASHEET_GBS * 1e9) * 1e6, c0["flops"] / (DATASHEET_TFLOPS * 1e12) * 1e6)
+        contig = mean_sd(c["contiguous_us"] for c in cs)
+        row = {k: c0[k] for k in ("model", "tokens", "E", "k", "H", "F", "shared_chunks", "path", "tile_tokens",
+                                  "distinct_experts", "expert_bytes", "flops")}
+        row.update(processes=len(cs), contiguous_us=contig[0], contiguous_sd_us=contig[1],
+                   floor_us=floor, floor_memory_us=mem_us, floor_compute_us=cmp_us, floor_datasheet_us=ds_floor,
+                   floor_kind="mem" if mem_us >= cmp_us else "math")
+        placements = {}
+        for c in cs:
+            for p in c["paged"]:
+                placements.setdefault(p["placement"], []).append((p["us"], c["contiguous_us"]))
+        row["placements"] = {}
+        for name, pairs in placements.items():
+            pct = mean_sd(100.0 * (p - q) / q for p, q in pairs)
+            us = mean_sd(p for p, _ in pairs)
+            row["placements"][name] = {"paged_us": us[0], "paged_sd_us": us[1], "vs_contiguous_pct": pct[0],
+                                       "vs_contiguous_sd_pct": pct[1], "samples": len(pairs),
+                                       "worst_pct": max(100.0 * (p - q) / q for p, q in pairs)}
+        main_pl = "shuffled" if "shuffled" in placements else next(iter(placements))
+        samples = [p for p, _ in placements[main_pl]]
+        paged = row["placements"][main_pl]["paged_us"]
+        row["paged_us"] = paged
+        row["paged_over_floor"], row["paged_over_floor_sd"] = mean_sd(p / floor for p in samples)
+        row["paged_over_datasheet_floor"], row["paged_over_datasheet_floor_sd"] = mean_sd(p / ds_floor for p in samples)
+        t = tmap.get((row["model"], row["tokens"]), {})
+        row["torch_us"], row["torch_graph_us"] = t.get("torch_us"), t.get("torch_graph_us")
+        v = VLLM_US.get(row["model"], {}).get(row["tokens"]) if row["shared_chunks"] == 0 else None
+        row["vllm_us"] = v
+        row["paged_over_vllm"], row["paged_over_vllm_sd"] = mean_sd(p / v for p in samples) if v else (None, None)
         rows.append(row)
-    over = [r["paged_over_contiguous_pct"] for r in rows]
-    summary = {
-        "mean_paged_over_contiguous_pct": sum(over) / len(over),
-        "max_paged_over_contiguous_pct_at_16_plus": max(r["paged_over_contiguous_pct"] for r in rows if r["tokens"] >= 16),
-        "max_abs_paged_minus_contiguous_us_at_1": max(r["paged_us"] - r["contiguous_us"] for r in rows if r["tokens"] == 1),
-    }
-    out = {"gpu": bench["gpu"], "date": a.date, "commit": a.commit, "command": a.command,
-           "copy_gbs": bench["copy_gbs"], "matmul_tflops": tflops, "torch": torch.get("torch"),
-           "rotating_sets": bench["sets"], "grouped_variant": bench.get("variant", "pair"),
-           "placement": bench.get("placement", "shuffled"), "summary": summary, "cases": rows}
+
+    def summary_for(pl):
+        vals = [r["placements"][pl] for r in rows if pl in r["placements"]]
+        big = [r["placements"][pl] for r in rows if pl in r["placements"] and r["tokens"] >= 16]
+        if not vals:
+            return None
+        return {"mean_pct": statistics.fmean(v["vs_contiguous_pct"] for v in vals),
+                "max_mean_pct_at_16_plus": max(v["vs_contiguous_pct"] for v in big) if big else None,
+                "max_single_pct_at_16_plus": max(v["worst_pct"] for v in big) if big else None}
+
+    order = {"shuffled": 0, "adjacent": 1, "identity": 2}
+    placements = sorted({pl for r in rows for pl in r["placements"]}, key=lambda pl: (order.get(pl, 9), pl))
+    summary = {pl: summary_for(pl) for pl in placements}
+    out = {"gpu": runs[0]["gpu"], "date": a.date, "commit": a.commit, "command": a.command,
+           "processes": len(runs), "read_gbs": read_gbs, "copy_gbs": copy_gbs, "matmul_tflops": tflops,
+           "datasheet_gbs": DATASHEET_GBS, "datasheet_tflops": DATASHEET_TFLOPS, "torch": torch.get("torch"),
+           "rotating_sets": runs[0]["sets"], "summary": summary, "cases": rows}
     json.dump(out, open(a.out_json, "w"), indent=1)
 
-    md = []
-    md.append(f"GPU: {bench['gpu']}; date {a.date}; commit {a.commit}; torch {torch.get('torch')}.  ")
-    md.append(f"Measured in the same call: device copy {bench['copy_gbs']:.0f} GB/s (read+write), bf16 matmul "
-              f"{tflops:.0f} TFLOP/s (8192^3, torch).  ")
+    md = ["# PagedMoe on the H200", ""]
+    md.append(f"GPU: {runs[0]['gpu']}; date {a.date}; commit {a.commit}; torch {torch.get('torch')}.  ")
     md.append(f"Command: `{a.command}`.  ")
-    md.append(f"Grouped GEMM variant: {bench.get('variant', 'pair')}; paged placement: "
-              f"{bench.get('placement', 'shuffled')}.  ")
-    md.append("Times are CUDA-event medians per layer call (µs): kernel = CUDA-graph replays of "
-              f"{bench['sets']} calls on rotating input sets; torch = eager (and CUDA graph) over the same number "
-              "of sets. floor = max(distinct active expert bytes / copy bandwidth, FLOPs / matmul rate).")
+    if a.note:
+        md.append(a.note + "  ")
+    md.append(f"Measured in the same call: read {read_gbs:.0f} GB/s, device copy {copy_gbs:.0f} GB/s (read+write), "
+              f"bf16 matmul {tflops:.0f} TFLOP/s (8192³, torch); datasheet {DATASHEET_GBS:.0f} GB/s, "
+              f"{DATASHEET_TFLOPS:.0f} TFLOP/s.  ")
+    md.append(f"{len(runs)} processes; in each, contiguous and every paged view (placement × page-permutation seed) "
+              f"alternate, CUDA-graph medians per layer call over {runs[0]['sets']} rotating input sets. "
+              "contiguous: mean ± sd over processes; paged µs, paged / floor, paged / vLLM: shuffled pages, mean (± sd) "
+              "over processes × seeds; paged vs contig: mean ± sd over processes × seeds. floor = max(expert bytes / "
+              "read bandwidth, FLOPs / matmul rate), measured rates (meas.) and datasheet (ds.). vLLM: fused_moe, "
+              "routed experts only, measured in another call (GPU_NOTES, 'The strongest peer'), so ±3% between "
+              "machines applies to that column.")
     md.append("")
-    md.append("| model | T | path | paged µs | contiguous µs | paged vs contig | floor µs | paged / floor | torch eager µs | torch graph µs | best torch / paged |")
-    md.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    def us(v):
-        return "–" if v is None else f"{v:.1f}"
-
+    hdr = "| model | T | path | contiguous µs | paged µs |"
+    sep = "|---|---:|---|---:|---:|"
+    for pl in placements:
+        hdr += f" {pl} vs contig |"
+        sep += "---:|"
+    hdr += " floor meas. µs | paged / floor | paged / ds. floor | vLLM µs | paged / vLLM |"
+    sep += "---:|---:|---:|---:|---:|"
+    md += [hdr, sep]
     for r in rows:
-        kind = "mem" if r["floor_memory_us"] >= r["floor_compute_us"] else "math"
-        best_torch = min(v for v in (r["torch_us"], r["torch_graph_us"], float("inf")) if v is not None)
-        speedup = "–" if best_torch == float("inf") else f"{best_torch / r['paged_us']:.2f}×"
-        md.append(f"| {r['model']} | {r['tokens']} | {r['path']}/{r['tile_tokens']} | {r['paged_us']:.1f} | "
-                  f"{r['contiguous_us']:.1f} | {r['paged_over_contiguous_pct']:+.2f}% | {r['floor_us']:.1f} ({kind}) | "
-                  f"{r['paged_over_floor']:.2f}× | {us(r['torch_us'])} | {us(r['torch_graph_us'])} | {speedup} |")
+        line = (f"| {r['model']} | {r['tokens']} | {r['path']}/{r['tile_tokens']} | "
+                f"{r['contiguous_us']:.1f} ± {r['contiguous_sd_us']:.1f} | {r['paged_us']:.1f} |")
+        for pl in placements:
+            p = r["placements"].get(pl)
+            line += f" {p['vs_contiguous_pct']:+.2f} ± {p['vs_contiguous_sd_pct']:.2f}% |" if p else " – |"
+        vl = "–" if r["vllm_us"] is None else f"{r['vllm_us']:.1f}"
+        rv = "–" if r["paged_over_vllm"] is None else f"{r['paged_over_vllm']:.3f} ± {r['paged_over_vllm_sd']:.3f}"
+        line += (f" {r['floor_us']:.1f} ({r['floor_kind']}) | {r['paged_over_floor']:.3f} ± "
+                 f"{r['paged_over_floor_sd']:.3f} | {r['paged_over_datasheet_floor']:.2f} | {vl} | {rv} |")
+        md.append(line)
     md.append("")
-    md.append(f"Paged vs contiguous: mean {summary['mean_paged_over_contiguous_pct']:+.2f}%, worst at T ≥ 16 "
-              f"{summary['max_paged_over_contiguous_pct_at_16_plus']:+.2f}%, worst absolute at T = 1 "
-              f"{summary['max_abs_paged_minus_contiguous_us_at_1']:+.2f} µs.")
+    for pl in placements:
+        sm = summary[pl]
+        md.append(f"Paged ({pl}) vs contiguous: mean {sm['mean_pct']:+.2f}%, worst case mean at T ≥ 16 "
+                  f"{sm['max_mean_pct_at_16_plus']:+.2f}%, worst single process × seed at T ≥ 16 "
+                  f"{sm['max_single_pct_at_16_plus']:+.2f}%.  ")
     open(a.out_md, "w").write("\n".join(md) + "\n")
     print("\n".join(md))
 

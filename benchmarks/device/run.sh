@@ -1,50 +1,71 @@
 #!/usr/bin/env bash
-# One device call: device tests (+ compute-sanitizer on the small case), kernel benchmark, PyTorch baseline,
-# merged results. Uses binaries in $BIN (default build/kern; build them with the `gpu` preset, or carry them),
-# else configures and builds there (needs Catch2 for the tests).
-#   OUT=/some/dir bash benchmarks/device/run.sh     # everything (tests, sanitizers, benchmark, torch, report)
-# Knobs: TOKENS=1,16 MODELS=qwen15 (subsets), VARIANT=pair-persistent (grouped GEMM variant, see the benchmark), SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_TORCH=1, DIAG=1 (ncu per-kernel
-# times + SASS of the decode kernel into diag.log), COMMIT=<sha> (recorded in the results).
+# One device call that checks and measures PagedMoe: device tests (+ compute-sanitizer memcheck and racecheck
+# on the small case), the benchmark in $PROCESSES separate processes (each: contiguous and the paged views of
+# every placement × page-permutation seed, alternating), the PyTorch bf16 matmul rate (and, if asked, the torch
+# pipeline baseline), and the merged report. Writes only under $OUT.
+#   OUT=/some/dir BIN=/folder/with/binaries bash benchmarks/device/run.sh
+# $BIN holds paged_moe_bench and paged_moe_device_test (built elsewhere with the gpu preset and carried); without
+# them both are built here. Knobs: TOKENS, MODELS, SEEDS (1,2,3), PLACEMENTS (shuffled,adjacent), PROCESSES (3),
+# SECONDS_PER_VIEW (0.1), CONFIGS (default; e.g. default,warps2,register for an A/B of decode kernels),
+# SKIP_TESTS=1, SKIP_SANITIZER=1, TEST_TAGS ("[small] [models]"), TORCH_MODELS (torch pipeline baseline
+# models; none by default, the matmul rate is always measured), DIAG=1 (ncu per-kernel time and DRAM
+# throughput of a few decode cases into diag.log), COMMIT.
 set -uo pipefail
+: "${OUT:?OUT must name the folder for logs and results}"
 cd "$(dirname "$0")/../.."
-BIN=${BIN:-build/kern}
-OUT=${OUT:-docs/results}
+BIN=${BIN:-build/gpu}
 mkdir -p "$OUT"
-if [[ ! -x $BIN/benchmarks/device/paged_moe_bench ]]; then
-  cmake -S . -B "$BIN" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAMOEBA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DAMOEBA_BUILD_BENCHMARKS=ON && cmake --build "$BIN" --target paged_moe_bench paged_moe_device_test || exit 1
+if [[ ! -x $BIN/paged_moe_bench || ! -x $BIN/paged_moe_device_test ]]; then
+  cmake --preset gpu >/dev/null && cmake --build --preset gpu --target paged_moe_bench paged_moe_device_test || exit 1
+  mkdir -p build/gpu/bin
+  cp build/gpu/benchmarks/device/paged_moe_bench build/gpu/tests/device/paged_moe_device_test build/gpu/bin/
+  BIN=build/gpu/bin
 fi
-TEST=$BIN/tests/device/paged_moe_device_test
-BENCH=$BIN/benchmarks/device/paged_moe_bench
+TEST=$BIN/paged_moe_device_test
+BENCH=$BIN/paged_moe_bench
 TOKENS=${TOKENS:-1,3,16,33,64,256,1024,4096,16384}
+MODELS=${MODELS:-qwen15,qwen15_shared,qwen3,mixtral}
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/tests.log"
 rc=0
 if [[ ${SKIP_TESTS:-0} != 1 ]]; then
-  "$TEST" "[small]" 2>&1 | tee -a "$OUT/tests.log" || rc=1
-  if command -v compute-sanitizer >/dev/null && [[ ${SKIP_SANITIZER:-0} != 1 ]]; then
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" "[sanitize]" >"$OUT/sanitizer.log" 2>&1 || rc=1
-    compute-sanitizer --tool racecheck --error-exitcode 3 "$TEST" "[sanitize]" >>"$OUT/sanitizer.log" 2>&1 || rc=1
-    grep -E "SUMMARY|passed|failed" "$OUT/sanitizer.log"
-  fi
-  "$TEST" "[models]" 2>&1 | tee -a "$OUT/tests.log" || rc=1
-  "$TEST" "[variants]" 2>&1 | tee -a "$OUT/tests.log" || rc=1
-  if [[ -x $BIN/tests/device_loader/device_loader_tests ]]; then
-    "$BIN/tests/device_loader/device_loader_tests" 2>&1 | tail -3 | tee -a "$OUT/tests.log" || rc=1
-  fi
+  for tag in ${TEST_TAGS:-"[small]" "[models]"}; do
+    "$TEST" "$tag" >>"$OUT/tests.log" 2>&1 || { rc=1; echo "tests $tag FAILED"; }
+    stamp "tests $tag: $(grep -E "test cases" "$OUT/tests.log" | tail -1)"
+  done
 fi
-if [[ ${DIAG:-0} == 1 ]]; then  # per-kernel times (ncu, caches flushed) and the decode kernel's SASS
-  ncu --clock-control none -k 'regex:gemv|gemm|routing|combine' --launch-count 24 \
-    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum \
-    "$BENCH" --json /dev/null --models qwen15 --tokens ${DIAG_TOKENS:-1} --sets 1 >"$OUT/diag.log" 2>&1
-  cuobjdump -sass -fun '_ZN6amoeba7kernels6decode11gemv_kernelINS0_5PagedELNS1_5StageE0ELi1EEEvNS0_9MoeParamsIT_EE' \
-    "$BENCH" | grep -E "LDG|HMMA|BRA|BAR" >>"$OUT/diag.log" 2>&1
+benches=()
+for i in $(seq 1 "${PROCESSES:-3}"); do
+  "$BENCH" --json "$OUT/bench_$i.json" --tokens "$TOKENS" --models "$MODELS" --seed "${SEEDS:-1,2,3}" \
+    --placement "${PLACEMENTS:-shuffled,adjacent}" --seconds "${SECONDS_PER_VIEW:-0.1}" \
+    --config "${CONFIGS:-default}" >"$OUT/bench_$i.log" 2>&1 ||
+    { rc=1; tail -5 "$OUT/bench_$i.log"; }
+  benches+=("$OUT/bench_$i.json")
+  stamp "benchmark process $i"
+done
+if [[ ${DIAG:-0} == 1 ]]; then
+  for m in qwen3 mixtral; do
+    ncu --clock-control none -k regex:gemv --launch-count 8 \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum \
+      "$BENCH" --json /dev/null --models $m --tokens ${DIAG_TOKENS:-16} --sets 1 --seed 1 --placement shuffled \
+      --config "${CONFIGS:-default}" --seconds 0.001 >>"$OUT/diag.log" 2>&1
+  done
+  stamp "diag"
 fi
-"$BENCH" --json "$OUT/bench.json" --tokens "$TOKENS" ${MODELS:+--models $MODELS} ${VARIANT:+--variant $VARIANT} || rc=1
-if [[ ${SKIP_TORCH:-0} != 1 ]]; then
-  PYTHONUNBUFFERED=1 python3 benchmarks/device/torch_baseline.py --json "$OUT/torch.json" --tokens "$TOKENS" \
-    ${MODELS:+--models $MODELS} || rc=1
-fi
-python3 benchmarks/device/report.py --bench "$OUT/bench.json" --torch "$OUT/torch.json" \
+PYTHONUNBUFFERED=1 python3 benchmarks/device/torch_baseline.py --json "$OUT/torch.json" --tokens "$TOKENS" \
+  --models "${TORCH_MODELS:-}" >"$OUT/torch.log" 2>&1 || rc=1
+stamp "torch"
+python3 benchmarks/device/report.py --bench "${benches[@]}" --torch "$OUT/torch.json" \
   --out-json "$OUT/paged_moe_h200.json" --out-md "$OUT/paged_moe_h200.md" \
-  --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" || rc=1
+  --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" \
+  --command "${COMMAND:-OUT=\$OUT bash benchmarks/device/run.sh}" >/dev/null || rc=1
+# Last, so that a slow sanitizer never costs the measurements.
+if [[ ${SKIP_TESTS:-0} != 1 && ${SKIP_SANITIZER:-0} != 1 ]] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool $tool --error-exitcode 3 "$TEST" "[sanitize]" \
+      >>"$OUT/sanitizer.log" 2>&1 || { rc=1; echo "$tool: failed or timed out"; }
+  done
+  stamp "sanitizers: $(grep -cE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards" "$OUT/sanitizer.log") of 2 clean"
+fi
 exit $rc

@@ -3,6 +3,8 @@ torch._grouped_mm for W1|W3, SiLU*mul, torch._grouped_mm for W2, weighted index_
 (CUDA events, median per call over rotating input sets), plus the measured bf16 matmul rate for the floor.
 
     python3 torch_baseline.py --json out.json [--models qwen15,qwen3,mixtral] [--tokens 1,3,...] [--sets 8]
+
+`--models ""` measures only the matmul rate.
 """
 import argparse
 import json
@@ -66,7 +68,7 @@ def main():
     result = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "matmul_tflops": matmul_tflops(),
               "cases": []}
     print(f"bf16 matmul 8192^3: {result['matmul_tflops']:.0f} TFLOP/s", flush=True)
-    for key in args.models.split(","):
+    for key in filter(None, args.models.split(",")):
         name, E, k, H, Fd = MODELS[key]
         w13 = (torch.rand(E, 2 * Fd, H, device="cuda", dtype=torch.bfloat16) - 0.5) * (3.4 / H**0.5)
         w2 = (torch.rand(E, H, Fd, device="cuda", dtype=torch.bfloat16) - 0.5) * (3.4 / Fd**0.5)

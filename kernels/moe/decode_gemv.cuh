@@ -3,9 +3,9 @@
 // tokens ("swap AB": weight rows are the MMA's M = 16, tokens its N = 8).
 //
 // Why it is fast: the weight bytes are the whole cost, so every block reads them with 16-byte streaming
-// loads, many in flight (kUnroll k-steps × 4 loads per thread before the first MMA), and the grid spreads
-// each expert's rows over all SMs (one block per 16 output features of W1/W3, per 32 rows of W2). The K
-// dimension is split across the block's 4 warps and reduced through shared memory.
+// loads, kUnroll k-steps × 4 loads per thread issued before the first MMA, and the grid spreads each expert's
+// rows over all SMs (one block per 16 output features of W1/W3, per 32 rows of W2). The K dimension is split
+// across the block's kWarps warps and reduced through shared memory.
 //
 // Fragment trick: the reduction over K may visit k in any order as long as A and B agree. A thread that loads
 // 8 consecutive k (one 16-byte load) of weight rows g and g+8 and of token g uses them as its
@@ -21,27 +21,30 @@ namespace amoeba::kernels::decode {
 
 enum class Stage { kGateUp, kDown };
 
-inline constexpr int kWarps = 4;  // K split
-inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kRowTiles = 2;  // m16 tiles per block: (W1, W3) at the same features, or 2×16 W2 rows
 inline constexpr int kGateUpRows = 16;  // output features per W13 block
 inline constexpr int kDownRows = 32;    // output rows of W2 per block
 inline constexpr int kKStep = 32;       // k per (two-MMA) step
 
-template <int kTokTiles>
-struct Traits {
+// Compile-time shape of one decode launch: kTokTiles 8-token MMA tiles per work tile, K split over kWarps
+// warps, kUnroll k-steps of loads in flight per thread.
+template <int kTokTilesT, int kWarpsT, int kUnrollT>
+struct Tile {
+  static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
-  static constexpr int kUnroll = kTokTiles <= 2 ? 4 : 2;
+  static constexpr int kWarps = kWarpsT;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kUnroll = kUnrollT;
+  static constexpr int kKMultiple = kWarps * kKStep;  // K must be a multiple of this
 };
 
 __device__ __forceinline__ float silu(float v) {
   return v / (1.0f + __expf(-v));
 }
 
-template <class Addressing, Stage kStage, int kTokTiles>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  using T = Traits<kTokTiles>;
-  constexpr int kUnroll = T::kUnroll;
+template <class Addressing, Stage kStage, class T>
+__global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();
   if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
@@ -120,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
         }
   }
 
-  // Reduce the K split: warps 1..3 hand their partial sums to warp 0 through shared memory.
+  // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
   __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];
   if (warp > 0) {
 #pragma unroll

@@ -1,34 +1,33 @@
-// PagedMoe<Addressing>: the fused MoE layer the engine calls, as a CUTLASS-style device adapter.
+// PagedMoe<Addressing, Config>: the fused MoE layer the engine calls, as a CUTLASS-style device adapter.
 //   Arguments → can_implement() (a Status naming the bad field) → workspace_size() → run(workspace, stream).
 // No hidden allocations: every scratch byte lives in the caller's workspace.
 //
 // One run = routing preparation (CUB) → gate/up stage (SiLU·mul fused) → down stage → combine (top-k weighted
-// sum in slot order, fp32, bf16 out). The gate/up and down stages use one of two collectives chosen per call:
-// decode (tensor-core GEMV streaming weights, few tokens per expert) or grouped (tiled grouped GEMM, many
-// tokens per expert). Both are templates over the addressing policy, so Paged and Contiguous run the same
-// code.
+// sum in slot order, fp32, bf16 out). The gate/up and down stages use one of two collectives, chosen per call
+// by the shape through the configuration policy (moe/moe_config.hpp): decode (tensor-core GEMV streaming
+// weights, few tokens per expert) or grouped (tiled grouped GEMM, many tokens per expert). Both are templates
+// over the addressing policy, so Paged and Contiguous run the same code.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
 #include "moe/grouped_gemm.cuh"
 #include "moe/grouped_gemm_sm90.cuh"
+#include "moe/moe_config.hpp"
 #include "moe/moe_params.cuh"
 #include "moe/routing.cuh"
 
 namespace amoeba::kernels {
-
-// Which collective runs the two GEMM stages. kAuto picks by the expected tokens per expert; kGrouped is the
-// wgmma grouped GEMM on sm_90 devices (mma.sync elsewhere); kGroupedMma forces the mma.sync grouped GEMM.
-enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 namespace detail {
 
@@ -63,19 +62,49 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
   *reinterpret_cast<uint4*>(p.output + t * p.hidden + h) = out;
 }
 
-// Launch choices of the sm_90 grouped GEMM that the benchmark compares (benchmarks/device, `--variant`); the
-// defaults are the measured best (docs/results/paged_moe_h200_ab.md: the 2-D-grid kernel beat every
-// persistent / 128×256 / in-flight / expert-major variant on all three models). Not part of the API:
-// process-wide, read at each run().
-struct GroupedTuning {
-  enum Tile { kPair, kPairInFlight, kWide, kGrid };
-  Tile tile = kGrid;        // grouped::Sm90Pair, Sm90PairInFlight, Sm90Wide, or gemm_wgmma_grid_kernel
-  bool persistent = false;  // blocks per SM × SMs walking units, else one block per unit
-  int unit_order = 0;       // 0 expert-major, 1 tile-major (MoeParams::unit_order)
+inline constexpr int kMaxDevices = 64;
+
+// What the launches need to know about the current device, read once per device (attributes never change
+// while the process runs). Devices past kMaxDevices are simply queried every time.
+struct DeviceInfo {
+  int device = 0;
+  int sms = 0;
+  int major = 0;
 };
-inline GroupedTuning& grouped_tuning() {
-  static GroupedTuning t;
-  return t;
+inline Status current_device(DeviceInfo& info) {
+  static std::array<std::atomic<int>, kMaxDevices> sms{}, major{};
+  if (cudaError_t e = cudaGetDevice(&info.device); e != cudaSuccess)
+    return Status::error("cudaGetDevice", cudaGetErrorString(e));
+  const bool cached = info.device < kMaxDevices;
+  if (cached && sms[info.device].load(std::memory_order_relaxed) > 0) {
+    info.sms = sms[info.device].load(std::memory_order_relaxed);
+    info.major = major[info.device].load(std::memory_order_relaxed);
+    return Status::success();
+  }
+  if (cudaError_t e = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, info.device);
+      e != cudaSuccess)
+    return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
+  if (cudaError_t e = cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, info.device);
+      e != cudaSuccess)
+    return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
+  if (cached) {
+    major[info.device].store(info.major, std::memory_order_relaxed);
+    sms[info.device].store(info.sms, std::memory_order_relaxed);
+  }
+  return Status::success();
+}
+
+// Kernels that need more than the default 48 KB of dynamic shared memory must be told so on each device;
+// done once per (kernel, device). Setting it twice (two threads racing) is harmless.
+template <auto kKernel>
+Status set_smem(int device, int bytes) {
+  static std::array<std::atomic<bool>, kMaxDevices> done{};
+  if (device < kMaxDevices && done[device].load(std::memory_order_relaxed)) return Status::success();
+  if (cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      e != cudaSuccess)
+    return Status::error("cudaFuncSetAttribute", cudaGetErrorString(e));
+  if (device < kMaxDevices) done[device].store(true, std::memory_order_relaxed);
+  return Status::success();
 }
 
 inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
@@ -84,7 +113,7 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
 
 }  // namespace detail
 
-template <expert_addressing Addressing>
+template <expert_addressing Addressing, moe_config Config = DefaultMoeConfig>
 class PagedMoe {
  public:
   struct Arguments {
@@ -95,7 +124,7 @@ class PagedMoe {
     const float* shared_weights = nullptr;   // [T] or null: weight 1 for every shared chunk
     bf16* output = nullptr;                  // [T, H]
     typename Addressing::Arguments weights;  // where the E + m experts live
-    MoePath path = MoePath::kAuto;
+    MoePath path = MoePath::kAuto;           // kAuto: Config chooses by shape
   };
 
   // Tiling limits. Paths need: H % 128 (down tiles, decode K split), F % 64 (gate/up tiles), F % 128 (decode
@@ -114,6 +143,20 @@ class PagedMoe {
                            "num_tokens*(top_k+num_shared_chunks) must be <= 2^30");
     if (max_tiles(s, 8) > 65535)
       return Status::error("shape.num_tokens", s.num_tokens, "too many work tiles for one grid (<= 65535)");
+    const MoeConfig c = config(a);
+    if (c.path == MoePath::kAuto || (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM))
+      return Status::error("config.tile_tokens", c.tile_tokens,
+                           "must be 128 on the grouped paths (kAuto resolved)");
+    if (c.path == MoePath::kDecode) {
+      const int multiple = decode_k_multiple(c);
+      if (multiple == 0)
+        return Status::error("config.tile_tokens", c.tile_tokens,
+                             "with decode_warps and decode_unroll must name an instantiated decode tile "
+                             "(PagedMoe::DecodeTiles)");
+      if (s.hidden % multiple != 0 || s.intermediate % multiple != 0)
+        return Status::error("config.decode_warps", c.decode_warps,
+                             "needs hidden and intermediate to be multiples of 32·decode_warps");
+    }
     if (s.num_tokens > 0) {
       if (a.input == nullptr) return Status::error("input", "must not be null");
       if (a.output == nullptr) return Status::error("output", "must not be null");
@@ -129,9 +172,8 @@ class PagedMoe {
 
   static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
 
-  // Tokens per work tile the call will use (8, 16 or 32 for decode, 128 for grouped).
-  static int tile_tokens(const Arguments& a) { return choose(a).tile_tokens; }
-  static MoePath chosen_path(const Arguments& a) { return choose(a).path; }
+  // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 128 grouped).
+  static constexpr MoeConfig config(const Arguments& a) { return Config::select(a.shape, a.path); }
 
   Status run(const Arguments& a, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
     if (Status st = can_implement(a); !st) return st;
@@ -144,7 +186,9 @@ class PagedMoe {
     if (workspace == nullptr) return Status::error("workspace", "must not be null");
     auto* base = static_cast<unsigned char*>(workspace);
     auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
-    const Choice choice = choose(a);
+    const MoeConfig choice = config(a);
+    detail::DeviceInfo dev;
+    if (Status st = detail::current_device(dev); !st) return st;
 
     routing::RoutingParams<Addressing> r{};
     MoeParams<Addressing>& p = r.moe;
@@ -166,7 +210,6 @@ class PagedMoe {
     p.num_tiles = static_cast<int*>(at(lay.num_tiles));
     p.act = static_cast<bf16*>(at(lay.act));
     p.y = static_cast<bf16*>(at(lay.y));
-    p.unit_order = detail::grouped_tuning().unit_order;
     r.total_experts = s.total_experts();
     r.tile_rows = choice.tile_tokens;
     r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
@@ -196,47 +239,35 @@ class PagedMoe {
 
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
-    if (choice.path == MoePath::kGrouped && use_wgmma()) {
+    if (choice.path == MoePath::kGrouped && dev.major == 9) {
+      using grouped::gemm_wgmma_kernel;
       using grouped::Stage;
-      Status st = Status::success();
-      switch (detail::grouped_tuning().tile) {
-        case detail::GroupedTuning::kWide:
-          st = run_wgmma<Stage::kGateUp, grouped::Sm90Wide>(p, grid_tiles, stream);
-          // Down tiles of 256 rows need H % 256 == 0 (can_implement guarantees 128).
-          if (st)
-            st = s.hidden % 256 == 0 ? run_wgmma<Stage::kDown, grouped::Sm90Wide>(p, grid_tiles, stream)
-                                     : run_wgmma<Stage::kDown, grouped::Sm90Pair>(p, grid_tiles, stream);
-          break;
-        case detail::GroupedTuning::kGrid: {
-          using grouped::gemm_wgmma_grid_kernel;
-          constexpr int kSmem = grouped::kWgmmaGridSmemBytes;
-          st = set_smem<gemm_wgmma_grid_kernel<Addressing, Stage::kGateUp>>(kSmem);
-          if (st) st = set_smem<gemm_wgmma_grid_kernel<Addressing, Stage::kDown>>(kSmem);
-          if (st)
-            st = launch(gemm_wgmma_grid_kernel<Addressing, Stage::kGateUp>,
-                        dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads, kSmem,
-                        stream, p, "grouped::gemm_wgmma_grid_kernel<kGateUp>");
-          if (st)
-            st = launch(gemm_wgmma_grid_kernel<Addressing, Stage::kDown>,
-                        dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads, kSmem, stream, p,
-                        "grouped::gemm_wgmma_grid_kernel<kDown>");
-          break;
-        }
-        case detail::GroupedTuning::kPairInFlight:
-          st = run_wgmma<Stage::kGateUp, grouped::Sm90PairInFlight>(p, grid_tiles, stream);
-          if (st) st = run_wgmma<Stage::kDown, grouped::Sm90PairInFlight>(p, grid_tiles, stream);
-          break;
-        default:
-          st = run_wgmma<Stage::kGateUp, grouped::Sm90Pair>(p, grid_tiles, stream);
-          if (st) st = run_wgmma<Stage::kDown, grouped::Sm90Pair>(p, grid_tiles, stream);
-          break;
-      }
-      if (!st) return st;
+      constexpr int kSmem = grouped::kWgmmaSmemBytes;
+      if (Status st = detail::set_smem<gemm_wgmma_kernel<Addressing, Stage::kGateUp>>(dev.device, kSmem); !st)
+        return st;
+      if (Status st = detail::set_smem<gemm_wgmma_kernel<Addressing, Stage::kDown>>(dev.device, kSmem); !st)
+        return st;
+      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kGateUp>,
+                             dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads,
+                             kSmem, stream, p, "grouped::gemm_wgmma_kernel<kGateUp>");
+          !st)
+        return st;
+      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kDown>,
+                             dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads, kSmem, stream,
+                             p, "grouped::gemm_wgmma_kernel<kDown>");
+          !st)
+        return st;
     } else if (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma) {
       using grouped::gemm_kernel;
       using grouped::Stage;
-      if (Status st = set_smem<gemm_kernel<Addressing, Stage::kGateUp>>(grouped::kSmemBytes); !st) return st;
-      if (Status st = set_smem<gemm_kernel<Addressing, Stage::kDown>>(grouped::kSmemBytes); !st) return st;
+      if (Status st =
+              detail::set_smem<gemm_kernel<Addressing, Stage::kGateUp>>(dev.device, grouped::kSmemBytes);
+          !st)
+        return st;
+      if (Status st =
+              detail::set_smem<gemm_kernel<Addressing, Stage::kDown>>(dev.device, grouped::kSmemBytes);
+          !st)
+        return st;
       if (Status st = launch(gemm_kernel<Addressing, Stage::kGateUp>,
                              dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads,
                              grouped::kSmemBytes, stream, p, "grouped::gemm_kernel<kGateUp>");
@@ -248,19 +279,7 @@ class PagedMoe {
           !st)
         return st;
     } else {
-      Status st = Status::success();
-      switch (choice.tile_tokens) {
-        case 8:
-          st = run_decode<1>(p, s, grid_tiles, stream);
-          break;
-        case 16:
-          st = run_decode<2>(p, s, grid_tiles, stream);
-          break;
-        default:
-          st = run_decode<4>(p, s, grid_tiles, stream);
-          break;
-      }
-      if (!st) return st;
+      if (Status st = run_decode(p, s, choice, grid_tiles, stream); !st) return st;
     }
 
     // 4. Combine.
@@ -270,10 +289,6 @@ class PagedMoe {
   }
 
  private:
-  struct Choice {
-    MoePath path;
-    int tile_tokens;
-  };
   struct Layout {
     std::size_t expert_offset, num_tiles, tiles, sorted_slot, keys, vals, sorted_keys, sort_temp, act, y;
     std::size_t sort_temp_bytes, total;
@@ -283,18 +298,6 @@ class PagedMoe {
   static long long max_tiles(const MoeShape& s, int tile_tokens) {
     const long long slots = s.num_slots();
     return slots / tile_tokens + std::min<long long>(s.total_experts(), slots) + 1;
-  }
-
-  // Decode while the expected largest expert batch fits a 32-token tile (mean + 3 standard deviations of a
-  // uniform router's per-expert count).
-  static Choice choose(const Arguments& a) {
-    const MoeShape& s = a.shape;
-    const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
-    const double expected_max = mean + 3.0 * std::sqrt(mean) + 1.0;
-    MoePath path = a.path;
-    if (path == MoePath::kAuto) path = expected_max <= 32.0 ? MoePath::kDecode : MoePath::kGrouped;
-    if (path == MoePath::kGrouped || path == MoePath::kGroupedMma) return {path, grouped::kBlockM};
-    return {path, expected_max <= 8.0 ? 8 : expected_max <= 16.0 ? 16 : 32};
   }
 
   static Layout layout(const MoeShape& s) {
@@ -324,66 +327,46 @@ class PagedMoe {
     return l;
   }
 
-  template <int kTokTiles>
-  static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                           cudaStream_t stream) {
+  // The decode tiles a configuration may name, one instantiation each.
+  using DecodeTiles = std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>>;
+
+  template <class T>
+  static constexpr bool names(const MoeConfig& c) {
+    return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll;
+  }
+  template <class T>
+  static constexpr int k_multiple_of(const MoeConfig& c) {
+    return names<T>(c) ? T::kKMultiple : 0;
+  }
+  // K multiple the configuration's decode tile needs, 0 when it names no instantiated tile.
+  static constexpr int decode_k_multiple(const MoeConfig& c) {
+    return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
+  }
+
+  static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                           unsigned grid_tiles, cudaStream_t stream) {
+    Status st = Status::success();
+    std::apply(
+        [&](auto... t) {
+          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, stream), 0) : 0),
+           ...);
+        },
+        DecodeTiles{});
+    return st;
+  }
+
+  template <class T>
+  static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
+                                cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
-    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, kTokTiles>,
-                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), decode::kThreads, 0,
-                           stream, p, "decode::gemv_kernel<kGateUp>");
+    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, T>,
+                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads, 0, stream, p,
+                           "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
-    return launch(gemv_kernel<Addressing, Stage::kDown, kTokTiles>,
-                  dim3(s.hidden / decode::kDownRows, grid_tiles), decode::kThreads, 0, stream, p,
-                  "decode::gemv_kernel<kDown>");
-  }
-
-  // One stage of the sm_90 grouped GEMM: a persistent grid of one block per SM (or, untuned, one block per
-  // unit), each walking work units (work tile, weight slice).
-  template <grouped::Stage kStage, class Tile>
-  static Status run_wgmma(const MoeParams<Addressing>& p, unsigned grid_tiles, cudaStream_t stream) {
-    constexpr auto kernel = grouped::gemm_wgmma_kernel<Addressing, kStage, Tile>;
-    if (Status st = set_smem<kernel>(Tile::kSmemBytes); !st) return st;
-    const long long units = static_cast<long long>(grid_tiles) * grouped::slices<kStage, Tile>(p);
-    const long long blocks =
-        detail::grouped_tuning().persistent
-            ? std::min<long long>(units, static_cast<long long>(sm_count()) * Tile::kBlocks)
-            : units;
-    return launch(kernel, dim3(static_cast<unsigned>(blocks)), grouped::kThreads, Tile::kSmemBytes, stream, p,
-                  kStage == grouped::Stage::kGateUp ? "grouped::gemm_wgmma_kernel<kGateUp>"
-                                                    : "grouped::gemm_wgmma_kernel<kDown>");
-  }
-
-  static int sm_count() {
-    static const int n = [] {
-      int device = 0, sms = 0;
-      if (cudaGetDevice(&device) != cudaSuccess) return 132;
-      if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 132;
-      return sms;
-    }();
-    return n;
-  }
-
-  // The grouped GEMMs need more than the default 48 KB of dynamic shared memory; set once per kernel.
-  template <auto kKernel>
-  static Status set_smem(int bytes) {
-    static const cudaError_t once =
-        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (once != cudaSuccess) return Status::error("cudaFuncSetAttribute", cudaGetErrorString(once));
-    return Status::success();
-  }
-
-  // wgmma needs an sm_90 device (and this header built for sm_90a, the project default).
-  static bool use_wgmma() {
-    static const bool yes = [] {
-      int device = 0, major = 0;
-      if (cudaGetDevice(&device) != cudaSuccess) return false;
-      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-        return false;
-      return major == 9;
-    }();
-    return yes;
+    return launch(gemv_kernel<Addressing, Stage::kDown, T>, dim3(s.hidden / decode::kDownRows, grid_tiles),
+                  T::kThreads, 0, stream, p, "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start

@@ -13,6 +13,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "moe/moe_params.cuh"
+#include "moe/ptx.cuh"
 
 namespace amoeba::kernels::routing {
 
@@ -67,6 +68,8 @@ __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int 
 template <class Addressing>
 __global__ void __launch_bounds__(kThreads)
     small_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+  // The gate/up kernel's blocks may take their SMs and set up now; they wait for this grid to finish.
+  ptx::launch_dependents();
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ int counts[kMaxExperts];
   __shared__ int ranks[kSmallSlots];
@@ -116,6 +119,7 @@ __device__ __forceinline__ int lower_bound(const int* a, int n, int v) {
 template <class Addressing>
 __global__ void __launch_bounds__(kThreads)
     finalize_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+  ptx::launch_dependents();
   const int e = threadIdx.x;
   int offset = 0, count = 0;
   if (e < r.total_experts) {

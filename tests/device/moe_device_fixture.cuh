@@ -94,7 +94,7 @@ struct ModelSpec {
   int num_experts, top_k, hidden, intermediate, shared_chunks;
 };
 // Public configs (bf16). Qwen1.5-MoE-A2.7B's shared expert (intermediate 5632 = 4·1408) is 4 shared chunks.
-inline constexpr ModelSpec kQwen15{"qwen1.5-moe-a2.7b", 60, 4, 2048, 1408, 4};
+inline constexpr ModelSpec kQwen15{"qwen1.5-moe-a2.7b+shared", 60, 4, 2048, 1408, 4};
 inline constexpr ModelSpec kQwen15Routed{"qwen1.5-moe-a2.7b", 60, 4, 2048, 1408, 0};
 inline constexpr ModelSpec kQwen3{"qwen3-30b-a3b", 128, 8, 2048, 768, 0};
 inline constexpr ModelSpec kMixtral{"mixtral-8x7b", 8, 2, 4096, 14336, 0};
@@ -112,9 +112,9 @@ inline MoeShape shape_of(const ModelSpec& m, int tokens) {
 // and a timing difference measures the addressing, not where the allocator happened to place two copies.
 // Values then differ between the views (fine for timing, not for comparing outputs).
 // Where the aliased paged view puts the matrices (benchmarks): `kShuffled` scatters every matrix over the
-// array, `kExperts` shuffles whole experts but keeps W1, W3, W2 of one expert adjacent and in order,
+// array, `kAdjacent` shuffles whole experts but keeps W1, W3, W2 of one expert adjacent and in order,
 // `kIdentity` maps page 3e + j to expert e matrix j (the contiguous layout read through the page table).
-enum class Placement { kShuffled, kExperts, kIdentity };
+enum class Placement { kShuffled, kAdjacent, kIdentity };
 
 class ExpertStore {
  public:
@@ -131,11 +131,12 @@ class ExpertStore {
         fill_uniform(matrix(e, j), elems_, seed * 1000003ULL + 3 * e + j,
                      j < 2 ? 1.7f / std::sqrt(static_cast<float>(s.hidden))
                            : 1.7f / std::sqrt(static_cast<float>(s.intermediate)));
-    std::mt19937_64 rng(seed);
     if (aliased) {
-      build_aliased(experts, buffer_every, rng, placement);
+      aliased_ = aliased_view(placement, seed, buffer_every);
+      num_buffered_ = aliased_.num_buffered();
       return;
     }
+    std::mt19937_64 rng(seed);
     std::vector<int> buffered;
     for (int e = 0; e < experts; ++e)
       if (buffer_every > 0 && e % buffer_every == buffer_every - 1) buffered.push_back(e);
@@ -175,29 +176,48 @@ class ExpertStore {
     num_buffered_ = static_cast<int>(buffered.size());
   }
 
-  void build_aliased(int experts, int buffer_every, std::mt19937_64& rng, Placement placement) {
+  // A paged view of the contiguous array (benchmarks): pool pages and load-buffer slots are positions of the
+  // same allocation, placed by `placement` with its own permutation seed; every `buffer_every`-th expert sits
+  // in a "load-buffer" slot. Cheap to make: only the location table is new.
+  class AliasedView {
+   public:
+    kernels::Paged::Arguments args() const { return {base_, base_, locations_.get()}; }
+    int num_buffered() const { return num_buffered_; }
+
+   private:
+    friend class ExpertStore;
+    const bf16* base_ = nullptr;
+    DeviceBuffer<ExpertLocation> locations_;
+    int num_buffered_ = 0;
+  };
+
+  AliasedView aliased_view(Placement placement, std::uint64_t seed, int buffer_every) const {
+    const int experts = shape_of(spec_, 0).total_experts();
+    std::mt19937_64 rng(seed);
     std::vector<int> triples(experts);  // triple t = matrix positions 3t..3t+2 of the contiguous array
     std::iota(triples.begin(), triples.end(), 0);
     if (placement != Placement::kIdentity) std::shuffle(triples.begin(), triples.end(), rng);
-    locations_host_.assign(experts, ExpertLocation{});
-    std::vector<int> pages;
+    std::vector<ExpertLocation> loc(experts);
+    AliasedView v;
     int next_triple = 0;
     if (placement == Placement::kIdentity) buffer_every = 0;
     for (int e = 0; e < experts; ++e)
       if (buffer_every > 0 && e % buffer_every == buffer_every - 1) {
-        locations_host_[e].buffer_slot = triples[next_triple++];
-        ++num_buffered_;
+        loc[e].buffer_slot = triples[next_triple++];
+        ++v.num_buffered_;
       }
+    std::vector<int> pages;
     for (int t = next_triple; t < experts; ++t)
       for (int j = 0; j < 3; ++j) pages.push_back(3 * triples[t] + j);
     if (placement == Placement::kShuffled) std::shuffle(pages.begin(), pages.end(), rng);
     std::size_t next_page = 0;
     for (int e = 0; e < experts; ++e)
-      if (locations_host_[e].buffer_slot < 0)
-        for (int j = 0; j < 3; ++j) locations_host_[e].page[j] = pages[next_page++];
-    locations_ = DeviceBuffer<ExpertLocation>(experts);
-    locations_.upload(locations_host_);
-    aliased_ = true;
+      if (loc[e].buffer_slot < 0)
+        for (int j = 0; j < 3; ++j) loc[e].page[j] = pages[next_page++];
+    v.base_ = contiguous_.get();
+    v.locations_ = DeviceBuffer<ExpertLocation>(experts);
+    v.locations_.upload(loc);
+    return v;
   }
 
   bf16* matrix(int e, int j) const {
@@ -205,7 +225,7 @@ class ExpertStore {
   }
   kernels::Contiguous::Arguments contiguous_args() const { return {contiguous_.get()}; }
   kernels::Paged::Arguments paged_args() const {
-    if (aliased_) return {contiguous_.get(), contiguous_.get(), locations_.get()};
+    if (aliased_.base_ != nullptr) return aliased_.args();
     return {pool_.get(), load_buffer_.get(), locations_.get()};
   }
   const bf16* const* reference_table() const { return reference_table_.get(); }
@@ -232,12 +252,13 @@ class ExpertStore {
   DeviceBuffer<ExpertLocation> locations_;
   DeviceBuffer<const bf16*> reference_table_;
   std::vector<std::vector<std::uint16_t>> host_;
+  AliasedView aliased_;
   int num_buffered_ = 0;
-  bool aliased_ = false;
 };
 
 // Inputs of one layer call: tokens, each routed to k distinct uniformly drawn experts with positive weights
-// that sum to 1, and a per-token shared weight in (0, 1) (a sigmoid gate's range).
+// that sum to 1, and a per-token shared weight in (0, 1) (a sigmoid gate's range). With `hot_expert` >= 0,
+// every other token (half of them) has that expert among its k: skewed routing, one expert far over a tile.
 struct RoutingSet {
   int tokens = 0;
   DeviceBuffer<bf16> x;
@@ -249,7 +270,7 @@ struct RoutingSet {
   int distinct_experts = 0;
 };
 
-inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t seed) {
+inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t seed, int hot_expert = -1) {
   RoutingSet r;
   r.tokens = tokens;
   r.x = DeviceBuffer<bf16>(static_cast<std::size_t>(tokens) * m.hidden);
@@ -263,10 +284,12 @@ inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t see
   r.shared_host.resize(tokens);
   for (int t = 0; t < tokens; ++t) {
     std::iota(perm.begin(), perm.end(), 0);
+    const bool hot = hot_expert >= 0 && t % 2 == 0;
+    if (hot) std::swap(perm[0], perm[hot_expert]);
     float sum = 0;
     for (int j = 0; j < m.top_k; ++j) {
       std::uniform_int_distribution<int> pick(j, m.num_experts - 1);
-      std::swap(perm[j], perm[pick(rng)]);
+      if (!(hot && j == 0)) std::swap(perm[j], perm[pick(rng)]);
       r.ids_host[static_cast<std::size_t>(t) * m.top_k + j] = perm[j];
       used[perm[j]] = 1;
       sum += (r.weights_host[static_cast<std::size_t>(t) * m.top_k + j] = uni(rng));

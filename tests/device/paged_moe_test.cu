@@ -3,9 +3,11 @@
 // outputs, experts on shuffled pool pages and in a load buffer.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "moe/paged_moe.cuh"
@@ -21,9 +23,10 @@ using kernels::MoePath;
 using kernels::PagedMoe;
 using reference::bf16_to_float;
 
-template <class Addressing>
+template <class Addressing, class Config = kernels::DefaultMoeConfig>
 struct Runner {
-  typename PagedMoe<Addressing>::Arguments args{};
+  using Moe = PagedMoe<Addressing, Config>;
+  typename Moe::Arguments args{};
   DeviceBuffer<unsigned char> workspace;
   DeviceBuffer<bf16> out;
 
@@ -38,15 +41,15 @@ struct Runner {
     args.path = path;
     out = DeviceBuffer<bf16>(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
     args.output = out.get();
-    const kernels::Status ok = PagedMoe<Addressing>::can_implement(args);
+    const kernels::Status ok = Moe::can_implement(args);
     INFO(ok.message);
     REQUIRE(ok.ok);
-    const std::size_t bytes = PagedMoe<Addressing>::workspace_size(args);
+    const std::size_t bytes = Moe::workspace_size(args);
     workspace = DeviceBuffer<unsigned char>(bytes);
     poison(out.get(), out.size());
     // Poison the workspace too: nothing may read scratch that this call did not write.
     AMOEBA_CUDA_CHECK(cudaMemset(workspace.get(), 0xFF, bytes));
-    const kernels::Status st = PagedMoe<Addressing>{}.run(args, workspace.get(), bytes, nullptr);
+    const kernels::Status st = Moe{}.run(args, workspace.get(), bytes, nullptr);
     INFO(st.message);
     REQUIRE(st.ok);
     AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -139,6 +142,25 @@ double rel_error_rows(const std::vector<std::uint16_t>& out, const std::vector<i
   return std::sqrt(num / den);
 }
 
+// Per element: |out - ref| <= kAbs·rms(ref) + kRel·|ref|. Returns the largest left/right ratio (must be <=
+// 1). bf16 rounding of the intermediate, of each slot's down projection and of the output gives errors of a
+// few 1e-3 of the typical magnitude; a wrong or missing element is off by O(rms).
+constexpr double kAbs = 4e-2, kRel = 1e-2;
+double worst_element(const std::vector<std::uint16_t>& out, const std::vector<int>& tokens,
+                     const std::vector<double>& ref, int hidden) {
+  double sq = 0;
+  for (double v : ref) sq += v * v;
+  const double rms = std::sqrt(sq / static_cast<double>(ref.size()));
+  double worst = 0;
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    for (int h = 0; h < hidden; ++h) {
+      const double a = bf16_to_float(out[static_cast<std::size_t>(tokens[i]) * hidden + h]);
+      const double b = ref[i * hidden + h];
+      worst = std::max(worst, std::abs(a - b) / (kAbs * rms + kRel * std::abs(b)));
+    }
+  return worst;
+}
+
 double rel_error_all(const std::vector<std::uint16_t>& out, const std::vector<double>& ref) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -157,27 +179,35 @@ const char* path_name(MoePath p) {
 }
 
 // Runs one case on both addressings and checks everything; returns the paged output.
+// With `hot_expert` >= 0, half the tokens route to that expert (skewed routing).
+template <class Config = kernels::DefaultMoeConfig>
 void check_case(ExpertStore& store, const MoeShape& shape, MoePath path, bool cpu_check, int gpu_samples,
-                std::uint64_t seed) {
+                std::uint64_t seed, int hot_expert = -1) {
   const bool with_shared_weights = shape.num_shared_chunks > 0;
-  RoutingSet r = make_routing(store.spec(), shape.num_tokens, seed);
-  Runner<kernels::Paged> paged;
-  Runner<kernels::Contiguous> contiguous;
+  RoutingSet r = make_routing(store.spec(), shape.num_tokens, seed, hot_expert);
+  Runner<kernels::Paged, Config> paged;
+  Runner<kernels::Contiguous, Config> contiguous;
   const auto out_p = paged.run(r, shape, store.paged_args(), path, with_shared_weights);
   const auto out_c = contiguous.run(r, shape, store.contiguous_args(), path, with_shared_weights);
-  const MoePath chosen = PagedMoe<kernels::Paged>::chosen_path(paged.args);
-  INFO(store.spec().name << " T=" << shape.num_tokens << " path=" << path_name(chosen)
-                         << " tile=" << PagedMoe<kernels::Paged>::tile_tokens(paged.args));
+  const kernels::MoeConfig chosen = PagedMoe<kernels::Paged, Config>::config(paged.args);
+  INFO(store.spec().name << " T=" << shape.num_tokens << " path=" << path_name(chosen.path)
+                         << " tile=" << chosen.tile_tokens);
   CHECK(count_nonfinite(out_p) == 0);
   CHECK(count_nonfinite(out_c) == 0);
   // Same instructions on the same values: paged and contiguous agree bit for bit.
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
   const auto [tokens, gref] = gpu_reference(store, r, shape, with_shared_weights, gpu_samples);
   const double err_gpu = rel_error_rows(out_p, tokens, gref, shape.hidden);
-  double err_cpu = -1;
+  const double worst_gpu =
+      worst_element(out_p, tokens, std::vector<double>(gref.begin(), gref.end()), shape.hidden);
+  double err_cpu = -1, worst_cpu = -1;
   if (cpu_check) {
     const auto cref = cpu_reference(store, r, shape, with_shared_weights);
     err_cpu = rel_error_all(out_p, cref);
+    std::vector<int> all(shape.num_tokens);
+    std::iota(all.begin(), all.end(), 0);
+    worst_cpu = worst_element(out_p, all, cref, shape.hidden);
+    CHECK(worst_cpu <= 1.0);
     // The fp32 GPU reference itself agrees with the double one far below bf16 rounding.
     std::vector<double> sampled;
     for (std::size_t i = 0; i < tokens.size(); ++i)
@@ -186,10 +216,13 @@ void check_case(ExpertStore& store, const MoeShape& shape, MoePath path, bool cp
     CHECK(reference::relative_l2_error(gref, sampled) < 1e-4);
     CHECK(err_cpu <= 1e-2);
   }
-  std::printf("  %-20s T=%-6d path=%-8s tile=%-4d rel_err gpu_ref=%.3e cpu_ref=%.3e\n", store.spec().name,
-              shape.num_tokens, path_name(chosen), PagedMoe<kernels::Paged>::tile_tokens(paged.args), err_gpu,
-              err_cpu);
+  std::printf(
+      "  %-26s T=%-6d path=%-8s tile=%-4d%s rel_err gpu_ref=%.3e cpu_ref=%.3e  worst element/tol gpu=%.3f "
+      "cpu=%.3f\n",
+      store.spec().name, shape.num_tokens, path_name(chosen.path), chosen.tile_tokens,
+      hot_expert >= 0 ? " skewed" : "", err_gpu, err_cpu, worst_gpu, worst_cpu);
   CHECK(err_gpu <= 1e-2);
+  CHECK(worst_gpu <= 1.0);
 }
 
 }  // namespace
@@ -254,20 +287,159 @@ TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu
   CHECK(PagedMoe<kernels::Contiguous>{}.run(empty, nullptr, 0, nullptr).ok);
 }
 
-TEST_CASE("can_implement names the field, the value and the rule", "[gpu][small]") {
-  PagedMoe<kernels::Paged>::Arguments a{};
-  a.shape = MoeShape{4, 2048, 1400, 60, 4, 0};
-  kernels::Status s = PagedMoe<kernels::Paged>::can_implement(a);
-  CHECK_FALSE(s.ok);
-  CHECK(s.field == "shape.intermediate");
-  CHECK(s.message.find("1400") != std::string::npos);
-  a.shape.intermediate = 1408;
-  s = PagedMoe<kernels::Paged>::can_implement(a);
-  CHECK(s.field == "input");
-  a.shape.top_k = 61;
-  CHECK(PagedMoe<kernels::Paged>::can_implement(a).field == "top_k");
-  a.shape = MoeShape{0, 2048, 1408, 60, 4, 0};
-  CHECK(PagedMoe<kernels::Paged>::can_implement(a).field == "weights.pool_base");
+// Configuration policies can_implement must refuse: a decode tile the kernels do not have, 8 warps where H or
+// F is not a multiple of 256, a grouped tile other than 128.
+struct BadTileConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kDecode, 24}; }
+};
+struct EightWarpsConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    return {MoePath::kDecode, 32, 8, 2};
+  }
+};
+struct BadGroupedConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 64}; }
+};
+
+TEST_CASE("can_implement names the field, the value and the rule, for every rule", "[gpu][small]") {
+  using P = PagedMoe<kernels::Paged>;
+  using C = PagedMoe<kernels::Contiguous>;
+  // Aligned, non-null stand-ins: can_implement never dereferences them.
+  alignas(16) static bf16 x[16];
+  alignas(16) static std::int32_t ids[16];
+  alignas(16) static float w[16];
+  alignas(16) static ExpertLocation loc[1];
+  P::Arguments good{};
+  good.shape = MoeShape{4, 2048, 1408, 60, 4, 4};
+  good.input = x;
+  good.output = x;
+  good.topk_ids = ids;
+  good.topk_weights = w;
+  good.weights = {x, x, loc};
+  REQUIRE(P::can_implement(good).ok);
+
+  struct Rule {
+    const char* field;
+    const char* words;  // part of the message that states the rule
+    void (*mutate)(P::Arguments&);
+  };
+  const char* odd = reinterpret_cast<const char*>(x) + 2;
+  static const bf16* misaligned;
+  misaligned = reinterpret_cast<const bf16*>(odd);
+  const Rule rules[] = {
+      {"num_tokens", ">= 0", [](P::Arguments& a) { a.shape.num_tokens = -1; }},
+      {"hidden", "> 0", [](P::Arguments& a) { a.shape.hidden = 0; }},
+      {"intermediate", "> 0", [](P::Arguments& a) { a.shape.intermediate = 0; }},
+      {"num_experts", "> 0", [](P::Arguments& a) { a.shape.num_experts = 0; }},
+      {"top_k", "[1, num_experts]", [](P::Arguments& a) { a.shape.top_k = 61; }},
+      {"top_k", "[1, num_experts]", [](P::Arguments& a) { a.shape.top_k = 0; }},
+      {"num_shared_chunks", ">= 0", [](P::Arguments& a) { a.shape.num_shared_chunks = -1; }},
+      {"shape.hidden", "multiple of 128", [](P::Arguments& a) { a.shape.hidden = 2000; }},
+      {"shape.intermediate", "multiple of 128", [](P::Arguments& a) { a.shape.intermediate = 1400; }},
+      {"shape.num_experts + shape.num_shared_chunks", "<= 1024",
+       [](P::Arguments& a) { a.shape.num_experts = 1021; }},
+      {"shape.num_tokens", "<= 2^30", [](P::Arguments& a) { a.shape.num_tokens = 1 << 28; }},
+      {"shape.num_tokens", "work tiles", [](P::Arguments& a) { a.shape.num_tokens = 100000; }},
+      {"input", "must not be null", [](P::Arguments& a) { a.input = nullptr; }},
+      {"output", "must not be null", [](P::Arguments& a) { a.output = nullptr; }},
+      {"topk_ids", "must not be null", [](P::Arguments& a) { a.topk_ids = nullptr; }},
+      {"topk_weights", "must not be null", [](P::Arguments& a) { a.topk_weights = nullptr; }},
+      {"input", "16-byte aligned", [](P::Arguments& a) { a.input = misaligned; }},
+      {"output", "16-byte aligned", [](P::Arguments& a) { a.output = const_cast<bf16*>(misaligned); }},
+      {"weights.pool_base", "must not be null", [](P::Arguments& a) { a.weights.pool_base = nullptr; }},
+      {"weights.locations", "must not be null", [](P::Arguments& a) { a.weights.locations = nullptr; }},
+      {"weights.pool_base", "16-byte aligned", [](P::Arguments& a) { a.weights.pool_base = misaligned; }},
+      {"weights.load_buffer", "16-byte aligned", [](P::Arguments& a) { a.weights.load_buffer = misaligned; }},
+  };
+  for (const Rule& rule : rules) {
+    P::Arguments a = good;
+    rule.mutate(a);
+    const kernels::Status st = P::can_implement(a);
+    INFO("rule " << rule.field << " " << rule.words << ": got '" << st.message << "'");
+    CHECK_FALSE(st.ok);
+    CHECK(st.field == rule.field);
+    CHECK(st.message.find(rule.words) != std::string::npos);
+  }
+  // The message carries the offending value.
+  P::Arguments a = good;
+  a.shape.intermediate = 1400;
+  CHECK(P::can_implement(a).message.find("1400") != std::string::npos);
+  // Zero tokens need no buffers; a load buffer may be null.
+  a = good;
+  a.shape.num_tokens = 0;
+  a.input = nullptr;
+  a.output = nullptr;
+  a.topk_ids = nullptr;
+  a.topk_weights = nullptr;
+  a.weights.load_buffer = nullptr;
+  CHECK(P::can_implement(a).ok);
+
+  // Contiguous addressing's own rules.
+  C::Arguments c{};
+  c.shape = good.shape;
+  c.input = x;
+  c.output = x;
+  c.topk_ids = ids;
+  c.topk_weights = w;
+  c.weights = {x};
+  REQUIRE(C::can_implement(c).ok);
+  c.weights = {nullptr};
+  CHECK(C::can_implement(c).field == "weights.weights");
+  c.weights = {misaligned};
+  CHECK(C::can_implement(c).message.find("16-byte aligned") != std::string::npos);
+
+  // A configuration policy's tile must be one the kernels have.
+  auto fill = [&](auto& args) {
+    args.shape = good.shape;
+    args.input = x;
+    args.output = x;
+    args.topk_ids = ids;
+    args.topk_weights = w;
+    args.weights = good.weights;
+  };
+  PagedMoe<kernels::Paged, BadTileConfig>::Arguments bad{};
+  fill(bad);
+  const kernels::Status st = PagedMoe<kernels::Paged, BadTileConfig>::can_implement(bad);
+  CHECK(st.field == "config.tile_tokens");
+  CHECK(st.message.find("24") != std::string::npos);
+  PagedMoe<kernels::Paged, EightWarpsConfig>::Arguments eight{};
+  fill(eight);
+  const kernels::Status st8 = PagedMoe<kernels::Paged, EightWarpsConfig>::can_implement(eight);  // F = 1408
+  CHECK(st8.field == "config.decode_warps");
+  CHECK(st8.message.find("32·decode_warps") != std::string::npos);
+  eight.shape.intermediate = 1536;
+  CHECK(PagedMoe<kernels::Paged, EightWarpsConfig>::can_implement(eight).ok);
+  PagedMoe<kernels::Paged, BadGroupedConfig>::Arguments grouped{};
+  fill(grouped);
+  const kernels::Status stg = PagedMoe<kernels::Paged, BadGroupedConfig>::can_implement(grouped);
+  CHECK(stg.field == "config.tile_tokens");
+  CHECK(stg.message.find("128") != std::string::npos);
+
+  // run() checks the workspace it is given.
+  std::size_t bytes = P::workspace_size(good);
+  CHECK(P{}.run(good, nullptr, bytes, nullptr).field == "workspace");
+  CHECK(P{}.run(good, x, bytes - 1, nullptr).field == "workspace_bytes");
+}
+
+TEST_CASE("skewed routing: one hot expert takes half the tokens", "[gpu][small]") {
+  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
+  ExpertStore store(tiny, 17, 3);
+  for (int tokens : {37, 300, 3000})
+    for (MoePath path : {MoePath::kDecode, MoePath::kGrouped, MoePath::kGroupedMma})
+      check_case(store, shape_of(tiny, tokens), path, tokens <= 300, 64, 700 + tokens, 5);
+}
+
+TEST_CASE("skewed routing on model shapes", "[gpu][models]") {
+  struct Case {
+    ModelSpec spec;
+    int tokens;
+  };
+  for (const Case& c : {Case{kQwen3, 64}, Case{kQwen3, 256}, Case{kQwen3, 1024}, Case{kQwen15, 33},
+                        Case{kMixtral, 16}, Case{kMixtral, 64}}) {
+    ExpertStore store(c.spec, 23);
+    check_case(store, shape_of(c.spec, c.tokens), MoePath::kAuto, false, 48, 5000 + c.tokens,
+               c.spec.num_experts / 2);
+  }
 }
 
 // Small enough for compute-sanitizer (memcheck, racecheck): both paths, both routing paths (S <= 8192 and
@@ -280,34 +452,35 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
       check_case(store, shape_of(tiny, tokens), path, false, 16, 300 + tokens);
 }
 
-// Every launch variant of the sm_90 grouped GEMM (tile, pipeline, persistent grid) computes the same
-// function.
-TEST_CASE("grouped GEMM variants agree", "[gpu][small][sanitize]") {
-  using T = kernels::detail::GroupedTuning;
-  const T saved = kernels::detail::grouped_tuning();
-  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
-  ExpertStore store(tiny, 9, 3);
-  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide, T::kGrid})
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool persistent = mode & 1;
-      kernels::detail::grouped_tuning() = T{tile, persistent, mode / 2};
-      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent << " order " << mode / 2);
-      for (int tokens : {37, 3000})
-        check_case(store, shape_of(tiny, tokens), MoePath::kGrouped, false, 16, 500 + tokens);
-    }
-  kernels::detail::grouped_tuning() = saved;
+// Every instantiated decode tile (PagedMoe::DecodeTiles) is checked, whichever shapes the table gives it.
+template <int kTile, int kWarps, int kUnroll>
+struct DecodeTileConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    if (c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll};
+    return c;
+  }
+};
+
+TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
+  const ModelSpec tiny{"tiny-f256", 8, 2, 256, 256, 1};
+  ExpertStore store(tiny, 19, 3);
+  for (int tokens : {1, 5, 37, 300}) {
+    const MoeShape shape = shape_of(tiny, tokens);
+    check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+  }
 }
 
-TEST_CASE("grouped GEMM variants on a model shape", "[gpu][variants]") {
-  using T = kernels::detail::GroupedTuning;
-  const T saved = kernels::detail::grouped_tuning();
-  ExpertStore store(kQwen15, 13);
-  for (T::Tile tile : {T::kPair, T::kPairInFlight, T::kWide, T::kGrid})
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool persistent = mode & 1;
-      kernels::detail::grouped_tuning() = T{tile, persistent, mode / 2};
-      INFO("tile " << static_cast<int>(tile) << " persistent " << persistent << " order " << mode / 2);
-      check_case(store, shape_of(kQwen15, 1024), MoePath::kGrouped, false, 48, 4000);
+TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
+  for (const ModelSpec& spec : {kQwen3, kMixtral}) {
+    ExpertStore store(spec, 21);
+    for (int tokens : {3, 33}) {
+      const MoeShape shape = shape_of(spec, tokens);
+      check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+      check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+      check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
     }
-  kernels::detail::grouped_tuning() = saved;
+  }
 }

@@ -1,0 +1,114 @@
+// How PagedMoe tiles one call: which collective runs the two GEMM stages and how many tokens a work tile
+// holds, chosen from the shape alone by a constexpr table (no run-time tuning state). A configuration is a
+// policy type (`moe_config`): PagedMoe<Addressing, Config> takes DefaultMoeConfig unless told otherwise, so a
+// benchmark compares configurations by instantiating another type, never by setting a global.
+// Host-only (no CUDA header): the table and its examples are checked at compile time on any machine.
+#pragma once
+
+#include <concepts>
+
+#include "moe/moe_shape.hpp"
+
+namespace amoeba::kernels {
+
+// Which collective runs the gate/up and down stages. kAuto lets the configuration choose; kGrouped is the
+// wgmma grouped GEMM on sm_90 devices (mma.sync elsewhere); kGroupedMma forces the mma.sync grouped GEMM.
+enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
+
+struct MoeConfig {
+  MoePath path = MoePath::kDecode;
+  int tile_tokens = 8;    // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
+  int decode_warps = 4;   // decode: warps per block, splitting K
+  int decode_unroll = 2;  // decode: k-steps of weight loads each thread has in flight
+  friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
+};
+
+template <class C>
+concept moe_config = requires(const MoeShape& s, MoePath requested) {
+  { C::select(s, requested) } -> std::same_as<MoeConfig>;
+};
+
+namespace config_detail {
+
+// mean + 3·sqrt(mean) + 1 <= limit, without a constexpr sqrt: 3·sqrt(mean) <= limit - 1 - mean.
+constexpr bool fits(double mean, double limit) {
+  const double room = limit - 1.0 - mean;
+  return room >= 0.0 && 9.0 * mean <= room * room;
+}
+
+}  // namespace config_detail
+
+// The default table. Decode while the expected largest per-expert batch of a uniform router (mean + 3σ + 1
+// tokens, routed experts only) fits a 32-token tile; grouped GEMM (128-token tiles) beyond. The decode tile
+// is the first row of kDecodeRows the shape satisfies. Each row is the fastest of the tiles measured on the
+// H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians):
+//  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles, 4–12% faster than 32-token ones;
+//  - one or two routed slots on huge experts (Mixtral at 1 token): the down projection has only H/32 blocks
+//  per
+//    expert, so 8 warps split K: 6% faster, but 1.5–20% slower wherever there are more blocks;
+//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 16-token tiles
+//    were 1–6% faster on Qwen at 16 and 33 tokens but made the paged layer up to 3% slower than the
+//    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
+// Skewed routing stays correct on either path: an expert with more tokens than a tile gets several tiles.
+struct DefaultMoeConfig {
+  struct DecodeRow {
+    long long max_routed_slots;  // T·k at most
+    int min_intermediate, max_intermediate;
+    int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
+    int tile_tokens, warps, unroll;
+  };
+  // clang-format off
+  static constexpr DecodeRow kDecodeRows[] = {
+      // slots ≤  F from  F to     batch ≤ tile warps unroll
+      {24,        0,      2048,    8,      8,   4,    2},
+      {2,         8192,   1 << 30, 32,     32,  8,    2},
+      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1},
+  };
+  // clang-format on
+  static constexpr int kDecodeTile = 32;  // the largest decode tile: decode while the batch fits it
+  static constexpr int kGroupedTile = 128;
+
+  static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
+    const double mean = s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
+    MoePath path = requested;
+    if (path == MoePath::kAuto)
+      path = config_detail::fits(mean, kDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
+    if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
+    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
+    for (const DecodeRow& r : kDecodeRows) {
+      const bool k_ok = s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0;
+      if (slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
+          s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.max_expected_batch) && k_ok)
+        return {path, r.tile_tokens, r.warps, r.unroll};
+    }
+    return {path, kDecodeTile, 4, 1};
+  }
+};
+static_assert(moe_config<DefaultMoeConfig>);
+// Examples (T, H, F, E, k, m).
+static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 2});
+static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 2});
+static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert(DefaultMoeConfig::select({64, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert(DefaultMoeConfig::select({256, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
+static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
+              MoePath::kGrouped);
+static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 8, 2});
+static_assert(DefaultMoeConfig::select({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+static_assert(DefaultMoeConfig::select({4096, 2048, 1408, 60, 4, 4}, MoePath::kDecode).tile_tokens == 32);
+// Every row names a tile that holds its largest expected batch.
+static_assert([] {
+  for (const auto& r : DefaultMoeConfig::kDecodeRows)
+    if (r.max_expected_batch > r.tile_tokens) return false;
+  return true;
+}());
+
+}  // namespace amoeba::kernels

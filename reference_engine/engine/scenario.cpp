@@ -40,11 +40,11 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
   if (o.has("policies")) {
     const nlohmann::json& p = o.raw().at("policies");
     if (!p.is_array() || p.empty())
-      throw ConfigError("config.policies", p.dump(), "must be a non-empty array");
+      throw ConfigError("config.policies", quote_json(p), "must be a non-empty array");
     s.policies.clear();
     for (std::size_t i = 0; i < p.size(); ++i) {
       if (!p[i].is_string())
-        throw ConfigError("config.policies[" + std::to_string(i) + "]", p[i].dump(), "must be a string");
+        throw ConfigError("config.policies[" + std::to_string(i) + "]", quote_json(p[i]), "must be a string");
       s.policies.push_back(p[i].get<std::string>());
     }
   }
@@ -93,7 +93,7 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
       try {
         s.predictor.kind = predictor_from_string(k);
       } catch (const ConfigError& e) {
-        throw ConfigError("config.predictor.kind", k, e.rule());
+        throw ConfigError("config.predictor.kind", quote_text(k), e.rule());
       }
     }
     s.predictor.accuracy = p.get_double_or("accuracy", s.predictor.accuracy, 0.0, 1.0);

@@ -1,14 +1,24 @@
 // The `amoeba` CLI as a user meets it: the exit status and message for bad input (unknown names, bad traces,
-// bad configs, impossible memory), no half-written output files, and the JSON/CSV a good run writes.
+// bad configs, impossible memory), no half-written output files, and the JSON/CSV a good run writes. The
+// cases tagged [hostile] are classes of malformed input a hostile user tried (no crash, no hang, no lost
+// file, no silent wrong number). The binary under test is the build's, or $AMOEBA_CLI when set (to try
+// another build).
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -41,9 +51,15 @@ struct TempDir {
   fs::path operator/(const std::string& n) const { return dir / n; }
 };
 
-Outcome amoeba(const TempDir& t, const std::string& args) {
-  const std::string cmd =
-      std::string(AMOEBA_CLI) + " " + args + " >" + (t / "stdout").string() + " 2>" + (t / "stderr").string();
+std::string cli_path() {
+  const char* env = std::getenv("AMOEBA_CLI");
+  return env && *env ? env : AMOEBA_CLI;
+}
+
+// Runs `prefix amoeba args` through the shell (prefix: "ulimit -v N;", "timeout 60", ...).
+Outcome amoeba(const TempDir& t, const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + " " + cli_path() + " " + args + " >" + (t / "stdout").string() + " 2>" +
+                          (t / "stderr").string();
   const int raw = std::system(cmd.c_str());
   Outcome o;
   o.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -54,6 +70,10 @@ Outcome amoeba(const TempDir& t, const std::string& args) {
 
 void write(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
+}
+
+std::string nested(std::size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
 }
 
 }  // namespace
@@ -155,4 +175,46 @@ TEST_CASE("trace generate writes a trace that inspect and run accept - run write
   o = amoeba(t, "gpus");
   CHECK(o.status == 0);
   CHECK_THAT(o.out, Catch::Contains("rtx5090") && Catch::Contains("GPU_NOTES"));
+}
+
+TEST_CASE("hostile: deep nesting, huge values and numbers in any input file are refused, not a crash",
+          "[cli][hostile]") {
+  TempDir t;
+  const std::string deep = nested(50000);
+  const std::string rule = "nests arrays/objects more than 32 levels deep";
+  write(t / "c1.json", R"({"no_such_key": )" + deep + "}");  // under an unknown key: the error quoted it
+  write(t / "c2.json", R"({"workload": {"rate": )" + deep + "}}");
+  write(t / "t.jsonl", R"({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": )" + deep + "}\n");
+  write(t / "m.json", R"({"name": "m", "attention": )" + deep + "}");
+  write(t / "g.json", R"({"name": "g", "sources": )" + deep + "}");
+  write(t / "k.json", R"({"name": "k", "x": )" + deep + "}");
+  for (const std::string& args : std::vector<std::string>{
+           "ablate --quiet --config " + (t / "c1.json").string(),
+           "ablate --quiet --config " + (t / "c2.json").string(),
+           "ablate --quiet --trace " + (t / "t.jsonl").string(), "trace inspect " + (t / "t.jsonl").string(),
+           "ablate --quiet --model " + (t / "m.json").string(),
+           "ablate --quiet --gpu " + (t / "g.json").string(),
+           "ablate --quiet --cost-model " + (t / "k.json").string()}) {
+    INFO(args);
+    const Outcome o = amoeba(t, args);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.err, Catch::Contains(rule));
+  }
+  // A huge value in the wrong place is quoted in a few dozen characters, not in full.
+  write(t / "c3.json", R"({"no_such_key": [)" + std::string(1 << 20, '1') + "]}");
+  write(t / "c4.json", R"({"model": ")" + std::string(1 << 20, 'x') + R"("})");
+  for (const char* f : {"c3.json", "c4.json"}) {
+    const Outcome o = amoeba(t, "ablate --quiet --config " + (t / f).string());
+    CHECK(o.status == 2);
+    CHECK(o.err.size() < 1000);
+  }
+  // Numbers past a double, and integers past 2^64, are refused with the field named.
+  write(t / "c5.json", R"({"workload": {"rate": 1e400}})");
+  Outcome o = amoeba(t, "ablate --quiet --config " + (t / "c5.json").string());
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("c5.json = byte"));
+  write(t / "c6.json", R"({"workload": {"seed": 184467440737095516160}})");
+  o = amoeba(t, "ablate --quiet --config " + (t / "c6.json").string());
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("config.workload.seed"));
 }

@@ -7,8 +7,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "amoeba/core/errors.hpp"
+#include "amoeba/pool/tiered_page_pool.hpp"
+#include "engine/json_fields.hpp"
 #include "engine/routing.hpp"
+#include "engine/scheduler.hpp"
 #include "engine/workload.hpp"
 
 using namespace amoeba;
@@ -160,6 +165,30 @@ TEST_CASE("routing model: calibration counts / skew and drift", "[workloads][rou
     for (std::size_t i = 0; i < 64; ++i) dfreq[i] += touched[i];
   }
   CHECK(dfreq != freq);
+}
+
+TEST_CASE("JSON text: nesting depth and repeated keys are refused - quoted values are bounded",
+          "[workloads][json][hostile]") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_THROWS_WITH(parse_json_text(deep, "f"), Catch::Contains("f = byte 32: nests arrays/objects"));
+  const std::string ok = std::string(32, '[') + std::string(32, ']');
+  CHECK_NOTHROW(parse_json_text(ok, "f"));
+  CHECK_NOTHROW(
+      parse_json_text(R"({"s": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"[[["})", "f"));  // in strings
+  CHECK_THROWS_WITH(parse_json_text(R"({"a": {"b": [1, {"c": 1, "c": 2}]}})", "f"),
+                    Catch::Contains("f.a.b[1].c = (given twice)"));
+  nlohmann::json big = nlohmann::json::array();
+  for (int i = 0; i < 1000000; ++i) big.push_back(i);
+  CHECK(quote_json(big).size() <= kMaxQuotedChars);
+  CHECK(quote_json(nlohmann::json(std::string(1 << 20, 'x'))).size() <= kMaxQuotedChars);
+  CHECK(quote_text("a\x1b[2Jb") == "a\\x1b[2Jb");  // no terminal escape reaches the screen
+  CHECK(quote_text(std::string(1000, 'y')).size() == kMaxQuotedChars);
+  try {
+    (void)parse_json_text(R"({"x": 1e400})", "f");
+    FAIL("a number past a double parsed");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.value(), Catch::StartsWith("byte "));
+  }
 }
 
 TEST_CASE("predictors: oracle fetches exactly the needed offloaded experts", "[workloads][routing]") {

@@ -218,3 +218,16 @@ TEST_CASE("hostile: deep nesting, huge values and numbers in any input file are 
   CHECK(o.status == 2);
   CHECK_THAT(o.err, Catch::Contains("config.workload.seed"));
 }
+
+TEST_CASE("hostile: calibration sampling is bounded at the top of the skew range", "[cli][hostile]") {
+  TempDir t;
+  // Rejection sampling of distinct top-k experts ran for minutes (skew 8: the last pick has ~1e-5 of the
+  // mass; 128 experts top-8 worse). `timeout` turns a hang into status 124.
+  for (const char* model : {"qwen1.5-moe-a2.7b", "qwen3-30b-a3b"}) {
+    INFO(model);
+    const Outcome o = amoeba(
+        t, std::string("ablate --quiet --requests 5 --policies elastic --gpu h200 --skew 8 --model ") + model,
+        "timeout 60");
+    CHECK(o.status == 0);
+  }
+}

@@ -167,6 +167,39 @@ TEST_CASE("routing model: calibration counts / skew and drift", "[workloads][rou
   CHECK(dfreq != freq);
 }
 
+TEST_CASE("routing model: calibration sampling is bounded and exact at the top of the skew range",
+          "[workloads][routing][hostile]") {
+  // Skew 8, 8 experts, top-4: the fourth distinct pick holds ~2e-5 of the mass, so redrawing until it came up
+  // took ~5e4 draws per token. Whatever the sampler does, each expert's share of tokens must match the exact
+  // inclusion probability of sequential top-4 sampling without replacement (enumerated here).
+  RoutingParams p;
+  p.skew = 8;
+  const std::uint64_t tokens = 20000;
+  std::vector<double> c = RoutingModel(1, 8, 4, p, 3).calibration_counts(tokens);
+  std::sort(c.rbegin(), c.rend());
+  double w[8], incl[8] = {};
+  for (int r = 0; r < 8; ++r) w[r] = std::pow(r + 1, -8.0);
+  auto walk = [&](auto&& self, unsigned picked, double prob, int depth) -> void {
+    if (depth == 4) {
+      for (int r = 0; r < 8; ++r)
+        if (picked >> r & 1) incl[r] += prob;
+      return;
+    }
+    double rest = 0;
+    for (int r = 0; r < 8; ++r)
+      if (!(picked >> r & 1)) rest += w[r];
+    for (int r = 0; r < 8; ++r)
+      if (!(picked >> r & 1)) self(self, picked | 1u << r, prob * w[r] / rest, depth + 1);
+  };
+  walk(walk, 0u, 1.0, 0);
+  for (int r = 0; r < 8; ++r) CHECK(c[r] / double(tokens) == Approx(incl[r]).margin(0.01));
+  CHECK(std::accumulate(c.begin(), c.end(), 0.0) == double(4 * tokens));
+  // 128 experts top-8: tail experts fall below the cdf's rounding, where redrawing never ended.
+  const auto big = RoutingModel(2, 128, 8, p, 3).calibration_counts(8192);
+  CHECK(std::accumulate(big.begin(), big.end(), 0.0) == 2.0 * 8 * 8192);
+  CHECK(std::count_if(big.begin(), big.end(), [](double x) { return x > 8192; }) == 0);  // distinct picks
+}
+
 TEST_CASE("JSON text: nesting depth and repeated keys are refused - quoted values are bounded",
           "[workloads][json][hostile]") {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');

@@ -200,6 +200,32 @@ TEST_CASE("routing model: calibration sampling is bounded and exact at the top o
   CHECK(std::count_if(big.begin(), big.end(), [](double x) { return x > 8192; }) == 0);  // distinct picks
 }
 
+TEST_CASE("a finished request gives its page lists' memory back", "[workloads][scheduler]") {
+  ModelSpec m;  // 2 layers, expert page 4096 B, KV page 1024 B
+  m.name = "tiny";
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.vocab_size = 100;
+  m.num_heads = m.num_kv_heads = 1;
+  m.head_dim = 16;
+  m.num_experts = 4;
+  m.top_k = 1;
+  m.moe_intermediate_size = 32;
+  const PageGeometry g = page_geometry(m);
+  MoePool pool(ArenaSpan{nullptr, 64 * 4096}, {PageSpec{4096, 0}, PageSpec{1024, 0}});
+  Scheduler<MoePool> sched(m, g, SchedulerConfig{256, 8, 2048}, pool);
+  Sequence s(Request{0, 0.0, 100, 3});
+  sched.add(s);
+  for (int step = 0; step < 10 && s.status != SeqStatus::kFinished; ++step) {
+    const StepPlan plan = sched.schedule();
+    sched.complete(plan, double(step));
+  }
+  REQUIRE(s.status == SeqStatus::kFinished);
+  CHECK(pool.available<KvPage>() > 0);
+  CHECK(s.kv_pages.capacity() == 0);  // held ~8 KB per finished request at real sizes
+  CHECK(s.state_pages.capacity() == 0);
+}
+
 TEST_CASE("JSON text: nesting depth and repeated keys are refused - quoted values are bounded",
           "[workloads][json][hostile]") {
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');

@@ -250,6 +250,25 @@ TEST_CASE("JSON text: nesting depth and repeated keys are refused - quoted value
   }
 }
 
+TEST_CASE("arrivals stay within 1e9 s and traces within their limits", "[workloads][hostile]") {
+  ShareGptLikeParams p;
+  p.rate = 1e-6;  // the slowest accepted rate: ~1e6 s between arrivals
+  p.requests = 100;
+  const auto t = generate_sharegpt_like(p);
+  CHECK(t.back().arrival_s > 1e7);
+  CHECK(t.back().arrival_s <= kMaxArrivalS);
+  p.requests = 5000;  // would reach ~5e9 s, where a double cannot keep microseconds
+  CHECK_THROWS_WITH(generate_sharegpt_like(p), Catch::Contains("--rate = ") && Catch::Contains("1e9 s"));
+  const std::string two =
+      "{\"arrival_s\": 0, \"prompt_tokens\": 1, \"output_tokens\": 1}\n"
+      "{\"arrival_s\": 1, \"prompt_tokens\": 1, \"output_tokens\": 1}\n";
+  CHECK_THROWS_WITH(parse_trace(two, "t", TraceLimits{2, 1}),
+                    Catch::Contains("t = line 2: holds more than 1"));
+  CHECK_THROWS_WITH(parse_trace(two, "t", TraceLimits{1, 10}),
+                    Catch::Contains("max_model_len = 1: must be at least 2"));
+  CHECK(parse_trace(two, "t", TraceLimits{2, 2}).size() == 2);
+}
+
 TEST_CASE("predictors: oracle fetches exactly the needed offloaded experts", "[workloads][routing]") {
   const std::uint8_t touched[6] = {1, 1, 0, 1, 0, 0}, resident[6] = {1, 0, 0, 0, 0, 1};
   std::uint8_t out[6];

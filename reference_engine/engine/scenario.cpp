@@ -160,11 +160,14 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   j["cost_model"] = s.cost_model;
   j["memory_cap_gib"] = double(s.memory.memory_cap_bytes) / double(1ull << 30);
   j["usable_fraction"] = s.memory.usable_fraction;
-  j["workload"] = {{"rate", s.rate},
-                   {"burstiness", s.burstiness},
-                   {"requests", s.requests},
-                   {"seed", s.seed},
-                   {"trace", s.trace}};
+  if (s.trace.empty())
+    j["workload"] = {{"rate", s.rate},
+                     {"burstiness", s.burstiness},
+                     {"requests", s.requests},
+                     {"seed", s.seed},
+                     {"trace", s.trace}};
+  else  // the generator's settings did not run; the report says what the trace held
+    j["workload"] = {{"seed", s.seed}, {"trace", s.trace}};
   if (!s.policies.empty()) j["policies"] = s.policies;  // absent = every policy
   j["engine"] = {{"max_num_batched_tokens", s.scheduler.max_num_batched_tokens},
                  {"max_num_seqs", s.scheduler.max_num_seqs},

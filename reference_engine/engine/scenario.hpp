@@ -92,7 +92,8 @@ std::string range_rule(CountRange r);
 std::string memory_cap_rule();
 // GiB -> bytes for the memory cap (0 stays 0 = no cap).
 std::uint64_t memory_cap_bytes(double gib);
-// The scenario as JSON (written into ablate's output).
+// The scenario as JSON (written into ablate's output). With a trace, the workload holds only the seed and the
+// trace: the generator's rate and count did not run, and the JSON stays a valid config.
 std::string scenario_to_json(const Scenario& s, int indent = 2);
 
 }  // namespace amoeba::engine

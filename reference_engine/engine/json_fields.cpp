@@ -100,7 +100,7 @@ class StrictBuilder {
   std::string error_;
 
  private:
-  // Places `v` in the innermost container (or as the root) and names it in names_ (not the root).
+  // Places `v` in the innermost container, or as the root.
   json* insert(json&& v) {
     if (stack_.empty()) {
       root_ = std::move(v);
@@ -108,31 +108,31 @@ class StrictBuilder {
     }
     json& top = *stack_.back();
     if (top.is_array()) {
-      names_.push_back("[" + std::to_string(top.size()) + "]");
       top.push_back(std::move(v));
       return &top.back();
     }
-    names_.push_back("." + quote_text(key_));
     json& slot = top[key_];
     slot = std::move(v);
     return &slot;
   }
   bool leaf(json&& v) {
-    const bool nested = !stack_.empty();
     insert(std::move(v));
-    if (nested) names_.pop_back();
     return true;
   }
+  // Only containers are named: an error path ends at the object holding the repeated key.
   bool open(json&& v) {
-    const bool nested = !stack_.empty();
+    if (stack_.empty())
+      names_.emplace_back();
+    else if (stack_.back()->is_array())
+      names_.push_back("[" + std::to_string(stack_.back()->size()) + "]");
+    else
+      names_.push_back("." + quote_text(key_));
     stack_.push_back(insert(std::move(v)));
-    nested_.push_back(nested);
     return true;
   }
   bool close() {
     stack_.pop_back();
-    if (nested_.back()) names_.pop_back();
-    nested_.pop_back();
+    names_.pop_back();
     return true;
   }
   std::string path() const {
@@ -143,8 +143,7 @@ class StrictBuilder {
 
   json& root_;
   std::vector<json*> stack_;
-  std::vector<bool> nested_;
-  std::vector<std::string> names_;
+  std::vector<std::string> names_;  // one per open container
   std::string key_;
 };
 

@@ -11,15 +11,26 @@
 // Settings come from built-in defaults, then --config FILE (JSON, see engine/scenario.hpp), then flags.
 // Bad input exits with status 2 and a message naming the field, the value and the rule; no output file is
 // left half-written.
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -44,94 +55,253 @@ namespace {
 using namespace amoeba;
 using namespace amoeba::engine;
 
+// Numbers on the command line are read as text and converted here, not by CLI11: its unsigned options wrap
+// "-5" to 2^64 - 5 and clamp values past 2^64. Each flag gets the config file's range (scenario.hpp) and a
+// message naming the flag, the value and the rule.
+std::uint64_t parse_count(const std::string& flag, const std::string& text, CountRange r) {
+  const char* const b = text.data();
+  const char* const e = b + text.size();
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(b, e, v);
+  if (ec == std::errc::result_out_of_range && end == e)
+    throw ConfigError(flag, quote_text(text), range_rule(r));
+  if (ec != std::errc() || end != e) {
+    // 1e6 or 5.0 name integers too (as in config files) while a double holds them exactly.
+    double d = 0;
+    const auto [dend, dec] = std::from_chars(b, e, d);
+    if (dec != std::errc() || dend != e || !std::isfinite(d) || d < 0 || d != std::floor(d))
+      throw ConfigError(flag, quote_text(text), "must be a non-negative integer");
+    if (d > double(r.max)) throw ConfigError(flag, quote_text(text), range_rule(r));
+    if (d > kMaxExactIntegerDouble)
+      throw ConfigError(flag, quote_text(text),
+                        "must be written in digits (an exponent form above 2^53 loses digits)");
+    v = static_cast<std::uint64_t>(d);
+  }
+  if (v < r.min || v > r.max) throw ConfigError(flag, quote_text(text), range_rule(r));
+  return v;
+}
+
+double parse_real(const std::string& flag, const std::string& text, RealRange r) {
+  const char* const b = text.data();
+  const char* const e = b + text.size();
+  double d = 0;
+  const auto [end, ec] = std::from_chars(b, e, d);
+  if (ec == std::errc::result_out_of_range &&
+      end == e)  // 1e-400, 1e400: outside a double, so outside the range
+    throw ConfigError(flag, quote_text(text), range_rule(r));
+  if (ec != std::errc() || end != e) throw ConfigError(flag, quote_text(text), "must be a number");
+  if (!(d >= r.min && d <= r.max)) throw ConfigError(flag, quote_text(text), range_rule(r));  // NaN, inf too
+  return d;
+}
+
+// Host memory a run needs, estimated before it starts so that a run too large is refused with the numbers
+// instead of dying of std::bad_alloc hours in. Measured (peak RSS, 10^3 -> 10^5 requests, ablate --policies
+// static): 187 B per request (the trace, the engine's sequences, the latency samples); `run --csv`: 272 B per
+// timeline row (the row and its CSV line, both grown by doubling). Rounded up.
+constexpr std::uint64_t kBytesPerRequest = 256, kBytesPerTimelineRow = 320, kBaseBytes = 64ull << 20;
+
+// Memory this process may still take: the least of MemAvailable, the cgroup's headroom and RLIMIT_AS minus
+// what is mapped already. 0 when none can be read (then nothing is refused).
+std::uint64_t available_host_bytes() {
+  std::uint64_t best = ~std::uint64_t{0};
+  auto take = [&](std::uint64_t v) { best = std::min(best, v); };
+  auto read_kib = [](const char* file, const char* key) -> std::optional<std::uint64_t> {
+    std::ifstream in(file);
+    std::string k;
+    std::uint64_t v = 0;
+    while (in >> k)
+      if (k == key && in >> v) return v << 10;
+    return std::nullopt;
+  };
+  if (auto v = read_kib("/proc/meminfo", "MemAvailable:")) take(*v);
+  std::ifstream max_in("/sys/fs/cgroup/memory.max"), cur_in("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  std::uint64_t cur = 0;
+  if (max_in >> max_text && max_text != "max" && cur_in >> cur) {
+    const std::uint64_t max = std::strtoull(max_text.c_str(), nullptr, 10);
+    take(max > cur ? max - cur : 0);
+  }
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    const std::uint64_t mapped = read_kib("/proc/self/status", "VmSize:").value_or(0);
+    take(lim.rlim_cur > mapped ? lim.rlim_cur - mapped : 0);
+  }
+  return best == ~std::uint64_t{0} ? 0 : best;
+}
+
+void check_host_memory(const std::string& field, const std::string& value, std::uint64_t requests,
+                       std::uint64_t timeline_rows) {
+  const std::uint64_t need = kBaseBytes + requests * kBytesPerRequest + timeline_rows * kBytesPerTimelineRow;
+  const std::uint64_t have = available_host_bytes();
+  if (have == 0 || need <= have) return;
+  throw ConfigError(
+      field, value,
+      fmt::format(
+          "the run needs at least {:.2f} GB of host memory (64 MiB + {} requests x {} B{}) but {:.2f} GB "
+          "are available: run fewer requests",
+          double(need) / 1e9, requests, kBytesPerRequest,
+          timeline_rows ? fmt::format(" + {} timeline rows x {} B", timeline_rows, kBytesPerTimelineRow)
+                        : std::string(),
+          double(have) / 1e9));
+}
+
+bool is_file_name(const std::string& name_or_path) {  // as find_model / find_gpu / find_cost_model decide
+  return name_or_path.size() > 5 && name_or_path.ends_with(".json");
+}
+
 // Flags shared by ablate and run; unset ones leave the config/defaults alone.
 struct ScenarioFlags {
-  std::string config;
-  std::optional<std::string> backend, model, gpu, trace, cost_model, predictor, routing, ranking;
-  std::optional<double> rate, burstiness, memory_cap_gib, usable_fraction, drift, predictor_accuracy, skew;
-  std::optional<std::uint64_t> requests, seed;
-  std::optional<std::uint32_t> offload_limit, fixed_offload, max_num_seqs, max_batched_tokens;
+  std::optional<std::string> config, backend, model, gpu, trace, cost_model, predictor, routing, ranking;
+  std::optional<std::string> rate, burstiness, memory_cap_gib, usable_fraction, drift, predictor_accuracy,
+      skew;
+  std::optional<std::string> requests, seed, offload_limit, fixed_offload, max_num_seqs, max_batched_tokens;
 
   void add_to(CLI::App& app) {
     app.add_option("--config", config, "JSON config file (see docs/engine.md)");
     app.add_option("--backend", backend, "what runs the forward passes: sim (simulated GPU, the default)");
     app.add_option("--model", model, "model name from `amoeba models`, or a model .json file");
     app.add_option("--gpu", gpu, "GPU profile from `amoeba gpus`, or a profile .json file");
-    app.add_option("--rate", rate, "request rate (req/s) of the generated trace");
-    app.add_option("--burstiness", burstiness, "gamma shape of inter-arrival times (1 = Poisson)");
-    app.add_option("--requests", requests, "number of generated requests");
-    app.add_option("--seed", seed, "random seed");
+    app.add_option("--rate", rate, "request rate (req/s) of the generated trace, in [1e-6, 1e6]");
+    app.add_option("--burstiness", burstiness,
+                   "gamma shape of inter-arrival times (1 = Poisson), in [1e-3, 1e3]");
+    app.add_option("--requests", requests, "number of generated requests, in [1, 10^7]");
+    app.add_option("--seed", seed, "random seed, in [0, 2^64 - 1]");
     app.add_option("--trace", trace, "JSONL trace file instead of generated requests");
-    app.add_option("--memory-cap-gib", memory_cap_gib, "use at most this much GPU memory (GiB)");
-    app.add_option("--usable-fraction", usable_fraction, "fraction of GPU memory the engine may use");
+    app.add_option("--memory-cap-gib", memory_cap_gib,
+                   "use at most this much GPU memory (GiB): 0 or [1/16, 1e6]");
+    app.add_option("--usable-fraction", usable_fraction,
+                   "fraction of GPU memory the engine may use, [0.05, 1]");
     app.add_option("--expert-offload-limit", offload_limit, "elastic: most experts offloaded per layer");
     app.add_option("--fixed-offload", fixed_offload, "fixed/lru/lfu: experts offloaded per layer");
-    app.add_option("--max-num-seqs", max_num_seqs, "cap on running sequences");
-    app.add_option("--max-num-batched-tokens", max_batched_tokens, "token budget per step");
+    app.add_option("--max-num-seqs", max_num_seqs, "cap on running sequences, in [1, 65536]");
+    app.add_option("--max-num-batched-tokens", max_batched_tokens, "token budget per step, in [16, 2^20]");
     app.add_option("--drift", drift, "fraction of live routing ranks reshuffled vs the offline sample");
-    app.add_option("--skew", skew, "routing popularity skew (Zipf exponent)");
+    app.add_option("--skew", skew, "routing popularity skew (Zipf exponent), in [0, 8]");
     app.add_option("--predictor", predictor, "prefetch predictor: none, cross-layer, oracle");
-    app.add_option("--predictor-accuracy", predictor_accuracy, "cross-layer predictor accuracy");
+    app.add_option("--predictor-accuracy", predictor_accuracy, "cross-layer predictor accuracy, in [0, 1]");
     app.add_option("--cost-model", cost_model, "cost-model profile: default, or a .json file");
     app.add_option("--routing", routing,
                    "where routing comes from: synthetic (the routing model), or a routing record to replay");
     app.add_option("--ranking", ranking, "expert statistics to rank experts by (e.g. from `amoeba rank`)");
   }
 
+  // The files the run reads (an output naming one of them is refused).
+  std::vector<std::pair<std::string, std::string>> inputs(const Scenario& s) const {
+    std::vector<std::pair<std::string, std::string>> in;
+    if (config) in.emplace_back("--config", *config);
+    if (!s.trace.empty()) in.emplace_back("--trace", s.trace);
+    if (is_file_name(s.model)) in.emplace_back("--model", s.model);
+    if (is_file_name(s.gpu)) in.emplace_back("--gpu", s.gpu);
+    if (is_file_name(s.cost_model)) in.emplace_back("--cost-model", s.cost_model);
+    if (s.routing_source != "synthetic") in.emplace_back("--routing", s.routing_source);
+    if (!s.ranking.empty()) in.emplace_back("--ranking", s.ranking);
+    return in;
+  }
+
   Scenario resolve() const {
     Scenario s;
-    if (!config.empty()) s = parse_scenario(read_text_file(config, "--config"), config, s);
-    if (backend) s.backend = *backend;
-    if (routing) s.routing_source = *routing;
-    if (ranking) s.ranking = *ranking;
-    if (model) s.model = *model;
-    if (gpu) s.gpu = *gpu;
-    if (trace) s.trace = *trace;
-    if (cost_model) s.cost_model = *cost_model;
-    if (rate) s.rate = *rate;
-    if (burstiness) s.burstiness = *burstiness;
-    if (requests) s.requests = *requests;
-    if (seed) s.seed = *seed;
+    if (config) {
+      if (config->empty())
+        throw ConfigError("--config", "\"\"", "must name a file (an empty path names none)");
+      s = parse_scenario(read_text_file(*config, "--config", kMaxConfigFileBytes), *config, s);
+    }
+    auto name = [](const char* flag, const std::optional<std::string>& v, std::string& out) {
+      if (!v) return;
+      if (v->empty()) throw ConfigError(flag, "\"\"", "must not be empty");
+      out = *v;
+    };
+    name("--backend", backend, s.backend);
+    name("--routing", routing, s.routing_source);
+    name("--ranking", ranking, s.ranking);
+    name("--model", model, s.model);
+    name("--gpu", gpu, s.gpu);
+    name("--trace", trace, s.trace);
+    name("--cost-model", cost_model, s.cost_model);
+    if (rate) s.rate = parse_real("--rate", *rate, ranges::kRate);
+    if (burstiness) s.burstiness = parse_real("--burstiness", *burstiness, ranges::kBurstiness);
+    if (requests) s.requests = parse_count("--requests", *requests, ranges::kRequests);
+    if (seed) s.seed = parse_count("--seed", *seed, ranges::kSeed);
     if (memory_cap_gib) {
-      if (!(*memory_cap_gib > 0) || *memory_cap_gib > 1e6)
-        throw_config_error("--memory-cap-gib", *memory_cap_gib, "must be in (0, 1e6]");
-      s.memory.memory_cap_bytes = static_cast<std::uint64_t>(*memory_cap_gib * double(1ull << 30));
+      // 0 = no cap, as in the config file; a tiny positive cap is refused, not rounded to 0 bytes = no cap.
+      const double cap =
+          parse_real("--memory-cap-gib", *memory_cap_gib, RealRange{0, ranges::kMemoryCapGib.max});
+      if (cap != 0 && cap < ranges::kMemoryCapGib.min)
+        throw ConfigError("--memory-cap-gib", quote_text(*memory_cap_gib), memory_cap_rule());
+      s.memory.memory_cap_bytes = memory_cap_bytes(cap);
     }
-    if (usable_fraction) s.memory.usable_fraction = *usable_fraction;
-    if (offload_limit) s.expert_offload_limit = *offload_limit;
-    if (fixed_offload) s.fixed_offload = *fixed_offload;
-    if (max_num_seqs) {
-      if (*max_num_seqs == 0) throw_config_error("--max-num-seqs", 0, "must be at least 1");
-      s.scheduler.max_num_seqs = *max_num_seqs;
-    }
-    if (max_batched_tokens) {
-      if (*max_batched_tokens < 16)
-        throw_config_error("--max-num-batched-tokens", *max_batched_tokens, "must be >= 16");
-      s.scheduler.max_num_batched_tokens = *max_batched_tokens;
-    }
-    if (drift) {
-      if (!(*drift >= 0 && *drift <= 1)) throw_config_error("--drift", *drift, "must be in [0, 1]");
-      s.routing.drift = *drift;
-    }
-    if (skew) {
-      if (!(*skew >= 0 && *skew <= 8)) throw_config_error("--skew", *skew, "must be in [0, 8]");
-      s.routing.skew = *skew;
-    }
+    if (usable_fraction)
+      s.memory.usable_fraction = parse_real("--usable-fraction", *usable_fraction, ranges::kUsableFraction);
+    if (offload_limit)
+      s.expert_offload_limit =
+          static_cast<std::uint32_t>(parse_count("--expert-offload-limit", *offload_limit, ranges::kOffload));
+    if (fixed_offload)
+      s.fixed_offload =
+          static_cast<std::uint32_t>(parse_count("--fixed-offload", *fixed_offload, ranges::kOffload));
+    if (max_num_seqs)
+      s.scheduler.max_num_seqs =
+          static_cast<std::uint32_t>(parse_count("--max-num-seqs", *max_num_seqs, ranges::kMaxNumSeqs));
+    if (max_batched_tokens)
+      s.scheduler.max_num_batched_tokens = static_cast<std::uint32_t>(
+          parse_count("--max-num-batched-tokens", *max_batched_tokens, ranges::kMaxNumBatchedTokens));
+    if (drift) s.routing.drift = parse_real("--drift", *drift, ranges::kUnit);
+    if (skew) s.routing.skew = parse_real("--skew", *skew, ranges::kSkew);
     if (predictor) {
       try {
         s.predictor.kind = predictor_from_string(*predictor);
       } catch (const ConfigError& e) {
-        throw ConfigError("--predictor", *predictor, e.rule());
+        throw ConfigError("--predictor", quote_text(*predictor), e.rule());
       }
     }
-    if (predictor_accuracy) {
-      if (!(*predictor_accuracy >= 0 && *predictor_accuracy <= 1))
-        throw_config_error("--predictor-accuracy", *predictor_accuracy, "must be in [0, 1]");
-      s.predictor.accuracy = *predictor_accuracy;
-    }
+    if (predictor_accuracy)
+      s.predictor.accuracy = parse_real("--predictor-accuracy", *predictor_accuracy, ranges::kUnit);
     return s;
   }
 };
+
+// The outputs of one command, checked together before anything runs: each path on its own (OutputFile), no
+// two naming one file, none naming an input.
+std::vector<OutputFile> prepare_outputs(
+    const std::vector<std::pair<std::string, std::optional<std::string>>>& named,
+    const std::vector<std::pair<std::string, std::string>>& inputs) {
+  std::vector<std::pair<std::string, std::string>> given;
+  for (const auto& [flag, path] : named)
+    if (path) given.emplace_back(flag, *path);
+  for (const auto& [flag, path] : given)
+    if (path.empty()) throw ConfigError(flag, "\"\"", "must name a file (an empty path names none)");
+  check_distinct_files(given, inputs);
+  std::vector<OutputFile> out;
+  for (const auto& [flag, path] : given) out.emplace_back(path, flag);
+  return out;
+}
+
+OutputFile* output_for(std::vector<OutputFile>& outs, const std::string& flag) {
+  for (OutputFile& o : outs)
+    if (o.flag() == flag) return &o;
+  return nullptr;
+}
+
+// Requests of a scenario, refusing one that would not fit in host memory: a generated trace before it is
+// made, a trace file once its requests are counted.
+std::vector<Request> requests_within_memory(const Scenario& s, bool timeline) {
+  if (s.trace.empty()) check_host_memory("--requests", std::to_string(s.requests), s.requests, 0);
+  std::vector<Request> trace = scenario_requests(s);
+  // A recorded timeline has a row per step. Steps depend on how requests overlap; the fewest possible (each
+  // step emits at most max_num_seqs tokens, and the longest output needs its own steps) is what is checked,
+  // so that no run that could fit is refused.
+  std::uint64_t rows = 0;
+  if (timeline) {
+    std::uint64_t tokens = 0, longest = 0;
+    for (const Request& r : trace) {
+      tokens += r.output_tokens;
+      longest = std::max<std::uint64_t>(longest, r.output_tokens);
+    }
+    rows = std::max<std::uint64_t>(longest, tokens / s.scheduler.max_num_seqs);
+  }
+  if (!s.trace.empty() || timeline)
+    check_host_memory(s.trace.empty() ? "--requests" : "--trace",
+                      s.trace.empty() ? std::to_string(s.requests) : s.trace, trace.size(), rows);
+  return trace;
+}
 
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -149,26 +319,29 @@ std::vector<std::string> split_commas(const std::string& s) {
 }
 
 int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& policies_flag,
-               const std::string& json_path, const std::string& csv_path, bool quiet) {
+               const std::optional<std::string>& json_path, const std::optional<std::string>& csv_path,
+               bool quiet) {
   Scenario s = flags.resolve();
   if (policies_flag) {
     s.policies = split_commas(*policies_flag);
     for (const std::string& p : s.policies)
       if (p.empty())
-        throw ConfigError("--policies", *policies_flag, "must be a comma-separated list of names");
+        throw ConfigError("--policies", quote_text(*policies_flag),
+                          "must be a comma-separated list of names");
   }
   if (s.policies.empty()) s.policies = all_policy_names();
   for (const std::string& p : s.policies) {
     try {
       (void)find_policy(p);
     } catch (const ConfigError& e) {
-      throw ConfigError("--policies", p, e.rule());
+      throw ConfigError("--policies", quote_text(p), e.rule());
     }
   }
   validate_scenario(s);
-  if (!json_path.empty()) check_output_path(json_path, "--json");
-  if (!csv_path.empty()) check_output_path(csv_path, "--csv");
-  const std::vector<Request> trace = scenario_requests(s);
+  std::vector<OutputFile> outs =
+      prepare_outputs({{"--json", json_path}, {"--csv", csv_path}}, flags.inputs(s));
+  const std::vector<Request> trace = requests_within_memory(s, false);
+  const WorkloadReport workload = describe_workload(s, trace);
   // Every policy is planned before any runs: a configuration that cannot fit is refused up front.
   std::vector<RunSetup> setups;
   for (const std::string& p : s.policies) setups.push_back(prepare_run(s, p, trace, RunOptions{}));
@@ -187,9 +360,9 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
                  fmt::format("done in {:.1f} s",
                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
                      .c_str());
-  if (!json_path.empty()) write_file_atomic(json_path, ablation_json(s, results), "--json");
-  if (!csv_path.empty()) write_file_atomic(csv_path, ablation_csv(s, results), "--csv");
-  std::cout << ablation_table(s, results);
+  if (OutputFile* o = output_for(outs, "--json")) o->write(ablation_json(s, workload, results));
+  if (OutputFile* o = output_for(outs, "--csv")) o->write(ablation_csv(s, workload, results));
+  std::cout << ablation_table(s, workload, results);
   const PageGeometry& g = setups.front().geometry;
   std::cout << fmt::format("\npages: expert {} B; KV {} B per 16 tokens per layer", g.expert_page_bytes,
                            g.kv_page_bytes);
@@ -207,50 +380,50 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   return 0;
 }
 
-int cmd_run(const ScenarioFlags& flags, const std::string& policy, const std::string& json_path,
-            const std::string& csv_path, const std::string& record_path) {
+int cmd_run(const ScenarioFlags& flags, const std::string& policy,
+            const std::optional<std::string>& json_path, const std::optional<std::string>& csv_path,
+            const std::optional<std::string>& record_path) {
   Scenario s = flags.resolve();
   s.policies = {policy};
   validate_scenario(s);
-  if (!json_path.empty()) check_output_path(json_path, "--json");
-  if (!csv_path.empty()) check_output_path(csv_path, "--csv");
-  if (!record_path.empty()) check_output_path(record_path, "--record-routing");
-  const std::vector<Request> trace = scenario_requests(s);
+  std::vector<OutputFile> outs = prepare_outputs(
+      {{"--json", json_path}, {"--csv", csv_path}, {"--record-routing", record_path}}, flags.inputs(s));
   RunOptions opt;
-  opt.record_timeline = true;
+  opt.record_timeline = csv_path.has_value();  // a row per step: kept only when it is written
+  const std::vector<Request> trace = requests_within_memory(s, opt.record_timeline);
+  const WorkloadReport workload = describe_workload(s, trace);
   const RunSetup setup = prepare_run(s, policy, trace, opt);
   std::optional<RoutingRecorder> recorder;
-  if (!record_path.empty()) {
+  if (record_path)
     recorder.emplace(RoutingRecordHeader{s.model, setup.model.moe_layers(), setup.model.num_experts,
                                          setup.model.top_k, s.backend,
                                          s.routing_source == "synthetic" ? "synthetic" : "recorded"});
-  }
   RunSetup to_run = setup;
   if (recorder) to_run.options.recorder = &*recorder;
   const RunResult r = run_policy(to_run);
-  if (!json_path.empty()) write_file_atomic(json_path, ablation_json(s, {r}), "--json");
-  if (!csv_path.empty()) write_file_atomic(csv_path, timeline_csv(r), "--csv");
-  if (recorder) write_file_atomic(record_path, recorder->text(), "--record-routing");
-  std::cout << ablation_table(s, {r});
+  if (OutputFile* o = output_for(outs, "--json")) o->write(ablation_json(s, workload, {r}));
+  if (OutputFile* o = output_for(outs, "--csv")) o->write(timeline_csv(r));
+  if (OutputFile* o = output_for(outs, "--record-routing")) o->write(recorder->text());
+  std::cout << ablation_table(s, workload, {r});
   std::cout << "\nmemory: " << setup.memory.describe() << "\n";
   std::cout << fmt::format(
       "preemptions {}, evictions {}, restores {}, resident experts min {} max {}, copy stall {:.2f} s\n",
       r.preemptions, r.evictions, r.restores, r.min_resident_experts, r.max_resident_experts, r.copy_stall_s);
-  if (csv_path.empty()) std::cout << "(per-step timeline: add --csv FILE)\n";
+  if (!csv_path) std::cout << "(per-step timeline: add --csv FILE)\n";
   return 0;
 }
 
-int cmd_rank(const std::string& record_path, const std::string& out) {
-  if (!out.empty()) check_output_path(out, "--out");
+int cmd_rank(const std::string& record_path, const std::optional<std::string>& out) {
+  std::vector<OutputFile> outs = prepare_outputs({{"--out", out}}, {{"record", record_path}});
   const RoutingRecord r = read_routing_record(record_path);
   const std::string stats = expert_stats_json(r, record_path);
-  if (out.empty()) {
-    std::cout << stats;
-  } else {
-    write_file_atomic(out, stats, "--out");
+  if (OutputFile* o = output_for(outs, "--out")) {
+    o->write(stats);
     std::cerr << fmt::format("ranked {} MoE layers x {} experts from {} steps ({}) -> {}\n",
                              r.header.moe_layers, r.header.experts, r.steps.size(),
-                             r.counts.empty() ? "steps routed to" : "tokens routed", out);
+                             r.counts.empty() ? "steps routed to" : "tokens routed", *out);
+  } else {
+    std::cout << stats;
   }
   return 0;
 }
@@ -273,13 +446,14 @@ std::vector<std::int32_t> token_ids(const std::string& text, const char* flag) {
 }
 
 int cmd_generate(const std::string& backend, const std::string& weights, const std::string& prompt_text,
-                 std::uint32_t new_tokens, const std::string& teacher_text, const std::string& json_path) {
+                 const std::optional<std::string>& new_tokens_text, const std::string& teacher_text,
+                 const std::optional<std::string>& json_path) {
   if (backend != "reference")
     throw ConfigError("--backend", backend,
                       "unknown generation backend (known: reference, the host reference)");
-  if (new_tokens == 0 || new_tokens > 4096)
-    throw_config_error("--new-tokens", new_tokens, "must be in [1, 4096]");
-  if (!json_path.empty()) check_output_path(json_path, "--json");
+  const auto new_tokens = static_cast<std::uint32_t>(
+      new_tokens_text ? parse_count("--new-tokens", *new_tokens_text, CountRange{1, 4096}) : 32);
+  std::vector<OutputFile> outs = prepare_outputs({{"--json", json_path}}, {});
   const std::vector<std::int32_t> prompt = token_ids(prompt_text, "--prompt");
   const std::vector<std::int32_t> teacher =
       teacher_text.empty() ? std::vector<std::int32_t>{} : token_ids(teacher_text, "--teacher-tokens");
@@ -301,31 +475,40 @@ int cmd_generate(const std::string& backend, const std::string& weights, const s
   }
   j["tokens"] = tokens;
   j["logits"] = std::move(logits);
-  if (!json_path.empty()) write_file_atomic(json_path, j.dump() + "\n", "--json");
+  if (OutputFile* o = output_for(outs, "--json")) o->write(j.dump() + "\n");
   std::cout << fmt::format("{} ({}): {}\n", ck.config.architecture, backend, fmt::join(tokens, ","));
   return 0;
 }
 
-int cmd_trace_generate(double rate, double burstiness, std::uint64_t requests, std::uint64_t seed,
-                       const std::string& out) {
-  if (!(rate > 0)) throw_config_error("--rate", rate, "must be > 0");
-  if (!(burstiness > 0)) throw_config_error("--burstiness", burstiness, "must be > 0");
-  if (requests == 0) throw_config_error("--requests", requests, "must be at least 1");
+struct GenerateFlags {
+  std::optional<std::string> rate, burstiness, requests, seed, out;
+};
+
+int cmd_trace_generate(const GenerateFlags& f) {
   ShareGptLikeParams p;
-  p.rate = rate;
-  p.burstiness = burstiness;
-  p.requests = requests;
-  p.seed = seed;
+  if (f.rate) p.rate = parse_real("--rate", *f.rate, ranges::kRate);
+  if (f.burstiness) p.burstiness = parse_real("--burstiness", *f.burstiness, ranges::kBurstiness);
+  if (f.requests) p.requests = parse_count("--requests", *f.requests, ranges::kRequests);
+  if (f.seed) p.seed = parse_count("--seed", *f.seed, ranges::kSeed);
+  const bool to_stdout = !f.out || *f.out == "-";
+  std::vector<OutputFile> outs;
+  if (!to_stdout) outs = prepare_outputs({{"--out", f.out}}, {});
+  // The trace and its text (~24 + ~70 B per request) stay within a run's per-request estimate.
+  check_host_memory("--requests", std::to_string(p.requests), p.requests, 0);
   const std::string text = trace_to_jsonl(generate_sharegpt_like(p));
-  if (out.empty() || out == "-")
+  if (to_stdout)
     std::cout << text;
   else
-    write_file_atomic(out, text, "--out");
+    outs.front().write(text);
   return 0;
 }
 
-int cmd_trace_inspect(const std::string& path, std::uint32_t max_model_len) {
-  const std::vector<Request> t = read_trace(path, TraceLimits{max_model_len});
+int cmd_trace_inspect(const std::string& path, const std::optional<std::string>& max_len_flag) {
+  std::uint32_t max_len = SchedulerConfig{}.max_model_len;
+  if (max_len_flag)
+    max_len = static_cast<std::uint32_t>(parse_count("--max-model-len", *max_len_flag, ranges::kMaxModelLen));
+  if (path.empty()) throw ConfigError("file", "\"\"", "must name a file (an empty path names none)");
+  const std::vector<Request> t = read_trace(path, TraceLimits{max_len}, "trace inspect FILE");
   const TraceSummary s = summarize(t);
   std::cout << fmt::format(
       "{}: {} requests over {:.1f} s ({:.2f} req/s)\nprompt tokens: mean {:.1f}, median {}, max {}\noutput "
@@ -372,6 +555,37 @@ int cmd_gpus() {
   return 0;
 }
 
+// "amoeba: error: FIELD = VALUE: RULE", each part bounded and with control bytes escaped: a value can come
+// from a hostile file or argument.
+int report_error(const ConfigError& e) {
+  std::cerr << "amoeba: error: " << quote_text(e.field(), 200) << " = " << quote_text(e.value(), 200) << ": "
+            << quote_text(e.rule(), 1000) << "\n";
+  return 2;
+}
+
+// Names an unknown subcommand (CLI11 only says that one is required) among `known`.
+std::optional<std::string> unknown_subcommand(const char* arg,
+                                              std::initializer_list<std::string_view> known) {
+  const std::string_view a(arg);
+  if (a.empty() || a.front() == '-') return std::nullopt;
+  std::string list;
+  for (std::string_view k : known) {
+    if (k == a) return std::nullopt;
+    list += (list.empty() ? "" : ", ") + std::string(k);
+  }
+  return list;
+}
+
+// stdout is an output like any other: a full disk or a closed pipe must not end in status 0.
+int finish(int status) {
+  std::cout.flush();
+  if (status == 0 && !std::cout) {
+    std::cerr << "amoeba: error: stdout = (standard output): write failed: " << std::strerror(errno) << "\n";
+    return 2;
+  }
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -379,8 +593,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ScenarioFlags ab_flags, run_flags;
-  std::optional<std::string> ab_policies;
-  std::string ab_json, ab_csv;
+  std::optional<std::string> ab_policies, ab_json, ab_csv;
   bool ab_quiet = false;
   CLI::App* ablate = app.add_subcommand("ablate", "run several policies on one trace and print one table");
   ab_flags.add_to(*ablate);
@@ -389,25 +602,27 @@ int main(int argc, char** argv) {
   ablate->add_option("--csv", ab_csv, "write the results as CSV");
   ablate->add_flag("--quiet", ab_quiet, "no progress indicator");
 
-  std::string run_policy_name = "elastic", run_json, run_csv;
+  std::string run_policy_name = "elastic";
+  std::optional<std::string> run_json, run_csv;
   CLI::App* run = app.add_subcommand("run", "one policy, with a per-step timeline");
   run_flags.add_to(*run);
   run->add_option("--policy", run_policy_name, "policy name (see `amoeba ablate --help`)");
   run->add_option("--json", run_json, "write the result as JSON");
   run->add_option("--csv", run_csv, "write the per-step timeline as CSV");
-  std::string run_record;
+  std::optional<std::string> run_record;
   run->add_option("--record-routing", run_record,
                   "write the experts every MoE layer routed to at every step (JSONL, docs/engine.md)");
 
-  std::string gen_backend = "reference", gen_weights, gen_prompt, gen_json;
-  std::uint32_t gen_new = 32;
+  std::string gen_backend = "reference", gen_weights, gen_prompt;
+  std::optional<std::string> gen_json;
+  std::optional<std::string> gen_new;
   CLI::App* generate = app.add_subcommand(
       "generate",
       "greedy generation from a Hugging Face checkpoint (Qwen2-MoE, Qwen3-MoE), tokens in and out");
   generate->add_option("--weights", gen_weights, "checkpoint directory (config.json + *.safetensors)")
       ->required();
   generate->add_option("--prompt", gen_prompt, "comma-separated token ids")->required();
-  generate->add_option("--new-tokens", gen_new, "tokens to generate (default 32)");
+  generate->add_option("--new-tokens", gen_new, "tokens to generate, in [1, 4096] (default 32)");
   generate->add_option("--backend", gen_backend, "reference (the host reference decoder; default)");
   generate->add_option("--json", gen_json, "write prompt, tokens and every step's logits as JSON");
   std::string gen_teacher;
@@ -415,51 +630,66 @@ int main(int argc, char** argv) {
       "--teacher-tokens", gen_teacher,
       "feed these tokens after each step instead of the argmax (teacher forcing; one step each)");
 
-  std::string rank_in, rank_out;
+  std::string rank_in;
+  std::optional<std::string> rank_out;
   CLI::App* rank = app.add_subcommand("rank", "turn a routing record into expert statistics for --ranking");
   rank->add_option("record", rank_in, "routing record (from `amoeba run --record-routing`)")->required();
   rank->add_option("--out,-o", rank_out, "output file (default: stdout)");
 
   CLI::App* trace = app.add_subcommand("trace", "generate or inspect JSONL traces");
   trace->require_subcommand(1);
-  double tr_rate = 10, tr_burst = 1;
-  std::uint64_t tr_requests = 1000, tr_seed = 0;
-  std::string tr_out;
+  GenerateFlags gen_flags;
   CLI::App* gen = trace->add_subcommand("generate", "write a ShareGPT-like trace");
-  gen->add_option("--rate", tr_rate, "requests per second");
-  gen->add_option("--burstiness", tr_burst, "gamma shape (1 = Poisson)");
-  gen->add_option("--requests", tr_requests, "number of requests");
-  gen->add_option("--seed", tr_seed, "random seed");
-  gen->add_option("--out,-o", tr_out, "output file (default: stdout)");
+  gen->add_option("--rate", gen_flags.rate, "requests per second, in [1e-6, 1e6] (default 10)");
+  gen->add_option("--burstiness", gen_flags.burstiness, "gamma shape (1 = Poisson), in [1e-3, 1e3]");
+  gen->add_option("--requests", gen_flags.requests, "number of requests, in [1, 10^7] (default 1000)");
+  gen->add_option("--seed", gen_flags.seed, "random seed, in [0, 2^64 - 1]");
+  gen->add_option("--out,-o", gen_flags.out, "output file (default or -: stdout)");
   std::string in_path;
-  std::uint32_t in_max_len = 2048;
+  std::optional<std::string> in_max_len;
   CLI::App* inspect = trace->add_subcommand("inspect", "validate a trace and summarise it");
   inspect->add_option("file", in_path, "JSONL trace")->required();
-  inspect->add_option("--max-model-len", in_max_len, "limit on prompt + output tokens");
+  inspect->add_option("--max-model-len", in_max_len,
+                      "limit on prompt + output tokens, in [16, 2^20] (default 2048)");
 
   CLI::App* models = app.add_subcommand("models", "list the model catalog");
   CLI::App* gpus = app.add_subcommand("gpus", "list the GPU profiles");
 
+  // Command-line errors are bad input like any other: status 2 with the documented prefix, not CLI11's codes.
+  if (argc > 1) {
+    if (auto known =
+            unknown_subcommand(argv[1], {"ablate", "run", "generate", "rank", "trace", "models", "gpus"}))
+      return report_error(
+          ConfigError("subcommand", quote_text(argv[1]), "is not known (known: " + *known + ")"));
+    if (std::string_view(argv[1]) == "trace" && argc > 2)
+      if (auto known = unknown_subcommand(argv[2], {"generate", "inspect"}))
+        return report_error(
+            ConfigError("trace subcommand", quote_text(argv[2]), "is not known (known: " + *known + ")"));
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "amoeba: error: " << quote_text(e.what(), 1000) << " (see amoeba --help)\n";
+    return 2;
   }
   try {
-    if (ablate->parsed()) return cmd_ablate(ab_flags, ab_policies, ab_json, ab_csv, ab_quiet);
-    if (run->parsed()) return cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record);
-    if (rank->parsed()) return cmd_rank(rank_in, rank_out);
+    if (ablate->parsed()) return finish(cmd_ablate(ab_flags, ab_policies, ab_json, ab_csv, ab_quiet));
+    if (run->parsed()) return finish(cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record));
+    if (rank->parsed()) return finish(cmd_rank(rank_in, rank_out));
     if (generate->parsed())
-      return cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_teacher, gen_json);
-    if (gen->parsed()) return cmd_trace_generate(tr_rate, tr_burst, tr_requests, tr_seed, tr_out);
-    if (inspect->parsed()) return cmd_trace_inspect(in_path, in_max_len);
-    if (models->parsed()) return cmd_models();
-    if (gpus->parsed()) return cmd_gpus();
+      return finish(cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_teacher, gen_json));
+    if (gen->parsed()) return finish(cmd_trace_generate(gen_flags));
+    if (inspect->parsed()) return finish(cmd_trace_inspect(in_path, in_max_len));
+    if (models->parsed()) return finish(cmd_models());
+    if (gpus->parsed()) return finish(cmd_gpus());
   } catch (const ConfigError& e) {
-    std::cerr << "amoeba: error: " << e.what() << "\n";
-    return 2;
+    return report_error(e);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "amoeba: error: host memory ran out (the estimate checked before the run was too low)\n";
+    return 3;
   } catch (const std::exception& e) {
-    std::cerr << "amoeba: internal error: " << e.what() << "\n";
+    std::cerr << "amoeba: internal error: " << quote_text(e.what(), 1000) << "\n";
     return 3;
   }
   return 1;

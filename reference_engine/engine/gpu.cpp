@@ -27,8 +27,7 @@ GpuProfile parse_gpu(std::string_view json_text, const std::string& what) {
   if (o.has("sources")) {
     const JsonObject s = o.get_object("sources");
     for (auto it = s.raw().begin(); it != s.raw().end(); ++it)
-      g.sources.emplace_back(it.key(),
-                             it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+      g.sources.emplace_back(it.key(), s.get_string(it.key()));
   }
   return g;
 }
@@ -45,13 +44,14 @@ const std::vector<GpuProfile>& gpu_catalog() {
 
 GpuProfile find_gpu(const std::string& name_or_path) {
   if (name_or_path.size() > 5 && name_or_path.ends_with(".json"))
-    return parse_gpu(read_text_file(name_or_path, "--gpu"), name_or_path);
+    return parse_gpu(read_text_file(name_or_path, "--gpu", kMaxConfigFileBytes), name_or_path);
   std::string known;
   for (const GpuProfile& g : gpu_catalog()) {
     if (g.name == name_or_path) return g;
     known += (known.empty() ? "" : ", ") + g.name;
   }
-  throw ConfigError("--gpu", name_or_path, "unknown GPU (known: " + known + ", or a path to a .json file)");
+  throw ConfigError("--gpu", quote_text(name_or_path),
+                    "unknown GPU (known: " + known + ", or a path to a .json file)");
 }
 
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what) {
@@ -85,12 +85,13 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
 
 CostModelParams find_cost_model(const std::string& name_or_path) {
   if (name_or_path.size() > 5 && name_or_path.ends_with(".json"))
-    return parse_cost_model(read_text_file(name_or_path, "--cost-model"), name_or_path);
+    return parse_cost_model(read_text_file(name_or_path, "--cost-model", kMaxConfigFileBytes), name_or_path);
   for (const EmbeddedFile& f : embedded_cost_model_files()) {
     CostModelParams p = parse_cost_model(f.text, "cost model file " + std::string(f.name));
     if (p.name == name_or_path) return p;
   }
-  throw ConfigError("--cost-model", name_or_path, "unknown cost model (built in: default, or a .json path)");
+  throw ConfigError("--cost-model", quote_text(name_or_path),
+                    "unknown cost model (built in: default, or a .json path)");
 }
 
 std::string cost_model_to_json(const CostModelParams& p) {

@@ -8,6 +8,7 @@ namespace amoeba::engine {
 Percentiles percentiles(std::vector<double> v) {
   Percentiles p;
   if (v.empty()) return p;
+  p.count = v.size();
   std::sort(v.begin(), v.end());
   auto at = [&](double q) {
     const double pos = q * double(v.size() - 1);

@@ -2,6 +2,7 @@
 // expert bytes moved, hit rates, and an optional per-step timeline. All times are simulated.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,8 +13,9 @@ namespace amoeba::engine {
 
 struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, mean = 0;
+  std::size_t count = 0;  // samples; 0 = undefined (e.g. TPOT when every output is one token), not 0 ms
 };
-// Linear interpolation between order statistics (numpy's default). Empty input -> zeros.
+// Linear interpolation between order statistics (numpy's default). Empty input -> count 0 (and zeros).
 Percentiles percentiles(std::vector<double> v);
 
 struct TimelineRow {

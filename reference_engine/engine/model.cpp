@@ -122,7 +122,7 @@ ModelSpec parse_model(std::string_view json_text, const std::string& what) {
   } else if (kind == "mla") {
     m.attention = AttentionKind::kMla;
   } else {
-    throw ConfigError(a.path() + ".kind", kind, "must be \"gqa\" or \"mla\"");
+    throw ConfigError(a.path() + ".kind", quote_text(kind), "must be \"gqa\" or \"mla\"");
   }
   m.num_heads = static_cast<std::uint32_t>(a.get_uint("num_heads", 1, 4096));
   m.num_kv_heads = static_cast<std::uint32_t>(a.get_uint("num_kv_heads", 1, m.num_heads));
@@ -188,13 +188,13 @@ const std::vector<ModelSpec>& model_catalog() {
 
 ModelSpec find_model(const std::string& name_or_path) {
   if (name_or_path.size() > 5 && name_or_path.ends_with(".json"))
-    return parse_model(read_text_file(name_or_path, "--model"), name_or_path);
+    return parse_model(read_text_file(name_or_path, "--model", kMaxConfigFileBytes), name_or_path);
   std::string known;
   for (const ModelSpec& m : model_catalog()) {
     if (m.name == name_or_path) return m;
     known += (known.empty() ? "" : ", ") + m.name;
   }
-  throw ConfigError("--model", name_or_path,
+  throw ConfigError("--model", quote_text(name_or_path),
                     "unknown model (known: " + known + ", or a path to a .json file)");
 }
 

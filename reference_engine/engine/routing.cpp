@@ -36,6 +36,31 @@ void partial_shuffle(std::vector<std::uint32_t>& perm, double fraction, Rng& rng
     if (rng.bernoulli(fraction)) pos.push_back(i);
   for (std::size_t i = pos.size(); i > 1; --i) std::swap(perm[pos[i - 1]], perm[pos[rng.below(i)]]);
 }
+// Bounds on redrawing a collided top-k pick in calibration_counts (then one exact draw, O(E)).
+constexpr double kMaxExpectedDraws = 64;
+constexpr std::uint32_t kMaxDraws = 4096;
+
+// One of `experts` experts drawn with probability proportional to w[e] among those not in `picked` (some
+// remain).
+std::uint32_t draw_excluding(const double* w, std::uint32_t experts, const std::vector<std::uint32_t>& picked,
+                             Rng& rng) {
+  auto is_picked = [&](std::uint32_t e) {
+    return std::find(picked.begin(), picked.end(), e) != picked.end();
+  };
+  double total = 0;  // summed from the weights, not the cdf: tail experts lost to its rounding still count
+  for (std::uint32_t e = 0; e < experts; ++e)
+    if (!is_picked(e)) total += w[e];
+  double u = rng.uniform() * total;
+  std::uint32_t last = experts;
+  for (std::uint32_t e = 0; e < experts; ++e) {
+    if (is_picked(e)) continue;
+    last = e;
+    if (u < w[e]) return e;
+    u -= w[e];
+  }
+  return last;  // u ran past the end by rounding
+}
+
 }  // namespace
 
 RoutingModel::RoutingModel(std::uint32_t layers, std::uint32_t experts, std::uint32_t top_k,
@@ -79,13 +104,30 @@ std::vector<double> RoutingModel::calibration_counts(std::uint64_t tokens) const
     double acc = 0;
     for (std::uint32_t e = 0; e < experts_; ++e) cdf[e] = acc += base[e];
     for (std::uint64_t t = 0; t < tokens; ++t) {
-      if (rejection) {  // top-k without replacement: O(k log E) per token
+      if (rejection) {  // top-k without replacement: O(k log E) per token while collisions are rare
         picked.clear();
+        double picked_mass = 0;  // of the cdf steps already picked: what a redraw hits again
         while (picked.size() < top_k_) {
-          const double u = rng.uniform() * acc;
-          auto e = static_cast<std::uint32_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
-          if (e >= experts_) e = experts_ - 1;
-          if (std::find(picked.begin(), picked.end(), e) == picked.end()) picked.push_back(e);
+          // Redrawing until a new expert comes up takes 1 / (1 - picked_mass) draws on average: endless once
+          // the picked experts hold all the cdf's mass (skew 8: the 4th expert has ~1e-5 of it; tail experts
+          // below the cdf's rounding have none). Past kMaxExpectedDraws, or after kMaxDraws unlucky draws,
+          // the next expert is drawn exactly from the remaining weights instead: the same distribution (a
+          // redraw conditioned on a new expert), so draws that needed neither are unchanged.
+          std::uint32_t e = experts_;
+          if ((acc - picked_mass) * kMaxExpectedDraws > acc) {
+            for (std::uint32_t d = 0; d < kMaxDraws; ++d) {
+              const double u = rng.uniform() * acc;
+              auto x = static_cast<std::uint32_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+              if (x >= experts_) x = experts_ - 1;
+              if (std::find(picked.begin(), picked.end(), x) == picked.end()) {
+                e = x;
+                break;
+              }
+            }
+          }
+          if (e == experts_) e = draw_excluding(base, experts_, picked, rng);
+          picked.push_back(e);
+          picked_mass += cdf[e] - (e > 0 ? cdf[e - 1] : 0.0);
         }
         for (std::uint32_t e : picked) counts[std::size_t(l) * experts_ + e] += 1.0;
         continue;

@@ -2,6 +2,7 @@
 #include "engine/scenario.hpp"
 
 #include <cmath>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -25,27 +26,32 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
   s.model = o.get_string_or("model", s.model);
   s.gpu = o.get_string_or("gpu", s.gpu);
   s.cost_model = o.get_string_or("cost_model", s.cost_model);
-  if (o.has("memory_cap_gib"))
-    s.memory.memory_cap_bytes =
-        static_cast<std::uint64_t>(o.get_double("memory_cap_gib", 0.0, 1e6) * double(1ull << 30));
-  s.memory.usable_fraction = o.get_double_or("usable_fraction", s.memory.usable_fraction, 0.05, 1.0);
+  if (o.has("memory_cap_gib")) {
+    const double cap = o.get_double("memory_cap_gib", 0.0, ranges::kMemoryCapGib.max);
+    if (cap != 0 && cap < ranges::kMemoryCapGib.min)
+      throw_config_error("config.memory_cap_gib", cap, memory_cap_rule());
+    s.memory.memory_cap_bytes = memory_cap_bytes(cap);
+  }
+  s.memory.usable_fraction = o.get_double_or("usable_fraction", s.memory.usable_fraction,
+                                             ranges::kUsableFraction.min, ranges::kUsableFraction.max);
   if (o.has("workload")) {
     const JsonObject w = o.get_object("workload");
     w.reject_unknown({"rate", "burstiness", "requests", "seed", "trace"});
-    s.rate = w.get_double_or("rate", s.rate, 1e-6, 1e6);
-    s.burstiness = w.get_double_or("burstiness", s.burstiness, 1e-3, 1e3);
-    s.requests = w.get_uint_or("requests", s.requests, 1, 10'000'000);
-    s.seed = w.get_uint_or("seed", s.seed, 0, ~std::uint64_t{0});
+    s.rate = w.get_double_or("rate", s.rate, ranges::kRate.min, ranges::kRate.max);
+    s.burstiness =
+        w.get_double_or("burstiness", s.burstiness, ranges::kBurstiness.min, ranges::kBurstiness.max);
+    s.requests = w.get_uint_or("requests", s.requests, ranges::kRequests.min, ranges::kRequests.max);
+    s.seed = w.get_uint_or("seed", s.seed, ranges::kSeed.min, ranges::kSeed.max);
     s.trace = w.get_string_or("trace", s.trace);
   }
   if (o.has("policies")) {
     const nlohmann::json& p = o.raw().at("policies");
     if (!p.is_array() || p.empty())
-      throw ConfigError("config.policies", p.dump(), "must be a non-empty array");
+      throw ConfigError("config.policies", quote_json(p), "must be a non-empty array");
     s.policies.clear();
     for (std::size_t i = 0; i < p.size(); ++i) {
       if (!p[i].is_string())
-        throw ConfigError("config.policies[" + std::to_string(i) + "]", p[i].dump(), "must be a string");
+        throw ConfigError("config.policies[" + std::to_string(i) + "]", quote_json(p[i]), "must be a string");
       s.policies.push_back(p[i].get<std::string>());
     }
   }
@@ -53,23 +59,28 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
     const JsonObject e = o.get_object("engine");
     e.reject_unknown({"max_num_batched_tokens", "max_num_seqs", "max_model_len"});
     s.scheduler.max_num_batched_tokens = static_cast<std::uint32_t>(
-        e.get_uint_or("max_num_batched_tokens", s.scheduler.max_num_batched_tokens, 16, 1u << 20));
-    s.scheduler.max_num_seqs =
-        static_cast<std::uint32_t>(e.get_uint_or("max_num_seqs", s.scheduler.max_num_seqs, 1, 65536));
-    s.scheduler.max_model_len =
-        static_cast<std::uint32_t>(e.get_uint_or("max_model_len", s.scheduler.max_model_len, 16, 1u << 20));
+        e.get_uint_or("max_num_batched_tokens", s.scheduler.max_num_batched_tokens,
+                      ranges::kMaxNumBatchedTokens.min, ranges::kMaxNumBatchedTokens.max));
+    s.scheduler.max_num_seqs = static_cast<std::uint32_t>(e.get_uint_or(
+        "max_num_seqs", s.scheduler.max_num_seqs, ranges::kMaxNumSeqs.min, ranges::kMaxNumSeqs.max));
+    s.scheduler.max_model_len = static_cast<std::uint32_t>(e.get_uint_or(
+        "max_model_len", s.scheduler.max_model_len, ranges::kMaxModelLen.min, ranges::kMaxModelLen.max));
   }
   if (o.has("experts")) {
     const JsonObject e = o.get_object("experts");
     e.reject_unknown(
         {"expert_offload_limit", "fixed_offload", "evict_below", "restore_above", "max_restores"});
-    s.expert_offload_limit =
-        static_cast<std::uint32_t>(e.get_uint_or("expert_offload_limit", s.expert_offload_limit, 0, 65536));
+    s.expert_offload_limit = static_cast<std::uint32_t>(e.get_uint_or(
+        "expert_offload_limit", s.expert_offload_limit, ranges::kOffload.min, ranges::kOffload.max));
     if (!e.is_null("fixed_offload"))
-      s.fixed_offload = static_cast<std::uint32_t>(e.get_uint("fixed_offload", 0, 65536));
-    s.evict_below = e.get_uint_or("evict_below", s.evict_below, 0, 1u << 20);
-    s.restore_above = e.get_uint_or("restore_above", s.restore_above, 0, 1u << 20);
-    s.max_restores = static_cast<std::uint32_t>(e.get_uint_or("max_restores", s.max_restores, 0, 1u << 20));
+      s.fixed_offload =
+          static_cast<std::uint32_t>(e.get_uint("fixed_offload", ranges::kOffload.min, ranges::kOffload.max));
+    s.evict_below =
+        e.get_uint_or("evict_below", s.evict_below, ranges::kThreshold.min, ranges::kThreshold.max);
+    s.restore_above =
+        e.get_uint_or("restore_above", s.restore_above, ranges::kThreshold.min, ranges::kThreshold.max);
+    s.max_restores = static_cast<std::uint32_t>(
+        e.get_uint_or("max_restores", s.max_restores, ranges::kThreshold.min, ranges::kThreshold.max));
   }
   if (o.has("routing")) {
     const JsonObject r = o.get_object("routing");
@@ -77,16 +88,20 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
                       "drift", "calibration_tokens", "temporal_period"});
     s.routing_source = r.get_string_or("source", s.routing_source);
     s.ranking = r.get_string_or("ranking", s.ranking);
-    s.routing.skew = r.get_double_or("skew", s.routing.skew, 0.0, 8.0);
-    s.routing.cross_layer_correlation =
-        r.get_double_or("cross_layer_correlation", s.routing.cross_layer_correlation, 0.0, 1.0);
-    s.routing.locality = r.get_double_or("locality", s.routing.locality, 0.0, 1.0);
-    s.routing.temporal_sigma = r.get_double_or("temporal_sigma", s.routing.temporal_sigma, 0.0, 4.0);
-    s.routing.drift = r.get_double_or("drift", s.routing.drift, 0.0, 1.0);
+    s.routing.skew = r.get_double_or("skew", s.routing.skew, ranges::kSkew.min, ranges::kSkew.max);
+    s.routing.cross_layer_correlation = r.get_double_or(
+        "cross_layer_correlation", s.routing.cross_layer_correlation, ranges::kUnit.min, ranges::kUnit.max);
+    s.routing.locality =
+        r.get_double_or("locality", s.routing.locality, ranges::kUnit.min, ranges::kUnit.max);
+    s.routing.temporal_sigma = r.get_double_or("temporal_sigma", s.routing.temporal_sigma,
+                                               ranges::kTemporalSigma.min, ranges::kTemporalSigma.max);
+    s.routing.drift = r.get_double_or("drift", s.routing.drift, ranges::kUnit.min, ranges::kUnit.max);
     s.routing.calibration_tokens =
-        r.get_uint_or("calibration_tokens", s.routing.calibration_tokens, 1, 1u << 24);
+        r.get_uint_or("calibration_tokens", s.routing.calibration_tokens, ranges::kCalibrationTokens.min,
+                      ranges::kCalibrationTokens.max);
     s.routing.temporal_period =
-        static_cast<std::uint32_t>(r.get_uint_or("temporal_period", s.routing.temporal_period, 1, 1u << 20));
+        static_cast<std::uint32_t>(r.get_uint_or("temporal_period", s.routing.temporal_period,
+                                                 ranges::kTemporalPeriod.min, ranges::kTemporalPeriod.max));
   }
   if (o.has("predictor")) {
     const JsonObject p = o.get_object("predictor");
@@ -96,10 +111,11 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
       try {
         s.predictor.kind = predictor_from_string(k);
       } catch (const ConfigError& e) {
-        throw ConfigError("config.predictor.kind", k, e.rule());
+        throw ConfigError("config.predictor.kind", quote_text(k), e.rule());
       }
     }
-    s.predictor.accuracy = p.get_double_or("accuracy", s.predictor.accuracy, 0.0, 1.0);
+    s.predictor.accuracy =
+        p.get_double_or("accuracy", s.predictor.accuracy, ranges::kUnit.min, ranges::kUnit.max);
   }
   return s;
 }
@@ -109,16 +125,38 @@ void validate_scenario(const Scenario& s) {
   if (s.routing_source.empty())
     throw ConfigError("--routing", "\"\"", "must be synthetic or a routing record file (amoeba.routing)");
   for (const std::string& p : s.policies) (void)find_policy(p);
-  if (!(s.rate > 0) || !std::isfinite(s.rate))
-    throw_config_error("--rate", s.rate, "must be a finite number > 0");
-  if (!(s.burstiness > 0) || !std::isfinite(s.burstiness))
-    throw_config_error("--burstiness", s.burstiness, "must be a finite number > 0");
-  if (s.requests == 0) throw_config_error("--requests", s.requests, "must be at least 1");
-  if (!(s.memory.usable_fraction > 0 && s.memory.usable_fraction <= 1))
-    throw_config_error("usable_fraction", s.memory.usable_fraction, "must be in (0, 1]");
+  auto real = [](const char* field, double v, RealRange r) {
+    if (!(v >= r.min && v <= r.max))  // NaN fails too
+      throw_config_error(field, v, range_rule(r));
+  };
+  real("--rate", s.rate, ranges::kRate);
+  real("--burstiness", s.burstiness, ranges::kBurstiness);
+  if (s.requests < ranges::kRequests.min || s.requests > ranges::kRequests.max)
+    throw_config_error("--requests", s.requests, range_rule(ranges::kRequests));
+  real("--usable-fraction", s.memory.usable_fraction, ranges::kUsableFraction);
+  // The budget bounds how many steps one prompt's prefill takes; blame the flag a user lowers.
   if (s.scheduler.max_model_len > s.scheduler.max_num_batched_tokens * 64ull)
-    throw_config_error("engine.max_model_len", s.scheduler.max_model_len,
-                       "must be <= 64 x max_num_batched_tokens");
+    throw_config_error(
+        "--max-num-batched-tokens", s.scheduler.max_num_batched_tokens,
+        "must be >= max_model_len / 64 = " + std::to_string((s.scheduler.max_model_len + 63) / 64) +
+            " (max_model_len " + std::to_string(s.scheduler.max_model_len) + ")");
+}
+
+std::string range_rule(RealRange r) {
+  std::ostringstream os;
+  os << "must be a finite number in [" << r.min << ", " << r.max << "]";
+  return os.str();
+}
+std::string range_rule(CountRange r) {
+  return "must be in [" + std::to_string(r.min) + ", " + std::to_string(r.max) + "]";
+}
+std::string memory_cap_rule() {
+  std::ostringstream os;
+  os << "must be 0 (no cap) or in [" << ranges::kMemoryCapGib.min << ", " << ranges::kMemoryCapGib.max << "]";
+  return os.str();
+}
+std::uint64_t memory_cap_bytes(double gib) {
+  return static_cast<std::uint64_t>(gib * double(1ull << 30));
 }
 
 std::string scenario_to_json(const Scenario& s, int indent) {
@@ -129,11 +167,14 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   j["cost_model"] = s.cost_model;
   j["memory_cap_gib"] = double(s.memory.memory_cap_bytes) / double(1ull << 30);
   j["usable_fraction"] = s.memory.usable_fraction;
-  j["workload"] = {{"rate", s.rate},
-                   {"burstiness", s.burstiness},
-                   {"requests", s.requests},
-                   {"seed", s.seed},
-                   {"trace", s.trace}};
+  if (s.trace.empty())
+    j["workload"] = {{"rate", s.rate},
+                     {"burstiness", s.burstiness},
+                     {"requests", s.requests},
+                     {"seed", s.seed},
+                     {"trace", s.trace}};
+  else  // the generator's settings did not run; the report says what the trace held
+    j["workload"] = {{"seed", s.seed}, {"trace", s.trace}};
   if (!s.policies.empty()) j["policies"] = s.policies;  // absent = every policy
   j["engine"] = {{"max_num_batched_tokens", s.scheduler.max_num_batched_tokens},
                  {"max_num_seqs", s.scheduler.max_num_seqs},

@@ -32,6 +32,34 @@
 
 namespace amoeba::engine {
 
+// The accepted range of every setting, one table for --config and the flags (docs/engine.md lists them with
+// what happens at each edge). Counts are bounded so that a run's memory and time stay finite.
+struct RealRange {
+  double min, max;
+};
+struct CountRange {
+  std::uint64_t min, max;
+};
+namespace ranges {
+inline constexpr RealRange kRate{1e-6, 1e6};  // req/s; arrivals must also stay <= kMaxArrivalS
+inline constexpr RealRange kBurstiness{1e-3, 1e3};
+inline constexpr CountRange kRequests{1, 10'000'000};
+inline constexpr CountRange kSeed{0, ~std::uint64_t{0}};
+// 0 = no cap; a positive cap below the smallest GPU profile (64 MiB) would leave no room for anything.
+inline constexpr RealRange kMemoryCapGib{1.0 / 16, 1e6};
+inline constexpr RealRange kUsableFraction{0.05, 1.0};
+inline constexpr CountRange kMaxNumBatchedTokens{16, 1u << 20};
+inline constexpr CountRange kMaxNumSeqs{1, 65536};
+inline constexpr CountRange kMaxModelLen{16, 1u << 20};
+inline constexpr CountRange kOffload{0, 65536};  // expert_offload_limit, fixed_offload
+inline constexpr CountRange kThreshold{0, 1u << 20};
+inline constexpr RealRange kSkew{0.0, 8.0};
+inline constexpr RealRange kUnit{0.0, 1.0};  // cross_layer_correlation, locality, drift, accuracy
+inline constexpr RealRange kTemporalSigma{0.0, 4.0};
+inline constexpr CountRange kCalibrationTokens{1, 1u << 24};
+inline constexpr CountRange kTemporalPeriod{1, 1u << 20};
+}  // namespace ranges
+
 struct Scenario {
   std::string backend = "sim";  // a name from the backend table (policy_dispatch.hpp)
   std::string model = "qwen1.5-moe-a2.7b";
@@ -64,9 +92,17 @@ struct Scenario {
 
 // Applies a JSON config on top of `base`; errors name "config.<field>".
 Scenario parse_scenario(std::string_view json_text, const std::string& what, Scenario base = {});
-// Checks cross-field rules (policy names, ranges); throws ConfigError.
+// Checks ranges and cross-field rules (policy names, max_model_len against the token budget); throws
+// ConfigError. Flags and --config are checked as they are read; this catches a Scenario built in code.
 void validate_scenario(const Scenario& s);
-// The scenario as JSON (written into ablate's output).
+// "must be ... in [min, max]" for error messages, the same words for flags and config fields.
+std::string range_rule(RealRange r);
+std::string range_rule(CountRange r);
+std::string memory_cap_rule();
+// GiB -> bytes for the memory cap (0 stays 0 = no cap).
+std::uint64_t memory_cap_bytes(double gib);
+// The scenario as JSON (written into ablate's output). With a trace, the workload holds only the seed and the
+// trace: the generator's rate and count did not run, and the JSON stays a valid config.
 std::string scenario_to_json(const Scenario& s, int indent = 2);
 
 }  // namespace amoeba::engine

@@ -185,6 +185,9 @@ class Scheduler {
         s.status = SeqStatus::kFinished;
         s.finish_s = now;
         release(s);
+        // Give the lists' memory back too: clear() keeps the capacity, kilobytes per finished request.
+        std::vector<PageHandle>().swap(s.kv_pages);
+        std::vector<PageHandle>().swap(s.state_pages);
         ++finished;
       }
     }

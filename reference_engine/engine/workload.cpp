@@ -30,6 +30,12 @@ std::vector<Request> generate_sharegpt_like(const ShareGptLikeParams& p) {
       break;
     }
     if (i > 0) t += arrivals.gamma(p.burstiness, 1.0 / (p.rate * p.burstiness));
+    if (!(t <= kMaxArrivalS))
+      throw_config_error("--rate", p.rate,
+                         "request " + std::to_string(i) + " of " + std::to_string(p.requests) +
+                             " would arrive after " + std::to_string(t) +
+                             " s; arrivals must stay <= 1e9 s (time precision): raise the rate or lower "
+                             "--requests");
     const double t_us = std::round(t * 1e6) / 1e6;
     out.push_back(Request{i, t_us, prompt, output});
   }
@@ -37,6 +43,9 @@ std::vector<Request> generate_sharegpt_like(const ShareGptLikeParams& p) {
 }
 
 std::vector<Request> parse_trace(std::string_view text, const std::string& what, const TraceLimits& limits) {
+  if (limits.max_total_tokens < 2)
+    throw_config_error("max_model_len", limits.max_total_tokens,
+                       "must be at least 2 (one prompt and one output token)");
   std::vector<Request> out;
   std::size_t line_no = 0, pos = 0;
   double last_arrival = 0;
@@ -53,7 +62,10 @@ std::vector<Request> parse_trace(std::string_view text, const std::string& what,
     o.reject_unknown({"arrival_s", "prompt_tokens", "output_tokens"});
     Request r;
     r.id = out.size();
-    r.arrival_s = o.get_double("arrival_s", 0.0, 1e9);
+    if (out.size() >= limits.max_requests)
+      throw ConfigError(what, "line " + std::to_string(line_no),
+                        "holds more than " + std::to_string(limits.max_requests) + " requests");
+    r.arrival_s = o.get_double("arrival_s", 0.0, kMaxArrivalS);
     if (r.arrival_s < last_arrival)
       throw_config_error(
           where + ".arrival_s", r.arrival_s,
@@ -67,12 +79,14 @@ std::vector<Request> parse_trace(std::string_view text, const std::string& what,
                              std::to_string(limits.max_total_tokens) + ")");
     out.push_back(r);
   }
-  if (out.empty()) throw ConfigError(what, "(no requests)", "a trace needs at least one request line");
+  if (out.empty())
+    throw ConfigError(what, "(no requests)",
+                      "a trace needs at least one request line (the file is empty or blank)");
   return out;
 }
 
-std::vector<Request> read_trace(const std::string& path, const TraceLimits& limits) {
-  return parse_trace(read_text_file(path, "--trace"), path, limits);
+std::vector<Request> read_trace(const std::string& path, const TraceLimits& limits, const std::string& what) {
+  return parse_trace(read_text_file(path, what), path, limits);
 }
 
 std::string trace_to_jsonl(const std::vector<Request>& trace) {

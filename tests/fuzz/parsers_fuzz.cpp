@@ -1,8 +1,13 @@
 // Fuzz target for every file parser the engine exposes to users: JSONL traces, scenario configs, and model,
 // GPU and cost-model files. Any input must either parse into values that satisfy the documented rules or
-// throw amoeba::ConfigError; anything else (another exception, a crash, a sanitizer report) is a bug.
-// libFuzzer build: preset `fuzz` (clang, AMOEBA_BUILD_FUZZERS=ON); otherwise a replay main runs random and
-// mutated-seed inputs as an ordinary ctest.
+// throw amoeba::ConfigError with a bounded message; anything else (another exception, a crash, a stack
+// overflow, a sanitizer report) is a bug. The first byte picks the parser.
+// libFuzzer build: preset `fuzz` (clang, AMOEBA_BUILD_FUZZERS=ON), run from the source root with the seed
+// corpus and dictionary here (new inputs go to WORK_DIR):
+//   build/fuzz/tests/fuzz/parsers_fuzz -dict=tests/fuzz/parsers.dict -runs=1000000 WORK_DIR corpus_dir
+// where corpus_dir = tests/fuzz/corpus/parsers.
+// Otherwise (gcc) a replay main runs random and mutated-seed inputs (deep nesting and huge numbers among
+// them) as an ordinary ctest.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -57,7 +62,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         (void)parse_cost_model(text, "fuzz");
         break;
     }
-  } catch (const ConfigError&) {
+  } catch (const ConfigError& e) {
+    // Quoted values are cut short (json_fields.hpp); a field path is at most kMaxJsonDepth quoted keys.
+    if (e.value().size() > 256 || e.field().size() > 4096) std::abort();
   }
   return 0;
 }
@@ -78,11 +85,20 @@ int main(int argc, char** argv) {
       R"({"moe_memory_efficiency":0.5,"moe_compute_efficiency":0.5,"dense_memory_efficiency":0.5,
         "dense_compute_efficiency":0.5,"attention_memory_efficiency":0.5,"attention_compute_efficiency":0.5,
         "per_layer_overhead_us":1,"step_overhead_us":1})"};
+  // Hostile shapes: nesting far past the limit (under known and unknown keys), numbers past a double and
+  // past 2^64, a huge string, a repeated key.
+  const std::string deep = std::string(20000, '[') + std::string(20000, ']');
+  const std::vector<std::string> hostile = {
+      "{\"arrival_s\": " + deep + ", \"prompt_tokens\": 3, \"output_tokens\": 4}\n",
+      R"({"workload": {"rate": 1e400, "seed": 184467440737095516160, "requests": 1e300}, "x": )" + deep + "}",
+      R"({"name": "m", "attention": )" + deep + "}",
+      R"({"name": "g", "sources": {"a": ")" + std::string(100000, 's') + R"("}, "memory_mib": 1e19})",
+      R"({"name": "k", "name": "k", "step_overhead_us": -1e-400})"};
   std::mt19937_64 rng(2024);
   std::vector<std::uint8_t> buf;
   for (int r = 0; r < runs; ++r) {
     const std::size_t kind = r % 5;
-    std::string s = seeds[kind];
+    std::string s = (r / 5) % 4 == 3 ? hostile[kind] : seeds[kind];
     const int edits = static_cast<int>(rng() % 6);
     for (int e = 0; e < edits && !s.empty(); ++e) {  // mutate the seed: flip, insert, delete bytes
       const std::size_t at = rng() % s.size();

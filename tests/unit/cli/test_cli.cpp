@@ -1,14 +1,24 @@
 // The `amoeba` CLI as a user meets it: the exit status and message for bad input (unknown names, bad traces,
-// bad configs, impossible memory), no half-written output files, and the JSON/CSV a good run writes.
+// bad configs, impossible memory), no half-written output files, and the JSON/CSV a good run writes. The
+// cases tagged [hostile] are classes of malformed input a hostile user tried (no crash, no hang, no lost
+// file, no silent wrong number). The binary under test is the build's, or $AMOEBA_CLI when set (to try
+// another build).
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -41,9 +51,15 @@ struct TempDir {
   fs::path operator/(const std::string& n) const { return dir / n; }
 };
 
-Outcome amoeba(const TempDir& t, const std::string& args) {
-  const std::string cmd =
-      std::string(AMOEBA_CLI) + " " + args + " >" + (t / "stdout").string() + " 2>" + (t / "stderr").string();
+std::string cli_path() {
+  const char* env = std::getenv("AMOEBA_CLI");
+  return env && *env ? env : AMOEBA_CLI;
+}
+
+// Runs `prefix amoeba args` through the shell (prefix: "ulimit -v N;", "timeout 60", ...).
+Outcome amoeba(const TempDir& t, const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + " " + cli_path() + " " + args + " >" + (t / "stdout").string() + " 2>" +
+                          (t / "stderr").string();
   const int raw = std::system(cmd.c_str());
   Outcome o;
   o.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -54,6 +70,10 @@ Outcome amoeba(const TempDir& t, const std::string& args) {
 
 void write(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
+}
+
+std::string nested(std::size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
 }
 
 }  // namespace
@@ -155,4 +175,255 @@ TEST_CASE("trace generate writes a trace that inspect and run accept - run write
   o = amoeba(t, "gpus");
   CHECK(o.status == 0);
   CHECK_THAT(o.out, Catch::Contains("rtx5090") && Catch::Contains("GPU_NOTES"));
+}
+
+TEST_CASE("hostile: deep nesting, huge values and numbers in any input file are refused, not a crash",
+          "[cli][hostile]") {
+  TempDir t;
+  const std::string deep = nested(50000);
+  const std::string rule = "nests arrays/objects more than 32 levels deep";
+  write(t / "c1.json", R"({"no_such_key": )" + deep + "}");  // under an unknown key: the error quoted it
+  write(t / "c2.json", R"({"workload": {"rate": )" + deep + "}}");
+  write(t / "t.jsonl", R"({"arrival_s": 0, "prompt_tokens": 5, "output_tokens": )" + deep + "}\n");
+  write(t / "m.json", R"({"name": "m", "attention": )" + deep + "}");
+  write(t / "g.json", R"({"name": "g", "sources": )" + deep + "}");
+  write(t / "k.json", R"({"name": "k", "x": )" + deep + "}");
+  for (const std::string& args : std::vector<std::string>{
+           "ablate --quiet --config " + (t / "c1.json").string(),
+           "ablate --quiet --config " + (t / "c2.json").string(),
+           "ablate --quiet --trace " + (t / "t.jsonl").string(), "trace inspect " + (t / "t.jsonl").string(),
+           "ablate --quiet --model " + (t / "m.json").string(),
+           "ablate --quiet --gpu " + (t / "g.json").string(),
+           "ablate --quiet --cost-model " + (t / "k.json").string()}) {
+    INFO(args);
+    const Outcome o = amoeba(t, args);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.err, Catch::Contains(rule));
+  }
+  // A huge value in the wrong place is quoted in a few dozen characters, not in full.
+  write(t / "c3.json", R"({"no_such_key": [)" + std::string(1 << 20, '1') + "]}");
+  write(t / "c4.json", R"({"model": ")" + std::string(1 << 20, 'x') + R"("})");
+  for (const char* f : {"c3.json", "c4.json"}) {
+    const Outcome o = amoeba(t, "ablate --quiet --config " + (t / f).string());
+    CHECK(o.status == 2);
+    CHECK(o.err.size() < 1000);
+  }
+  // Numbers past a double, and integers past 2^64, are refused with the field named.
+  write(t / "c5.json", R"({"workload": {"rate": 1e400}})");
+  Outcome o = amoeba(t, "ablate --quiet --config " + (t / "c5.json").string());
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("c5.json = byte"));
+  write(t / "c6.json", R"({"workload": {"seed": 184467440737095516160}})");
+  o = amoeba(t, "ablate --quiet --config " + (t / "c6.json").string());
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("config.workload.seed"));
+}
+
+TEST_CASE("hostile: outputs replace only regular files, are checked before the run, never name an input",
+          "[cli][hostile]") {
+  TempDir t;
+  const std::string small = "ablate --quiet --requests 20 --policies static ";
+  // A FIFO stays a FIFO and its reader gets the JSON (a rename would have replaced the node, as it did
+  // /dev/null when run as root).
+  const fs::path fifo = t / "fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(reader >= 0);
+  Outcome o = amoeba(t, small + "--json " + fifo.string());
+  CHECK(o.status == 0);
+  struct stat st {};
+  REQUIRE(stat(fifo.c_str(), &st) == 0);
+  CHECK(S_ISFIFO(st.st_mode));
+  char buf[256] = {};
+  CHECK(read(reader, buf, sizeof buf - 1) > 0);
+  CHECK_THAT(std::string(buf), Catch::Contains("\"simulated\": true"));
+  close(reader);
+  // A FIFO nobody reads is refused at once instead of blocking the run.
+  o = amoeba(t, small + "--json " + fifo.string(), "timeout 60");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("is a FIFO that no process is reading"));
+  // A link to a regular file stays a link; the file behind it gets the output.
+  write(t / "real.json", "old");
+  fs::create_symlink(t / "real.json", t / "link.json");
+  o = amoeba(t, small + "--json " + (t / "link.json").string());
+  CHECK(o.status == 0);
+  CHECK(fs::is_symlink(t / "link.json"));
+  CHECK_THAT(slurp(t / "real.json"), Catch::Contains("\"simulated\": true"));
+  // A user's own FILE.tmp is not used as the temporary file.
+  write(t / "r.json.tmp", "mine");
+  REQUIRE(amoeba(t, small + "--json " + (t / "r.json").string()).status == 0);
+  CHECK(slurp(t / "r.json.tmp") == "mine");
+  // An empty path, one file for two outputs, an output naming the input: refused, nothing written.
+  o = amoeba(t, small + "--json ''");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--json = \"\": must name a file"));
+  o = amoeba(t, small + "--json " + (t / "same").string() + " --csv " + (t / "." / "same").string());
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--csv = ") && Catch::Contains("names the same file as --json"));
+  CHECK_FALSE(fs::exists(t / "same"));
+  REQUIRE(amoeba(t, "trace generate --requests 5 -o " + (t / "in.jsonl").string()).status == 0);
+  const std::string trace_before = slurp(t / "in.jsonl");
+  o = amoeba(t,
+             "ablate --quiet --trace " + (t / "in.jsonl").string() + " --csv " + (t / "in.jsonl").string());
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("names the input --trace"));
+  CHECK(slurp(t / "in.jsonl") == trace_before);
+  // A path that cannot be created is refused before the run starts, not after it.
+  const auto t0 = std::chrono::steady_clock::now();
+  o = amoeba(t, "ablate --quiet --requests 5000 --policies static --json /proc/amoeba_no_such_file");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--json = /proc/amoeba_no_such_file: cannot be written"));
+  CHECK(secs < 1.0);
+}
+
+TEST_CASE("hostile: calibration sampling is bounded at the top of the skew range", "[cli][hostile]") {
+  TempDir t;
+  // Rejection sampling of distinct top-k experts ran for minutes (skew 8: the last pick has ~1e-5 of the
+  // mass; 128 experts top-8 worse). `timeout` turns a hang into status 124.
+  for (const char* model : {"qwen1.5-moe-a2.7b", "qwen3-30b-a3b"}) {
+    INFO(model);
+    const Outcome o = amoeba(
+        t, std::string("ablate --quiet --requests 5 --policies elastic --gpu h200 --skew 8 --model ") + model,
+        "timeout 60");
+    CHECK(o.status == 0);
+  }
+}
+
+TEST_CASE("hostile: every count has a range - a run too large for host memory is refused with the estimate",
+          "[cli][hostile]") {
+  TempDir t;
+  Outcome o = amoeba(t, "ablate --quiet --requests -5");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--requests = -5: must be a non-negative integer"));
+  o = amoeba(t, "ablate --quiet --requests 10000001", "timeout 60");  // accepted, it would run for hours
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--requests = 10000001: must be in [1, 10000000]"));
+  for (const std::string& args :
+       std::vector<std::string>{"--max-num-seqs 0", "--max-num-seqs 65537", "--expert-offload-limit 65537",
+                                "--fixed-offload -1", "--max-num-batched-tokens 15"}) {
+    INFO(args);
+    o = amoeba(t, "ablate --quiet " + args);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.err, Catch::Contains(args.substr(0, args.find(' ')) + " = "));
+  }
+  o = amoeba(t, "trace generate --requests 10000001", "ulimit -v 300000;");
+  CHECK(o.status == 2);
+  // 10^7 requests are allowed, but not in 300 MB of address space: refused up front with the numbers.
+  o = amoeba(t, "ablate --quiet --requests 10000000", "ulimit -v 300000;");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--requests = 10000000: the run needs at least") &&
+                        Catch::Contains("GB of host memory"));
+}
+
+TEST_CASE("hostile: flags have the config file's bounds - times keep their precision at every rate",
+          "[cli][hostile]") {
+  TempDir t;
+  for (const std::string& args : std::vector<std::string>{
+           "--rate 1e-300", "--rate 1e7", "--burstiness 1e308", "--burstiness 0", "--memory-cap-gib 1e-300",
+           "--usable-fraction 0.01", "--rate nan", "--skew inf"}) {
+    INFO(args);
+    const Outcome o = amoeba(t, "ablate --quiet --requests 3 --policies static " + args);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.err, Catch::Contains(args.substr(0, args.find(' ')) + " = "));
+  }
+  // Arrivals past 1e9 s would lose sub-microsecond time: refused, naming the rate.
+  Outcome o = amoeba(t, "trace generate --rate 1e-6 --requests 5000");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--rate = ") && Catch::Contains("1e9 s"));
+  // At the slowest accepted rate every request runs alone, as at a merely slow one: same TTFT and TPOT.
+  auto latencies = [&](const std::string& rate) {
+    const fs::path j = t / ("r" + rate + ".json");
+    REQUIRE(
+        amoeba(t, "ablate --quiet --requests 4 --policies static --rate " + rate + " --json " + j.string())
+            .status == 0);
+    const auto r = nlohmann::json::parse(slurp(j))["results"][0];
+    return std::vector<double>{r["ttft_ms"]["p50"], r["ttft_ms"]["p99"], r["tpot_ms"]["p50"],
+                               r["tpot_ms"]["p99"]};
+  };
+  const auto slow = latencies("1e-6"), ref = latencies("1e-3");
+  for (std::size_t i = 0; i < slow.size(); ++i) {
+    CHECK(slow[i] > 1.0);
+    CHECK(slow[i] == Approx(ref[i]).epsilon(1e-6));
+  }
+  // 0 is "no cap" in both places.
+  CHECK(amoeba(t, "ablate --quiet --requests 3 --policies static --memory-cap-gib 0").status == 0);
+}
+
+TEST_CASE("hostile: with --trace the table, CSV and JSON report the trace's requests and rate",
+          "[cli][hostile]") {
+  TempDir t;
+  REQUIRE(amoeba(t, "trace generate --requests 30 --rate 2 -o " + (t / "t.jsonl").string()).status == 0);
+  const Outcome o = amoeba(t, "ablate --quiet --policies static --trace " + (t / "t.jsonl").string() +
+                                  " --json " + (t / "r.json").string() + " --csv " + (t / "r.csv").string());
+  REQUIRE(o.status == 0);
+  CHECK_THAT(o.out, Catch::Contains("30 requests, ") && Catch::Contains("req/s over"));
+  CHECK_THAT(o.out, !Catch::Contains("10 req/s"));
+  const auto j = nlohmann::json::parse(slurp(t / "r.json"));
+  CHECK(j["trace"]["requests"] == 30);
+  const double rate = j["trace"]["rate_req_s"];
+  CHECK(rate == Approx(2).epsilon(0.6));
+  CHECK_FALSE(j["scenario"]["workload"].contains("rate"));
+  CHECK_FALSE(j["scenario"]["workload"].contains("requests"));
+  std::istringstream csv(slurp(t / "r.csv"));
+  std::string header, row, cell;
+  std::getline(csv, header);
+  std::getline(csv, row);
+  std::vector<std::string> cells;
+  std::istringstream cols(row);
+  while (std::getline(cols, cell, ',')) cells.push_back(cell);
+  REQUIRE(cells.size() > 4);
+  CHECK(std::stod(cells[3]) == Approx(rate));  // rate
+  CHECK(cells[4] == "30");                     // requests
+  // The JSON's scenario is still a valid config and replays the same run.
+  write(t / "c.json", j["scenario"].dump());
+  CHECK(amoeba(t, "ablate --quiet --config " + (t / "c.json").string()).status == 0);
+}
+
+TEST_CASE("hostile: errors are clear and consistent - exit 2, the field named, nothing silently changed",
+          "[cli][hostile]") {
+  TempDir t;
+  auto refused = [&](const std::string& args, const std::string& says) {
+    INFO(args);
+    const Outcome o = amoeba(t, args);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.err, Catch::StartsWith("amoeba: error: ") && Catch::Contains(says));
+  };
+  refused("ablate --quiet --trace " + t.dir.string(), "is a directory, not a file");
+  refused("trace inspect " + t.dir.string(), "is a directory, not a file");
+  write(t / "t.jsonl", "{\"arrival_s\": 0, \"prompt_tokens\": 5, \"output_tokens\": 5}\n");
+  refused("trace inspect " + (t / "t.jsonl").string() + " --max-model-len 1",
+          "--max-model-len = 1: must be in [16, 1048576]");
+  refused("ablate --quiet --max-num-batched-tokens 16",
+          "--max-num-batched-tokens = 16: must be >= max_model_len");
+  refused("frobnicate", "subcommand = frobnicate: is not known (known: ablate, run, generate, rank, trace");
+  refused("trace frobnicate", "frobnicate: is not known (known: generate, inspect)");
+  refused("ablate --no-such-flag", "--no-such-flag");
+  refused("ablate --rate", "--rate");
+  refused("", "subcommand is required");
+  refused("ablate --quiet --seed -1", "--seed = -1: must be a non-negative integer");
+  refused("ablate --quiet --seed 18446744073709551616", "--seed = 18446744073709551616: must be in [0, ");
+  refused("trace generate --seed -1", "--seed = -1");
+  write(t / "dup.json", R"({"workload": {"rate": 5, "rate": 50}})");
+  refused("ablate --quiet --config " + (t / "dup.json").string(), "workload.rate = (given twice)");
+  write(t / "dup.jsonl",
+        "{\"arrival_s\": 0, \"prompt_tokens\": 5, \"output_tokens\": 5, \"output_tokens\": 9}\n");
+  refused("trace inspect " + (t / "dup.jsonl").string(), "output_tokens = (given twice)");
+  // TPOT is undefined when every output is one token: shown as "-" / null, never as 0 ms.
+  write(t / "one.jsonl",
+        "{\"arrival_s\": 0, \"prompt_tokens\": 50, \"output_tokens\": 1}\n"
+        "{\"arrival_s\": 1, \"prompt_tokens\": 60, \"output_tokens\": 1}\n");
+  Outcome o = amoeba(t, "ablate --quiet --policies static --trace " + (t / "one.jsonl").string() +
+                            " --json " + (t / "one.json").string());
+  REQUIRE(o.status == 0);
+  const auto j = nlohmann::json::parse(slurp(t / "one.json"));
+  CHECK(j["results"][0]["tpot_ms"].is_null());
+  CHECK(j["results"][0]["ttft_ms"]["p50"] > 0);
+  CHECK_THAT(o.out, Catch::Contains("       -        -"));  // TPOT p50 and p99 cells
+  // A full disk is an error, not status 0.
+  const std::string cmd =
+      cli_path() + " ablate --quiet --requests 3 --policies static >/dev/full 2>" + (t / "stderr").string();
+  const int raw = std::system(cmd.c_str());
+  CHECK((WIFEXITED(raw) ? WEXITSTATUS(raw) : -1) == 2);
+  CHECK_THAT(slurp(t / "stderr"), Catch::Contains("write failed"));
 }

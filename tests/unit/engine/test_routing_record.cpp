@@ -2,6 +2,7 @@
 // parser names file, line, field, value and rule for every broken rule; `amoeba rank`'s statistics rank
 // experts by what the record routed.
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,7 @@ TEST_CASE("a recorded run replayed gives the same run", "[engine][routing]") {
   CHECK(r.header.moe_layers == 24);
   // Replay through a file, as `--routing FILE` does.
   const std::string path = "routing_record_test.jsonl";
-  write_file_atomic(path, rec.text(), "--record-routing");
+  std::ofstream(path, std::ios::binary) << rec.text();
   Scenario replayed = s;
   replayed.routing_source = path;
   const RunResult again = run_policy(prepare_run(replayed, "elastic", trace, RunOptions{}));

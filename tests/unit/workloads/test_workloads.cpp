@@ -7,8 +7,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "amoeba/core/errors.hpp"
+#include "amoeba/pool/tiered_page_pool.hpp"
+#include "engine/json_fields.hpp"
 #include "engine/routing.hpp"
+#include "engine/scheduler.hpp"
 #include "engine/workload.hpp"
 
 using namespace amoeba;
@@ -160,6 +165,108 @@ TEST_CASE("routing model: calibration counts / skew and drift", "[workloads][rou
     for (std::size_t i = 0; i < 64; ++i) dfreq[i] += touched[i];
   }
   CHECK(dfreq != freq);
+}
+
+TEST_CASE("routing model: calibration sampling is bounded and exact at the top of the skew range",
+          "[workloads][routing][hostile]") {
+  // Skew 8, 8 experts, top-4: the fourth distinct pick holds ~2e-5 of the mass, so redrawing until it came up
+  // took ~5e4 draws per token. Whatever the sampler does, each expert's share of tokens must match the exact
+  // inclusion probability of sequential top-4 sampling without replacement (enumerated here).
+  RoutingParams p;
+  p.skew = 8;
+  const std::uint64_t tokens = 20000;
+  std::vector<double> c = RoutingModel(1, 8, 4, p, 3).calibration_counts(tokens);
+  std::sort(c.rbegin(), c.rend());
+  double w[8], incl[8] = {};
+  for (int r = 0; r < 8; ++r) w[r] = std::pow(r + 1, -8.0);
+  auto walk = [&](auto&& self, unsigned picked, double prob, int depth) -> void {
+    if (depth == 4) {
+      for (int r = 0; r < 8; ++r)
+        if (picked >> r & 1) incl[r] += prob;
+      return;
+    }
+    double rest = 0;
+    for (int r = 0; r < 8; ++r)
+      if (!(picked >> r & 1)) rest += w[r];
+    for (int r = 0; r < 8; ++r)
+      if (!(picked >> r & 1)) self(self, picked | 1u << r, prob * w[r] / rest, depth + 1);
+  };
+  walk(walk, 0u, 1.0, 0);
+  for (int r = 0; r < 8; ++r) CHECK(c[r] / double(tokens) == Approx(incl[r]).margin(0.01));
+  CHECK(std::accumulate(c.begin(), c.end(), 0.0) == double(4 * tokens));
+  // 128 experts top-8: tail experts fall below the cdf's rounding, where redrawing never ended.
+  const auto big = RoutingModel(2, 128, 8, p, 3).calibration_counts(8192);
+  CHECK(std::accumulate(big.begin(), big.end(), 0.0) == 2.0 * 8 * 8192);
+  CHECK(std::count_if(big.begin(), big.end(), [](double x) { return x > 8192; }) == 0);  // distinct picks
+}
+
+TEST_CASE("a finished request gives its page lists' memory back", "[workloads][scheduler]") {
+  ModelSpec m;  // 2 layers, expert page 4096 B, KV page 1024 B
+  m.name = "tiny";
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.vocab_size = 100;
+  m.num_heads = m.num_kv_heads = 1;
+  m.head_dim = 16;
+  m.num_experts = 4;
+  m.top_k = 1;
+  m.moe_intermediate_size = 32;
+  const PageGeometry g = page_geometry(m);
+  MoePool pool(ArenaSpan{nullptr, 64 * 4096}, {PageSpec{4096, 0}, PageSpec{1024, 0}});
+  Scheduler<MoePool> sched(m, g, SchedulerConfig{256, 8, 2048}, pool);
+  Sequence s(Request{0, 0.0, 100, 3});
+  sched.add(s);
+  for (int step = 0; step < 10 && s.status != SeqStatus::kFinished; ++step) {
+    const StepPlan plan = sched.schedule();
+    sched.complete(plan, double(step));
+  }
+  REQUIRE(s.status == SeqStatus::kFinished);
+  CHECK(pool.available<KvPage>() > 0);
+  CHECK(s.kv_pages.capacity() == 0);  // held ~8 KB per finished request at real sizes
+  CHECK(s.state_pages.capacity() == 0);
+}
+
+TEST_CASE("JSON text: nesting depth and repeated keys are refused - quoted values are bounded",
+          "[workloads][json][hostile]") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_THROWS_WITH(parse_json_text(deep, "f"), Catch::Contains("f = byte 32: nests arrays/objects"));
+  const std::string ok = std::string(32, '[') + std::string(32, ']');
+  CHECK_NOTHROW(parse_json_text(ok, "f"));
+  CHECK_NOTHROW(
+      parse_json_text(R"({"s": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"[[["})", "f"));  // in strings
+  CHECK_THROWS_WITH(parse_json_text(R"({"a": {"b": [1, {"c": 1, "c": 2}]}})", "f"),
+                    Catch::Contains("f.a.b[1].c = (given twice)"));
+  nlohmann::json big = nlohmann::json::array();
+  for (int i = 0; i < 1000000; ++i) big.push_back(i);
+  CHECK(quote_json(big).size() <= kMaxQuotedChars);
+  CHECK(quote_json(nlohmann::json(std::string(1 << 20, 'x'))).size() <= kMaxQuotedChars);
+  CHECK(quote_text("a\x1b[2Jb") == "a\\x1b[2Jb");  // no terminal escape reaches the screen
+  CHECK(quote_text(std::string(1000, 'y')).size() == kMaxQuotedChars);
+  try {
+    (void)parse_json_text(R"({"x": 1e400})", "f");
+    FAIL("a number past a double parsed");
+  } catch (const ConfigError& e) {
+    CHECK_THAT(e.value(), Catch::StartsWith("byte "));
+  }
+}
+
+TEST_CASE("arrivals stay within 1e9 s and traces within their limits", "[workloads][hostile]") {
+  ShareGptLikeParams p;
+  p.rate = 1e-6;  // the slowest accepted rate: ~1e6 s between arrivals
+  p.requests = 100;
+  const auto t = generate_sharegpt_like(p);
+  CHECK(t.back().arrival_s > 1e7);
+  CHECK(t.back().arrival_s <= kMaxArrivalS);
+  p.requests = 5000;  // would reach ~5e9 s, where a double cannot keep microseconds
+  CHECK_THROWS_WITH(generate_sharegpt_like(p), Catch::Contains("--rate = ") && Catch::Contains("1e9 s"));
+  const std::string two =
+      "{\"arrival_s\": 0, \"prompt_tokens\": 1, \"output_tokens\": 1}\n"
+      "{\"arrival_s\": 1, \"prompt_tokens\": 1, \"output_tokens\": 1}\n";
+  CHECK_THROWS_WITH(parse_trace(two, "t", TraceLimits{2, 1}),
+                    Catch::Contains("t = line 2: holds more than 1"));
+  CHECK_THROWS_WITH(parse_trace(two, "t", TraceLimits{1, 10}),
+                    Catch::Contains("max_model_len = 1: must be at least 2"));
+  CHECK(parse_trace(two, "t", TraceLimits{2, 2}).size() == 2);
 }
 
 TEST_CASE("predictors: oracle fetches exactly the needed offloaded experts", "[workloads][routing]") {

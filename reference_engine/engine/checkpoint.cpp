@@ -24,7 +24,7 @@ std::uint32_t get_u32(const nlohmann::json& j, const char* key, const std::strin
     throw_config_error(what + "." + key, "(missing)", "is required");
   }
   if (!it->is_number_unsigned() || it->get<std::uint64_t>() < lo || it->get<std::uint64_t>() > hi)
-    throw ConfigError(what + "." + key, it->dump().substr(0, 60),
+    throw ConfigError(what + "." + key, quote_json(*it),
                       fmt::format("must be an integer in [{}, {}]", lo, hi));
   return static_cast<std::uint32_t>(it->get<std::uint64_t>());
 }
@@ -33,7 +33,7 @@ bool get_bool(const nlohmann::json& j, const char* key, const std::string& what,
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   if (!it->is_boolean())
-    throw ConfigError(what + "." + key, it->dump().substr(0, 60), "must be true or false");
+    throw ConfigError(what + "." + key, quote_json(*it), "must be true or false");
   return it->get<bool>();
 }
 
@@ -42,7 +42,7 @@ double get_double(const nlohmann::json& j, const char* key, const std::string& w
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   if (!it->is_number() || !(it->get<double>() >= lo && it->get<double>() <= hi))
-    throw ConfigError(what + "." + key, it->dump().substr(0, 60),
+    throw ConfigError(what + "." + key, quote_json(*it),
                       fmt::format("must be a number in [{}, {}]", lo, hi));
   return it->get<double>();
 }
@@ -103,7 +103,7 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
   HfMoeConfig c;
   const auto arch = j.find("architectures");
   if (arch == j.end() || !arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string())
-    throw ConfigError(what + ".architectures", arch == j.end() ? "(missing)" : arch->dump().substr(0, 80),
+    throw ConfigError(what + ".architectures", arch == j.end() ? "(missing)" : quote_json(*arch),
                       "must name one architecture: Qwen2MoeForCausalLM or Qwen3MoeForCausalLM");
   c.architecture = (*arch)[0].get<std::string>();
   if (c.architecture == "Qwen2MoeForCausalLM")
@@ -143,10 +143,10 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
   c.decoder_sparse_step = get_u32(j, "decoder_sparse_step", what, 1, c.num_layers, 1);
   if (const auto m = j.find("mlp_only_layers"); m != j.end() && !m->is_null()) {
     if (!m->is_array())
-      throw ConfigError(what + ".mlp_only_layers", m->dump().substr(0, 60), "must be an array");
+      throw ConfigError(what + ".mlp_only_layers", quote_json(*m), "must be an array");
     for (const auto& v : *m) {
       if (!v.is_number_unsigned() || v.get<std::uint64_t>() >= c.num_layers)
-        throw ConfigError(what + ".mlp_only_layers", v.dump().substr(0, 60),
+        throw ConfigError(what + ".mlp_only_layers", quote_json(v),
                           fmt::format("entries must be layer indices below {}", c.num_layers));
       c.mlp_only_layers.push_back(static_cast<std::uint32_t>(v.get<std::uint64_t>()));
     }
@@ -162,7 +162,7 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     const auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
-    if (!it->is_object()) throw ConfigError(what + "." + key, it->dump().substr(0, 80), "must be an object");
+    if (!it->is_object()) throw ConfigError(what + "." + key, quote_json(*it), "must be an object");
     const std::string type = it->value("rope_type", it->value("type", std::string("default")));
     if (type != "default")
       throw ConfigError(what + "." + key + ".rope_type", type, "only the default RoPE is supported");
@@ -289,7 +289,7 @@ Checkpoint open_checkpoint(const std::string& dir) {
     std::set<std::string> seen;
     for (auto it = wm->begin(); it != wm->end(); ++it) {
       if (!it->is_string() || it->get<std::string>().find('/') != std::string::npos)
-        throw ConfigError(index.string() + ".weight_map." + it.key(), it->dump().substr(0, 80),
+        throw ConfigError(index.string() + ".weight_map." + quote_text(it.key()), quote_json(*it),
                           "must be a shard file name in the checkpoint directory");
       weight_map[it.key()] = it->get<std::string>();
       if (seen.insert(it->get<std::string>()).second) files.push_back(it->get<std::string>());

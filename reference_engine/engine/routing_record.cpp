@@ -48,14 +48,14 @@ std::uint64_t get_uint(const nlohmann::json& j, const char* key, const std::stri
   const auto it = j.find(key);
   if (it == j.end()) throw_config_error(at + "." + key, "(missing)", "is required");
   if (!it->is_number_unsigned() || it->get<std::uint64_t>() < lo || it->get<std::uint64_t>() > hi)
-    throw ConfigError(at + "." + key, it->dump(), fmt::format("must be an integer in [{}, {}]", lo, hi));
+    throw ConfigError(at + "." + key, quote_json(*it), fmt::format("must be an integer in [{}, {}]", lo, hi));
   return it->get<std::uint64_t>();
 }
 
 std::string get_string(const nlohmann::json& j, const char* key, const std::string& at) {
   const auto it = j.find(key);
   if (it == j.end()) throw_config_error(at + "." + key, "(missing)", "is required");
-  if (!it->is_string()) throw ConfigError(at + "." + key, it->dump(), "must be a string");
+  if (!it->is_string()) throw ConfigError(at + "." + key, quote_json(*it), "must be a string");
   return it->get<std::string>();
 }
 
@@ -78,7 +78,7 @@ std::vector<std::vector<std::uint32_t>> layer_arrays(const nlohmann::json& j, co
     for (std::size_t i = 0; i < a.size(); ++i) {
       const nlohmann::json& v = a[i];
       if (!v.is_number_unsigned() || v.get<std::uint64_t>() < lo || v.get<std::uint64_t>() > hi)
-        throw ConfigError(fmt::format("{}[{}]", fl, i), v.is_number() ? v.dump() : std::string(v.type_name()),
+        throw ConfigError(fmt::format("{}[{}]", fl, i), v.is_number() ? quote_json(v) : std::string(v.type_name()),
                           fmt::format("must be an integer in [{}, {}]", lo, hi));
       const auto x = static_cast<std::uint32_t>(v.get<std::uint64_t>());
       if (ascending && !out[l].empty() && x <= out[l].back())
@@ -107,7 +107,7 @@ RoutingRecord parse_routing_record(std::string_view text, const std::string& wha
     if (!j.is_object()) throw ConfigError(at, j.type_name(), "each line must be a JSON object");
     if (!have_header) {
       if (get_string(j, "format", at) != "amoeba.routing")
-        throw ConfigError(at + ".format", j.at("format").dump(), "must be \"amoeba.routing\"");
+        throw ConfigError(at + ".format", quote_json(j.at("format")), "must be \"amoeba.routing\"");
       if (get_uint(j, "version", at, 1, 1) != 1) throw_config_error(at + ".version", 0, "must be 1");
       RoutingRecordHeader& h = r.header;
       h.model = get_string(j, "model", at);

@@ -38,11 +38,9 @@ constexpr std::array<DtypeName, 15> kDtypes{{{TensorDtype::kBool, "BOOL", 1},
                                              {TensorDtype::kF8E4M3, "F8_E4M3", 1},
                                              {TensorDtype::kF8E5M2, "F8_E5M2", 1}}};
 
-// A value quoted in an error: JSON text, cut short.
+// A value quoted in an error: JSON text, cut short (json_fields.hpp).
 std::string quote(const nlohmann::json& v) {
-  std::string s = v.dump();
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
+  return quote_json(v);
 }
 }  // namespace
 
@@ -97,7 +95,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const std::uint64_t data_bytes = file_size - f.data_offset_;
   std::vector<const TensorInfo*> by_offset;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string at = path + ": " + it.key();
+    const std::string at = path + ": " + quote_text(it.key());
     if (it.key() == "__metadata__") {
       if (!it->is_object()) throw ConfigError(at, quote(*it), "must be an object of strings");
       for (auto m = it->begin(); m != it->end(); ++m) {

@@ -3,7 +3,7 @@
 # benchmark (JSON + a short table), compute-sanitizer memcheck on the small cases, then the benchmark's output.
 #   BIN=<dir with device_attention_tests and attention_bench> OUT=<dir> bash attention_run.sh
 # Defaults: the `gpu` preset's build tree, results into docs/results. Each stage has its own time limit so a
-# slow stage leaves the others their time.
+# slow stage leaves the others their time (T_TEST, T_BENCH, T_SAN seconds).
 set -uo pipefail
 BIN=${BIN:-build/gpu}
 OUT=${OUT:-docs/results}
@@ -16,11 +16,11 @@ rc=0
   date -u +%FT%TZ
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
 } | tee "$OUT/attention_env.log"
-timeout 150 "$TEST" >"$OUT/attention_tests.log" 2>&1 || rc=1
+timeout "${T_TEST:-150}" "$TEST" >"$OUT/attention_tests.log" 2>&1 || rc=1
 grep -E "^attn:|passed|failed|FAILED|with expansion|skipped|error|Error" "$OUT/attention_tests.log" | cut -c1-260
-timeout 90 "$BENCH" --json "$OUT/attention_bench.json" >"$OUT/attention_bench.log" 2>&1 || rc=1
+timeout "${T_BENCH:-90}" "$BENCH" --json "$OUT/attention_bench.json" >"$OUT/attention_bench.log" 2>&1 || rc=1
 if command -v compute-sanitizer >/dev/null && [[ ${SKIP_SANITIZER:-0} != 1 ]]; then
-  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" "[small]" >"$OUT/attention_sanitizer.log" 2>&1 ||
+  timeout "${T_SAN:-60}" compute-sanitizer --tool memcheck --error-exitcode 3 "$TEST" "[small]" >"$OUT/attention_sanitizer.log" 2>&1 ||
     rc=1
   grep -E "ERROR SUMMARY|All tests passed|failed" "$OUT/attention_sanitizer.log" | tail -3
 fi

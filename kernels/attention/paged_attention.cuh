@@ -13,8 +13,9 @@
 //
 // One step's batch (amoeba/engine/kv_page_table.hpp) = a leading run of one-token sequences (decode) and the
 // rest (prefill chunks appended after a cached prefix, causal). AttentionSchedule::kSplit runs the first
-// through the decode kernel and the rest through the prefill kernel; kPrefillOnly runs everything through the
-// prefill kernel (docs/attention.md says which is faster where, measured on the H200).
+// through FlashInfer's decode kernel and the rest through its prefill kernel; kPrefillOnly runs everything
+// through the prefill kernel in one launch; kAuto (the default) picks by what was measured on the H200
+// (docs/results/attention_h200.md): the decode kernel only for an all-decode step without GQA grouping.
 //
 // No hidden allocations: the plan needs a device workspace and a pinned host buffer, both the caller's.
 #pragma once
@@ -95,9 +96,32 @@ static_assert(std::is_trivially_copyable_v<PoolKvCache>);
 static_assert(std::is_trivially_copyable_v<KvPageTableView>);
 
 enum class AttentionSchedule : std::uint8_t {
+  kAuto,         // resolve_schedule() below
   kSplit,        // decode kernel for the leading one-token sequences, prefill kernel for the rest
   kPrefillOnly,  // the prefill kernel for every sequence
 };
+
+// kAuto's rule, from the H200 measurements (docs/results/attention_h200.md, bf16, head dim 128):
+//  - GQA group > 1 (Qwen3-30B-A3B, 8 q heads per kv head): the decode kernel works on CUDA cores and reached
+//    24-36% of the read bandwidth where the prefill kernel (tensor cores) reached 65-93% at >= 32 sequences;
+//    the prefill kernel was 1.3-2.6x faster in every case measured.
+//  - group 1 (Qwen1.5-MoE), every sequence decoding: the decode kernel was 1.01-1.29x faster (both at 91-100%
+//  of
+//    the read bandwidth from 32 sequences x 2048 tokens on).
+//  - a mixed step: one prefill launch beat decode + prefill launches in every case measured (1.03-1.27x for
+//    group 1): the two launches run one after the other and the lone chunk fills only part of the GPU.
+// Groups 2-6 were not measured; they follow the group-8 rule.
+constexpr AttentionSchedule resolve_schedule(AttentionSchedule s, std::uint32_t group,
+                                             std::uint32_t decode_sequences,
+                                             std::uint32_t sequences) noexcept {
+  if (s != AttentionSchedule::kAuto) return s;
+  return group == 1 && decode_sequences == sequences ? AttentionSchedule::kSplit
+                                                     : AttentionSchedule::kPrefillOnly;
+}
+static_assert(resolve_schedule(AttentionSchedule::kAuto, 1, 32, 32) == AttentionSchedule::kSplit);
+static_assert(resolve_schedule(AttentionSchedule::kAuto, 1, 32, 33) == AttentionSchedule::kPrefillOnly);
+static_assert(resolve_schedule(AttentionSchedule::kAuto, 8, 32, 32) == AttentionSchedule::kPrefillOnly);
+static_assert(resolve_schedule(AttentionSchedule::kSplit, 8, 32, 33) == AttentionSchedule::kSplit);
 
 // Caller-provided memory for one plan: `device` (cudaMalloc'd, 256-byte aligned) and `pinned` (host memory
 // from cudaHostAlloc). The plan copies from `pinned` to `device` asynchronously on the plan's stream, so
@@ -132,7 +156,7 @@ class PagedAttention {
     KvPageTableView table;    // this step's page table, read through a DEVICE copy of KvPageTable::words()
     std::uint32_t layer = 0;  // attention layer: its page ids are table.layer_indices(layer)
     float sm_scale = 0.0f;    // 0: 1 / sqrt(HeadDim)
-    AttentionSchedule schedule = AttentionSchedule::kSplit;
+    AttentionSchedule schedule = AttentionSchedule::kAuto;
   };
 
   // Everything that can be checked without the GPU.
@@ -360,6 +384,12 @@ class PagedAttention {
     return Status::success();
   }
 
+  // kSplit or kPrefillOnly: what a.schedule resolves to for a's batch and heads.
+  static AttentionSchedule chosen_schedule(const Arguments& a) {
+    const std::uint32_t group = a.kv.kv_heads > 0 ? a.qo_heads / a.kv.kv_heads : 0;
+    return resolve_schedule(a.schedule, group, a.table.decode_sequences, a.table.sequences);
+  }
+
   // What the last plan() chose (for tests and benchmarks).
   bool decode_split_kv() const { return decode_plan_.split_kv; }
   bool prefill_split_kv() const { return prefill_plan_.split_kv; }
@@ -377,7 +407,7 @@ class PagedAttention {
     std::uint32_t decode, prefill;
   };
   static Split split(const Arguments& a) {
-    const std::uint32_t d = a.schedule == AttentionSchedule::kSplit ? a.table.decode_sequences : 0;
+    const std::uint32_t d = chosen_schedule(a) == AttentionSchedule::kSplit ? a.table.decode_sequences : 0;
     return {d, a.table.sequences - d};
   }
 

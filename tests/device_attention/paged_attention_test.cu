@@ -152,6 +152,7 @@ void run_and_check(const char* what, const Geometry& g, AttentionBatch& b, Atten
               {ws_device.get(), ws_device.size(), ws_pinned.get(), ws_pinned.size()}, stream);
   INFO(planned.message);
   REQUIRE(planned.ok);
+  const bool split = Attention::chosen_schedule(args) == AttentionSchedule::kSplit;
   for (std::uint32_t layer : layers) {
     args.layer = layer;
     AMOEBA_ATTN_CHECK(cudaMemsetAsync(b.d_o.get(), 0xFF, b.d_o.size(), stream));  // NaN
@@ -167,8 +168,11 @@ void run_and_check(const char* what, const Geometry& g, AttentionBatch& b, Atten
     std::printf(
         "attn: %-30s %-22s %-8s layer %u  seqs %4u (decode %3u) tokens %5u pages/layer %6llu  rel_l2 %.2e  "
         "worst_seq %.2e  max_abs %.2e  nan %zu  split_kv %d/%d  tile_q %d\n",
-        what, g.name, schedule == AttentionSchedule::kSplit ? "split" : "prefill", layer, t.sequences,
-        schedule == AttentionSchedule::kSplit ? t.decode_sequences : 0u, t.tokens,
+        what, g.name,
+        schedule == AttentionSchedule::kAuto ? (split ? "auto:split" : "auto:pref")
+        : split                              ? "split"
+                                             : "prefill",
+        layer, t.sequences, split ? t.decode_sequences : 0u, t.tokens,
         static_cast<unsigned long long>(t.pages_per_layer), e.rel_l2, e.worst_seq_rel_l2, e.max_abs,
         e.nonfinite, op.decode_split_kv() ? 1 : 0, op.prefill_split_kv() ? 1 : 0, op.prefill_tile_q());
     CHECK(e.nonfinite == 0);
@@ -231,6 +235,10 @@ TEST_CASE("batch decode over shuffled pool pages matches the fp64 reference", "[
                     AttentionSchedule::kSplit, {1, 0});
       run_and_check(n == 64 ? "decode 64 seqs, ctx 1-2048" : "decode 256 seqs, ctx 1-2048", g, b,
                     AttentionSchedule::kPrefillOnly, {1});
+      // The default: the decode kernel without GQA grouping, the prefill kernel with it.
+      auto args = attention_args<128>(b, 1, AttentionSchedule::kAuto);
+      CHECK(Attention::chosen_schedule(args) ==
+            (g.qo_heads == g.kv_heads ? AttentionSchedule::kSplit : AttentionSchedule::kPrefillOnly));
     }
   }
 }
@@ -266,6 +274,10 @@ TEST_CASE("a mixed step: decode sequences first, then prefill chunks", "[gpu][at
     REQUIRE(b.table.host_view().decode_sequences == 48);
     run_and_check("mixed 48 decode + 5 prefill", g, b, AttentionSchedule::kSplit, {2, 1});
     run_and_check("mixed 48 decode + 5 prefill", g, b, AttentionSchedule::kPrefillOnly, {2});
+    // The default runs a mixed step in one prefill launch, whatever the grouping.
+    CHECK(Attention::chosen_schedule(attention_args<128>(b, 2, AttentionSchedule::kAuto)) ==
+          AttentionSchedule::kPrefillOnly);
+    run_and_check("mixed 48 decode + 5 prefill", g, b, AttentionSchedule::kAuto, {0});
   }
 }
 

@@ -32,8 +32,7 @@ std::uint32_t get_u32(const nlohmann::json& j, const char* key, const std::strin
 bool get_bool(const nlohmann::json& j, const char* key, const std::string& what, bool fallback) {
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean())
-    throw ConfigError(what + "." + key, quote_json(*it), "must be true or false");
+  if (!it->is_boolean()) throw ConfigError(what + "." + key, quote_json(*it), "must be true or false");
   return it->get<bool>();
 }
 
@@ -42,8 +41,7 @@ double get_double(const nlohmann::json& j, const char* key, const std::string& w
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   if (!it->is_number() || !(it->get<double>() >= lo && it->get<double>() <= hi))
-    throw ConfigError(what + "." + key, quote_json(*it),
-                      fmt::format("must be a number in [{}, {}]", lo, hi));
+    throw ConfigError(what + "." + key, quote_json(*it), fmt::format("must be a number in [{}, {}]", lo, hi));
   return it->get<double>();
 }
 
@@ -111,7 +109,7 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
   else if (c.architecture == "Qwen3MoeForCausalLM")
     c.arch = MoeArchitecture::kQwen3Moe;
   else
-    throw ConfigError(what + ".architectures", c.architecture,
+    throw ConfigError(what + ".architectures", quote_text(c.architecture),
                       "is not served by the GPU backend (known: Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)");
   const bool q2 = c.arch == MoeArchitecture::kQwen2Moe;
   c.hidden_size = get_u32(j, "hidden_size", what, 1, 1u << 16);
@@ -142,8 +140,7 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
     c.shared_expert_intermediate_size = get_u32(j, "shared_expert_intermediate_size", what, 0, 1u << 20);
   c.decoder_sparse_step = get_u32(j, "decoder_sparse_step", what, 1, c.num_layers, 1);
   if (const auto m = j.find("mlp_only_layers"); m != j.end() && !m->is_null()) {
-    if (!m->is_array())
-      throw ConfigError(what + ".mlp_only_layers", quote_json(*m), "must be an array");
+    if (!m->is_array()) throw ConfigError(what + ".mlp_only_layers", quote_json(*m), "must be an array");
     for (const auto& v : *m) {
       if (!v.is_number_unsigned() || v.get<std::uint64_t>() >= c.num_layers)
         throw ConfigError(what + ".mlp_only_layers", quote_json(v),
@@ -163,9 +160,16 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
     const auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
     if (!it->is_object()) throw ConfigError(what + "." + key, quote_json(*it), "must be an object");
-    const std::string type = it->value("rope_type", it->value("type", std::string("default")));
+    std::string type = "default";
+    for (const char* name : {"type", "rope_type"})  // rope_type wins when both are given
+      if (const auto t = it->find(name); t != it->end()) {
+        if (!t->is_string())
+          throw ConfigError(what + "." + key + "." + name, quote_json(*t), "must be a string");
+        type = t->get<std::string>();
+      }
     if (type != "default")
-      throw ConfigError(what + "." + key + ".rope_type", type, "only the default RoPE is supported");
+      throw ConfigError(what + "." + key + ".rope_type", quote_text(type),
+                        "only the default RoPE is supported");
     if (!j.contains("rope_theta"))
       c.rope_theta = get_double(*it, "rope_theta", what + "." + key, 10000.0, 1.0, 1e12);
   }
@@ -306,13 +310,14 @@ Checkpoint open_checkpoint(const std::string& dir) {
     for (const auto& [name, info] : ck.shards.back().tensors()) {
       const auto [it, fresh] = ck.shard_of.emplace(name, i);
       if (!fresh)
-        throw ConfigError(at + ": tensor " + name, f, "is stored twice (also in " + files[it->second] + ")");
+        throw ConfigError(at + ": tensor " + quote_text(name), quote_text(f),
+                          "is stored twice (also in " + quote_text(files[it->second]) + ")");
     }
   }
   for (const auto& [name, file] : weight_map) {
     const auto it = ck.shard_of.find(name);
     if (it == ck.shard_of.end() || files[it->second] != file)
-      throw ConfigError(at + ": tensor " + name, file,
+      throw ConfigError(at + ": tensor " + quote_text(name), quote_text(file),
                         it == ck.shard_of.end()
                             ? "is in the index but in no shard"
                             : "is in the index under another shard than the one holding it");

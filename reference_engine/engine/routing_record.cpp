@@ -78,7 +78,8 @@ std::vector<std::vector<std::uint32_t>> layer_arrays(const nlohmann::json& j, co
     for (std::size_t i = 0; i < a.size(); ++i) {
       const nlohmann::json& v = a[i];
       if (!v.is_number_unsigned() || v.get<std::uint64_t>() < lo || v.get<std::uint64_t>() > hi)
-        throw ConfigError(fmt::format("{}[{}]", fl, i), v.is_number() ? quote_json(v) : std::string(v.type_name()),
+        throw ConfigError(fmt::format("{}[{}]", fl, i),
+                          v.is_number() ? quote_json(v) : std::string(v.type_name()),
                           fmt::format("must be an integer in [{}, {}]", lo, hi));
       const auto x = static_cast<std::uint32_t>(v.get<std::uint64_t>());
       if (ascending && !out[l].empty() && x <= out[l].back())
@@ -182,7 +183,9 @@ void check_record_shape(const RoutingRecord& r, std::uint32_t moe_layers, std::u
                         const std::string& what) {
   if (r.header.moe_layers != moe_layers || r.header.experts != experts)
     throw ConfigError(
-        what, fmt::format("{} x {} experts ({})", r.header.moe_layers, r.header.experts, r.header.model),
+        what,
+        fmt::format("{} x {} experts ({})", r.header.moe_layers, r.header.experts,
+                    quote_text(r.header.model)),
         fmt::format("must be recorded for the model's {} MoE layers x {} experts", moe_layers, experts));
 }
 

@@ -15,8 +15,19 @@
 //               "evict_below": 2, "restore_above": 9, "max_restores": 5},
 //   "routing": {"skew": 0.6, "cross_layer_correlation": 0.5, "locality": 0.9, "temporal_sigma": 0.3,
 //               "drift": 0, "calibration_tokens": 8192, "temporal_period": 8},
-//   "predictor": {"kind": "cross-layer", "accuracy": 0.9}
+//   "predictor": {"kind": "cross-layer", "accuracy": 0.9},
+//   "expert_precision": "bf16",            // bf16, int8, int4: routed experts on the host, over PCIe, in pages
+//   "moe_kernel": "paged",                 // paged, gather (gpu.hpp, MoeKernel)
+//   "runs": [{"label": "fate", "policy": "fixed", "moe_kernel": "paged"}, ...]
+//                                          // labelled runs instead of `policies` (each label once)
 // }
+// The GPU count (tensor parallelism) comes with the GPU profile ("gpu": "8x-rtx5090").
+//
+// Named scenarios (`--scenario NAME`, reference_engine/data/scenarios/NAME.json) wrap a config with what
+// the paper claims for that setting and what it leaves open:
+// {"name": ..., "description": ..., "paper": ..., "choices": ..., "sweep": {"rates": [...]},
+//  "config": {...}}
+// Precedence: defaults < --scenario < --config < flags.
 #pragma once
 
 #include <cstdint>
@@ -25,13 +36,22 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/gpu.hpp"
 #include "engine/memory_plan.hpp"
+#include "engine/model.hpp"
 #include "engine/routing.hpp"
 #include "engine/scheduler.hpp"
 
 namespace amoeba::engine {
 
+// One labelled run of an ablation: a policy and the MoE kernel it runs with.
+struct RunVariant {
+  std::string label, policy;
+  std::optional<MoeKernel> moe_kernel;  // unset: the scenario's
+};
+
 struct Scenario {
+  std::string name;             // the named scenario it started from ("" if none)
   std::string backend = "sim";  // a name from the backend table (policy_dispatch.hpp)
   std::string model = "qwen1.5-moe-a2.7b";
   std::string gpu = "rtx5090";
@@ -50,6 +70,9 @@ struct Scenario {
   std::uint32_t max_restores = 5;
   RoutingParams routing{};
   PredictorParams predictor{};
+  ExpertPrecision expert_precision = ExpertPrecision::kBf16;
+  MoeKernel moe_kernel = MoeKernel::kPaged;
+  std::vector<RunVariant> runs;  // non-empty: these runs instead of `policies`
 
   // Fixed-cache offload per layer: the given value, else 10% of the layer's experts (rounded).
   std::uint32_t fixed_offload_for(std::uint32_t experts) const noexcept;
@@ -59,6 +82,22 @@ struct Scenario {
 Scenario parse_scenario(std::string_view json_text, const std::string& what, Scenario base = {});
 // Checks cross-field rules (policy names, ranges); throws ConfigError.
 void validate_scenario(const Scenario& s);
+// What ablate runs: `runs` if given, else one run per policy (labelled by the policy) with the scenario's
+// MoE kernel.
+std::vector<RunVariant> scenario_runs(const Scenario& s);
+
+// A named scenario: the config it applies and what the paper says about that setting.
+struct NamedScenario {
+  std::string name, description, paper, choices;
+  std::vector<double> sweep_rates;  // request rates docs/reproducing.md sweeps (may be empty)
+  std::string config_json;          // the "config" object, applied with parse_scenario
+};
+NamedScenario parse_named_scenario(std::string_view json_text, const std::string& what);
+const std::vector<NamedScenario>& scenario_catalog();
+// Throws ConfigError("--scenario", name, "unknown scenario (known: ...)").
+const NamedScenario& find_scenario(const std::string& name);
+// defaults < the named scenario: the Scenario it describes (name set).
+Scenario apply_named_scenario(const NamedScenario& n, Scenario base = {});
 // The scenario as JSON (written into ablate's output).
 std::string scenario_to_json(const Scenario& s, int indent = 2);
 

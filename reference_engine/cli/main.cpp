@@ -72,7 +72,8 @@ struct ScenarioFlags {
     app.add_option("--cost-model", cost_model, "cost-model profile: default, or a .json file");
     app.add_option("--expert-precision", expert_precision,
                    "routed experts on the host, over PCIe and in pages: bf16, int8, int4 (group 128)");
-    app.add_option("--moe-kernel", moe_kernel, "paged (reads pages in place) or gather (copies to contiguous)");
+    app.add_option("--moe-kernel", moe_kernel,
+                   "paged (reads pages in place) or gather (copies to contiguous)");
   }
 
   Scenario resolve() const {
@@ -125,7 +126,8 @@ struct ScenarioFlags {
         throw_config_error("--predictor-accuracy", *predictor_accuracy, "must be in [0, 1]");
       s.predictor.accuracy = *predictor_accuracy;
     }
-    if (expert_precision) s.expert_precision = expert_precision_from_string(*expert_precision, "--expert-precision");
+    if (expert_precision)
+      s.expert_precision = expert_precision_from_string(*expert_precision, "--expert-precision");
     if (moe_kernel) s.moe_kernel = moe_kernel_from_string(*moe_kernel, "--moe-kernel");
     return s;
   }
@@ -206,15 +208,17 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
     std::cout << "deployment (simulated): ";
     if (gp.gpus > 1)
       std::cout << fmt::format(
-          "{} x {}, tensor parallel (each GPU holds 1/{} of every expert and its own KV share); 2 all-reduces per "
+          "{} x {}, tensor parallel (each GPU holds 1/{} of every expert and its own KV share); 2 "
+          "all-reduces per "
           "layer, {:.0f} us + 2(N-1)/N x bytes / {:.1f} GB/s bus bandwidth ({}); ",
           gp.gpus, gp.base.empty() ? gp.name : gp.base, gp.gpus, gp.allreduce_latency_s * 1e6,
           gp.allreduce_bus_bandwidth / 1e9, gp.interconnect);
-    std::cout << fmt::format("experts {}: {:.3f} MB over PCIe per expert per GPU{}\n", to_string(s.expert_precision),
-                             double(first.model.expert_transfer_bytes()) / 1e6,
-                             g.expert_padding_bytes() > 0
-                                 ? fmt::format(" (expert page padded by {} B so KV pages nest)", g.expert_padding_bytes())
-                                 : std::string());
+    std::cout << fmt::format(
+        "experts {}: {:.3f} MB over PCIe per expert per GPU{}\n", to_string(s.expert_precision),
+        double(first.model.expert_transfer_bytes()) / 1e6,
+        g.expert_padding_bytes() > 0
+            ? fmt::format(" (expert page padded by {} B so KV pages nest)", g.expert_padding_bytes())
+            : std::string());
   }
   std::cout << "memory per policy (simulated " << s.gpu << (first.gpu.gpus > 1 ? ", per GPU" : "") << "):\n";
   for (const RunSetup& r : setups)
@@ -307,7 +311,8 @@ int cmd_gpus() {
         g.bf16_flops / 1e12, g.h2d_bandwidth / 1e9, g.h2d_copy_latency_s * 1e6);
     if (g.gpus > 1)
       std::cout << fmt::format(
-          "  {} GPUs, tensor parallel (numbers above per GPU); all-reduce {:.0f} us + 2(N-1)/N x bytes / {:.1f} "
+          "  {} GPUs, tensor parallel (numbers above per GPU); all-reduce {:.0f} us + 2(N-1)/N x bytes / "
+          "{:.1f} "
           "GB/s: {}\n",
           g.gpus, g.allreduce_latency_s * 1e6, g.allreduce_bus_bandwidth / 1e9, g.interconnect);
     for (const auto& [field, src] : g.sources) std::cout << "    " << field << ": " << src << "\n";

@@ -27,7 +27,8 @@ GpuProfile parse_gpu_with(std::string_view json_text, const std::string& what,
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, what);
   o.reject_unknown({"name", "description", "base", "gpus", "interconnect", "memory_mib", "hbm_bandwidth_gbs",
-                    "bf16_tflops", "h2d_bandwidth_gbs", "h2d_copy_latency_us", "cuda_context_mib", "sources"});
+                    "bf16_tflops", "h2d_bandwidth_gbs", "h2d_copy_latency_us", "cuda_context_mib",
+                    "sources"});
   GpuProfile g;
   const bool has_base = o.has("base");
   if (has_base) {
@@ -74,7 +75,8 @@ GpuProfile parse_gpu_with(std::string_view json_text, const std::string& what,
     const JsonObject s = o.get_object("sources");
     for (auto it = s.raw().begin(); it != s.raw().end(); ++it) {
       const std::string text = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
-      auto same = std::find_if(g.sources.begin(), g.sources.end(), [&](const auto& f) { return f.first == it.key(); });
+      auto same = std::find_if(g.sources.begin(), g.sources.end(),
+                               [&](const auto& f) { return f.first == it.key(); });
       if (same != g.sources.end())
         same->second = text;
       else

@@ -164,14 +164,16 @@ PageGeometry page_geometry(const ModelSpec& m) {
     const std::uint64_t large = std::lcm(g.expert_page_bytes, g.ssm_page_bytes);
     if (large > PageGeometry::kMaxLargePageBytes)
       throw_config_error("model " + m.name + ".large_page_bytes", large,
-                         "lcm of the expert page (" + std::to_string(g.expert_page_bytes) + " B) and the SSM page (" +
-                             std::to_string(g.ssm_page_bytes) + " B) must be at most " +
-                             std::to_string(PageGeometry::kMaxLargePageBytes) + " B");
+                         "lcm of the expert page (" + std::to_string(g.expert_page_bytes) +
+                             " B) and the SSM page (" + std::to_string(g.ssm_page_bytes) +
+                             " B) must be at most " + std::to_string(PageGeometry::kMaxLargePageBytes) +
+                             " B");
   }
   return g;
 }
 
-ModelSpec shard_model(const ModelSpec& m, std::uint32_t tp, ExpertPrecision precision, const std::string& field) {
+ModelSpec shard_model(const ModelSpec& m, std::uint32_t tp, ExpertPrecision precision,
+                      const std::string& field) {
   if (tp == 0) throw ConfigError(field, "0", "must be at least 1");
   ModelSpec s = m;
   s.expert_precision = precision;
@@ -182,8 +184,9 @@ ModelSpec shard_model(const ModelSpec& m, std::uint32_t tp, ExpertPrecision prec
   const std::string what = "model " + m.name;
   auto split = [&](std::uint32_t v, const char* name) {
     if (v % tp != 0)
-      throw ConfigError(field, std::to_string(tp),
-                        what + "." + name + " = " + std::to_string(v) + " must be a multiple of the GPU count");
+      throw ConfigError(
+          field, std::to_string(tp),
+          what + "." + name + " = " + std::to_string(v) + " must be a multiple of the GPU count");
     return v / tp;
   };
   s.tensor_parallel = tp;
@@ -198,7 +201,8 @@ ModelSpec shard_model(const ModelSpec& m, std::uint32_t tp, ExpertPrecision prec
     s.num_kv_heads = std::max<std::uint32_t>(1, m.num_kv_heads / tp);  // replicated when tp > kv heads
   }
   s.moe_intermediate_size = split(m.moe_intermediate_size, "moe_intermediate_size");
-  s.shared_expert_intermediate_size = split(m.shared_expert_intermediate_size, "shared_expert_intermediate_size");
+  s.shared_expert_intermediate_size =
+      split(m.shared_expert_intermediate_size, "shared_expert_intermediate_size");
   s.dense_intermediate_size = split(m.dense_intermediate_size, "dense_intermediate_size");
   if (s.linear) {
     s.linear->num_key_heads = split(m.linear->num_key_heads, "linear_attention.num_key_heads");

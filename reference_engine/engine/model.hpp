@@ -6,9 +6,9 @@
 //
 // Page sizes (bf16 cache, DESIGN §3.1):
 //   expert page = moe_intermediate_size x hidden_size x 2 B (one of W1 gate, W3 up, W2 down of one expert) in
-//                 bf16; quantized experts (int8, int4) are F x H x bits / 8 B of weights plus bf16 scales, one
-//                 per 128 values along K (group-wise, as GPTQ/AWQ-style kernels read them), and their page may be
-//                 rounded up so that KV pages nest (expert_page_bytes());
+//                 bf16; quantized experts (int8, int4) are F x H x bits / 8 B of weights plus bf16 scales,
+//                 one per 128 values along K (group-wise, as GPTQ/AWQ-style kernels read them), and their
+//                 page may be rounded up so that KV pages nest (expert_page_bytes());
 //   KV page     = 16 tokens x (K and V) x kv_heads x head_dim x 2 B for one layer (GQA), or
 //                 16 tokens x (kv_lora_rank + qk_rope_head_dim) x 2 B for MLA, rounded up to the smallest
 //                 divisor of the expert page (amoeba::smallest_divisor_at_least); the padding is reported;
@@ -16,10 +16,10 @@
 //   conv page   = one layer's causal-convolution state of one request, rounded up like MLA pages.
 //
 // Tensor parallelism (shard_model): N GPUs each hold 1/N of every expert (F / N of W1, W3 and W2), 1/N of the
-// attention heads (KV heads too; when N > kv_heads each GPU keeps one KV head, replicated as vLLM does; an MLA
-// latent is replicated), 1/N of the linear-attention heads and of the vocabulary (embedding and LM head). The
-// engine plans and prices one GPU's shard: every GPU runs the same batch and holds the same experts, so one
-// shard's pool stands for all of them.
+// attention heads (KV heads too; when N > kv_heads each GPU keeps one KV head, replicated as vLLM does; an
+// MLA latent is replicated), 1/N of the linear-attention heads and of the vocabulary (embedding and LM head).
+// The engine plans and prices one GPU's shard: every GPU runs the same batch and holds the same experts, so
+// one shard's pool stands for all of them.
 #pragma once
 
 #include <cstdint>
@@ -104,7 +104,7 @@ struct ModelSpec {
 
 // Page sizes the pool is built with.
 struct PageGeometry {
-  static constexpr std::uint32_t kTokensPerKvPage = 16;  // vLLM's default block size
+  static constexpr std::uint32_t kTokensPerKvPage = 16;              // vLLM's default block size
   static constexpr std::uint64_t kMaxLargePageBytes = 256ull << 20;  // lcm(expert, SSM page) at most this
   std::uint64_t expert_page_bytes = 0;
   std::uint64_t expert_payload_bytes = 0;  // <= expert_page_bytes (quantized pages may be padded)
@@ -120,10 +120,11 @@ struct PageGeometry {
 PageGeometry page_geometry(const ModelSpec& m);
 
 // One GPU's shard of `m` under tensor parallelism over `tp` GPUs, with routed experts in `precision`
-// (see the header comment); with tp = 1 and bf16 it returns m unchanged. Throws ConfigError naming `field` (the flag or
-// key that set tp) when a dimension does not split: heads, linear-attention heads, expert, shared-expert and
-// dense intermediate sizes must be multiples of tp; KV heads a multiple or a divisor of tp.
-ModelSpec shard_model(const ModelSpec& m, std::uint32_t tp, ExpertPrecision precision, const std::string& field);
+// (see the header comment); with tp = 1 and bf16 it returns m unchanged. Throws ConfigError naming `field`
+// (the flag or key that set tp) when a dimension does not split: heads, linear-attention heads, expert,
+// shared-expert and dense intermediate sizes must be multiples of tp; KV heads a multiple or a divisor of tp.
+ModelSpec shard_model(const ModelSpec& m, std::uint32_t tp, ExpertPrecision precision,
+                      const std::string& field);
 
 // Parses one model file's JSON text; `what` names it in errors. Validates every field.
 ModelSpec parse_model(std::string_view json_text, const std::string& what);

@@ -102,8 +102,10 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
     s.predictor.accuracy = p.get_double_or("accuracy", s.predictor.accuracy, 0.0, 1.0);
   }
   if (o.has("expert_precision"))
-    s.expert_precision = expert_precision_from_string(o.get_string("expert_precision"), "config.expert_precision");
-  if (o.has("moe_kernel")) s.moe_kernel = moe_kernel_from_string(o.get_string("moe_kernel"), "config.moe_kernel");
+    s.expert_precision =
+        expert_precision_from_string(o.get_string("expert_precision"), "config.expert_precision");
+  if (o.has("moe_kernel"))
+    s.moe_kernel = moe_kernel_from_string(o.get_string("moe_kernel"), "config.moe_kernel");
   if (o.has("runs")) {
     const nlohmann::json& r = o.raw().at("runs");
     if (!r.is_array() || r.empty()) throw ConfigError("config.runs", r.dump(), "must be a non-empty array");
@@ -116,8 +118,10 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
       v.policy = x.get_string("policy");
       v.label = x.get_string_or("label", v.policy);
       if (v.label.empty() || v.label.size() > 40 || v.label.find_first_of(",\"\n\r") != std::string::npos)
-        throw ConfigError(path + ".label", v.label, "must be 1 to 40 characters without commas, quotes or newlines");
-      if (x.has("moe_kernel")) v.moe_kernel = moe_kernel_from_string(x.get_string("moe_kernel"), path + ".moe_kernel");
+        throw ConfigError(path + ".label", v.label,
+                          "must be 1 to 40 characters without commas, quotes or newlines");
+      if (x.has("moe_kernel"))
+        v.moe_kernel = moe_kernel_from_string(x.get_string("moe_kernel"), path + ".moe_kernel");
       for (const RunVariant& w : s.runs)
         if (w.label == v.label) throw ConfigError(path + ".label", v.label, "must be unique among the runs");
       s.runs.push_back(std::move(v));

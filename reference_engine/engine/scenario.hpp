@@ -16,12 +16,12 @@
 //   "routing": {"skew": 0.6, "cross_layer_correlation": 0.5, "locality": 0.9, "temporal_sigma": 0.3,
 //               "drift": 0, "calibration_tokens": 8192, "temporal_period": 8},
 //   "predictor": {"kind": "cross-layer", "accuracy": 0.9},
-//   "expert_precision": "bf16",            // bf16, int8, int4: routed experts on the host, over PCIe, in pages
-//   "moe_kernel": "paged",                 // paged, gather (gpu.hpp, MoeKernel)
+//   "expert_precision": "bf16", "moe_kernel": "paged",
 //   "runs": [{"label": "fate", "policy": "fixed", "moe_kernel": "paged"}, ...]
-//                                          // labelled runs instead of `policies` (each label once)
 // }
-// The GPU count (tensor parallelism) comes with the GPU profile ("gpu": "8x-rtx5090").
+// expert_precision: bf16, int8 or int4, how routed experts are stored on the host, copied and paged;
+// moe_kernel: paged or gather (gpu.hpp, MoeKernel); runs: labelled runs instead of `policies`, each label
+// once. The GPU count (tensor parallelism) comes with the GPU profile ("gpu": "8x-rtx5090").
 //
 // Named scenarios (`--scenario NAME`, reference_engine/data/scenarios/NAME.json) wrap a config with what
 // the paper claims for that setting and what it leaves open:

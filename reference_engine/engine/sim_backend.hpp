@@ -15,10 +15,11 @@
 //   linear attention (hybrid): bytes = weights + 2 x state bytes per sequence (read and write);
 //              FLOPs = 2 T x params + 4 T x value_heads x dk x dv;
 //   MoE: bytes = distinct experts touched x their transfer bytes (3 payloads: bf16, or int8/int4 weights and
-//        scales) + shared experts + router; FLOPs = 2 T x top_k x 3 x F x H + shared experts' 2 T x 3 x Fs x H;
-//        on quantized experts the efficiencies are scaled by the cost model's int8/int4 factors;
-//        with MoeKernel::kGather each layer first copies its routed experts into a contiguous workspace:
-//        + 2 x routed experts x transfer bytes / (HBM bandwidth x dense memory efficiency) + per_layer_overhead;
+//        scales) + shared experts + router; FLOPs = 2 T x top_k x 3 x F x H + shared experts' 2 T x 3 x Fs x
+//        H; on quantized experts the efficiencies are scaled by the cost model's int8/int4 factors; with
+//        MoeKernel::kGather each layer first copies its routed experts into a contiguous workspace:
+//        + 2 x routed experts x transfer bytes / (HBM bandwidth x dense memory efficiency) +
+//        per_layer_overhead;
 //   dense FFN layers and the LM head (sampled sequences only) as dense GEMMs; plus step_overhead per step.
 // Tensor parallelism over N GPUs (GpuProfile::gpus > 1): the model is one GPU's shard (model.hpp,
 //   shard_model), so every size above is per GPU; each layer adds two all-reduces of T x hidden x 2 B on the
@@ -26,8 +27,9 @@
 //   (GpuProfile::allreduce_time), counted in compute_s. On one GPU nothing is added.
 // Copies (one copy engine per GPU, FIFO, pinned host memory): each copy call pays the profile's per-copy
 //   latency and its bytes move at the H2D bandwidth x h2d_bandwidth_scale; each GPU moves its own shard of
-//   an expert over its own link, all at once, so one GPU's copies set the time. The planner's calls: a restore is 3 calls (one
-//   per reserved page), a buffered expert 1 (its matrices are contiguous in the host store and in the slot).
+//   an expert over its own link, all at once, so one GPU's copies set the time. The planner's calls: a
+//   restore is 3 calls (one per reserved page), a buffered expert 1 (its matrices are contiguous in the host
+//   store and in the slot).
 // Timeline of MoE layer m: its prefetch queue (restores, then predicted experts) is issued when layer m-1's
 //   attention ends (the first at the start of the step), behind whatever the copy engine still has queued;
 //   layer m's attention runs without waiting; after it, the router's misses are queued; layer m's MoE waits

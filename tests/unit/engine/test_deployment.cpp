@@ -29,7 +29,8 @@ namespace {
 std::vector<RunResult> ablate(const Scenario& s) {
   const auto trace = scenario_requests(s);
   std::vector<RunResult> out;
-  for (const RunVariant& v : scenario_runs(s)) out.push_back(run_policy(prepare_run(s, v, trace, RunOptions{})));
+  for (const RunVariant& v : scenario_runs(s))
+    out.push_back(run_policy(prepare_run(s, v, trace, RunOptions{})));
   return out;
 }
 
@@ -101,7 +102,8 @@ TEST_CASE("tensor parallelism: each GPU holds 1/N of every expert, of the heads 
   CHECK_THROWS_AS(shard_model(q, 0, ExpertPrecision::kBf16, "gpus"), ConfigError);
 }
 
-TEST_CASE("two all-reduces per layer over the profile's interconnect, only with several GPUs", "[engine][tp][sim]") {
+TEST_CASE("two all-reduces per layer over the profile's interconnect, only with several GPUs",
+          "[engine][tp][sim]") {
   const GpuProfile g8 = find_gpu("8x-rtx5090");
   REQUIRE(g8.gpus == 8);
   REQUIRE(g8.base == "rtx5090");
@@ -152,7 +154,8 @@ TEST_CASE("two all-reduces per layer over the profile's interconnect, only with 
   CHECK(a.attention_s == b.attention_s);
 }
 
-TEST_CASE("a run on N GPUs conserves requests, tokens and pages for every policy", "[engine][tp][conservation]") {
+TEST_CASE("a run on N GPUs conserves requests, tokens and pages for every policy",
+          "[engine][tp][conservation]") {
   struct Case {
     const char* model;
     const char* gpu;
@@ -166,7 +169,7 @@ TEST_CASE("a run on N GPUs conserves requests, tokens and pages for every policy
     s.gpu = k.gpu;
     s.expert_precision = k.precision;
     s.expert_offload_limit = k.limit;
-    s.requests = 120;
+    s.requests = 60;
     s.rate = 40;
     const auto trace = scenario_requests(s);
     std::uint64_t tokens = 0;
@@ -184,14 +187,14 @@ TEST_CASE("a run on N GPUs conserves requests, tokens and pages for every policy
   // Under memory pressure on 8 GPUs (122B in bf16, ~1 GB of KV per GPU) the elastic policy evicts and
   // restores, and still returns every page.
   Scenario s = apply_named_scenario(find_scenario("e2e-qwen3.5-122b-a10b-8x-rtx5090"));
-  s.requests = 200;
+  s.requests = 120;
   s.rate = 40;
   const auto trace = scenario_requests(s);
   RunOptions o;
   o.check_conservation = true;
   RunResult r;
   REQUIRE_NOTHROW(r = run_policy(prepare_run(s, "elastic", trace, o)));
-  CHECK(r.completed_requests == 200);
+  CHECK(r.completed_requests == 120);
   CHECK(r.evictions > 0);
 }
 
@@ -270,15 +273,19 @@ TEST_CASE("named scenarios: every one plans for every run it names / motivating 
   Scenario m = apply_named_scenario(find_scenario("motivating"));
   m.name.clear();
   CHECK(scenario_to_json(m) == scenario_to_json(Scenario{}));
-  CHECK_THROWS_WITH(find_scenario("nope"), Catch::Contains("--scenario = nope") && Catch::Contains("motivating"));
+  CHECK_THROWS_WITH(find_scenario("nope"),
+                    Catch::Contains("--scenario = nope") && Catch::Contains("motivating"));
   // Labelled runs: labels must be unique, policies known, kernels paged or gather.
-  CHECK_THROWS_WITH(parse_scenario(R"({"runs": [{"label": "a", "policy": "fixed"}, {"label": "a", "policy": "static"}]})",
-                                   "c"),
-                    Catch::Contains("config.runs[1].label = a") && Catch::Contains("unique"));
-  CHECK_THROWS_WITH(parse_scenario(R"({"runs": [{"policy": "fixed", "moe_kernel": "fast"}]})", "c"),
-                    Catch::Contains("config.runs[0].moe_kernel = fast") && Catch::Contains("paged or gather"));
-  CHECK_THROWS_WITH(parse_scenario(R"({"expert_precision": "fp8"})", "c"),
-                    Catch::Contains("config.expert_precision = fp8") && Catch::Contains("bf16, int8 or int4"));
+  CHECK_THROWS_WITH(
+      parse_scenario(R"({"runs": [{"label": "a", "policy": "fixed"}, {"label": "a", "policy": "static"}]})",
+                     "c"),
+      Catch::Contains("config.runs[1].label = a") && Catch::Contains("unique"));
+  CHECK_THROWS_WITH(
+      parse_scenario(R"({"runs": [{"policy": "fixed", "moe_kernel": "fast"}]})", "c"),
+      Catch::Contains("config.runs[0].moe_kernel = fast") && Catch::Contains("paged or gather"));
+  CHECK_THROWS_WITH(
+      parse_scenario(R"({"expert_precision": "fp8"})", "c"),
+      Catch::Contains("config.expert_precision = fp8") && Catch::Contains("bf16, int8 or int4"));
   Scenario bad = parse_scenario(R"({"runs": [{"label": "x", "policy": "nope"}]})", "c");
   CHECK_THROWS_WITH(validate_scenario(bad), Catch::Contains("config.runs (x).policy = nope"));
 }

@@ -222,7 +222,8 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   }
   std::cout << "memory per policy (simulated " << s.gpu << (first.gpu.gpus > 1 ? ", per GPU" : "") << "):\n";
   for (const RunSetup& r : setups)
-    std::cout << "  " << fmt::format("{:<12}", r.label) << r.memory.describe() << "\n";
+    std::cout << "  " << fmt::format("{:<12}", r.label) << (r.label.size() >= 12 ? " " : "")
+              << r.memory.describe() << "\n";
   return 0;
 }
 

@@ -231,6 +231,7 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy, const std::st
             const std::string& csv_path) {
   Scenario s = flags.resolve();
   s.policies = {policy};
+  s.runs.clear();  // one policy, with the scenario's MoE kernel
   validate_scenario(s);
   if (!json_path.empty()) check_output_path(json_path, "--json");
   if (!csv_path.empty()) check_output_path(csv_path, "--csv");
@@ -242,7 +243,8 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy, const std::st
   if (!json_path.empty()) write_file_atomic(json_path, ablation_json(s, {r}), "--json");
   if (!csv_path.empty()) write_file_atomic(csv_path, timeline_csv(r), "--csv");
   std::cout << ablation_table(s, {r});
-  std::cout << "\nmemory: " << setup.memory.describe() << "\n";
+  std::cout << "\nmemory" << (setup.gpu.gpus > 1 ? " per GPU (simulated, tensor parallel)" : "") << ": "
+            << setup.memory.describe() << "\n";
   std::cout << fmt::format(
       "preemptions {}, evictions {}, restores {}, resident experts min {} max {}, copy stall {:.2f} s\n",
       r.preemptions, r.evictions, r.restores, r.min_resident_experts, r.max_resident_experts, r.copy_stall_s);

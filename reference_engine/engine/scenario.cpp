@@ -150,6 +150,7 @@ NamedScenario parse_named_scenario(std::string_view json_text, const std::string
   if (o.has("sweep")) {
     const JsonObject w = o.get_object("sweep");
     w.reject_unknown({"rates"});
+    if (!w.has("rates")) throw ConfigError(what + ".sweep.rates", "(missing)", "is required in a sweep");
     const nlohmann::json& r = w.raw().at("rates");
     if (!r.is_array()) throw ConfigError(what + ".sweep.rates", r.dump(), "must be an array of numbers");
     for (const nlohmann::json& x : r) {

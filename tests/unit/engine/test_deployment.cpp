@@ -296,7 +296,8 @@ TEST_CASE("multi-GPU profiles: a base, a count and an interconnect, each checked
   CHECK_THROWS_WITH(parse_gpu(R"({"name": "x", "base": "rtx5090", "gpus": 2})", "g"),
                     Catch::Contains("g.interconnect") && Catch::Contains("gpus > 1"));
   CHECK_THROWS_WITH(parse_gpu(R"({"name": "x", "base": "rtx5090", "gpus": 65,
-                                  "interconnect": {"allreduce_bus_bandwidth_gbs": 10, "allreduce_latency_us": 5}})",
+                                  "interconnect": {"allreduce_bus_bandwidth_gbs": 10,
+                                                   "allreduce_latency_us": 5}})",
                               "g"),
                     Catch::Contains("g.gpus = 65"));
   const GpuProfile d = find_gpu("2x-rtx4090d");

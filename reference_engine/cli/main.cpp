@@ -7,8 +7,10 @@
 //   amoeba trace    generate a ShareGPT-like JSONL trace, or inspect one
 //   amoeba models   the model catalog with page sizes and weight split
 //   amoeba gpus     the GPU profiles with the source of each number
+//   amoeba scenarios  the named scenarios (--scenario NAME): the paper's settings, as data
 //
-// Settings come from built-in defaults, then --config FILE (JSON, see engine/scenario.hpp), then flags.
+// Settings come from built-in defaults, then --scenario NAME, then --config FILE (JSON, see
+// engine/scenario.hpp), then flags.
 // Bad input exits with status 2 and a message naming the field, the value and the rule; no output file is
 // left half-written.
 #include <sys/resource.h>
@@ -151,12 +153,14 @@ bool is_file_name(const std::string& name_or_path) {  // as find_model / find_gp
 
 // Flags shared by ablate and run; unset ones leave the config/defaults alone.
 struct ScenarioFlags {
-  std::optional<std::string> config, backend, model, gpu, trace, cost_model, predictor, routing, ranking;
+  std::optional<std::string> config, scenario, backend, model, gpu, trace, cost_model, predictor, routing,
+      ranking, expert_precision, moe_kernel;
   std::optional<std::string> rate, burstiness, memory_cap_gib, usable_fraction, drift, predictor_accuracy,
       skew;
   std::optional<std::string> requests, seed, offload_limit, fixed_offload, max_num_seqs, max_batched_tokens;
 
   void add_to(CLI::App& app) {
+    app.add_option("--scenario", scenario, "named scenario from `amoeba scenarios` (default: motivating)");
     app.add_option("--config", config, "JSON config file (see docs/engine.md)");
     app.add_option("--backend", backend, "what runs the forward passes: sim (simulated GPU, the default)");
     app.add_option("--model", model, "model name from `amoeba models`, or a model .json file");
@@ -180,6 +184,10 @@ struct ScenarioFlags {
     app.add_option("--predictor", predictor, "prefetch predictor: none, cross-layer, oracle");
     app.add_option("--predictor-accuracy", predictor_accuracy, "cross-layer predictor accuracy, in [0, 1]");
     app.add_option("--cost-model", cost_model, "cost-model profile: default, or a .json file");
+    app.add_option("--expert-precision", expert_precision,
+                   "routed experts on the host, over PCIe and in pages: bf16, int8, int4 (group 128)");
+    app.add_option("--moe-kernel", moe_kernel,
+                   "paged (reads pages in place) or gather (copies to contiguous)");
     app.add_option("--routing", routing,
                    "where routing comes from: synthetic (the routing model), or a routing record to replay");
     app.add_option("--ranking", ranking, "expert statistics to rank experts by (e.g. from `amoeba rank`)");
@@ -200,6 +208,11 @@ struct ScenarioFlags {
 
   Scenario resolve() const {
     Scenario s;
+    if (scenario) {
+      if (scenario->empty())
+        throw ConfigError("--scenario", "\"\"", "must name a scenario (amoeba scenarios)");
+      s = apply_named_scenario(find_scenario(*scenario), s);
+    }
     if (config) {
       if (config->empty())
         throw ConfigError("--config", "\"\"", "must name a file (an empty path names none)");
@@ -254,6 +267,9 @@ struct ScenarioFlags {
     }
     if (predictor_accuracy)
       s.predictor.accuracy = parse_real("--predictor-accuracy", *predictor_accuracy, ranges::kUnit);
+    if (expert_precision)
+      s.expert_precision = expert_precision_from_string(*expert_precision, "--expert-precision");
+    if (moe_kernel) s.moe_kernel = moe_kernel_from_string(*moe_kernel, "--moe-kernel");
     return s;
   }
 };
@@ -324,12 +340,13 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   Scenario s = flags.resolve();
   if (policies_flag) {
     s.policies = split_commas(*policies_flag);
+    s.runs.clear();  // --policies replaces a scenario's labelled runs
     for (const std::string& p : s.policies)
       if (p.empty())
         throw ConfigError("--policies", quote_text(*policies_flag),
                           "must be a comma-separated list of names");
   }
-  if (s.policies.empty()) s.policies = all_policy_names();
+  if (s.policies.empty() && s.runs.empty()) s.policies = all_policy_names();
   for (const std::string& p : s.policies) {
     try {
       (void)find_policy(p);
@@ -344,14 +361,14 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   const WorkloadReport workload = describe_workload(s, trace);
   // Every policy is planned before any runs: a configuration that cannot fit is refused up front.
   std::vector<RunSetup> setups;
-  for (const std::string& p : s.policies) setups.push_back(prepare_run(s, p, trace, RunOptions{}));
+  for (const RunVariant& v : scenario_runs(s)) setups.push_back(prepare_run(s, v, trace, RunOptions{}));
   const bool progress = !quiet && isatty(STDERR_FILENO);
   std::vector<RunResult> results;
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < setups.size(); ++i) {
     if (progress)
       std::fprintf(stderr, "\r[%zu/%zu] simulating %-12s (%.1f s)", i + 1, setups.size(),
-                   setups[i].policy.c_str(),
+                   setups[i].label.c_str(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     results.push_back(run_policy(setups[i]));
   }
@@ -374,9 +391,28 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
     std::cout << fmt::format("; SSM {} B, conv {} B ({} B padding)", g.ssm_page_bytes, g.conv_page_bytes,
                              g.conv_padding_bytes());
   std::cout << "\n";
-  std::cout << "memory per policy (simulated " << s.gpu << "):\n";
+  const RunSetup& first = setups.front();
+  if (first.gpu.gpus > 1 || s.expert_precision != ExpertPrecision::kBf16) {
+    const GpuProfile& gp = first.gpu;
+    std::cout << "deployment (simulated): ";
+    if (gp.gpus > 1)
+      std::cout << fmt::format(
+          "{} x {}, tensor parallel (each GPU holds 1/{} of every expert and its own KV share); 2 "
+          "all-reduces per "
+          "layer, {:.0f} us + 2(N-1)/N x bytes / {:.1f} GB/s bus bandwidth ({}); ",
+          gp.gpus, gp.base.empty() ? gp.name : gp.base, gp.gpus, gp.allreduce_latency_s * 1e6,
+          gp.allreduce_bus_bandwidth / 1e9, gp.interconnect);
+    std::cout << fmt::format(
+        "experts {}: {:.3f} MB over PCIe per expert per GPU{}\n", to_string(s.expert_precision),
+        double(first.model.expert_transfer_bytes()) / 1e6,
+        g.expert_padding_bytes() > 0
+            ? fmt::format(" (expert page padded by {} B so KV pages nest)", g.expert_padding_bytes())
+            : std::string());
+  }
+  std::cout << "memory per policy (simulated " << s.gpu << (first.gpu.gpus > 1 ? ", per GPU" : "") << "):\n";
   for (const RunSetup& r : setups)
-    std::cout << "  " << fmt::format("{:<12}", r.policy) << r.memory.describe() << "\n";
+    std::cout << "  " << fmt::format("{:<12}", r.label) << (r.label.size() >= 12 ? " " : "")
+              << r.memory.describe() << "\n";
   return 0;
 }
 
@@ -385,6 +421,7 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy,
             const std::optional<std::string>& record_path) {
   Scenario s = flags.resolve();
   s.policies = {policy};
+  s.runs.clear();  // one policy, with the scenario's MoE kernel
   validate_scenario(s);
   std::vector<OutputFile> outs = prepare_outputs(
       {{"--json", json_path}, {"--csv", csv_path}, {"--record-routing", record_path}}, flags.inputs(s));
@@ -405,7 +442,8 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy,
   if (OutputFile* o = output_for(outs, "--csv")) o->write(timeline_csv(r));
   if (OutputFile* o = output_for(outs, "--record-routing")) o->write(recorder->text());
   std::cout << ablation_table(s, workload, {r});
-  std::cout << "\nmemory: " << setup.memory.describe() << "\n";
+  std::cout << "\nmemory" << (setup.gpu.gpus > 1 ? " per GPU (simulated, tensor parallel)" : "") << ": "
+            << setup.memory.describe() << "\n";
   std::cout << fmt::format(
       "preemptions {}, evictions {}, restores {}, resident experts min {} max {}, copy stall {:.2f} s\n",
       r.preemptions, r.evictions, r.restores, r.min_resident_experts, r.max_resident_experts, r.copy_stall_s);
@@ -549,6 +587,12 @@ int cmd_gpus() {
         "{:.1f} us per copy\n",
         g.name, g.description, double(g.memory_bytes) / double(1ull << 30), g.hbm_bandwidth / 1e9,
         g.bf16_flops / 1e12, g.h2d_bandwidth / 1e9, g.h2d_copy_latency_s * 1e6);
+    if (g.gpus > 1)
+      std::cout << fmt::format(
+          "  {} GPUs, tensor parallel (numbers above per GPU); all-reduce {:.0f} us + 2(N-1)/N x bytes / "
+          "{:.1f} "
+          "GB/s: {}\n",
+          g.gpus, g.allreduce_latency_s * 1e6, g.allreduce_bus_bandwidth / 1e9, g.interconnect);
     for (const auto& [field, src] : g.sources) std::cout << "    " << field << ": " << src << "\n";
   }
   std::cout << "All engine runs simulate these GPUs; use --memory-cap-gib to model a smaller card.\n";
@@ -584,6 +628,16 @@ int finish(int status) {
     return 2;
   }
   return status;
+}
+
+int cmd_scenarios() {
+  for (const NamedScenario& n : scenario_catalog()) {
+    std::cout << n.name << ": " << n.description << "\n";
+    if (!n.paper.empty()) std::cout << "    paper: " << n.paper << "\n";
+    if (!n.choices.empty()) std::cout << "    choices: " << n.choices << "\n";
+  }
+  std::cout << "Run one with `amoeba ablate --scenario NAME` (simulated GPU); flags override its settings.\n";
+  return 0;
 }
 
 }  // namespace
@@ -654,11 +708,12 @@ int main(int argc, char** argv) {
 
   CLI::App* models = app.add_subcommand("models", "list the model catalog");
   CLI::App* gpus = app.add_subcommand("gpus", "list the GPU profiles");
+  CLI::App* scenarios = app.add_subcommand("scenarios", "list the named scenarios (the paper's settings)");
 
   // Command-line errors are bad input like any other: status 2 with the documented prefix, not CLI11's codes.
   if (argc > 1) {
-    if (auto known =
-            unknown_subcommand(argv[1], {"ablate", "run", "generate", "rank", "trace", "models", "gpus"}))
+    if (auto known = unknown_subcommand(
+            argv[1], {"ablate", "run", "generate", "rank", "trace", "models", "gpus", "scenarios"}))
       return report_error(
           ConfigError("subcommand", quote_text(argv[1]), "is not known (known: " + *known + ")"));
     if (std::string_view(argv[1]) == "trace" && argc > 2)
@@ -683,6 +738,7 @@ int main(int argc, char** argv) {
     if (inspect->parsed()) return finish(cmd_trace_inspect(in_path, in_max_len));
     if (models->parsed()) return finish(cmd_models());
     if (gpus->parsed()) return finish(cmd_gpus());
+    if (scenarios->parsed()) return finish(cmd_scenarios());
   } catch (const ConfigError& e) {
     return report_error(e);
   } catch (const std::bad_alloc&) {

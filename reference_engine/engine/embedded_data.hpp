@@ -15,5 +15,6 @@ struct EmbeddedFile {
 std::span<const EmbeddedFile> embedded_model_files();
 std::span<const EmbeddedFile> embedded_gpu_files();
 std::span<const EmbeddedFile> embedded_cost_model_files();
+std::span<const EmbeddedFile> embedded_scenario_files();
 
 }  // namespace amoeba::engine

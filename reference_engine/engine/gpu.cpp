@@ -1,6 +1,8 @@
 // GPU profiles and cost-model parameters; see gpu.hpp.
 #include "engine/gpu.hpp"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
@@ -9,34 +11,95 @@
 
 namespace amoeba::engine {
 
-GpuProfile parse_gpu(std::string_view json_text, const std::string& what) {
+std::string_view to_string(MoeKernel k) noexcept {
+  return k == MoeKernel::kPaged ? "paged" : "gather";
+}
+
+MoeKernel moe_kernel_from_string(const std::string& s, const std::string& field) {
+  if (s == "paged") return MoeKernel::kPaged;
+  if (s == "gather") return MoeKernel::kGather;
+  throw ConfigError(field, s, "must be paged or gather");
+}
+
+namespace {
+GpuProfile parse_gpu_with(std::string_view json_text, const std::string& what,
+                          const std::vector<GpuProfile>& bases) {
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, what);
-  o.reject_unknown({"name", "description", "memory_mib", "hbm_bandwidth_gbs", "bf16_tflops",
-                    "h2d_bandwidth_gbs", "h2d_copy_latency_us", "cuda_context_mib", "sources"});
+  o.reject_unknown({"name", "description", "base", "gpus", "interconnect", "memory_mib", "hbm_bandwidth_gbs",
+                    "bf16_tflops", "h2d_bandwidth_gbs", "h2d_copy_latency_us", "cuda_context_mib",
+                    "sources"});
   GpuProfile g;
+  const bool has_base = o.has("base");
+  if (has_base) {
+    const std::string b = o.get_string("base");
+    std::string known;
+    const GpuProfile* found = nullptr;
+    for (const GpuProfile& p : bases) {
+      if (p.gpus != 1) continue;
+      if (p.name == b) found = &p;
+      known += (known.empty() ? "" : ", ") + p.name;
+    }
+    if (!found) throw ConfigError(what + ".base", b, "must name a one-GPU profile (known: " + known + ")");
+    g = *found;
+    g.base = b;
+  }
   g.name = o.get_string("name");
   if (g.name.empty()) throw ConfigError(what + ".name", "\"\"", "must not be empty");
-  g.description = o.get_string_or("description", "");
-  g.memory_bytes = o.get_uint("memory_mib", 64, 1u << 24) << 20;
-  g.hbm_bandwidth = o.get_double("hbm_bandwidth_gbs", 1.0, 1e6) * 1e9;
-  g.bf16_flops = o.get_double("bf16_tflops", 0.1, 1e6) * 1e12;
-  g.h2d_bandwidth = o.get_double("h2d_bandwidth_gbs", 0.1, 1e4) * 1e9;
-  g.h2d_copy_latency_s = o.get_double("h2d_copy_latency_us", 0.0, 1e6) * 1e-6;
-  g.cuda_context_bytes = o.get_uint_or("cuda_context_mib", 500, 0, 1u << 20) << 20;
+  g.description = o.get_string_or("description", g.description);
+  // Per-GPU numbers: required without a base, optional overrides with one.
+  auto num = [&](std::string_view key, double current, double lo, double hi) {
+    return has_base ? o.get_double_or(key, current, lo, hi) : o.get_double(key, lo, hi);
+  };
+  g.memory_bytes = (has_base ? o.get_uint_or("memory_mib", g.memory_bytes >> 20, 64, 1u << 24)
+                             : o.get_uint("memory_mib", 64, 1u << 24))
+                   << 20;
+  g.hbm_bandwidth = num("hbm_bandwidth_gbs", g.hbm_bandwidth / 1e9, 1.0, 1e6) * 1e9;
+  g.bf16_flops = num("bf16_tflops", g.bf16_flops / 1e12, 0.1, 1e6) * 1e12;
+  g.h2d_bandwidth = num("h2d_bandwidth_gbs", g.h2d_bandwidth / 1e9, 0.1, 1e4) * 1e9;
+  g.h2d_copy_latency_s = num("h2d_copy_latency_us", g.h2d_copy_latency_s * 1e6, 0.0, 1e6) * 1e-6;
+  g.cuda_context_bytes =
+      o.get_uint_or("cuda_context_mib", has_base ? g.cuda_context_bytes >> 20 : 500, 0, 1u << 20) << 20;
+  g.gpus = static_cast<std::uint32_t>(o.get_uint_or("gpus", 1, 1, 64));
+  if (g.gpus > 1 && !o.has("interconnect"))
+    throw ConfigError(what + ".interconnect", "(missing)",
+                      "is required when gpus > 1 (the all-reduces of tensor parallelism cross it)");
+  if (o.has("interconnect")) {
+    const JsonObject ic = o.get_object("interconnect");
+    ic.reject_unknown({"description", "allreduce_bus_bandwidth_gbs", "allreduce_latency_us"});
+    g.interconnect = ic.get_string_or("description", "");
+    g.allreduce_bus_bandwidth = ic.get_double("allreduce_bus_bandwidth_gbs", 0.1, 1e4) * 1e9;
+    g.allreduce_latency_s = ic.get_double("allreduce_latency_us", 0.0, 1e5) * 1e-6;
+  }
   if (o.has("sources")) {
     const JsonObject s = o.get_object("sources");
-    for (auto it = s.raw().begin(); it != s.raw().end(); ++it)
-      g.sources.emplace_back(it.key(), s.get_string(it.key()));
+    for (auto it = s.raw().begin(); it != s.raw().end(); ++it) {
+      const std::string text = s.get_string(it.key());
+      auto same = std::find_if(g.sources.begin(), g.sources.end(),
+                               [&](const auto& f) { return f.first == it.key(); });
+      if (same != g.sources.end())
+        same->second = text;
+      else
+        g.sources.emplace_back(it.key(), text);
+    }
   }
   return g;
 }
+}  // namespace
+
+GpuProfile parse_gpu(std::string_view json_text, const std::string& what) {
+  return parse_gpu_with(json_text, what, gpu_catalog());
+}
 
 const std::vector<GpuProfile>& gpu_catalog() {
+  // One-GPU profiles first, then the multi-GPU machines built on them (`base`).
   static const std::vector<GpuProfile> catalog = [] {
     std::vector<GpuProfile> v;
-    for (const EmbeddedFile& f : embedded_gpu_files())
-      v.push_back(parse_gpu(f.text, "gpu file " + std::string(f.name)));
+    for (int pass = 0; pass < 2; ++pass)
+      for (const EmbeddedFile& f : embedded_gpu_files()) {
+        const bool based = nlohmann::json::parse(f.text).contains("base");
+        if (based == (pass == 1)) v.push_back(parse_gpu_with(f.text, "gpu file " + std::string(f.name), v));
+      }
     return v;
   }();
   return catalog;
@@ -65,7 +128,8 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   o.reject_unknown({"name", "calibrated", "source", "moe_memory_efficiency", "moe_compute_efficiency",
                     "dense_memory_efficiency", "dense_compute_efficiency", "attention_memory_efficiency",
                     "attention_compute_efficiency", "per_layer_overhead_us", "step_overhead_us",
-                    "h2d_bandwidth_scale"});
+                    "h2d_bandwidth_scale", "int8_moe_memory_scale", "int8_moe_compute_scale",
+                    "int4_moe_memory_scale", "int4_moe_compute_scale"});
   CostModelParams p;
   p.name = o.get_string_or("name", "unnamed");
   p.source = o.get_string_or("source", "");
@@ -80,6 +144,11 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   p.per_layer_overhead_s = o.get_double("per_layer_overhead_us", 0.0, 1e6) * 1e-6;
   p.step_overhead_s = o.get_double("step_overhead_us", 0.0, 1e7) * 1e-6;
   p.h2d_bandwidth_scale = o.get_double_or("h2d_bandwidth_scale", 1.0, 0.01, 2.0);
+  // Optional (older files lack them): the MoE kernel's efficiency on quantized experts relative to bf16.
+  p.int8.memory = o.get_double_or("int8_moe_memory_scale", p.int8.memory, 0.05, 1.0);
+  p.int8.compute = o.get_double_or("int8_moe_compute_scale", p.int8.compute, 0.05, 1.0);
+  p.int4.memory = o.get_double_or("int4_moe_memory_scale", p.int4.memory, 0.05, 1.0);
+  p.int4.compute = o.get_double_or("int4_moe_compute_scale", p.int4.compute, 0.05, 1.0);
   return p;
 }
 
@@ -108,6 +177,10 @@ std::string cost_model_to_json(const CostModelParams& p) {
   j["per_layer_overhead_us"] = p.per_layer_overhead_s * 1e6;
   j["step_overhead_us"] = p.step_overhead_s * 1e6;
   j["h2d_bandwidth_scale"] = p.h2d_bandwidth_scale;
+  j["int8_moe_memory_scale"] = p.int8.memory;
+  j["int8_moe_compute_scale"] = p.int8.compute;
+  j["int4_moe_memory_scale"] = p.int4.memory;
+  j["int4_moe_compute_scale"] = p.int4.compute;
   return j.dump(2) + "\n";
 }
 

@@ -1,5 +1,6 @@
 // GPU profiles (memory, HBM bandwidth, bf16 tensor rate, pinned host-to-device bandwidth and per-copy
-// latency) and the simulator's cost-model parameters. Both are JSON files under reference_engine/data/,
+// latency; for a machine of N identical GPUs, the interconnect its tensor-parallel all-reduces cross) and the
+// simulator's cost-model parameters. Both are JSON files under reference_engine/data/,
 // compiled into the binary; each number's source is recorded in the file itself (`sources`). A GPU
 // calibration run writes a cost-model file of the same format (CostModelParams), read with --cost-model.
 #pragma once
@@ -11,21 +12,47 @@
 
 namespace amoeba::engine {
 
+// One GPU, or N identical GPUs serving one model with tensor parallelism. A multi-GPU file names its per-GPU
+// profile (`base`) and adds the count and the interconnect:
+//   {"name": "2x-rtx5090", "base": "rtx5090", "gpus": 2,
+//    "interconnect": {"description": "...", "allreduce_bus_bandwidth_gbs": 20, "allreduce_latency_us": 15},
+//    "sources": {...}}
+// Memory, bandwidths and rates stay per GPU: each GPU has its own PCIe link to the host.
 struct GpuProfile {
-  std::string name, description;
+  std::string name, description, base;
   std::uint64_t memory_bytes = 0;
   double hbm_bandwidth = 0;  // bytes/s
   double bf16_flops = 0;     // FLOP/s (dense)
   double h2d_bandwidth = 0;  // bytes/s, pinned, large copies
   double h2d_copy_latency_s = 0;
   std::uint64_t cuda_context_bytes = 0;
+  std::uint32_t gpus = 1;  // tensor-parallel degree
+  // All-reduce over the N GPUs (NCCL ring): time = latency + 2 (N - 1) / N x bytes / bus bandwidth (busbw).
+  std::string interconnect;
+  double allreduce_bus_bandwidth = 0;  // bytes/s
+  double allreduce_latency_s = 0;
   std::vector<std::pair<std::string, std::string>> sources;  // field -> where the number comes from
+
+  // Time of one all-reduce of `bytes` over the GPUs; 0 on one GPU.
+  double allreduce_time(double bytes) const noexcept {
+    if (gpus <= 1) return 0;
+    return allreduce_latency_s + 2.0 * double(gpus - 1) / double(gpus) * bytes / allreduce_bus_bandwidth;
+  }
 };
 
 GpuProfile parse_gpu(std::string_view json_text, const std::string& what);
 const std::vector<GpuProfile>& gpu_catalog();
 // A catalog name or a path to a .json file; unknown names throw ConfigError listing the known ones.
 GpuProfile find_gpu(const std::string& name_or_path);
+
+// How the MoE kernel finds expert weights. kPaged: the paged kernel reads experts in place, from their pages
+// or a load-buffer slot (DESIGN §3.5). kGather: a kernel that needs one contiguous expert tensor; before each
+// MoE layer every expert it routes to is first copied from its pages into a contiguous workspace (the unified
+// pool without the paged kernel: the paper's ablation step "+ adjuster" before "+ paged kernel").
+enum class MoeKernel : std::uint8_t { kPaged, kGather };
+std::string_view to_string(MoeKernel k) noexcept;
+// "paged" or "gather"; anything else throws ConfigError(field, value, rule).
+MoeKernel moe_kernel_from_string(const std::string& s, const std::string& field);
 
 // Efficiency factors and overheads of the simulated step (see sim_backend.hpp for the formulas).
 struct CostModelParams {
@@ -37,6 +64,12 @@ struct CostModelParams {
   double per_layer_overhead_s = 30e-6;
   double step_overhead_s = 1e-3;
   double h2d_bandwidth_scale = 1.0;  // measured / profile bandwidth, written by calibration
+  // The MoE kernel on quantized experts: multipliers on moe_{memory,compute}_efficiency (dequantisation in
+  // the kernel's inner loop). bf16 is 1 by definition. Uncalibrated until measured from the kernel.
+  struct PrecisionScale {
+    double memory = 1.0, compute = 1.0;
+  };
+  PrecisionScale int8{0.95, 0.85}, int4{0.90, 0.75};
 };
 
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what);

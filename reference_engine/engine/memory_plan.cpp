@@ -41,12 +41,13 @@ MemoryPlan plan_memory(const ModelSpec& model, const GpuProfile& gpu, const Memo
   const std::uint64_t per_token =
       2ull * (8ull * model.hidden_size + 3ull * model.top_k * model.moe_intermediate_size +
               (std::uint64_t(model.num_heads) + 2ull * model.num_kv_heads) * model.head_dim);
-  p.activation_bytes =
-      std::uint64_t(max_num_batched_tokens) * per_token + std::uint64_t(max_num_seqs) * model.vocab_size * 4;
+  p.activation_bytes = std::uint64_t(max_num_batched_tokens) * per_token +
+                       std::uint64_t(max_num_seqs) * model.logits_vocab() * 4;
   p.load_buffer_experts = load_buffer_experts;
-  p.load_buffer_bytes = 2ull * load_buffer_experts * model.expert_bytes();
+  p.load_buffer_bytes = 2ull * load_buffer_experts * model.expert_transfer_bytes();
   const std::uint64_t fixed = p.context_bytes + p.non_expert_bytes + p.activation_bytes + p.load_buffer_bytes;
-  const std::string who = model.name + " on " + gpu.name + " (policy " + policy + ")";
+  const std::string who =
+      model.name + " on " + gpu.name + " (policy " + policy + ")" + (gpu.gpus > 1 ? ", per GPU" : "");
   if (fixed >= p.budget_bytes)
     throw ConfigError("memory", who,
                       "does not fit: context, non-expert weights, activations and load buffers need " +

@@ -1,11 +1,12 @@
 // Memory accounting on one GPU (DESIGN §3.6, §4): what the unified pool gets and which experts start
-// resident. A configuration that cannot fit is refused before start with the numbers (ConfigError).
+// resident. A configuration that cannot fit is refused before start with the numbers (ConfigError). On N
+// GPUs (tensor parallelism) the model is one GPU's shard (shard_model) and every number is that GPU's.
 //
 //   budget       = min(GPU memory, memory cap) x usable_fraction        (vLLM's gpu_memory_utilization)
 //   pool         = budget - CUDA context - non-expert weights - activation workspace
-//                  - two load buffers of expert_offload_limit experts each
+//                  - two load buffers of expert_offload_limit experts each (their transfer bytes)
 //   activations  = max_num_batched_tokens x 2 B x (8 H + 3 k F + (heads + 2 kv_heads) x head_dim)
-//                  + max_num_seqs x vocab x 4 B (fp32 logits)
+//                  + max_num_seqs x vocab x 4 B (fp32 logits; the whole vocabulary, gathered on one GPU)
 // The pool must hold the policy's initial resident experts plus the KV (and state) of one request of
 // max_model_len tokens, as vLLM requires of its KV cache.
 #pragma once

@@ -1,6 +1,9 @@
 // Model catalog parsing and derived sizes; see model.hpp.
 #include "engine/model.hpp"
 
+#include <algorithm>
+#include <numeric>
+
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
@@ -9,6 +12,68 @@
 #include "engine/json_fields.hpp"
 
 namespace amoeba::engine {
+
+std::string_view to_string(ExpertPrecision p) noexcept {
+  switch (p) {
+    case ExpertPrecision::kBf16:
+      return "bf16";
+    case ExpertPrecision::kInt8:
+      return "int8";
+    case ExpertPrecision::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+ExpertPrecision expert_precision_from_string(const std::string& s, const std::string& field) {
+  for (ExpertPrecision p : {ExpertPrecision::kBf16, ExpertPrecision::kInt8, ExpertPrecision::kInt4})
+    if (s == to_string(p)) return p;
+  throw ConfigError(field, s, "must be bf16, int8 or int4");
+}
+
+namespace {
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) {
+  return (a + b - 1) / b;
+}
+std::uint64_t round_up(std::uint64_t a, std::uint64_t b) {
+  return ceil_div(a, b) * b;
+}
+}  // namespace
+
+std::uint64_t ModelSpec::expert_scale_bytes() const noexcept {
+  if (expert_precision == ExpertPrecision::kBf16) return 0;
+  const std::uint64_t f = moe_intermediate_size, h = hidden_size;
+  // W1, W3: F rows of K = H; W2: H rows of K = F. One bf16 scale per kQuantGroup values along K.
+  return 2 * std::max(f * ceil_div(h, kQuantGroup), h * ceil_div(f, kQuantGroup));
+}
+
+std::uint64_t ModelSpec::expert_page_payload_bytes() const noexcept {
+  const std::uint64_t values = std::uint64_t(moe_intermediate_size) * hidden_size;
+  switch (expert_precision) {
+    case ExpertPrecision::kBf16:
+      return values * 2;
+    case ExpertPrecision::kInt8:
+      return round_up(values + expert_scale_bytes(), 16);
+    case ExpertPrecision::kInt4:
+      return round_up(ceil_div(values, 2) + expert_scale_bytes(), 16);
+  }
+  return 0;
+}
+
+std::uint64_t ModelSpec::expert_page_bytes() const noexcept {
+  const std::uint64_t p = expert_page_payload_bytes();
+  if (expert_precision == ExpertPrecision::kBf16) return p;
+  // A quantized payload is rarely a power of two times a small factor, so a KV page that divides it may need
+  // much padding (DESIGN §3.1's rule for MLA). Padding the expert page to a multiple of the KV page instead
+  // costs (page - payload) per expert page; take whichever wastes the smaller fraction.
+  const std::uint64_t kv = 16 * kv_bytes_per_token_layer();
+  const std::uint64_t kv_page = p % kv == 0 ? kv : smallest_divisor_at_least(p, kv);
+  const std::uint64_t padded = round_up(p, kv);
+  if (kv_page == 0) return padded;
+  const double kv_waste = double(kv_page - kv) / double(kv_page);
+  const double expert_waste = double(padded - p) / double(padded);
+  return expert_waste < kv_waste ? padded : p;
+}
 
 std::uint32_t ModelSpec::attention_layers() const noexcept {
   if (!linear) return num_layers;
@@ -76,6 +141,7 @@ std::uint64_t ModelSpec::non_expert_params() const noexcept {
 PageGeometry page_geometry(const ModelSpec& m) {
   PageGeometry g;
   g.expert_page_bytes = m.expert_page_bytes();
+  g.expert_payload_bytes = m.expert_page_payload_bytes();
   g.kv_payload_bytes = PageGeometry::kTokensPerKvPage * m.kv_bytes_per_token_layer();
   g.kv_page_bytes = g.expert_page_bytes % g.kv_payload_bytes == 0
                         ? g.kv_payload_bytes
@@ -93,8 +159,61 @@ PageGeometry page_geometry(const ModelSpec& m) {
     if (g.conv_page_bytes == 0)
       throw_config_error("model " + m.name + ".conv_page_bytes", g.conv_payload_bytes,
                          "no divisor of the expert page is at least this large");
+    // The large page is lcm(expert page, SSM page) (DESIGN §3.1); a bf16 catalog model has one dividing the
+    // other. A quantized or sharded expert page may not: keep the large page a modest multiple of both.
+    const std::uint64_t large = std::lcm(g.expert_page_bytes, g.ssm_page_bytes);
+    if (large > PageGeometry::kMaxLargePageBytes)
+      throw_config_error("model " + m.name + ".large_page_bytes", large,
+                         "lcm of the expert page (" + std::to_string(g.expert_page_bytes) +
+                             " B) and the SSM page (" + std::to_string(g.ssm_page_bytes) +
+                             " B) must be at most " + std::to_string(PageGeometry::kMaxLargePageBytes) +
+                             " B");
   }
   return g;
+}
+
+ModelSpec shard_model(const ModelSpec& m, std::uint32_t tp, ExpertPrecision precision,
+                      const std::string& field) {
+  if (tp == 0) throw ConfigError(field, "0", "must be at least 1");
+  ModelSpec s = m;
+  s.expert_precision = precision;
+  if (tp == 1) {
+    (void)page_geometry(s);
+    return s;
+  }
+  const std::string what = "model " + m.name;
+  auto split = [&](std::uint32_t v, const char* name) {
+    if (v % tp != 0)
+      throw ConfigError(
+          field, std::to_string(tp),
+          what + "." + name + " = " + std::to_string(v) + " must be a multiple of the GPU count");
+    return v / tp;
+  };
+  s.tensor_parallel = tp;
+  s.full_vocab_size = m.vocab_size;
+  s.vocab_size = static_cast<std::uint32_t>(ceil_div(m.vocab_size, tp));  // vocab-parallel embedding, LM head
+  s.num_heads = split(m.num_heads, "num_heads");
+  if (m.attention == AttentionKind::kGqa) {
+    if (m.num_kv_heads % tp != 0 && tp % m.num_kv_heads != 0)
+      throw ConfigError(field, std::to_string(tp),
+                        what + ".num_kv_heads = " + std::to_string(m.num_kv_heads) +
+                            " must be a multiple or a divisor of the GPU count");
+    s.num_kv_heads = std::max<std::uint32_t>(1, m.num_kv_heads / tp);  // replicated when tp > kv heads
+  }
+  s.moe_intermediate_size = split(m.moe_intermediate_size, "moe_intermediate_size");
+  s.shared_expert_intermediate_size =
+      split(m.shared_expert_intermediate_size, "shared_expert_intermediate_size");
+  s.dense_intermediate_size = split(m.dense_intermediate_size, "dense_intermediate_size");
+  if (s.linear) {
+    s.linear->num_key_heads = split(m.linear->num_key_heads, "linear_attention.num_key_heads");
+    s.linear->num_value_heads = split(m.linear->num_value_heads, "linear_attention.num_value_heads");
+  }
+  if (s.expert_page_payload_bytes() % 16 != 0)
+    throw ConfigError(field, std::to_string(tp),
+                      what + ": one GPU's expert page (" + std::to_string(s.expert_page_payload_bytes()) +
+                          " B) must be a multiple of 16 bytes");
+  (void)page_geometry(s);
+  return s;
 }
 
 ModelSpec parse_model(std::string_view json_text, const std::string& what) {
@@ -167,10 +286,6 @@ ModelSpec parse_model(std::string_view json_text, const std::string& what) {
     s.conv_kernel_size = static_cast<std::uint32_t>(l.get_uint("conv_kernel_size", 2, 64));
     s.state_bytes_per_value = static_cast<std::uint32_t>(l.get_uint_or("state_bytes_per_value", 2, 1, 8));
     m.linear = s;
-    if (m.expert_page_bytes() % m.ssm_state_bytes() != 0 && m.ssm_state_bytes() % m.expert_page_bytes() != 0)
-      throw_config_error(what + ".linear_attention", m.ssm_state_bytes(),
-                         "SSM state bytes must divide or be a multiple of the expert page (" +
-                             std::to_string(m.expert_page_bytes()) + " bytes)");
   }
   (void)page_geometry(m);  // checks that the pages nest
   return m;

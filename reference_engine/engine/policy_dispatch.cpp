@@ -46,11 +46,13 @@ typename Adj::capacity_rule_type capacity_for(const RunSetup& s) {
 
 template <class Pool>
 typename Pool::Layout pool_layout(const PageGeometry& g) {
+  // A padded (quantized) expert page reports its payload; a bf16 page is all payload.
+  const PageSpec expert{g.expert_page_bytes, g.expert_padding_bytes() > 0 ? g.expert_payload_bytes : 0};
   if constexpr (std::is_same_v<Pool, HybridMoePool>) {
-    return {PageSpec{g.expert_page_bytes, 0}, PageSpec{g.ssm_page_bytes, 0},
-            PageSpec{g.kv_page_bytes, g.kv_payload_bytes}, PageSpec{g.conv_page_bytes, g.conv_payload_bytes}};
+    return {expert, PageSpec{g.ssm_page_bytes, 0}, PageSpec{g.kv_page_bytes, g.kv_payload_bytes},
+            PageSpec{g.conv_page_bytes, g.conv_payload_bytes}};
   } else {
-    return {PageSpec{g.expert_page_bytes, 0}, PageSpec{g.kv_page_bytes, g.kv_payload_bytes}};
+    return {expert, PageSpec{g.kv_page_bytes, g.kv_payload_bytes}};
   }
 }
 
@@ -58,7 +60,8 @@ template <class Backend>
 Backend make_backend(const RunSetup& s);
 template <>
 SimBackend make_backend<SimBackend>(const RunSetup& s) {
-  return SimBackend(s.model, s.gpu, s.cost, s.scenario->predictor, s.offload_limit, s.scenario->seed);
+  return SimBackend(s.model, s.gpu, s.cost, s.scenario->predictor, s.offload_limit, s.scenario->seed,
+                    s.moe_kernel);
 }
 
 template <class Pool, class Adj, class Backend>
@@ -97,7 +100,7 @@ RunResult run_engine(const RunSetup& s) {
     if (s.options.recorder && engine.last_step().routed_layers() > 0)
       s.options.recorder->add(engine.last_plan().batch, engine.last_step());
   RunResult r = engine.result();
-  r.policy = s.policy;
+  r.policy = s.label;
   r.pool_bytes = s.memory.pool_bytes;
   r.initial_kv_bytes = s.memory.initial_kv_bytes();
   r.load_buffer_experts = s.offload_limit;
@@ -180,13 +183,21 @@ std::vector<std::string> all_policy_names() {
 
 RunSetup prepare_run(const Scenario& sc, const std::string& policy, const std::vector<Request>& trace,
                      const RunOptions& options) {
+  return prepare_run(sc, RunVariant{policy, policy, std::nullopt}, trace, options);
+}
+
+RunSetup prepare_run(const Scenario& sc, const RunVariant& run, const std::vector<Request>& trace,
+                     const RunOptions& options) {
+  const std::string& policy = run.policy;
   const PolicyEntry& entry = find_policy(policy);
   const BackendEntry& backend = find_backend(sc.backend);
   RunSetup s;
   s.backend = backend.kind;
   s.scenario = &sc;
-  s.model = find_model(sc.model);
   s.gpu = find_gpu(sc.gpu);
+  s.model = shard_model(find_model(sc.model), s.gpu.gpus, sc.expert_precision, "gpu " + s.gpu.name + ".gpus");
+  s.label = run.label;
+  s.moe_kernel = run.moe_kernel.value_or(sc.moe_kernel);
   s.cost = find_cost_model(sc.cost_model);
   s.geometry = page_geometry(s.model);
   s.policy = policy;

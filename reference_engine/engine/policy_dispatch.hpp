@@ -33,6 +33,7 @@
 namespace amoeba::engine {
 
 struct Scenario;
+struct RunVariant;
 
 enum class CapacityKind : std::uint8_t { kStatic, kFixed, kElastic };
 enum class BackendKind : std::uint8_t { kSim };
@@ -59,12 +60,14 @@ struct RunOptions {
 // Everything a run needs, resolved from a Scenario (names looked up, memory planned).
 struct RunSetup {
   const Scenario* scenario = nullptr;
-  ModelSpec model;
+  ModelSpec model;  // one GPU's shard (shard_model): the engine plans and prices one GPU of gpu.gpus
   GpuProfile gpu;
   CostModelParams cost;
   PageGeometry geometry;
   MemoryPlan memory;
   std::string policy;
+  std::string label;  // what the run is called in results (the policy, or a RunVariant's label)
+  MoeKernel moe_kernel = MoeKernel::kPaged;
   CapacityKind capacity = CapacityKind::kStatic;
   BackendKind backend = BackendKind::kSim;
   std::uint32_t offload_limit = 0;       // per layer; sizes the load buffers
@@ -91,6 +94,8 @@ std::vector<std::string> all_policy_names();
 
 // Resolves names and plans memory for one policy (throws ConfigError when it cannot fit).
 RunSetup prepare_run(const Scenario& s, const std::string& policy, const std::vector<Request>& trace,
+                     const RunOptions& options);
+RunSetup prepare_run(const Scenario& s, const RunVariant& run, const std::vector<Request>& trace,
                      const RunOptions& options);
 RunResult run_policy(const RunSetup& setup);
 

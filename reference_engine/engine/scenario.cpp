@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
+#include "engine/embedded_data.hpp"
 #include "engine/json_fields.hpp"
 #include "engine/policy_dispatch.hpp"
 
@@ -21,7 +22,8 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, "config");
   o.reject_unknown({"backend", "model", "gpu", "cost_model", "memory_cap_gib", "usable_fraction", "workload",
-                    "policies", "engine", "experts", "routing", "predictor"});
+                    "policies", "engine", "experts", "routing", "predictor", "expert_precision", "moe_kernel",
+                    "runs"});
   s.backend = o.get_string_or("backend", s.backend);
   s.model = o.get_string_or("model", s.model);
   s.gpu = o.get_string_or("gpu", s.gpu);
@@ -117,6 +119,92 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
     s.predictor.accuracy =
         p.get_double_or("accuracy", s.predictor.accuracy, ranges::kUnit.min, ranges::kUnit.max);
   }
+  if (o.has("expert_precision"))
+    s.expert_precision =
+        expert_precision_from_string(o.get_string("expert_precision"), "config.expert_precision");
+  if (o.has("moe_kernel"))
+    s.moe_kernel = moe_kernel_from_string(o.get_string("moe_kernel"), "config.moe_kernel");
+  if (o.has("runs")) {
+    const nlohmann::json& r = o.raw().at("runs");
+    if (!r.is_array() || r.empty()) throw ConfigError("config.runs", r.dump(), "must be a non-empty array");
+    s.runs.clear();
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      const std::string path = "config.runs[" + std::to_string(i) + "]";
+      const JsonObject x(r[i], path);
+      x.reject_unknown({"label", "policy", "moe_kernel"});
+      RunVariant v;
+      v.policy = x.get_string("policy");
+      v.label = x.get_string_or("label", v.policy);
+      if (v.label.empty() || v.label.size() > 40 || v.label.find_first_of(",\"\n\r") != std::string::npos)
+        throw ConfigError(path + ".label", v.label,
+                          "must be 1 to 40 characters without commas, quotes or newlines");
+      if (x.has("moe_kernel"))
+        v.moe_kernel = moe_kernel_from_string(x.get_string("moe_kernel"), path + ".moe_kernel");
+      for (const RunVariant& w : s.runs)
+        if (w.label == v.label) throw ConfigError(path + ".label", v.label, "must be unique among the runs");
+      s.runs.push_back(std::move(v));
+    }
+  }
+  return s;
+}
+
+std::vector<RunVariant> scenario_runs(const Scenario& s) {
+  if (!s.runs.empty()) return s.runs;
+  std::vector<RunVariant> v;
+  for (const std::string& p : s.policies) v.push_back(RunVariant{p, p, std::nullopt});
+  return v;
+}
+
+NamedScenario parse_named_scenario(std::string_view json_text, const std::string& what) {
+  const nlohmann::json j = parse_json_text(json_text, what);
+  const JsonObject o(j, what);
+  o.reject_unknown({"name", "description", "paper", "choices", "sweep", "config"});
+  NamedScenario n;
+  n.name = o.get_string("name");
+  if (n.name.empty()) throw ConfigError(what + ".name", "\"\"", "must not be empty");
+  n.description = o.get_string_or("description", "");
+  n.paper = o.get_string_or("paper", "");
+  n.choices = o.get_string_or("choices", "");
+  if (o.has("sweep")) {
+    const JsonObject w = o.get_object("sweep");
+    w.reject_unknown({"rates"});
+    if (!w.has("rates")) throw ConfigError(what + ".sweep.rates", "(missing)", "is required in a sweep");
+    const nlohmann::json& r = w.raw().at("rates");
+    if (!r.is_array()) throw ConfigError(what + ".sweep.rates", r.dump(), "must be an array of numbers");
+    for (const nlohmann::json& x : r) {
+      if (!x.is_number() || !(x.get<double>() > 0) || !std::isfinite(x.get<double>()))
+        throw ConfigError(what + ".sweep.rates", x.dump(), "each rate must be a finite number > 0");
+      n.sweep_rates.push_back(x.get<double>());
+    }
+  }
+  (void)o.get_object("config");
+  n.config_json = j.at("config").dump();
+  (void)parse_scenario(n.config_json, what + ".config");  // validates the config now, not at first use
+  return n;
+}
+
+const std::vector<NamedScenario>& scenario_catalog() {
+  static const std::vector<NamedScenario> catalog = [] {
+    std::vector<NamedScenario> v;
+    for (const EmbeddedFile& f : embedded_scenario_files())
+      v.push_back(parse_named_scenario(f.text, "scenario file " + std::string(f.name)));
+    return v;
+  }();
+  return catalog;
+}
+
+const NamedScenario& find_scenario(const std::string& name) {
+  std::string known;
+  for (const NamedScenario& n : scenario_catalog()) {
+    if (n.name == name) return n;
+    known += (known.empty() ? "" : ", ") + n.name;
+  }
+  throw ConfigError("--scenario", name, "unknown scenario (known: " + known + ")");
+}
+
+Scenario apply_named_scenario(const NamedScenario& n, Scenario base) {
+  Scenario s = parse_scenario(n.config_json, "scenario " + n.name, std::move(base));
+  s.name = n.name;
   return s;
 }
 
@@ -134,6 +222,13 @@ void validate_scenario(const Scenario& s) {
   if (s.requests < ranges::kRequests.min || s.requests > ranges::kRequests.max)
     throw_config_error("--requests", s.requests, range_rule(ranges::kRequests));
   real("--usable-fraction", s.memory.usable_fraction, ranges::kUsableFraction);
+  for (const RunVariant& v : s.runs) {
+    try {
+      (void)find_policy(v.policy);
+    } catch (const ConfigError& e) {
+      throw ConfigError("config.runs (" + v.label + ").policy", v.policy, e.rule());
+    }
+  }
   // The budget bounds how many steps one prompt's prefill takes; blame the flag a user lowers.
   if (s.scheduler.max_model_len > s.scheduler.max_num_batched_tokens * 64ull)
     throw_config_error(
@@ -199,6 +294,19 @@ std::string scenario_to_json(const Scenario& s, int indent) {
                   {"calibration_tokens", s.routing.calibration_tokens},
                   {"temporal_period", s.routing.temporal_period}};
   j["predictor"] = {{"kind", to_string(s.predictor.kind)}, {"accuracy", s.predictor.accuracy}};
+  j["expert_precision"] = to_string(s.expert_precision);
+  j["moe_kernel"] = to_string(s.moe_kernel);
+  if (!s.runs.empty()) {
+    nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+    for (const RunVariant& v : s.runs) {
+      nlohmann::ordered_json x;
+      x["label"] = v.label;
+      x["policy"] = v.policy;
+      if (v.moe_kernel) x["moe_kernel"] = to_string(*v.moe_kernel);
+      runs.push_back(x);
+    }
+    j["runs"] = runs;
+  }
   return j.dump(indent);
 }
 

@@ -16,8 +16,19 @@
 //   "routing": {"source": "synthetic", "ranking": "", "skew": 0.6, "cross_layer_correlation": 0.5,
 //   "locality": 0.9, "temporal_sigma": 0.3,
 //               "drift": 0, "calibration_tokens": 8192, "temporal_period": 8},
-//   "predictor": {"kind": "cross-layer", "accuracy": 0.9}
+//   "predictor": {"kind": "cross-layer", "accuracy": 0.9},
+//   "expert_precision": "bf16", "moe_kernel": "paged",
+//   "runs": [{"label": "fate", "policy": "fixed", "moe_kernel": "paged"}, ...]
 // }
+// expert_precision: bf16, int8 or int4, how routed experts are stored on the host, copied and paged;
+// moe_kernel: paged or gather (gpu.hpp, MoeKernel); runs: labelled runs instead of `policies`, each label
+// once. The GPU count (tensor parallelism) comes with the GPU profile ("gpu": "8x-rtx5090").
+//
+// Named scenarios (`--scenario NAME`, reference_engine/data/scenarios/NAME.json) wrap a config with what
+// the paper claims for that setting and what it leaves open:
+// {"name": ..., "description": ..., "paper": ..., "choices": ..., "sweep": {"rates": [...]},
+//  "config": {...}}
+// Precedence: defaults < --scenario < --config < flags.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +37,9 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/gpu.hpp"
 #include "engine/memory_plan.hpp"
+#include "engine/model.hpp"
 #include "engine/routing.hpp"
 #include "engine/scheduler.hpp"
 
@@ -59,8 +72,14 @@ inline constexpr RealRange kTemporalSigma{0.0, 4.0};
 inline constexpr CountRange kCalibrationTokens{1, 1u << 24};
 inline constexpr CountRange kTemporalPeriod{1, 1u << 20};
 }  // namespace ranges
+// One labelled run of an ablation: a policy and the MoE kernel it runs with.
+struct RunVariant {
+  std::string label, policy;
+  std::optional<MoeKernel> moe_kernel;  // unset: the scenario's
+};
 
 struct Scenario {
+  std::string name;             // the named scenario it started from ("" if none)
   std::string backend = "sim";  // a name from the backend table (policy_dispatch.hpp)
   std::string model = "qwen1.5-moe-a2.7b";
   std::string gpu = "rtx5090";
@@ -85,6 +104,9 @@ struct Scenario {
   // of `calibration_tokens` tokens drawn from the routing model.
   std::string ranking;
   PredictorParams predictor{};
+  ExpertPrecision expert_precision = ExpertPrecision::kBf16;
+  MoeKernel moe_kernel = MoeKernel::kPaged;
+  std::vector<RunVariant> runs;  // non-empty: these runs instead of `policies`
 
   // Fixed-cache offload per layer: the given value, else 10% of the layer's experts (rounded).
   std::uint32_t fixed_offload_for(std::uint32_t experts) const noexcept;
@@ -95,6 +117,22 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
 // Checks ranges and cross-field rules (policy names, max_model_len against the token budget); throws
 // ConfigError. Flags and --config are checked as they are read; this catches a Scenario built in code.
 void validate_scenario(const Scenario& s);
+// What ablate runs: `runs` if given, else one run per policy (labelled by the policy) with the scenario's
+// MoE kernel.
+std::vector<RunVariant> scenario_runs(const Scenario& s);
+
+// A named scenario: the config it applies and what the paper says about that setting.
+struct NamedScenario {
+  std::string name, description, paper, choices;
+  std::vector<double> sweep_rates;  // request rates docs/reproducing.md sweeps (may be empty)
+  std::string config_json;          // the "config" object, applied with parse_scenario
+};
+NamedScenario parse_named_scenario(std::string_view json_text, const std::string& what);
+const std::vector<NamedScenario>& scenario_catalog();
+// Throws ConfigError("--scenario", name, "unknown scenario (known: ...)").
+const NamedScenario& find_scenario(const std::string& name);
+// defaults < the named scenario: the Scenario it describes (name set).
+Scenario apply_named_scenario(const NamedScenario& n, Scenario base = {});
 // "must be ... in [min, max]" for error messages, the same words for flags and config fields.
 std::string range_rule(RealRange r);
 std::string range_rule(CountRange r);

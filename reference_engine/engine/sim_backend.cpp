@@ -10,17 +10,26 @@ namespace amoeba::engine {
 
 SimBackend::SimBackend(const ModelSpec& model, const GpuProfile& gpu, const CostModelParams& cost,
                        const PredictorParams& predictor, std::uint32_t load_buffer_experts,
-                       std::uint64_t seed)
+                       std::uint64_t seed, MoeKernel kernel)
     : model_(model),
       gpu_(gpu),
       cost_(cost),
       predictor_(predictor),
+      kernel_(kernel),
+      moe_memory_efficiency_(cost.moe_memory_efficiency),
+      moe_compute_efficiency_(cost.moe_compute_efficiency),
       planner_(LoaderShape{model.moe_layers(), model.num_experts, load_buffer_experts}),
       rng_(seed, 31),
       touched_(model.num_experts),
       resident_(model.num_experts),
       predicted_flags_(model.num_experts),
-      routed_flags_(model.num_experts) {}
+      routed_flags_(model.num_experts) {
+  if (model.expert_precision != ExpertPrecision::kBf16) {
+    const auto& scale = model.expert_precision == ExpertPrecision::kInt8 ? cost.int8 : cost.int4;
+    moe_memory_efficiency_ *= scale.memory;
+    moe_compute_efficiency_ *= scale.compute;
+  }
+}
 
 double SimBackend::roofline(double bytes, double flops, double mem_eff, double comp_eff) const noexcept {
   return std::max(bytes / (gpu_.hbm_bandwidth * mem_eff), flops / (gpu_.bf16_flops * comp_eff)) +
@@ -53,10 +62,21 @@ double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) c
 double SimBackend::moe_time(std::uint64_t tokens, std::uint64_t distinct_experts) const {
   const double t = double(tokens), h = model_.hidden_size;
   const double shared = 3.0 * h * model_.shared_expert_intermediate_size * model_.num_shared_experts;
-  const double bytes =
-      double(distinct_experts) * double(model_.expert_bytes()) + 2.0 * shared + 2.0 * h * model_.num_experts;
+  const double bytes = double(distinct_experts) * double(model_.expert_transfer_bytes()) + 2.0 * shared +
+                       2.0 * h * model_.num_experts;
   const double flops = 2.0 * t * model_.top_k * 3.0 * model_.moe_intermediate_size * h + 2.0 * t * shared;
-  return roofline(bytes, flops, cost_.moe_memory_efficiency, cost_.moe_compute_efficiency);
+  return roofline(bytes, flops, moe_memory_efficiency_, moe_compute_efficiency_);
+}
+
+double SimBackend::allreduce_time(std::uint64_t tokens) const noexcept {
+  return gpu_.allreduce_time(double(tokens) * model_.hidden_size * 2.0);
+}
+
+double SimBackend::gather_time(std::uint64_t experts) const noexcept {
+  if (kernel_ == MoeKernel::kPaged || experts == 0) return 0;
+  return 2.0 * double(experts) * double(model_.expert_transfer_bytes()) /
+             (gpu_.hbm_bandwidth * cost_.dense_memory_efficiency) +
+         cost_.per_layer_overhead_s;
 }
 
 double SimBackend::copy_time(std::uint64_t calls, std::uint64_t bytes) const {
@@ -73,7 +93,9 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
   out.clear();
   const std::uint32_t experts = model_.num_experts;
   const std::uint32_t moe_layers = model_.moe_layers();
-  const std::uint64_t expert_bytes = model_.expert_bytes();
+  const std::uint64_t expert_bytes = model_.expert_transfer_bytes();
+  const bool tensor_parallel = gpu_.gpus > 1;
+  const double allreduce = tensor_parallel ? allreduce_time(batch.tokens) : 0.0;
   const double h = model_.hidden_size;
   double t = cost_.step_overhead_s, copy_free = t;
   out.compute_s = cost_.step_overhead_s;
@@ -123,9 +145,13 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
   for (std::uint32_t layer = 0; layer < model_.num_layers; ++layer) {
     const bool is_moe = layer >= model_.first_dense_layers;
     const double ta = attention_time(layer, batch);
-    const double attn_end = t + ta;
+    double attn_end = t + ta;
     out.attention_s += ta;
     out.compute_s += ta;
+    if (tensor_parallel) {  // attention's output projection is row-parallel: all-reduce before the FFN
+      attn_end += allreduce;
+      out.compute_s += allreduce;
+    }
     if (!is_moe) {
       const double p = 3.0 * h * model_.dense_intermediate_size;
       const double td = roofline(2.0 * p, 2.0 * double(batch.tokens) * p, cost_.dense_memory_efficiency,
@@ -133,6 +159,10 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
       t = attn_end + td;
       out.dense_s += td;
       out.compute_s += td;
+      if (tensor_parallel) {
+        t += allreduce;
+        out.compute_s += allreduce;
+      }
       continue;
     }
     const std::span<const std::uint32_t> routed = routing.layer_experts(m);
@@ -157,10 +187,15 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
     if (!demand->empty()) moe_ready = std::max(moe_ready, price(m, true, *demand, attn_end));
     if (m + 1 < moe_layers) ready = issue_prefetch(m + 1, attn_end);
     out.stall_s += moe_ready - attn_end;
-    const double tm = moe_time(batch.tokens, routed.size());
+    double tm = moe_time(batch.tokens, routed.size());
+    if (kernel_ == MoeKernel::kGather) tm += gather_time(routed.size());
     t = moe_ready + tm;
     out.moe_s += tm;
     out.compute_s += tm;
+    if (tensor_parallel) {  // the experts' down projection is row-parallel too
+      t += allreduce;
+      out.compute_s += allreduce;
+    }
     ++m;
   }
   const double lm = double(model_.vocab_size) * h;

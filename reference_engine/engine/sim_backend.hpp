@@ -14,12 +14,22 @@
 //              heads x head_dim (scores and values);
 //   linear attention (hybrid): bytes = weights + 2 x state bytes per sequence (read and write);
 //              FLOPs = 2 T x params + 4 T x value_heads x dk x dv;
-//   MoE: bytes = distinct experts touched x 3 expert pages + shared experts + router;
-//        FLOPs = 2 T x top_k x 3 x F x H + shared experts' 2 T x 3 x Fs x H;
+//   MoE: bytes = distinct experts touched x their transfer bytes (3 payloads: bf16, or int8/int4 weights and
+//        scales) + shared experts + router; FLOPs = 2 T x top_k x 3 x F x H + shared experts' 2 T x 3 x Fs x
+//        H; on quantized experts the efficiencies are scaled by the cost model's int8/int4 factors; with
+//        MoeKernel::kGather each layer first copies its routed experts into a contiguous workspace:
+//        + 2 x routed experts x transfer bytes / (HBM bandwidth x dense memory efficiency) +
+//        per_layer_overhead;
 //   dense FFN layers and the LM head (sampled sequences only) as dense GEMMs; plus step_overhead per step.
-// Copies (one copy engine, FIFO, pinned host memory): each copy call pays the profile's per-copy latency and
-//   its bytes move at the H2D bandwidth x h2d_bandwidth_scale. The planner's calls: a restore is 3 calls (one
-//   per reserved page), a buffered expert 1 (its matrices are contiguous in the host store and in the slot).
+// Tensor parallelism over N GPUs (GpuProfile::gpus > 1): the model is one GPU's shard (model.hpp,
+//   shard_model), so every size above is per GPU; each layer adds two all-reduces of T x hidden x 2 B on the
+//   compute stream (after attention, after the MoE or dense FFN), each latency + 2 (N-1)/N x bytes / busbw
+//   (GpuProfile::allreduce_time), counted in compute_s. On one GPU nothing is added.
+// Copies (one copy engine per GPU, FIFO, pinned host memory): each copy call pays the profile's per-copy
+//   latency and its bytes move at the H2D bandwidth x h2d_bandwidth_scale; each GPU moves its own shard of
+//   an expert over its own link, all at once, so one GPU's copies set the time. The planner's calls: a
+//   restore is 3 calls (one per reserved page), a buffered expert 1 (its matrices are contiguous in the host
+//   store and in the slot).
 // Timeline of MoE layer m: its prefetch queue (restores, then predicted experts) is issued when layer m-1's
 //   attention ends (the first at the start of the step), behind whatever the copy engine still has queued;
 //   layer m's attention runs without waiting; after it, the router's misses are queued; layer m's MoE waits
@@ -59,7 +69,8 @@ class SimBackend {
 
   // load_buffer_experts: slots per load buffer (= expert_offload_limit; 0 when nothing may be offloaded).
   SimBackend(const ModelSpec& model, const GpuProfile& gpu, const CostModelParams& cost,
-             const PredictorParams& predictor, std::uint32_t load_buffer_experts, std::uint64_t seed);
+             const PredictorParams& predictor, std::uint32_t load_buffer_experts, std::uint64_t seed,
+             MoeKernel kernel = MoeKernel::kPaged);
 
   static constexpr std::string_view name() noexcept { return "sim"; }
 
@@ -77,6 +88,10 @@ class SimBackend {
   // Pure compute time of one layer kind, exposed for tests and docs.
   double attention_time(std::uint32_t layer, const StepBatch& batch) const;
   double moe_time(std::uint64_t tokens, std::uint64_t distinct_experts) const;
+  // One tensor-parallel all-reduce of the hidden states of `tokens` tokens (0 on one GPU).
+  double allreduce_time(std::uint64_t tokens) const noexcept;
+  // MoeKernel::kGather: copying `experts` routed experts into a contiguous workspace (0 for kPaged).
+  double gather_time(std::uint64_t experts) const noexcept;
   // Copy-engine time of `calls` copy calls moving `bytes`.
   double copy_time(std::uint64_t calls, std::uint64_t bytes) const;
   double idle_step_s() const noexcept { return cost_.step_overhead_s; }
@@ -93,6 +108,8 @@ class SimBackend {
   GpuProfile gpu_;
   CostModelParams cost_;
   PredictorParams predictor_;
+  MoeKernel kernel_;
+  double moe_memory_efficiency_, moe_compute_efficiency_;  // the cost model's, scaled for the precision
   LoadPlanner planner_;
   Rng rng_;
   // Scratch reused across forwards.

@@ -4,6 +4,10 @@
 docs/plots/motivating.png        peak concurrency and forward steps per policy, next to the paper's numbers
 docs/plots/rate_sweep.png        throughput and TTFT p50 vs request rate, per policy
 docs/plots/offload_limit.png     throughput, TTFT and TPOT vs expert_offload_limit (elastic vs fixed)
+docs/plots/e2e.png               the paper's end-to-end settings: throughput, TTFT, TPOT vs rate per policy
+docs/plots/fate_ablation.png     Fate -> + unified pool -> + adjuster -> + paged kernel, next to the paper
+docs/plots/offload_limit_122b.png  expert_offload_limit on the 122B end-to-end setting
+docs/plots/elastic_rule.png      elastic/static throughput over (model, GPUs, precision, rate) and the rule
 """
 import csv
 import os
@@ -102,9 +106,144 @@ def offload_limit():
     fig.savefig(os.path.join(PLOTS, "offload_limit.png"), dpi=110)
 
 
+POLICY_STYLE = {"static": ("C0", "o"), "fixed": ("C1", "s"), "elastic": ("C3", "^")}
+
+
+def e2e():
+    data = rows("paper_e2e.csv")
+    names = sorted({x["scenario"] for x in data})
+    fig, ax = plt.subplots(len(names), 3, figsize=(13, 3.0 * len(names)), squeeze=False)
+    for i, n in enumerate(names):
+        for p in ["static", "fixed", "elastic"]:
+            pts = sorted((float(x["rate"]), x) for x in data if x["scenario"] == n and x["policy"] == p)
+            if not pts:
+                continue
+            c, m = POLICY_STYLE[p]
+            r = [a for a, _ in pts]
+            ax[i][0].plot(r, [float(x["throughput_tok_s"]) for _, x in pts], marker=m, color=c, label=p)
+            ax[i][1].plot(r, [max(float(x["ttft_p50_ms"]) / 1e3, 1e-3) for _, x in pts], marker=m, color=c, label=p)
+            ax[i][2].plot(r, [float(x["tpot_p50_ms"]) for _, x in pts], marker=m, color=c, label=p)
+        ax[i][0].set_ylabel(n.replace("e2e-", "") + "\noutput tok/s", fontsize=8)
+        ax[i][1].set_ylabel("TTFT p50 (s)")
+        ax[i][1].set_yscale("log")
+        ax[i][2].set_ylabel("TPOT p50 (ms)")
+        for a in ax[i]:
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7)
+    for a in ax[-1]:
+        a.set_xlabel("request rate (req/s)")
+    fig.suptitle("the paper's end-to-end settings, static (vLLM-like) / fixed (Fate-like) / elastic -- " + SIM,
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, "e2e.png"), dpi=90)
+
+
+def fate_ablation():
+    data = rows("paper_fate_ablation.csv")
+    steps = ["fate", "+unified-pool", "+adjuster", "+paged-kernel"]
+    rates = sorted({float(x["rate"]) for x in data})
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4))
+    w = 0.8 / (len(rates) + 1)
+    for k, rate in enumerate(rates):
+        base = next(x for x in data if float(x["rate"]) == rate and x["policy"] == "fate")
+        thr = [float(next(x for x in data if float(x["rate"]) == rate and x["policy"] == s)["throughput_tok_s"]) /
+               float(base["throughput_tok_s"]) for s in steps]
+        ttft = [float(next(x for x in data if float(x["rate"]) == rate and x["policy"] == s)["ttft_p50_ms"]) /
+                float(base["ttft_p50_ms"]) for s in steps]
+        xs = [i + k * w for i in range(len(steps))]
+        ax[0].bar(xs, thr, w, label=f"simulated, {rate:g} req/s")
+        ax[1].bar(xs, ttft, w, label=f"simulated, {rate:g} req/s")
+    xs = [i + len(rates) * w for i in range(len(steps))]
+    ax[0].bar(xs, [1.0, 1.0, 3.85, 4.19], w, color="k", alpha=0.6, label="paper (+ unified pool ~ 1)")
+    ax[1].bar(xs, [1.0, 1.0, 1 - 0.839, 1 - 0.978], w, color="k", alpha=0.6, label="paper")
+    ax[0].set_ylabel("throughput / Fate")
+    ax[1].set_ylabel("TTFT p50 / Fate")
+    ax[1].set_yscale("log")
+    for a in ax:
+        a.set_xticks([i + len(rates) * w / 2 for i in range(len(steps))])
+        a.set_xticklabels(steps)
+        a.axhline(1.0, color="gray", lw=0.8)
+        a.legend(fontsize=7)
+    fig.suptitle("ablation from Fate, Qwen3-30B-A3B bf16 on 2x RTX 5090 -- " + SIM, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, "fate_ablation.png"), dpi=100)
+
+
+def offload_limit_122b():
+    data = rows("paper_offload_limit_122b.csv")
+    fig, ax = plt.subplots(1, 3, figsize=(13, 4))
+    for p in ["fixed", "elastic"]:
+        c, m = POLICY_STYLE[p]
+        pts = sorted((int(x["expert_offload_limit"]), x) for x in data if x["policy"] == p)
+        lim = [a for a, _ in pts]
+        ax[0].plot(lim, [float(x["throughput_tok_s"]) for _, x in pts], marker=m, color=c, label=p)
+        ax[1].plot(lim, [float(x["ttft_p50_ms"]) / 1e3 for _, x in pts], marker=m, color=c, label=p)
+        ax[2].plot(lim, [float(x["tpot_p50_ms"]) for _, x in pts], marker=m, color=c, label=p)
+    ax[0].set_ylabel("output tokens/s")
+    ax[1].set_ylabel("TTFT p50 (s)")
+    ax[1].set_yscale("log")
+    ax[2].set_ylabel("TPOT p50 (ms)")
+    for a in ax:
+        a.set_xlabel("expert_offload_limit (per layer, of 256)")
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+    fig.suptitle("expert_offload_limit, Qwen3.5-122B-A10B bf16 on 8x RTX 5090 at 20 req/s -- " + SIM, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, "offload_limit_122b.png"), dpi=100)
+
+
+def elastic_rule():
+    import matplotlib.colors as mcolors
+    data = rows("paper_elastic_rule.csv")
+    label = lambda x: "{} | {} | {}{}".format(x["model"], x["gpu"], x["precision"],
+                                              " (usable 0.95)" if float(x["usable_fraction"]) > 0.92 else "")
+    labels = sorted({label(x) for x in data})
+    rates = sorted({float(x["rate"]) for x in data})
+    grid = [[float("nan")] * len(rates) for _ in labels]
+    fig, ax = plt.subplots(1, 2, figsize=(15, 0.36 * len(labels) + 2.2), gridspec_kw={"width_ratios": [1.5, 1]})
+    norm = mcolors.TwoSlopeNorm(vmin=0.6, vcenter=1.0, vmax=1.4)
+    for x in data:
+        i, j = labels.index(label(x)), rates.index(float(x["rate"]))
+        if x["static_fits"] != "True":
+            ax[0].text(j, i, "static does\nnot fit", ha="center", va="center", fontsize=5, color="gray")
+            continue
+        grid[i][j] = float(x["ratio"])
+        mark = ("pays" if x["rule_says_pays"] == "True" else "loses") if x["kv_bound"] == "True" else "not KV-bound"
+        ax[0].text(j, i, "{:.2f}\n{}".format(float(x["ratio"]), mark), ha="center", va="center", fontsize=5.5)
+    im = ax[0].imshow(grid, cmap="RdBu", norm=norm, aspect="auto")
+    ax[0].set_xticks(range(len(rates)))
+    ax[0].set_xticklabels([f"{r:g} req/s" for r in rates])
+    ax[0].set_yticks(range(len(labels)))
+    ax[0].set_yticklabels(labels, fontsize=7)
+    ax[0].set_title("elastic / static throughput (cell: simulated ratio; below it the rule's verdict)", fontsize=8)
+    fig.colorbar(im, ax=ax[0], fraction=0.03)
+    bound = [x for x in data if x["static_fits"] == "True" and x["kv_bound"] == "True"]
+    for x in bound:
+        rule = float(x["rule"])
+        ax[1].scatter(rule, float(x["ratio"]), color="C3" if "122b" in x["model"] else ("C0" if "1.5" in x["model"] else "C2"))
+        ax[1].annotate("{} {} {} @{:g}".format(x["model"].split("-")[0], x["gpu"], x["precision"], float(x["rate"])),
+                       (rule, float(x["ratio"])), fontsize=5.5)
+    ax[1].axvline(1.0, color="k", lw=1, ls="--", label="rule's boundary: f c kv / BW = T0 / B_s")
+    ax[1].axhline(1.0, color="gray", lw=0.8)
+    ax[1].set_xlabel("f c kv / BW  divided by  T0 / B_s   (PCIe time a held request costs per step / "
+                     "shared static step time per request)", fontsize=7)
+    ax[1].set_ylabel("elastic / static throughput")
+    ax[1].set_title("KV-bound cells (static peak < max_num_seqs, TTFT p99 > 1 s)", fontsize=8)
+    ax[1].legend(fontsize=7)
+    ax[1].grid(alpha=0.3)
+    fig.suptitle("when elastic pays -- " + SIM, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(PLOTS, "elastic_rule.png"), dpi=100)
+
+
 if __name__ == "__main__":
     os.makedirs(PLOTS, exist_ok=True)
     motivating()
     rate_sweep()
     offload_limit()
-    print("wrote docs/plots/motivating.png rate_sweep.png offload_limit.png")
+    e2e()
+    fate_ablation()
+    offload_limit_122b()
+    elastic_rule()
+    print("wrote docs/plots/motivating.png rate_sweep.png offload_limit.png e2e.png fate_ablation.png "
+          "offload_limit_122b.png elastic_rule.png")

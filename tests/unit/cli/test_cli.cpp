@@ -439,3 +439,31 @@ TEST_CASE("hostile: errors are clear and consistent - exit 2, the field named, n
   CHECK((WIFEXITED(raw) ? WEXITSTATUS(raw) : -1) == 2);
   CHECK_THAT(slurp(t / "stderr"), Catch::Contains("write failed"));
 }
+
+TEST_CASE("named scenarios, GPU sets and expert precision from the command line", "[cli][scenario]") {
+  TempDir t;
+  const Outcome l = amoeba(t, "scenarios");
+  REQUIRE(l.status == 0);
+  CHECK_THAT(l.out, Catch::Contains("motivating") && Catch::Contains("fate-ablation") &&
+                        Catch::Contains("e2e-qwen3.5-122b-a10b-8x-rtx5090") && Catch::Contains("paper:"));
+  // A labelled ablation on 2 simulated GPUs: every label in the table and the JSON, the deployment stated.
+  const Outcome o =
+      amoeba(t, "ablate --scenario fate-ablation --requests 40 --quiet --json " + (t / "f.json").string());
+  REQUIRE(o.status == 0);
+  CHECK_THAT(o.out, Catch::Contains("SIMULATED GPU") && Catch::Contains("+paged-kernel") &&
+                        Catch::Contains("2 x rtx5090, tensor parallel") && Catch::Contains("per GPU"));
+  const std::string j = slurp(t / "f.json");
+  CHECK_THAT(
+      j, Catch::Contains("\"label\": \"+unified-pool\"") && Catch::Contains("\"moe_kernel\": \"gather\""));
+  // Bad names and values exit 2 naming the flag, the value and the rule; nothing is written.
+  const Outcome s = amoeba(t, "ablate --scenario nope --json " + (t / "x.json").string());
+  CHECK(s.status == 2);
+  CHECK_THAT(s.err, Catch::Contains("--scenario = nope") && Catch::Contains("unknown scenario"));
+  const Outcome p = amoeba(t, "ablate --expert-precision fp8 --json " + (t / "x.json").string());
+  CHECK(p.status == 2);
+  CHECK_THAT(p.err, Catch::Contains("--expert-precision = fp8") && Catch::Contains("bf16, int8 or int4"));
+  const Outcome k = amoeba(t, "ablate --moe-kernel fast");
+  CHECK(k.status == 2);
+  CHECK_THAT(k.err, Catch::Contains("--moe-kernel = fast"));
+  CHECK_FALSE(fs::exists(t / "x.json"));
+}

@@ -20,7 +20,9 @@ TEST_CASE("catalog parameter counts match the published model sizes", "[catalog]
   };
   for (const Want& w :
        {Want{"qwen1.5-moe-a2.7b", 14.3}, Want{"qwen3-30b-a3b", 30.5}, Want{"mixtral-8x7b", 46.7},
-        Want{"deepseek-v2-lite", 15.7}, Want{"qwen3-next-80b-a3b", 80.0}}) {
+        Want{"deepseek-v2-lite", 15.7}, Want{"qwen3-next-80b-a3b", 80.0},
+        // text models without the vision encoder and the multi-token-prediction layer
+        Want{"qwen3.5-35b-a3b", 35.0}, Want{"qwen3.5-122b-a10b", 122.0}}) {
     INFO(w.name);
     const ModelSpec m = find_model(w.name);
     CHECK(double(m.total_params()) / 1e9 == Approx(w.total_b).epsilon(0.01));

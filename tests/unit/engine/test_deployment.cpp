@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ablate.hpp"
 #include "amoeba/core/errors.hpp"
 #include "engine/gpu.hpp"
 #include "engine/model.hpp"
@@ -26,13 +27,7 @@ using namespace amoeba::engine;
 
 namespace {
 
-std::vector<RunResult> ablate(const Scenario& s) {
-  const auto trace = scenario_requests(s);
-  std::vector<RunResult> out;
-  for (const RunVariant& v : scenario_runs(s))
-    out.push_back(run_policy(prepare_run(s, v, trace, RunOptions{})));
-  return out;
-}
+using testing::ablate;
 
 std::string results_json(const Scenario& s) {
   return nlohmann::json::parse(ablation_json(s, ablate(s))).at("results").dump();

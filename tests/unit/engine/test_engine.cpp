@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ablate.hpp"
 #include "amoeba/core/errors.hpp"
 #include "engine/policy_dispatch.hpp"
 #include "engine/report.hpp"
@@ -16,12 +17,7 @@ using namespace amoeba;
 using namespace amoeba::engine;
 
 namespace {
-std::vector<RunResult> ablate(const Scenario& s) {
-  const auto trace = scenario_requests(s);
-  std::vector<RunResult> out;
-  for (const std::string& p : s.policies) out.push_back(run_policy(prepare_run(s, p, trace, RunOptions{})));
-  return out;
-}
+using testing::ablate;
 }  // namespace
 
 TEST_CASE("default scenario has the paper's shape: concurrency up / forward steps down", "[engine]") {

@@ -8,13 +8,14 @@
 #include <fmt/format.h>
 
 #include "amoeba/core/errors.hpp"
+#include "engine/decoder_ops.hpp"
 
 namespace amoeba::engine {
 
 namespace {
-// A bf16 module's output: the value rounded to bf16 (round to nearest even), widened back.
+using ops::round_bf16;
 float r(double x) {
-  return bf16::from_float(static_cast<float>(x)).to_float();
+  return round_bf16(x);
 }
 }  // namespace
 
@@ -67,15 +68,8 @@ DecoderReference::Vec DecoderReference::linear(const Vec& x, std::uint32_t rows,
 DecoderReference::Vec DecoderReference::rms_norm(const Vec& x, std::uint32_t rows, std::uint32_t dim,
                                                  const bf16* weight) const {
   Vec y(x.size());
-  for (std::uint32_t i = 0; i < rows; ++i) {
-    const float* xi = &x[std::size_t(i) * dim];
-    float var = 0;  // transformers: float32 mean of squares
-    for (std::uint32_t d = 0; d < dim; ++d) var += xi[d] * xi[d];
-    var /= float(dim);
-    const float inv = 1.0f / std::sqrt(var + float(cfg_.rms_norm_eps));
-    for (std::uint32_t d = 0; d < dim; ++d)
-      y[std::size_t(i) * dim + d] = r(double(weight[d].to_float()) * r(double(xi[d]) * inv));
-  }
+  for (std::uint32_t i = 0; i < rows; ++i)
+    ops::rms_norm_row(&x[std::size_t(i) * dim], dim, weight, cfg_.rms_norm_eps, &y[std::size_t(i) * dim]);
   return y;
 }
 
@@ -84,10 +78,7 @@ DecoderReference::Vec DecoderReference::expert_mlp(const Vec& x, std::uint32_t r
   const std::uint32_t h = cfg_.hidden_size;
   const Vec g = linear(x, rows, h, w1, f), u = linear(x, rows, h, w3, f);
   Vec m(g.size());
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    const float silu = g[i] / (1.0f + std::exp(-g[i]));
-    m[i] = r(double(r(silu)) * u[i]);
-  }
+  for (std::size_t i = 0; i < g.size(); ++i) m[i] = ops::silu_mul(g[i], u[i]);
   return linear(m, rows, f, w2, h);
 }
 
@@ -104,28 +95,12 @@ DecoderReference::Vec DecoderReference::forward(std::span<const std::int32_t> to
     for (std::uint32_t d = 0; d < h; ++d)
       x[std::size_t(i) * h + d] = embed[std::size_t(tokens[i]) * h + d].to_float();
   }
-  // RoPE tables for these positions: float32 angles, cos/sin rounded to bf16 (transformers casts them).
-  std::vector<float> cos_t(std::size_t(n) * hd), sin_t(std::size_t(n) * hd);
-  for (std::uint32_t i = 0; i < n; ++i)
-    for (std::uint32_t j = 0; j < hd / 2; ++j) {
-      const float inv_freq = 1.0f / std::pow(float(cfg_.rope_theta), float(2 * j) / float(hd));
-      const float angle = float(pos + i) * inv_freq;
-      for (std::uint32_t d : {j, j + hd / 2}) {
-        cos_t[std::size_t(i) * hd + d] = r(std::cos(angle));
-        sin_t[std::size_t(i) * hd + d] = r(std::sin(angle));
-      }
-    }
   auto rope = [&](Vec& v, std::uint32_t nheads) {
     Vec out(v.size());
     for (std::uint32_t i = 0; i < n; ++i)
       for (std::uint32_t hh = 0; hh < nheads; ++hh) {
-        const float* src = &v[(std::size_t(i) * nheads + hh) * hd];
-        float* dst = &out[(std::size_t(i) * nheads + hh) * hd];
-        for (std::uint32_t d = 0; d < hd; ++d) {
-          const float rot = d < hd / 2 ? -src[d + hd / 2] : src[d - hd / 2];
-          dst[d] = r(double(r(double(src[d]) * cos_t[std::size_t(i) * hd + d])) +
-                     double(r(double(rot) * sin_t[std::size_t(i) * hd + d])));
-        }
+        const std::size_t o = (std::size_t(i) * nheads + hh) * hd;
+        ops::rope_head(&v[o], hd, pos + i, cfg_.rope_theta, &out[o]);
       }
     v = std::move(out);
   };
@@ -176,7 +151,7 @@ DecoderReference::Vec DecoderReference::forward(std::span<const std::int32_t> to
       }
     }
     const Vec o = linear(attn, n, qd, w(p + "self_attn.o_proj.weight").data(), h);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = r(double(x[i]) + o[i]);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = ops::add(x[i], o[i]);
     const Vec h2 = rms_norm(x, n, h, w(p + "post_attention_layernorm.weight").data());
     Vec mlp(x.size(), 0.0f);
     if (!cfg_.is_moe_layer(l)) {
@@ -241,7 +216,7 @@ DecoderReference::Vec DecoderReference::forward(std::span<const std::int32_t> to
         }
       }
     }
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = r(double(x[i]) + mlp[i]);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = ops::add(x[i], mlp[i]);
   }
   const Vec last(x.end() - h, x.end());
   const Vec normed = rms_norm(last, 1, h, w("model.norm.weight").data());

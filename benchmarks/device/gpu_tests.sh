@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call that runs every GPU test suite (paged MoE, loader, paged attention and K/V append, decoder
+# operations) and, unless SKIP_SANITIZER=1, compute-sanitizer memcheck on the quick ones; prints one line per
+# suite and exits non-zero if any failed. For an integration check after merging kernel work.
+#   BIN=/folder/with/binaries bash benchmarks/device/gpu_tests.sh
+# $BIN holds the test binaries as the ci or gpu preset builds them (build/ci/tests/*/...), copied into a carried
+# folder (e.g. .gpu/): paged_moe_device_test, device_loader_tests, device_attention_tests, device_model_tests;
+# a missing one is reported, not fatal. Knobs: TIMEOUT (per suite, 300 s), SKIP_SANITIZER.
+set -uo pipefail
+: "${BIN:?BIN must name the folder holding the test binaries}"
+timeout_s=${TIMEOUT:-300}
+status=0
+summary=()
+run() {  # run NAME ARGS...
+  local name=$1
+  shift
+  if [[ ! -x "$BIN/$name" ]]; then
+    summary+=("$(printf '%-24s missing' "$name")")
+    return
+  fi
+  local log
+  log=$(timeout "$timeout_s" "$@" 2>&1)
+  local rc=$?
+  local last
+  last=$(grep -E "All tests passed|test cases:|ERROR SUMMARY" <<<"$log" | tail -1)
+  [[ $rc -ne 0 ]] && status=1 && echo "$log" | tail -30
+  summary+=("$(printf '%-24s rc=%-3s %s' "$name" "$rc" "$last")")
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+for t in paged_moe_device_test device_loader_tests device_attention_tests device_model_tests; do
+  run "$t" "$BIN/$t"
+done
+if [[ "${SKIP_SANITIZER:-0}" != 1 ]] && command -v compute-sanitizer >/dev/null; then
+  run device_model_tests compute-sanitizer --tool memcheck "$BIN/device_model_tests"
+  run device_attention_tests compute-sanitizer --tool memcheck "$BIN/device_attention_tests" "[append]"
+fi
+printf '%s\n' "${summary[@]}"
+exit $status

@@ -360,8 +360,7 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   const std::vector<Request> trace = requests_within_memory(s, false);
   const WorkloadReport workload = describe_workload(s, trace);
   // Every policy is planned before any runs: a configuration that cannot fit is refused up front.
-  std::vector<RunSetup> setups;
-  for (const RunVariant& v : scenario_runs(s)) setups.push_back(prepare_run(s, v, trace, RunOptions{}));
+  const std::vector<RunSetup> setups = prepare_runs(s, trace, RunOptions{});
   const bool progress = !quiet && isatty(STDERR_FILENO);
   std::vector<RunResult> results;
   const auto t0 = std::chrono::steady_clock::now();

@@ -186,8 +186,30 @@ RunSetup prepare_run(const Scenario& sc, const std::string& policy, const std::v
   return prepare_run(sc, RunVariant{policy, policy, std::nullopt}, trace, options);
 }
 
-RunSetup prepare_run(const Scenario& sc, const RunVariant& run, const std::vector<Request>& trace,
-                     const RunOptions& options) {
+namespace {
+// Reads the scenario's ranking file and routing record (when it names them) into `s`, checked against its
+// model.
+void load_routing_inputs(const Scenario& sc, RunSetup& s) {
+  const std::uint32_t layers = s.model.moe_layers(), e = s.model.num_experts;
+  if (!sc.ranking.empty()) {
+    auto r = std::make_shared<ExpertRanker>(
+        expert_ranker_from_json_string(read_text_file(sc.ranking, "--ranking"), sc.ranking));
+    if (r->layers() != layers || r->experts_per_layer() != e)
+      throw ConfigError("--ranking", sc.ranking,
+                        "ranks " + std::to_string(r->layers()) + " x " +
+                            std::to_string(r->experts_per_layer()) + " experts; the model has " +
+                            std::to_string(layers) + " MoE layers x " + std::to_string(e));
+    s.ranking = std::move(r);
+  }
+  if (sc.routing_source != "synthetic") {
+    auto rec = std::make_shared<RoutingRecord>(read_routing_record(sc.routing_source));
+    check_record_shape(*rec, layers, e, sc.routing_source);
+    s.routing_record = std::move(rec);
+  }
+}
+
+RunSetup prepare_one(const Scenario& sc, const RunVariant& run, const std::vector<Request>& trace,
+                     const RunOptions& options, const RunSetup* shared) {
   const std::string& policy = run.policy;
   const PolicyEntry& entry = find_policy(policy);
   const BackendEntry& backend = find_backend(sc.backend);
@@ -224,27 +246,32 @@ RunSetup prepare_run(const Scenario& sc, const RunVariant& run, const std::vecto
       throw_config_error("trace request " + std::to_string(r.id), r.prompt_tokens + r.output_tokens,
                          "prompt + output tokens must be <= max_model_len (" +
                              std::to_string(sc.scheduler.max_model_len) + ")");
-  const std::uint32_t layers = s.model.moe_layers();
-  if (!sc.ranking.empty()) {
-    auto r = std::make_shared<ExpertRanker>(
-        expert_ranker_from_json_string(read_text_file(sc.ranking, "--ranking"), sc.ranking));
-    if (r->layers() != layers || r->experts_per_layer() != e)
-      throw ConfigError("--ranking", sc.ranking,
-                        "ranks " + std::to_string(r->layers()) + " x " +
-                            std::to_string(r->experts_per_layer()) + " experts; the model has " +
-                            std::to_string(layers) + " MoE layers x " + std::to_string(e));
-    s.ranking = std::move(r);
-  }
-  if (sc.routing_source != "synthetic") {
-    auto rec = std::make_shared<RoutingRecord>(read_routing_record(sc.routing_source));
-    check_record_shape(*rec, layers, e, sc.routing_source);
-    s.routing_record = std::move(rec);
+  if (shared) {  // the files of this scenario, read and checked once for all its runs
+    s.ranking = shared->ranking;
+    s.routing_record = shared->routing_record;
+  } else {
+    load_routing_inputs(sc, s);
   }
   s.memory =
       plan_memory(s.model, s.gpu, sc.memory, sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs,
                   sc.scheduler.max_model_len, s.offload_limit, min_res, max_res, policy);
   s.resident_per_layer = s.memory.initial_resident_per_layer;
   return s;
+}
+
+}  // namespace
+
+RunSetup prepare_run(const Scenario& sc, const RunVariant& run, const std::vector<Request>& trace,
+                     const RunOptions& options) {
+  return prepare_one(sc, run, trace, options, nullptr);
+}
+
+std::vector<RunSetup> prepare_runs(const Scenario& sc, const std::vector<Request>& trace,
+                                   const RunOptions& options) {
+  std::vector<RunSetup> out;
+  for (const RunVariant& v : scenario_runs(sc))
+    out.push_back(prepare_one(sc, v, trace, options, out.empty() ? nullptr : &out.front()));
+  return out;
 }
 
 RunResult run_policy(const RunSetup& setup) {

@@ -97,6 +97,10 @@ RunSetup prepare_run(const Scenario& s, const std::string& policy, const std::ve
                      const RunOptions& options);
 RunSetup prepare_run(const Scenario& s, const RunVariant& run, const std::vector<Request>& trace,
                      const RunOptions& options);
+// Every run of the scenario (scenario_runs), planned before any runs; its ranking file and routing record are
+// read and checked once for all of them.
+std::vector<RunSetup> prepare_runs(const Scenario& s, const std::vector<Request>& trace,
+                                   const RunOptions& options);
 RunResult run_policy(const RunSetup& setup);
 
 // The requests a scenario runs: its trace file, or ShareGPT-like requests from its seed.

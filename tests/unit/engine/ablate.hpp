@@ -12,8 +12,7 @@ namespace amoeba::engine::testing {
 inline std::vector<RunResult> ablate(const Scenario& s) {
   const auto trace = scenario_requests(s);
   std::vector<RunResult> out;
-  for (const RunVariant& v : scenario_runs(s))
-    out.push_back(run_policy(prepare_run(s, v, trace, RunOptions{})));
+  for (const RunSetup& r : prepare_runs(s, trace, RunOptions{})) out.push_back(run_policy(r));
   return out;
 }
 

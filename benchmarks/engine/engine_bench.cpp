@@ -27,36 +27,22 @@ using namespace amoeba::engine;
 
 namespace {
 
-// Pre-drawn routing replayed in a cycle (RecordedRouting refuses to run past its end).
-class CyclingRouting final : public RoutingSource {
- public:
-  CyclingRouting(SyntheticRouting& source, std::uint64_t tokens, std::size_t steps)
-      : layers_(source.layers()), experts_(source.experts()) {
-    StepBatch b;
-    b.tokens = tokens;
-    for (std::size_t i = 0; i < steps; ++i) {
-      source.begin_step(b);
-      RecordedStep s;
-      for (std::uint32_t l = 0; l < layers_; ++l) {
-        const auto e = source.layer_experts(l);
-        s.emplace_back(e.begin(), e.end());
-      }
-      steps_.push_back(std::move(s));
+// `steps` steps of the synthetic routing model for batches of `tokens` tokens, replayed in a cycle.
+RecordedRouting predrawn_routing(SyntheticRouting& source, std::uint64_t tokens, std::size_t steps) {
+  StepBatch b;
+  b.tokens = tokens;
+  std::vector<RecordedStep> record;
+  for (std::size_t i = 0; i < steps; ++i) {
+    source.begin_step(b);
+    RecordedStep s;
+    for (std::uint32_t l = 0; l < source.layers(); ++l) {
+      const auto e = source.layer_experts(l);
+      s.emplace_back(e.begin(), e.end());
     }
+    record.push_back(std::move(s));
   }
-  RoutingKind kind() const noexcept override { return RoutingKind::kRecorded; }
-  std::uint32_t layers() const noexcept override { return layers_; }
-  std::uint32_t experts() const noexcept override { return experts_; }
-  void begin_step(const StepBatch&) override { next_ = (next_ + 1) % steps_.size(); }
-  std::span<const std::uint32_t> layer_experts(std::uint32_t layer) const override {
-    return steps_[next_][layer];
-  }
-
- private:
-  std::uint32_t layers_, experts_;
-  std::vector<RecordedStep> steps_;
-  std::size_t next_ = 0;
-};
+  return RecordedRouting(source.layers(), source.experts(), std::move(record), /*wrap=*/true);
+}
 
 ExpertRanker ranker_for(const ModelSpec& m) {
   RoutingModel r(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0);
@@ -84,7 +70,7 @@ void step_bench(benchmark::State& state, bool plan_loads) {
   cfg.max_num_seqs = n;
   Scheduler<MoePool> sched(m, g, cfg, pool);
   SyntheticRouting synthetic(RoutingModel(m.moe_layers(), m.num_experts, m.top_k, RoutingParams{}, 0));
-  CyclingRouting routing(synthetic, n, 64);
+  RecordedRouting routing = predrawn_routing(synthetic, n, 64);
   LoadPlanner planner(LoaderShape{m.moe_layers(), m.num_experts, 10});
   std::vector<std::uint32_t> predicted;
   Rng rng(1);

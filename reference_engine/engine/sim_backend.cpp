@@ -46,7 +46,7 @@ double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) c
                           ? double(model_.kv_lora_rank + model_.qk_rope_head_dim)
                           : double(model_.head_dim);
     for (const SequenceStep& b : batch.seqs) {
-      const double ctx = double(b.context_before) + double(b.new_tokens);
+      const double ctx = double(b.context_after());
       bytes += ctx * kv;
       flops += 4.0 * double(b.new_tokens) * (double(b.context_before) + double(b.new_tokens) / 2.0) *
                model_.num_heads * hd;

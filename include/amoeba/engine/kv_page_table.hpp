@@ -160,7 +160,7 @@ class KvPageTable {
     pqo[0] = 0;
     for (std::size_t s = 0; s < n; ++s) {
       const SequenceStep& q = batch.seqs[s];
-      const std::uint32_t ctx = q.context_before + q.new_tokens;
+      const std::uint32_t ctx = q.context_after();
       const std::uint32_t blocks = (ctx + tpp - 1) / tpp;
       const std::int32_t begin = kv_indptr[s];
       kv_indptr[s + 1] = begin + static_cast<std::int32_t>(blocks);

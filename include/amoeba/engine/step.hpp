@@ -39,7 +39,6 @@ struct SequenceStep {
   std::span<const PageHandle> state_pages;
 
   std::uint32_t context_after() const noexcept { return context_before + new_tokens; }
-  bool is_prefill() const noexcept { return !samples || new_tokens > 1 || context_before == 0; }
 };
 
 // Decode sequences and prefill chunks of one step, in the scheduler's order (running sequences first, in
@@ -94,12 +93,8 @@ class RoutingSource {
 
 // ---- what a forward returns
 
-struct StepResult {
-  // The routing the forward actually used: distinct experts per MoE layer, ascending (CSR:
-  // routed[routed_offsets[l] .. routed_offsets[l + 1])). The adjuster observes it after the forward.
-  std::vector<std::uint32_t> routed;
-  std::vector<std::uint32_t> routed_offsets;
-
+// The counters and times of one forward (StepResult without its routing).
+struct StepCounters {
   // Copies, from the LoadPlanner's plan.
   std::uint64_t h2d_bytes = 0;
   std::uint64_t copy_calls = 0;       // host-to-device copy calls (a restore is 3, a buffered expert 1)
@@ -122,6 +117,13 @@ struct StepResult {
   double dense_s = 0;      // dense FFN layers and the LM head
   double copy_s = 0;       // copy engine busy
   double stall_s = 0;      // compute waiting for copies
+};
+
+struct StepResult : StepCounters {
+  // The routing the forward actually used: distinct experts per MoE layer, ascending (CSR:
+  // routed[routed_offsets[l] .. routed_offsets[l + 1])). The adjuster observes it after the forward.
+  std::vector<std::uint32_t> routed;
+  std::vector<std::uint32_t> routed_offsets;
 
   std::span<const std::uint32_t> routed_at(std::uint32_t layer) const noexcept {
     assert(layer + 1 < routed_offsets.size());
@@ -133,13 +135,9 @@ struct StepResult {
   }
   // Clears every field and keeps the vectors' capacity (a result is reused across steps).
   void clear() noexcept {
-    auto r = std::move(routed);
-    auto o = std::move(routed_offsets);
-    *this = StepResult{};
-    r.clear();
-    o.clear();
-    routed = std::move(r);
-    routed_offsets = std::move(o);
+    routed.clear();
+    routed_offsets.clear();
+    static_cast<StepCounters&>(*this) = StepCounters{};
   }
   // Appends MoE layer `layer`'s routed experts; layers must be appended in order 0, 1, ...
   void add_routed(std::span<const std::uint32_t> experts) {

@@ -31,13 +31,13 @@ inline float rope_inv_freq(double theta, std::uint32_t j, std::uint32_t head_dim
   return 1.0f / std::pow(float(theta), float(2 * j) / float(head_dim));
 }
 
-// Rotate-half RoPE of one head at `position`: cos/sin of the float32 angle rounded to bf16, each product and
-// the sum rounded.
-inline void rope_head(const float* src, std::uint32_t head_dim, std::uint32_t position, double theta,
+// Rotate-half RoPE of one head at `position`, given the head's inverse frequencies (rope_inv_freq for j <
+// head_dim / 2, computed once per model): cos/sin of the float32 angle rounded to bf16, each product and the
+// sum rounded.
+inline void rope_head(const float* src, std::uint32_t head_dim, std::uint32_t position, const float* inv_freq,
                       float* dst) {
   for (std::uint32_t d = 0; d < head_dim; ++d) {
-    const std::uint32_t j = d % (head_dim / 2);
-    const float angle = float(position) * rope_inv_freq(theta, j, head_dim);
+    const float angle = float(position) * inv_freq[d % (head_dim / 2)];
     const float c = round_bf16(std::cos(angle)), s = round_bf16(std::sin(angle));
     const float rot = d < head_dim / 2 ? -src[d + head_dim / 2] : src[d - head_dim / 2];
     dst[d] = round_bf16(double(round_bf16(double(src[d]) * c)) + double(round_bf16(double(rot) * s)));

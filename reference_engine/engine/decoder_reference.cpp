@@ -32,6 +32,8 @@ DecoderReference::DecoderReference(const Checkpoint& ck, std::uint64_t max_bytes
     buf.resize(ck.tensor(t.name).elements());
     ck.shard(t.name).read(t.name, std::as_writable_bytes(std::span<bf16>(buf)));
   }
+  for (std::uint32_t j = 0; j < cfg_.head_dim / 2; ++j)
+    inv_freq_.push_back(ops::rope_inv_freq(cfg_.rope_theta, j, cfg_.head_dim));
   k_cache_.resize(cfg_.num_layers);
   v_cache_.resize(cfg_.num_layers);
   routing_.resize(cfg_.num_layers);
@@ -100,7 +102,7 @@ DecoderReference::Vec DecoderReference::forward(std::span<const std::int32_t> to
     for (std::uint32_t i = 0; i < n; ++i)
       for (std::uint32_t hh = 0; hh < nheads; ++hh) {
         const std::size_t o = (std::size_t(i) * nheads + hh) * hd;
-        ops::rope_head(&v[o], hd, pos + i, cfg_.rope_theta, &out[o]);
+        ops::rope_head(&v[o], hd, pos + i, inv_freq_.data(), &out[o]);
       }
     v = std::move(out);
   };

@@ -73,6 +73,7 @@ class DecoderReference {
   HfMoeConfig cfg_;
   ExpertLayout layout_;
   std::map<std::string, std::vector<bf16>> weights_;
+  std::vector<float> inv_freq_;  // RoPE's inverse frequencies, head_dim / 2
   // KV cache per layer: [position][kv head][dim], K after RoPE; bf16 values.
   std::vector<Vec> k_cache_, v_cache_;
   std::vector<std::vector<std::vector<std::uint32_t>>> routing_;

@@ -38,10 +38,6 @@ constexpr std::array<DtypeName, 15> kDtypes{{{TensorDtype::kBool, "BOOL", 1},
                                              {TensorDtype::kF8E4M3, "F8_E4M3", 1},
                                              {TensorDtype::kF8E5M2, "F8_E5M2", 1}}};
 
-// A value quoted in an error: JSON text, cut short (json_fields.hpp).
-std::string quote(const nlohmann::json& v) {
-  return quote_json(v);
-}
 }  // namespace
 
 const char* to_string(TensorDtype d) noexcept {
@@ -97,52 +93,56 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string at = path + ": " + quote_text(it.key());
     if (it.key() == "__metadata__") {
-      if (!it->is_object()) throw ConfigError(at, quote(*it), "must be an object of strings");
+      if (!it->is_object()) throw ConfigError(at, quote_json(*it), "must be an object of strings");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) throw ConfigError(at + "." + m.key(), quote(*m), "must be a string");
+        if (!m->is_string()) throw ConfigError(at + "." + m.key(), quote_json(*m), "must be a string");
         f.metadata_[m.key()] = m->get<std::string>();
       }
       continue;
     }
     const nlohmann::json& e = *it;
-    if (!e.is_object()) throw ConfigError(at, quote(e), "must be an object with dtype, shape, data_offsets");
+    if (!e.is_object())
+      throw ConfigError(at, quote_json(e), "must be an object with dtype, shape, data_offsets");
     for (auto k = e.begin(); k != e.end(); ++k)
       if (k.key() != "dtype" && k.key() != "shape" && k.key() != "data_offsets")
-        throw ConfigError(at + "." + k.key(), quote(*k), "is not a safetensors field");
+        throw ConfigError(at + "." + k.key(), quote_json(*k), "is not a safetensors field");
     TensorInfo t;
     t.name = it.key();
     const auto dt = e.find("dtype");
     if (dt == e.end() || !dt->is_string())
-      throw ConfigError(at + ".dtype", dt == e.end() ? "(missing)" : quote(*dt), "must be a dtype string");
+      throw ConfigError(at + ".dtype", dt == e.end() ? "(missing)" : quote_json(*dt),
+                        "must be a dtype string");
     const auto known = std::find_if(kDtypes.begin(), kDtypes.end(),
                                     [&](const DtypeName& x) { return dt->get<std::string>() == x.name; });
-    if (known == kDtypes.end()) throw ConfigError(at + ".dtype", quote(*dt), "is not a safetensors dtype");
+    if (known == kDtypes.end())
+      throw ConfigError(at + ".dtype", quote_json(*dt), "is not a safetensors dtype");
     t.dtype = known->dtype;
     const auto sh = e.find("shape");
     if (sh == e.end() || !sh->is_array() || sh->size() > 8)
-      throw ConfigError(at + ".shape", sh == e.end() ? "(missing)" : quote(*sh),
+      throw ConfigError(at + ".shape", sh == e.end() ? "(missing)" : quote_json(*sh),
                         "must be an array of at most 8 dimensions");
     std::uint64_t elems = 1;
     for (const auto& d : *sh) {
       if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (1ull << 40))
-        throw ConfigError(at + ".shape", quote(*sh), "dimensions must be integers in [0, 2^40]");
+        throw ConfigError(at + ".shape", quote_json(*sh), "dimensions must be integers in [0, 2^40]");
       t.shape.push_back(d.get<std::uint64_t>());
       elems = t.shape.back() == 0 ? 0 : std::min<std::uint64_t>(elems * t.shape.back(), 1ull << 62);
     }
     const auto off = e.find("data_offsets");
     if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
         !(*off)[1].is_number_unsigned())
-      throw ConfigError(at + ".data_offsets", off == e.end() ? "(missing)" : quote(*off),
+      throw ConfigError(at + ".data_offsets", off == e.end() ? "(missing)" : quote_json(*off),
                         "must be [begin, end], two byte offsets");
     t.begin = (*off)[0].get<std::uint64_t>();
     t.end = (*off)[1].get<std::uint64_t>();
-    if (t.begin > t.end) throw ConfigError(at + ".data_offsets", quote(*off), "begin must not exceed end");
+    if (t.begin > t.end)
+      throw ConfigError(at + ".data_offsets", quote_json(*off), "begin must not exceed end");
     if (t.end - t.begin != elems * known->bytes)
-      throw ConfigError(at + ".data_offsets", quote(*off),
+      throw ConfigError(at + ".data_offsets", quote_json(*off),
                         fmt::format("span {} bytes, but {} {} elements take {}", t.end - t.begin, elems,
                                     known->name, elems * known->bytes));
     if (t.end > data_bytes)
-      throw ConfigError(at + ".data_offsets", quote(*off),
+      throw ConfigError(at + ".data_offsets", quote_json(*off),
                         fmt::format("end past the file's data ({} bytes): truncated shard?", data_bytes));
     f.tensors_.emplace(t.name, std::move(t));
   }

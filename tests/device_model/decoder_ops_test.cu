@@ -104,7 +104,7 @@ TEST_CASE("RMSNorm, RoPE, SiLU x up, residual add, embedding and argmax match th
         std::vector<float> src(head_dim), dst(head_dim);
         const std::size_t o = (std::size_t(t) * heads + h) * head_dim;
         for (int d = 0; d < head_dim; ++d) src[d] = q[o + d].to_float();
-        engine::ops::rope_head(src.data(), head_dim, pos[t], 1e6, dst.data());
+        engine::ops::rope_head(src.data(), head_dim, pos[t], inv.data(), dst.data());
         for (int d = 0; d < head_dim; ++d) {
           const int u = ulps(qr[o + d], bf16::from_float(dst[d]));
           REQUIRE(u <= 2);

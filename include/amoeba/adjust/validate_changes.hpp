@@ -54,12 +54,10 @@ std::optional<ChangeError> validate_changes(const ChangeList& c, const Residency
   if (seen.size() < std::size_t(table.layers()) * experts)
     seen.resize(std::size_t(table.layers()) * experts, 0);
   std::optional<ChangeError> err;
-  std::vector<ExpertKey> marked;
   auto mark = [&](ExpertKey k) {
     std::uint8_t& s = seen[std::size_t(k.layer) * experts + k.expert];
     if (s) return false;
     s = 1;
-    marked.push_back(k);
     return true;
   };
   for (const Restore& r : c.restores) {
@@ -98,7 +96,13 @@ std::optional<ChangeError> validate_changes(const ChangeList& c, const Residency
         break;
       }
   }
-  for (ExpertKey k : marked) seen[std::size_t(k.layer) * experts + k.expert] = 0;
+  // Back to all zero without a list of what was marked (this runs twice per step): every entry in range,
+  // marked or not, is reset.
+  auto unmark = [&](ExpertKey k) {
+    if (table.contains(k)) seen[std::size_t(k.layer) * experts + k.expert] = 0;
+  };
+  for (const Restore& r : c.restores) unmark(r.expert);
+  for (const Eviction& ev : c.evictions) unmark(ev.expert);
   return err;
 }
 

@@ -16,33 +16,24 @@ namespace amoeba::engine {
 
 namespace {
 
-std::uint32_t get_u32(const nlohmann::json& j, const char* key, const std::string& what, std::uint32_t lo,
-                      std::uint32_t hi, std::optional<std::uint32_t> fallback = std::nullopt) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (fallback) return *fallback;
-    throw_config_error(what + "." + key, "(missing)", "is required");
-  }
-  if (!it->is_number_unsigned() || it->get<std::uint64_t>() < lo || it->get<std::uint64_t>() > hi)
-    throw ConfigError(what + "." + key, quote_json(*it),
+// config.json fields through JsonObject (types, bounded quotes), with transformers' habit of writing null for
+// "not set": a null or missing key takes the fallback.
+std::uint32_t get_u32(const JsonObject& o, const char* key, std::uint32_t lo, std::uint32_t hi,
+                      std::optional<std::uint32_t> fallback = std::nullopt) {
+  if (o.is_null(key) && fallback) return *fallback;
+  const std::uint64_t v = o.get_uint(key, 0, ~std::uint64_t{0});  // "(missing): is required" when no fallback
+  if (v < lo || v > hi)
+    throw ConfigError(o.path() + "." + key, std::to_string(v),
                       fmt::format("must be an integer in [{}, {}]", lo, hi));
-  return static_cast<std::uint32_t>(it->get<std::uint64_t>());
+  return static_cast<std::uint32_t>(v);
 }
 
-bool get_bool(const nlohmann::json& j, const char* key, const std::string& what, bool fallback) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) throw ConfigError(what + "." + key, quote_json(*it), "must be true or false");
-  return it->get<bool>();
+bool get_bool(const JsonObject& o, const char* key, bool fallback) {
+  return o.is_null(key) ? fallback : o.get_bool(key);
 }
 
-double get_double(const nlohmann::json& j, const char* key, const std::string& what, double fallback,
-                  double lo, double hi) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number() || !(it->get<double>() >= lo && it->get<double>() <= hi))
-    throw ConfigError(what + "." + key, quote_json(*it), fmt::format("must be a number in [{}, {}]", lo, hi));
-  return it->get<double>();
+double get_double(const JsonObject& o, const char* key, double fallback, double lo, double hi) {
+  return o.is_null(key) ? fallback : o.get_double(key, lo, hi);
 }
 
 std::string shape_text(const std::vector<std::uint64_t>& s) {
@@ -98,6 +89,7 @@ ModelSpec HfMoeConfig::to_model_spec(const std::string& name) const {
 HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) {
   const nlohmann::json j = parse_json_text(text, what);
   if (!j.is_object()) throw ConfigError(what, j.type_name(), "must be a JSON object");
+  const JsonObject o(j, what);
   HfMoeConfig c;
   const auto arch = j.find("architectures");
   if (arch == j.end() || !arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string())
@@ -112,16 +104,16 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
     throw ConfigError(what + ".architectures", quote_text(c.architecture),
                       "is not served by the GPU backend (known: Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)");
   const bool q2 = c.arch == MoeArchitecture::kQwen2Moe;
-  c.hidden_size = get_u32(j, "hidden_size", what, 1, 1u << 16);
-  c.num_layers = get_u32(j, "num_hidden_layers", what, 1, 1024);
-  c.num_heads = get_u32(j, "num_attention_heads", what, 1, 1024);
-  c.num_kv_heads = get_u32(j, "num_key_value_heads", what, 1, c.num_heads, c.num_heads);
+  c.hidden_size = get_u32(o, "hidden_size", 1, 1u << 16);
+  c.num_layers = get_u32(o, "num_hidden_layers", 1, 1024);
+  c.num_heads = get_u32(o, "num_attention_heads", 1, 1024);
+  c.num_kv_heads = get_u32(o, "num_key_value_heads", 1, c.num_heads, c.num_heads);
   if (c.num_heads % c.num_kv_heads != 0)
     throw_config_error(what + ".num_key_value_heads", c.num_kv_heads,
                        fmt::format("must divide num_attention_heads ({})", c.num_heads));
   // Qwen2-MoE derives the head size; Qwen3-MoE states it (128 with hidden 2048 and 32 heads).
-  if (j.contains("head_dim") && !j.at("head_dim").is_null())
-    c.head_dim = get_u32(j, "head_dim", what, 1, 1024);
+  if (!o.is_null("head_dim"))
+    c.head_dim = get_u32(o, "head_dim", 1, 1024);
   else if (c.hidden_size % c.num_heads == 0)
     c.head_dim = c.hidden_size / c.num_heads;
   else
@@ -129,16 +121,14 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
         what + ".head_dim", "(missing)",
         fmt::format("is required when num_attention_heads ({}) does not divide hidden_size ({})", c.num_heads,
                     c.hidden_size));
-  c.vocab_size = get_u32(j, "vocab_size", what, 1, 1u << 24);
-  c.intermediate_size = get_u32(j, "intermediate_size", what, 1, 1u << 20, 1);
+  c.vocab_size = get_u32(o, "vocab_size", 1, 1u << 24);
+  c.intermediate_size = get_u32(o, "intermediate_size", 1, 1u << 20, 1);
   // transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
-  c.num_experts =
-      get_u32(j, j.contains("num_experts") ? "num_experts" : "num_local_experts", what, 1, 1u << 16);
-  c.top_k = get_u32(j, "num_experts_per_tok", what, 1, c.num_experts);
-  c.moe_intermediate_size = get_u32(j, "moe_intermediate_size", what, 1, 1u << 20);
-  if (q2)
-    c.shared_expert_intermediate_size = get_u32(j, "shared_expert_intermediate_size", what, 0, 1u << 20);
-  c.decoder_sparse_step = get_u32(j, "decoder_sparse_step", what, 1, c.num_layers, 1);
+  c.num_experts = get_u32(o, j.contains("num_experts") ? "num_experts" : "num_local_experts", 1, 1u << 16);
+  c.top_k = get_u32(o, "num_experts_per_tok", 1, c.num_experts);
+  c.moe_intermediate_size = get_u32(o, "moe_intermediate_size", 1, 1u << 20);
+  if (q2) c.shared_expert_intermediate_size = get_u32(o, "shared_expert_intermediate_size", 0, 1u << 20);
+  c.decoder_sparse_step = get_u32(o, "decoder_sparse_step", 1, c.num_layers, 1);
   if (const auto m = j.find("mlp_only_layers"); m != j.end() && !m->is_null()) {
     if (!m->is_array()) throw ConfigError(what + ".mlp_only_layers", quote_json(*m), "must be an array");
     for (const auto& v : *m) {
@@ -148,12 +138,12 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
       c.mlp_only_layers.push_back(static_cast<std::uint32_t>(v.get<std::uint64_t>()));
     }
   }
-  c.norm_topk_prob = get_bool(j, "norm_topk_prob", what, !q2);
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", what, false);
-  c.qkv_bias = q2 ? get_bool(j, "qkv_bias", what, true) : get_bool(j, "attention_bias", what, false);
+  c.norm_topk_prob = get_bool(o, "norm_topk_prob", !q2);
+  c.tie_word_embeddings = get_bool(o, "tie_word_embeddings", false);
+  c.qkv_bias = q2 ? get_bool(o, "qkv_bias", true) : get_bool(o, "attention_bias", false);
   c.qk_norm = !q2;
-  c.rms_norm_eps = get_double(j, "rms_norm_eps", what, 1e-6, 1e-12, 1e-2);
-  c.rope_theta = get_double(j, "rope_theta", what, 10000.0, 1.0, 1e12);
+  c.rms_norm_eps = get_double(o, "rms_norm_eps", 1e-6, 1e-12, 1e-2);
+  c.rope_theta = get_double(o, "rope_theta", 10000.0, 1.0, 1e12);
   // transformers 5 writes RoPE settings as an object ("rope_parameters"; older: "rope_scaling"); only the
   // default (unscaled) RoPE is served.
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
@@ -171,7 +161,7 @@ HfMoeConfig parse_hf_moe_config(std::string_view text, const std::string& what) 
       throw ConfigError(what + "." + key + ".rope_type", quote_text(type),
                         "only the default RoPE is supported");
     if (!j.contains("rope_theta"))
-      c.rope_theta = get_double(*it, "rope_theta", what + "." + key, 10000.0, 1.0, 1e12);
+      c.rope_theta = get_double(JsonObject(*it, what + "." + key), "rope_theta", 10000.0, 1.0, 1e12);
   }
   if (c.moe_layers() == 0)
     throw_config_error(what + ".num_experts", c.num_experts, "no layer is a MoE layer");

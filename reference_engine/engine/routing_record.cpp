@@ -43,22 +43,6 @@ void RoutingRecorder::add(const StepBatch& batch, const StepResult& result) {
 
 namespace {
 
-std::uint64_t get_uint(const nlohmann::json& j, const char* key, const std::string& at, std::uint64_t lo,
-                       std::uint64_t hi) {
-  const auto it = j.find(key);
-  if (it == j.end()) throw_config_error(at + "." + key, "(missing)", "is required");
-  if (!it->is_number_unsigned() || it->get<std::uint64_t>() < lo || it->get<std::uint64_t>() > hi)
-    throw ConfigError(at + "." + key, quote_json(*it), fmt::format("must be an integer in [{}, {}]", lo, hi));
-  return it->get<std::uint64_t>();
-}
-
-std::string get_string(const nlohmann::json& j, const char* key, const std::string& at) {
-  const auto it = j.find(key);
-  if (it == j.end()) throw_config_error(at + "." + key, "(missing)", "is required");
-  if (!it->is_string()) throw ConfigError(at + "." + key, quote_json(*it), "must be a string");
-  return it->get<std::string>();
-}
-
 // One per-layer array of arrays of unsigned integers (experts or counts); `ascending`: strictly increasing.
 std::vector<std::vector<std::uint32_t>> layer_arrays(const nlohmann::json& j, const char* key,
                                                      const std::string& at, std::uint32_t layers,
@@ -106,25 +90,26 @@ RoutingRecord parse_routing_record(std::string_view text, const std::string& wha
     const std::string at = fmt::format("{}:{}", what, line_no);
     const nlohmann::json j = parse_json_text(line, at);
     if (!j.is_object()) throw ConfigError(at, j.type_name(), "each line must be a JSON object");
+    const JsonObject o(j, at);
     if (!have_header) {
-      if (get_string(j, "format", at) != "amoeba.routing")
+      if (o.get_string("format") != "amoeba.routing")
         throw ConfigError(at + ".format", quote_json(j.at("format")), "must be \"amoeba.routing\"");
-      if (get_uint(j, "version", at, 1, 1) != 1) throw_config_error(at + ".version", 0, "must be 1");
+      (void)o.get_uint("version", 1, 1);  // the only version
       RoutingRecordHeader& h = r.header;
-      h.model = get_string(j, "model", at);
-      h.moe_layers = static_cast<std::uint32_t>(get_uint(j, "moe_layers", at, 1, 1u << 16));
-      h.experts = static_cast<std::uint32_t>(get_uint(j, "experts", at, 1, 1u << 20));
-      h.top_k = static_cast<std::uint32_t>(get_uint(j, "top_k", at, 1, h.experts));
-      h.backend = get_string(j, "backend", at);
-      h.routing = get_string(j, "routing", at);
+      h.model = o.get_string("model");
+      h.moe_layers = static_cast<std::uint32_t>(o.get_uint("moe_layers", 1, 1u << 16));
+      h.experts = static_cast<std::uint32_t>(o.get_uint("experts", 1, 1u << 20));
+      h.top_k = static_cast<std::uint32_t>(o.get_uint("top_k", 1, h.experts));
+      h.backend = o.get_string("backend");
+      h.routing = o.get_string("routing");
       have_header = true;
       continue;
     }
-    const std::uint64_t step = get_uint(j, "step", at, 0, ~std::uint64_t{0} >> 1);
+    const std::uint64_t step = o.get_uint("step", 0, ~std::uint64_t{0} >> 1);
     if (step != r.steps.size())
       throw_config_error(at + ".step", step,
                          fmt::format("steps must count up from 0 (expected {})", r.steps.size()));
-    r.tokens.push_back(get_uint(j, "tokens", at, 1, ~std::uint32_t{0}));
+    r.tokens.push_back(o.get_uint("tokens", 1, ~std::uint32_t{0}));
     if (!j.contains("experts")) throw_config_error(at + ".experts", "(missing)", "is required");
     r.steps.push_back(layer_arrays(j, "experts", at, r.header.moe_layers, 0, r.header.experts - 1, true));
     if (j.contains("counts")) {

@@ -467,18 +467,9 @@ int cmd_rank(const std::string& record_path, const std::optional<std::string>& o
 
 std::vector<std::int32_t> token_ids(const std::string& text, const char* flag) {
   std::vector<std::int32_t> ids;
-  for (const std::string& t : split_commas(text)) {
-    std::size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (t.empty() || used != t.size() || v < 0 || v > std::numeric_limits<std::int32_t>::max())
-      throw ConfigError(flag, text, "must be comma-separated token ids (non-negative integers)");
-    ids.push_back(static_cast<std::int32_t>(v));
-  }
+  for (const std::string& t : split_commas(text))
+    ids.push_back(static_cast<std::int32_t>(
+        parse_count(flag, t, CountRange{0, std::uint64_t(std::numeric_limits<std::int32_t>::max())})));
   return ids;
 }
 
@@ -606,15 +597,14 @@ int report_error(const ConfigError& e) {
   return 2;
 }
 
-// Names an unknown subcommand (CLI11 only says that one is required) among `known`.
-std::optional<std::string> unknown_subcommand(const char* arg,
-                                              std::initializer_list<std::string_view> known) {
+// Names an unknown subcommand of `parent` (CLI11 only says that one is required), listing the ones it has.
+std::optional<std::string> unknown_subcommand(const char* arg, const CLI::App& parent) {
   const std::string_view a(arg);
   if (a.empty() || a.front() == '-') return std::nullopt;
   std::string list;
-  for (std::string_view k : known) {
-    if (k == a) return std::nullopt;
-    list += (list.empty() ? "" : ", ") + std::string(k);
+  for (const CLI::App* sub : parent.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == a) return std::nullopt;
+    list += (list.empty() ? "" : ", ") + sub->get_name();
   }
   return list;
 }
@@ -711,12 +701,11 @@ int main(int argc, char** argv) {
 
   // Command-line errors are bad input like any other: status 2 with the documented prefix, not CLI11's codes.
   if (argc > 1) {
-    if (auto known = unknown_subcommand(
-            argv[1], {"ablate", "run", "generate", "rank", "trace", "models", "gpus", "scenarios"}))
+    if (auto known = unknown_subcommand(argv[1], app))
       return report_error(
           ConfigError("subcommand", quote_text(argv[1]), "is not known (known: " + *known + ")"));
     if (std::string_view(argv[1]) == "trace" && argc > 2)
-      if (auto known = unknown_subcommand(argv[2], {"generate", "inspect"}))
+      if (auto known = unknown_subcommand(argv[2], *trace))
         return report_error(
             ConfigError("trace subcommand", quote_text(argv[2]), "is not known (known: " + *known + ")"));
   }

@@ -49,21 +49,26 @@ def hf_generate(model):
     return tokens, logits
 
 
-def compare(hf_tokens, hf_logits, ours):
-    same = 0
-    for a, b in zip(hf_tokens, ours["tokens"]):
-        if a != b:
+def same_prefix(a, b):
+    """Tokens equal before the first difference."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
             break
-        same += 1
+        n += 1
+    return n
+
+
+def compare_logits(hf_logits, ours_logits):
+    """Per step: max |difference|, the largest |logit|, their ratio, and transformers' top-1 margin."""
     steps = []
-    for s in range(min(len(hf_logits), len(ours["logits"]))):
-        a, b = hf_logits[s], ours["logits"][s]
+    for s, (a, b) in enumerate(zip(hf_logits, ours_logits)):
         diff = max(abs(x - y) for x, y in zip(a, b))
         scale = max(abs(x) for x in a)
         top2 = sorted(a, reverse=True)[:2]
         steps.append({"step": s, "max_abs_diff": diff, "max_abs_logit": scale,
                       "rel": diff / scale if scale else 0.0, "hf_top1_margin": top2[0] - top2[1]})
-    return same, steps
+    return steps
 
 
 def main():
@@ -102,10 +107,10 @@ def main():
                  "amoeba_seconds": t_ours, "amoeba_rc": run.returncode, "amoeba_stderr": run.stderr[-2000:]}
         if run.returncode == 0 and forced.returncode == 0:
             ours = json.load(open(ours_json))
-            same, _ = compare(hf_tokens, hf_logits, ours)
+            same = same_prefix(hf_tokens, ours["tokens"])
             f = json.load(open(forced_json))
             steps = [dict(s, amoeba_argmax=f["tokens"][s["step"]], hf_token=hf_tokens[s["step"]])
-                     for s in compare(hf_tokens, hf_logits, dict(f, tokens=hf_tokens))[1]]
+                     for s in compare_logits(hf_logits, f["logits"])]
             entry.update({"amoeba_tokens": ours["tokens"], "same_tokens": same, "forced_steps": steps,
                           "saved_tensors": sorted(os.listdir(ckpt))})
         else:

@@ -53,25 +53,41 @@ def motivating():
     fig.savefig(os.path.join(PLOTS, "motivating.png"), dpi=110)
 
 
+# The three serving metrics most figures draw side by side: (CSV column, divisor, axis label).
+METRICS = [("throughput_tok_s", 1.0, "output tokens/s"), ("ttft_p50_ms", 1e3, "TTFT p50 (s)"),
+           ("tpot_p50_ms", 1.0, "TPOT p50 (ms)")]
+
+
+def plot_metrics(axes, pts, ttft_floor=None, **style):
+    """One line per metric on axes[0..2] from pts = sorted [(x, csv row)]; TTFT clipped at ttft_floor (log axes)."""
+    xs = [a for a, _ in pts]
+    for a, (key, div, _) in zip(axes, METRICS):
+        ys = [float(x[key]) / div for _, x in pts]
+        if key == "ttft_p50_ms" and ttft_floor is not None:
+            ys = [max(y, ttft_floor) for y in ys]
+        a.plot(xs, ys, **style)
+
+
+def finish_metrics(axes, xlabel, log_ttft=True):
+    """Axis labels (TTFT on a log scale unless told), x label, legend and grid of a metrics row."""
+    for a, (_, _, label) in zip(axes, METRICS):
+        a.set_ylabel(label)
+    if log_ttft:
+        axes[1].set_yscale("log")
+    for a in axes:
+        a.set_xlabel(xlabel)
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+
+
 def rate_sweep():
     data = rows("engine_rate_sweep.csv")
     pols = sorted({x["policy"] for x in data}, key=lambda p: ["static", "fixed", "lru", "lfu", "elastic"].index(p)
                   if p in ["static", "fixed", "lru", "lfu", "elastic"] else 9)
     fig, ax = plt.subplots(1, 3, figsize=(13, 4))
     for p in pols:
-        pts = sorted((float(x["rate"]), x) for x in data if x["policy"] == p)
-        rates = [a for a, _ in pts]
-        ax[0].plot(rates, [float(x["throughput_tok_s"]) for _, x in pts], marker="o", label=p)
-        ax[1].plot(rates, [float(x["ttft_p50_ms"]) / 1e3 for _, x in pts], marker="o", label=p)
-        ax[2].plot(rates, [float(x["tpot_p50_ms"]) for _, x in pts], marker="o", label=p)
-    ax[0].set_ylabel("output tokens/s")
-    ax[1].set_ylabel("TTFT p50 (s)")
-    ax[1].set_yscale("log")
-    ax[2].set_ylabel("TPOT p50 (ms)")
-    for a in ax:
-        a.set_xlabel("request rate (req/s)")
-        a.legend(fontsize=8)
-        a.grid(alpha=0.3)
+        plot_metrics(ax, sorted((float(x["rate"]), x) for x in data if x["policy"] == p), marker="o", label=p)
+    finish_metrics(ax, "request rate (req/s)")
     fig.suptitle("rate sweep, Qwen1.5-MoE-A2.7B on RTX 5090, 1000 requests -- " + SIM, fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(PLOTS, "rate_sweep.png"), dpi=110)
@@ -82,25 +98,11 @@ def offload_limit():
     burst = rows("ablation_offload_limit_burst.csv")
     fig, ax = plt.subplots(1, 3, figsize=(13, 4))
     for p in ["fixed", "elastic"]:
-        pts = sorted((int(x["fixed_offload"]), x) for x in data if x["policy"] == p)
-        lim = [a for a, _ in pts]
-        lab = p + " (10 req/s, Poisson)"
-        ax[0].plot(lim, [float(x["throughput_tok_s"]) for _, x in pts], marker="o", label=lab)
-        ax[1].plot(lim, [float(x["ttft_p50_ms"]) / 1e3 for _, x in pts], marker="o", label=lab)
-        ax[2].plot(lim, [float(x["tpot_p50_ms"]) for _, x in pts], marker="o", label=lab)
-    pts = sorted((int(x["expert_offload_limit"]), x) for x in burst)
-    lim = [a for a, _ in pts]
-    lab = "elastic (6 req/s, bursty)"
-    ax[0].plot(lim, [float(x["throughput_tok_s"]) for _, x in pts], marker="s", ls="--", label=lab)
-    ax[1].plot(lim, [float(x["ttft_p50_ms"]) / 1e3 for _, x in pts], marker="s", ls="--", label=lab)
-    ax[2].plot(lim, [float(x["tpot_p50_ms"]) for _, x in pts], marker="s", ls="--", label=lab)
-    ax[0].set_ylabel("output tokens/s")
-    ax[1].set_ylabel("TTFT p50 (s)")
-    ax[2].set_ylabel("TPOT p50 (ms)")
-    for a in ax:
-        a.set_xlabel("expert_offload_limit (per layer)")
-        a.legend(fontsize=8)
-        a.grid(alpha=0.3)
+        plot_metrics(ax, sorted((int(x["fixed_offload"]), x) for x in data if x["policy"] == p), marker="o",
+                     label=p + " (10 req/s, Poisson)")
+    plot_metrics(ax, sorted((int(x["expert_offload_limit"]), x) for x in burst), marker="s", ls="--",
+                 label="elastic (6 req/s, bursty)")
+    finish_metrics(ax, "expert_offload_limit (per layer)", log_ttft=False)
     fig.suptitle("expert_offload_limit sweep, Qwen1.5-MoE-A2.7B on RTX 5090 -- " + SIM, fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(PLOTS, "offload_limit.png"), dpi=110)
@@ -119,10 +121,7 @@ def e2e():
             if not pts:
                 continue
             c, m = POLICY_STYLE[p]
-            r = [a for a, _ in pts]
-            ax[i][0].plot(r, [float(x["throughput_tok_s"]) for _, x in pts], marker=m, color=c, label=p)
-            ax[i][1].plot(r, [max(float(x["ttft_p50_ms"]) / 1e3, 1e-3) for _, x in pts], marker=m, color=c, label=p)
-            ax[i][2].plot(r, [float(x["tpot_p50_ms"]) for _, x in pts], marker=m, color=c, label=p)
+            plot_metrics(ax[i], pts, ttft_floor=1e-3, marker=m, color=c, label=p)
         ax[i][0].set_ylabel(n.replace("e2e-", "") + "\noutput tok/s", fontsize=8)
         ax[i][1].set_ylabel("TTFT p50 (s)")
         ax[i][1].set_yscale("log")
@@ -174,19 +173,9 @@ def offload_limit_122b():
     fig, ax = plt.subplots(1, 3, figsize=(13, 4))
     for p in ["fixed", "elastic"]:
         c, m = POLICY_STYLE[p]
-        pts = sorted((int(x["expert_offload_limit"]), x) for x in data if x["policy"] == p)
-        lim = [a for a, _ in pts]
-        ax[0].plot(lim, [float(x["throughput_tok_s"]) for _, x in pts], marker=m, color=c, label=p)
-        ax[1].plot(lim, [float(x["ttft_p50_ms"]) / 1e3 for _, x in pts], marker=m, color=c, label=p)
-        ax[2].plot(lim, [float(x["tpot_p50_ms"]) for _, x in pts], marker=m, color=c, label=p)
-    ax[0].set_ylabel("output tokens/s")
-    ax[1].set_ylabel("TTFT p50 (s)")
-    ax[1].set_yscale("log")
-    ax[2].set_ylabel("TPOT p50 (ms)")
-    for a in ax:
-        a.set_xlabel("expert_offload_limit (per layer, of 256)")
-        a.legend(fontsize=8)
-        a.grid(alpha=0.3)
+        plot_metrics(ax, sorted((int(x["expert_offload_limit"]), x) for x in data if x["policy"] == p), marker=m,
+                     color=c, label=p)
+    finish_metrics(ax, "expert_offload_limit (per layer, of 256)")
     fig.suptitle("expert_offload_limit, Qwen3.5-122B-A10B bf16 on 8x RTX 5090 at 20 req/s -- " + SIM, fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(PLOTS, "offload_limit_122b.png"), dpi=100)

@@ -120,11 +120,6 @@ GpuProfile find_gpu(const std::string& name_or_path) {
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what) {
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, what);
-  if (j.is_object() && j.contains("copies_per_expert"))
-    throw ConfigError(
-        what + ".copies_per_expert", "(present)",
-        "is no longer a cost-model parameter: copy calls come from the loader's plan (a restore "
-        "is 3, a buffered expert 1); remove the key");
   o.reject_unknown({"name", "calibrated", "source", "moe_memory_efficiency", "moe_compute_efficiency",
                     "dense_memory_efficiency", "dense_compute_efficiency", "attention_memory_efficiency",
                     "attention_compute_efficiency", "per_layer_overhead_us", "step_overhead_us",

@@ -73,10 +73,10 @@ class Engine {
 
   // One iteration of the loop. False once every request has finished.
   bool step() {
-    step_.clear();  // a step that runs no forward leaves an empty result
     while (next_arrival_ < seqs_.size() && seqs_[next_arrival_].arrival_s <= now_)
       scheduler_.add(seqs_[next_arrival_++]);
     if (scheduler_.idle()) {
+      step_.clear();  // a step that runs no forward leaves an empty result (a forward clears it itself)
       if (next_arrival_ >= seqs_.size()) return false;
       now_ = std::max(now_, seqs_[next_arrival_].arrival_s);
       return true;
@@ -93,6 +93,7 @@ class Engine {
         throw std::logic_error("engine: no request can be scheduled and the adjuster frees nothing");
       commit(changes);
       now_ += backend_.idle_step_s();
+      step_.clear();
       record(plan, changes, step_);
       return true;
     }

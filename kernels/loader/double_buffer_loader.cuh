@@ -63,6 +63,9 @@ __global__ void spin_kernel(std::uint64_t ns) {
 }  // namespace detail
 
 struct LoaderOptions {
+  // Entries after the routed experts in every page-table row, for experts that never move (the shared
+  // experts' chunks, read by PagedMoe as experts E .. E + m - 1): set once with set_static_entries().
+  std::uint32_t static_entries = 0;
   bool poison_before_copy = false;  // tests: memset each destination to 0xFF on the copy stream first
   std::uint32_t copy_delay_us = 0;  // tests: a spin kernel delays the copy stream before each layer's copies
 };
@@ -98,7 +101,7 @@ class DoubleBufferLoader {
       AMOEBA_CUDA_CHECK(cudaMalloc(&p, buffer_bytes));
       b = static_cast<std::byte*>(p);
     }
-    const std::size_t entries = std::size_t(shape.layers) * shape.experts;
+    const std::size_t entries = std::size_t(shape.layers) * row_stride();
     void* t = nullptr;
     AMOEBA_CUDA_CHECK(cudaMalloc(&t, entries * sizeof(ExpertLocation)));
     table_ = static_cast<ExpertLocation*>(t);
@@ -200,7 +203,18 @@ class DoubleBufferLoader {
   }
 
   const ExpertLocation* row(std::uint32_t layer) const noexcept {
-    return table_ + std::size_t(layer) * planner_.shape().experts;
+    return table_ + std::size_t(layer) * row_stride();
+  }
+  // Entries per page-table row: the routed experts, then options.static_entries.
+  std::uint32_t row_stride() const noexcept { return planner_.shape().experts + options_.static_entries; }
+
+  // Writes layer `layer`'s static entries (experts E .. E + entries.size() - 1) on the compute stream.
+  void set_static_entries(std::uint32_t layer, std::span<const ExpertLocation> entries) {
+    if (layer >= planner_.shape().layers || entries.size() != options_.static_entries)
+      throw_config_error("loader.static_entries", entries.size(),
+                         "must be options.static_entries (" + std::to_string(options_.static_entries) +
+                             ") entries of an existing layer");
+    write_row(layer, entries.data(), options_.static_entries, planner_.shape().experts);
   }
 
  private:
@@ -246,7 +260,7 @@ class DoubleBufferLoader {
                  std::uint32_t first = 0) {
     for (std::uint32_t base = 0; base < n; base += detail::kRowChunk) {
       detail::RowWrite w;
-      w.dst = table_ + std::size_t(layer) * planner_.shape().experts + first + base;
+      w.dst = table_ + std::size_t(layer) * row_stride() + first + base;
       w.count = static_cast<int>(std::min<std::uint32_t>(detail::kRowChunk, n - base));
       for (int i = 0; i < w.count; ++i) w.entries[i] = entries ? entries[base + i] : ExpertLocation{};
       detail::write_row_kernel<<<1, 256, 0, compute_>>>(w);

@@ -1,0 +1,788 @@
+// The CUDA backend's implementation; see cuda_backend.hpp for what it is and its memory layout.
+//
+// One forward (forward_impl), on one compute stream; the loader's copy stream runs beside it:
+//   host:  tokens and positions of the step's rows, the KV page table (KvPageTable), the sampled rows, the
+//          synthetic routing (when asked) -> pinned staging -> one upload each; PagedAttention::plan
+//   per layer l (MoE layer m):
+//          loader.prefetch(m)                           restores into reserved pages (copy stream)
+//          RMSNorm -> Q, K, V (cuBLASLt, biases in the epilogue) -> q/k RMSNorm (Qwen3) -> RoPE
+//          KvAppend (the new rows' K/V into their pages) -> PagedAttention -> O -> residual add
+//          RMSNorm -> router GEMM -> top-k (or the synthetic ids) [-> ids to the host when the layer has
+//          non-resident experts] -> shared gate (Qwen2-MoE) -> loader.prepare_layer(m, routed) (misses;
+//          the compute stream waits for the layer's copies) -> PagedMoe<Paged> -> loader.layer_done(m)
+//          -> residual add
+//   final: the sampled rows -> RMSNorm -> LM head -> argmax -> host; loader.end_forward() (synchronises).
+// Routing is read back once per forward (all layers' top-k ids), except for layers whose misses must be
+// known before their MoE (the host waits for that layer's router there).
+#include "engine/cuda_backend.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "amoeba/core/errors.hpp"
+#include "amoeba/engine/kv_page_table.hpp"
+#include "attention/kv_append.cuh"
+#include "attention/paged_attention.cuh"
+#include "engine/decoder_ops.hpp"
+#include "engine/model_weights.hpp"
+#include "loader/double_buffer_loader.cuh"
+#include "loader/device_memory.cuh"
+#include "model/decoder_ops.cuh"
+#include "model/dense_gemm.cuh"
+#include "model/router.cuh"
+#include "moe/paged_moe.cuh"
+
+namespace amoeba::engine {
+
+namespace {
+
+using dbf16 = __nv_bfloat16;
+namespace kd = amoeba::kernels::decoder;
+namespace kn = amoeba::kernels;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(fmt::format("cuda backend: {}: {}", what, cudaGetErrorString(e)));
+}
+void check_status(const kn::Status& st, const char* what) {
+  if (!st) throw std::runtime_error(fmt::format("cuda backend: {}: {}", what, st.message));
+}
+constexpr std::uint64_t align256(std::uint64_t v) {
+  return (v + 255) / 256 * 256;
+}
+
+// Sigmoid of the shared-expert gate's logits (column 0 of a [T][ld] bf16 matrix), rounded to bf16 as
+// transformers' F.sigmoid on a bf16 tensor does.
+__global__ void shared_gate_kernel(const dbf16* __restrict__ logits, int ld, int tokens, float* __restrict__ out) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  const float g = __bfloat162float(logits[static_cast<std::int64_t>(t) * ld]);
+  out[t] = kd::round_bf16(1.0f / (1.0f + expf(-g)));
+}
+
+// dst[i] = src[rows[i]] for rows of `dim` bf16.
+__global__ void gather_rows_kernel(const dbf16* __restrict__ src, const std::int32_t* __restrict__ rows, int dim,
+                                   dbf16* __restrict__ dst) {
+  const dbf16* s = src + static_cast<std::int64_t>(rows[blockIdx.x]) * dim;
+  dbf16* d = dst + static_cast<std::int64_t>(blockIdx.x) * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = s[i];
+}
+
+// Bytes carved from the arena, in order; each region 256-byte aligned.
+struct Carver {
+  std::byte* base = nullptr;
+  std::uint64_t used = 0;
+  std::uint64_t take(std::uint64_t bytes) {
+    const std::uint64_t at = align256(used);
+    used = at + bytes;
+    return at;
+  }
+};
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  // Device pointers of one decoder layer's non-expert weights (null where the architecture has none).
+  struct LayerWeights {
+    const dbf16 *in_norm = nullptr, *post_norm = nullptr;
+    const dbf16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+    const dbf16 *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
+    const dbf16 *q_norm = nullptr, *k_norm = nullptr;
+    const dbf16 *router = nullptr, *shared_gate = nullptr;  // shared_gate padded to 8 rows (zeros)
+    const dbf16 *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP layers
+    std::int32_t moe = -1;                                      // MoE layer index, -1 for a dense layer
+  };
+
+  CudaBackendConfig cfg;
+  HfMoeConfig hf;
+  std::unique_ptr<ModelWeights> weights;
+  TokenSource prompts;
+  std::uint32_t moe_layers = 0, chunks = 0, H = 0, F = 0, E = 0, K = 0, qd = 0, kvd = 0, hd = 0, V = 0;
+  std::uint64_t matrix_bytes = 0;
+
+  cudaStream_t stream = nullptr;
+  std::byte* arena = nullptr;  // one cudaMalloc
+  CudaMemoryReport mem;
+  std::unique_ptr<kn::PinnedExpertStore> store;
+  std::unique_ptr<kn::DoubleBufferLoader> loader;
+  std::unique_ptr<kd::DenseGemm> gemm;
+  kn::PagedAttention<128> attention;
+  kn::PagedMoe<kn::Paged> moe;
+  kn::AttentionWorkspace attn_ws;
+  void* moe_ws = nullptr;
+  std::uint64_t moe_ws_bytes = 0;
+
+  std::vector<LayerWeights> layers;
+  const dbf16 *embed = nullptr, *final_norm = nullptr, *lm_head = nullptr;
+  std::uint32_t shared_base_page = 0;  // expert-page index of the first shared chunk page
+
+  // Activations ([max_batched_tokens] rows) and per-step device inputs.
+  dbf16 *x = nullptr, *hn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr, *o = nullptr;
+  dbf16 *router_logits = nullptr, *gate_logits = nullptr, *mlp_a = nullptr, *mlp_b = nullptr;
+  dbf16 *xs = nullptr, *xn = nullptr, *logits = nullptr;
+  float *topk_w = nullptr, *shared_w = nullptr, *inv_freq = nullptr;
+  std::int32_t *topk_ids = nullptr, *tokens_d = nullptr, *positions_d = nullptr, *sample_rows_d = nullptr;
+  std::int32_t *argmax_d = nullptr, *table_d = nullptr;
+  std::uint64_t table_words_max = 0;
+
+  // Pinned host staging (uploads) and readback.
+  std::byte* pinned = nullptr;
+  std::uint64_t pinned_bytes = 0;
+  std::int32_t *h_tokens = nullptr, *h_positions = nullptr, *h_sample_rows = nullptr, *h_table = nullptr;
+  std::int32_t *h_ids = nullptr, *h_argmax = nullptr;
+  float* h_w = nullptr;
+  dbf16* h_logits = nullptr;
+
+  // Timing events: per layer attention begin/end, MoE begin/end; the forward's begin/end.
+  std::vector<cudaEvent_t> ev_att0, ev_att1, ev_moe0, ev_moe1;
+  cudaEvent_t ev_begin = nullptr, ev_end = nullptr, ev_head0 = nullptr;
+
+  std::unordered_map<std::uint64_t, std::vector<std::int32_t>> history;
+  std::vector<std::vector<float>> last_logits;
+  KvPageTable table;
+  std::vector<std::uint8_t> restored;  // [moe layer][expert]: restored by this step's ChangeList
+  std::vector<std::uint32_t> set_scratch;
+  std::vector<std::uint8_t> flag_scratch;
+
+  Impl(const CudaBackendConfig& c, TokenSource p) : cfg(c), hf(c.model), prompts(std::move(p)) {}
+  ~Impl() { release(); }
+
+  void release() noexcept {
+    loader.reset();  // synchronises its copy stream
+    store.reset();
+    gemm.reset();
+    if (stream) cudaStreamSynchronize(stream);
+    for (auto* v : {&ev_att0, &ev_att1, &ev_moe0, &ev_moe1})
+      for (cudaEvent_t e : *v) cudaEventDestroy(e);
+    for (cudaEvent_t e : {ev_begin, ev_end, ev_head0})
+      if (e) cudaEventDestroy(e);
+    if (pinned) cudaFreeHost(pinned);
+    if (arena) cudaFree(arena);
+    if (stream) cudaStreamDestroy(stream);
+    pinned = nullptr;
+    arena = nullptr;
+    stream = nullptr;
+  }
+
+  void setup();
+  void upload_weights(const Carver& carve_weights, std::uint64_t weights_at);
+  std::optional<ChangeError> forward(const StepBatch& batch, const ChangeList& changes,
+                                     const ResidencyTable& residency, const PoolOwners& owners,
+                                     RoutingSource& routing, StepResult& out);
+  std::int32_t token_at(std::uint64_t request, std::uint32_t position);
+  void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
+    check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
+  }
+};
+
+void CudaBackend::Impl::setup() {
+  // ---- shapes and host-side checks (nothing on the GPU yet)
+  weights = cfg.checkpoint_dir.empty() ? random_weights(hf, cfg.seed)
+                                       : checkpoint_weights(open_checkpoint(cfg.checkpoint_dir));
+  hf = weights->config();
+  H = hf.hidden_size;
+  F = hf.moe_intermediate_size;
+  E = hf.num_experts;
+  K = hf.top_k;
+  hd = hf.head_dim;
+  qd = hf.num_heads * hd;
+  kvd = hf.num_kv_heads * hd;
+  V = hf.vocab_size;
+  moe_layers = hf.moe_layers();
+  chunks = weights->shared_chunks();
+  matrix_bytes = std::uint64_t(F) * H * 2;
+  if (hd != 128)
+    throw_config_error("model.head_dim", hd, "the CUDA backend's attention is built for head_dim 128");
+  if (cfg.geometry.expert_page_bytes != matrix_bytes)
+    throw_config_error("geometry.expert_page_bytes", cfg.geometry.expert_page_bytes,
+                       fmt::format("must be one bf16 expert matrix, F x H x 2 = {} bytes", matrix_bytes));
+  if (cfg.max_batched_tokens == 0 || cfg.max_seqs == 0)
+    throw_config_error("max_batched_tokens", cfg.max_batched_tokens, "and max_seqs must be >= 1");
+  if (cfg.load_buffer_experts > E)
+    throw_config_error("load_buffer_experts", cfg.load_buffer_experts,
+                       fmt::format("must be <= the experts per layer ({})", E));
+
+  const std::uint32_t T = cfg.max_batched_tokens, S = cfg.max_seqs;
+  const std::uint32_t Sl = std::min(S, T);  // sequences that can sample in one step
+  // ---- the arena's layout
+  Carver c;
+  const std::uint64_t pool_at = c.take(cfg.pool_bytes);
+  shared_base_page = static_cast<std::uint32_t>((cfg.pool_bytes + matrix_bytes - 1) / matrix_bytes);
+  c.used = std::uint64_t(shared_base_page) * matrix_bytes;
+  const std::uint64_t shared_at = c.take(std::uint64_t(moe_layers) * chunks * 3 * matrix_bytes);
+  mem.shared_expert_bytes = c.used - shared_at;
+  // Non-expert weights: each tensor 256-byte aligned; the shared gate padded to 8 rows.
+  const std::uint64_t weights_at = c.used;
+  std::uint64_t wbytes = 0;
+  for (const WeightTensor& t : weights->tensors()) {
+    std::uint64_t n = t.elements();
+    if (t.name.ends_with("shared_expert_gate.weight")) n = 8ull * H;
+    wbytes = align256(wbytes) + n * 2;
+  }
+  c.used = weights_at + wbytes;
+  mem.weight_bytes = wbytes;
+  const std::uint64_t act_begin = c.used;
+  auto act = [&](std::uint64_t elems, std::uint64_t size) { return c.take(elems * size); };
+  const std::uint64_t wide = std::max<std::uint64_t>({H, qd, 2ull * std::max(F, hf.intermediate_size)});
+  const std::uint64_t at_x = act(std::uint64_t(T) * H, 2), at_hn = act(std::uint64_t(T) * H, 2);
+  const std::uint64_t at_q = act(std::uint64_t(T) * qd, 2), at_k = act(std::uint64_t(T) * kvd, 2);
+  const std::uint64_t at_v = act(std::uint64_t(T) * kvd, 2), at_att = act(std::uint64_t(T) * qd, 2);
+  const std::uint64_t at_o = act(std::uint64_t(T) * H, 2);
+  const std::uint64_t at_rl = act(std::uint64_t(T) * E, 2), at_gl = act(std::uint64_t(T) * 8, 2);
+  const bool dense_layers = hf.num_layers > moe_layers;
+  const std::uint64_t at_ma = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
+  const std::uint64_t at_mb = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
+  (void)wide;
+  const std::uint64_t at_xs = act(std::uint64_t(Sl) * H, 2), at_xn = act(std::uint64_t(Sl) * H, 2);
+  const std::uint64_t at_lg = act(std::uint64_t(Sl) * V, 2);
+  const std::uint64_t at_tw = act(std::uint64_t(moe_layers) * T * K, 4);
+  const std::uint64_t at_ti = act(std::uint64_t(moe_layers) * T * K, 4);
+  const std::uint64_t at_sw = act(T, 4), at_if = act(hd / 2, 4);
+  const std::uint64_t at_tok = act(T, 4), at_pos = act(T, 4), at_sr = act(Sl, 4), at_am = act(Sl, 4);
+  // The page table: 3 (S + 1) + S offsets and at most every KV page of the pool once.
+  table_words_max = 3ull * (S + 1) + S + cfg.pool_bytes / cfg.geometry.kv_page_bytes + 16;
+  const std::uint64_t at_tab = act(table_words_max, 4);
+  mem.activation_bytes = c.used - act_begin;
+  // Workspaces.
+  const std::uint64_t ws_begin = c.used;
+  kn::MoeShape ms{static_cast<int>(T), static_cast<int>(H), static_cast<int>(F), static_cast<int>(E),
+                  static_cast<int>(K), static_cast<int>(chunks)};
+  typename kn::PagedMoe<kn::Paged>::Arguments ma{};
+  ma.shape = ms;
+  moe_ws_bytes = kn::PagedMoe<kn::Paged>::workspace_size(ma);
+  const std::uint64_t at_moe = c.take(moe_ws_bytes);
+  typename kn::PagedAttention<128>::Arguments aa{};
+  aa.kv = kn::PoolKvCache{reinterpret_cast<void*>(256), cfg.geometry.kv_page_bytes,
+                          cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
+  aa.qo_heads = hf.num_heads;
+  aa.table.sequences = S;
+  aa.table.tokens = T;
+  const kn::AttentionWorkspaceSize aws = kn::PagedAttention<128>::workspace_size(aa);
+  const std::uint64_t at_attws = c.take(aws.device_bytes);
+  const std::uint64_t at_gemm = c.take(kd::DenseGemm::kWorkspaceBytes);
+  mem.workspace_bytes = c.used - ws_begin;
+  mem.pool_bytes = cfg.pool_bytes;
+  mem.arena_bytes = align256(c.used);
+
+  // ---- the GPU: free memory first, so that a configuration that cannot fit is refused before taking any
+  check_cuda(cudaSetDevice(cfg.device), "cudaSetDevice");
+  std::size_t free_b = 0, total_b = 0;
+  check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  mem.device_free_before = free_b;
+  mem.load_buffer_bytes = 2ull * cfg.load_buffer_experts * 3 * matrix_bytes;
+  const std::uint64_t need = mem.arena_bytes + mem.load_buffer_bytes + (64ull << 20);
+  if (need > free_b)
+    throw ConfigError("memory", fmt::format("{:.2f} GB", need / 1e9),
+                      fmt::format("the CUDA backend needs an arena of {:.2f} GB (pool {:.2f}, shared experts "
+                                  "{:.2f}, weights {:.2f}, activations {:.2f}, workspaces {:.2f}) and load "
+                                  "buffers of {:.2f} GB; the device has {:.2f} GB free",
+                                  mem.arena_bytes / 1e9, mem.pool_bytes / 1e9, mem.shared_expert_bytes / 1e9,
+                                  mem.weight_bytes / 1e9, mem.activation_bytes / 1e9,
+                                  mem.workspace_bytes / 1e9, mem.load_buffer_bytes / 1e9, free_b / 1e9));
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  void* a = nullptr;
+  check_cuda(cudaMalloc(&a, mem.arena_bytes), "cudaMalloc(arena)");
+  arena = static_cast<std::byte*>(a);
+  auto at = [&](std::uint64_t off) { return arena + off; };
+  (void)pool_at;
+  x = reinterpret_cast<dbf16*>(at(at_x));
+  hn = reinterpret_cast<dbf16*>(at(at_hn));
+  q = reinterpret_cast<dbf16*>(at(at_q));
+  k = reinterpret_cast<dbf16*>(at(at_k));
+  v = reinterpret_cast<dbf16*>(at(at_v));
+  att = reinterpret_cast<dbf16*>(at(at_att));
+  o = reinterpret_cast<dbf16*>(at(at_o));
+  router_logits = reinterpret_cast<dbf16*>(at(at_rl));
+  gate_logits = reinterpret_cast<dbf16*>(at(at_gl));
+  mlp_a = dense_layers ? reinterpret_cast<dbf16*>(at(at_ma)) : nullptr;
+  mlp_b = dense_layers ? reinterpret_cast<dbf16*>(at(at_mb)) : nullptr;
+  xs = reinterpret_cast<dbf16*>(at(at_xs));
+  xn = reinterpret_cast<dbf16*>(at(at_xn));
+  logits = reinterpret_cast<dbf16*>(at(at_lg));
+  topk_w = reinterpret_cast<float*>(at(at_tw));
+  topk_ids = reinterpret_cast<std::int32_t*>(at(at_ti));
+  shared_w = reinterpret_cast<float*>(at(at_sw));
+  inv_freq = reinterpret_cast<float*>(at(at_if));
+  tokens_d = reinterpret_cast<std::int32_t*>(at(at_tok));
+  positions_d = reinterpret_cast<std::int32_t*>(at(at_pos));
+  sample_rows_d = reinterpret_cast<std::int32_t*>(at(at_sr));
+  argmax_d = reinterpret_cast<std::int32_t*>(at(at_am));
+  table_d = reinterpret_cast<std::int32_t*>(at(at_tab));
+  moe_ws = at(at_moe);
+  attn_ws.device = at(at_attws);
+  attn_ws.device_bytes = aws.device_bytes;
+  gemm = std::make_unique<kd::DenseGemm>(at(at_gemm), kd::DenseGemm::kWorkspaceBytes);
+
+  // Pinned staging: uploads (tokens, positions, sampled rows, the page table, synthetic routing), the
+  // attention plan's buffer, readbacks (routing ids, argmax, logits).
+  const std::uint64_t routing_elems = std::uint64_t(moe_layers) * T * K;
+  std::uint64_t pin = 0;
+  auto ptake = [&](std::uint64_t bytes) {
+    const std::uint64_t o2 = align256(pin);
+    pin = o2 + bytes;
+    return o2;
+  };
+  const std::uint64_t p_tok = ptake(4ull * T), p_pos = ptake(4ull * T), p_sr = ptake(4ull * Sl);
+  const std::uint64_t p_tab = ptake(4ull * table_words_max), p_ids = ptake(4 * routing_elems);
+  const std::uint64_t p_w = ptake(4 * routing_elems), p_am = ptake(4ull * Sl);
+  const std::uint64_t p_lg = cfg.keep_logits ? ptake(2ull * Sl * V) : 0;
+  const std::uint64_t p_attn = ptake(aws.pinned_bytes);
+  pinned_bytes = align256(pin);
+  void* hp = nullptr;
+  check_cuda(cudaHostAlloc(&hp, pinned_bytes, cudaHostAllocDefault), "cudaHostAlloc(staging)");
+  pinned = static_cast<std::byte*>(hp);
+  h_tokens = reinterpret_cast<std::int32_t*>(pinned + p_tok);
+  h_positions = reinterpret_cast<std::int32_t*>(pinned + p_pos);
+  h_sample_rows = reinterpret_cast<std::int32_t*>(pinned + p_sr);
+  h_table = reinterpret_cast<std::int32_t*>(pinned + p_tab);
+  h_ids = reinterpret_cast<std::int32_t*>(pinned + p_ids);
+  h_w = reinterpret_cast<float*>(pinned + p_w);
+  h_argmax = reinterpret_cast<std::int32_t*>(pinned + p_am);
+  h_logits = cfg.keep_logits ? reinterpret_cast<dbf16*>(pinned + p_lg) : nullptr;
+  attn_ws.pinned = pinned + p_attn;
+  attn_ws.pinned_bytes = aws.pinned_bytes;
+
+  // RoPE's inverse frequencies, as transformers computes them (float32 on the host).
+  std::vector<float> inv(hd / 2);
+  for (std::uint32_t j = 0; j < hd / 2; ++j) inv[j] = ops::rope_inv_freq(hf.rope_theta, j, hd);
+  check_cuda(cudaMemcpy(inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice), "upload inv_freq");
+
+  // ---- weights: the master copy of every routed expert in pinned memory, the rest on the device
+  store = std::make_unique<kn::PinnedExpertStore>(moe_layers, E, matrix_bytes);
+  mem.pinned_host_bytes = store->bytes() + pinned_bytes;
+  store->fill([&](ExpertKey key, std::byte* dst, std::uint64_t bytes) {
+    weights->read_expert(key.layer, key.expert, std::span<std::byte>(dst, bytes));
+  });
+  Carver cw{arena, 0};
+  upload_weights(cw, weights_at);
+  if (chunks > 0) {
+    std::vector<std::byte> buf(3 * matrix_bytes);
+    for (std::uint32_t m = 0; m < moe_layers; ++m)
+      for (std::uint32_t ch = 0; ch < chunks; ++ch) {
+        weights->read_shared_chunk(m, ch, buf);
+        const std::uint64_t page = shared_base_page + (std::uint64_t(m) * chunks + ch) * 3;
+        check_cuda(cudaMemcpy(arena + page * matrix_bytes, buf.data(), buf.size(), cudaMemcpyHostToDevice),
+                   "upload shared expert");
+      }
+  }
+  (void)shared_at;
+
+  kn::LoaderOptions lo;
+  lo.static_entries = chunks;
+  loader = std::make_unique<kn::DoubleBufferLoader>(
+      LoaderShape{moe_layers, E, cfg.load_buffer_experts}, *store, ArenaSpan{arena, cfg.pool_bytes}, stream, lo);
+  if (chunks > 0) {
+    std::vector<ExpertLocation> entries(chunks);
+    for (std::uint32_t m = 0; m < moe_layers; ++m) {
+      for (std::uint32_t ch = 0; ch < chunks; ++ch) {
+        const std::uint64_t page = shared_base_page + (std::uint64_t(m) * chunks + ch) * 3;
+        for (std::uint32_t j = 0; j < 3; ++j) entries[ch].page[j] = static_cast<std::int32_t>(page + j);
+        entries[ch].buffer_slot = -1;
+      }
+      loader->set_static_entries(m, entries);
+    }
+  }
+
+  auto events = [&](std::vector<cudaEvent_t>& vv) {
+    vv.resize(hf.num_layers);
+    for (cudaEvent_t& e : vv) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  };
+  events(ev_att0);
+  events(ev_att1);
+  events(ev_moe0);
+  events(ev_moe1);
+  check_cuda(cudaEventCreate(&ev_begin), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&ev_end), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&ev_head0), "cudaEventCreate");
+  restored.assign(std::size_t(moe_layers) * E, 0);
+  flag_scratch.assign(E, 0);
+  check_cuda(cudaStreamSynchronize(stream), "setup");
+  check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  mem.device_free_after_setup = free_b;
+}
+
+void CudaBackend::Impl::upload_weights(const Carver&, std::uint64_t weights_at) {
+  std::unordered_map<std::string, const dbf16*> dev;
+  std::uint64_t off = weights_at;
+  std::vector<bf16> host;
+  for (const WeightTensor& t : weights->tensors()) {
+    off = align256(off);
+    host.assign(t.elements(), bf16{});
+    weights->read(t.name, host);
+    std::uint64_t bytes = host.size() * 2;
+    if (t.name.ends_with("shared_expert_gate.weight")) {  // [1, H] padded to [8, H] with zeros
+      check_cuda(cudaMemset(arena + off, 0, 8ull * H * 2), "cudaMemset");
+    }
+    check_cuda(cudaMemcpy(arena + off, host.data(), bytes, cudaMemcpyHostToDevice), "upload weight");
+    dev[t.name] = reinterpret_cast<const dbf16*>(arena + off);
+    off += t.name.ends_with("shared_expert_gate.weight") ? 8ull * H * 2 : bytes;
+  }
+  auto get = [&](const std::string& name, bool required = true) -> const dbf16* {
+    auto it = dev.find(name);
+    if (it == dev.end()) {
+      if (required) throw std::logic_error("cuda backend: weight " + name + " was not uploaded");
+      return nullptr;
+    }
+    return it->second;
+  };
+  embed = get("model.embed_tokens.weight");
+  final_norm = get("model.norm.weight");
+  lm_head = hf.tie_word_embeddings ? embed : get("lm_head.weight");
+  layers.resize(hf.num_layers);
+  std::int32_t m = 0;
+  for (std::uint32_t l = 0; l < hf.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    LayerWeights& w = layers[l];
+    w.in_norm = get(p + "input_layernorm.weight");
+    w.post_norm = get(p + "post_attention_layernorm.weight");
+    w.q = get(p + "self_attn.q_proj.weight");
+    w.k = get(p + "self_attn.k_proj.weight");
+    w.v = get(p + "self_attn.v_proj.weight");
+    w.o = get(p + "self_attn.o_proj.weight");
+    w.q_bias = get(p + "self_attn.q_proj.bias", hf.qkv_bias);
+    w.k_bias = get(p + "self_attn.k_proj.bias", hf.qkv_bias);
+    w.v_bias = get(p + "self_attn.v_proj.bias", hf.qkv_bias);
+    w.q_norm = get(p + "self_attn.q_norm.weight", hf.qk_norm);
+    w.k_norm = get(p + "self_attn.k_norm.weight", hf.qk_norm);
+    if (hf.is_moe_layer(l)) {
+      w.moe = m++;
+      w.router = get(p + "mlp.gate.weight");
+      w.shared_gate = get(p + "mlp.shared_expert_gate.weight", chunks > 0);
+    } else {
+      w.gate = get(p + "mlp.gate_proj.weight");
+      w.up = get(p + "mlp.up_proj.weight");
+      w.down = get(p + "mlp.down_proj.weight");
+    }
+  }
+}
+
+std::int32_t CudaBackend::Impl::token_at(std::uint64_t request, std::uint32_t position) {
+  std::vector<std::int32_t>& h = history[request];
+  if (position < h.size()) return h[position];
+  if (position != h.size())
+    throw std::logic_error(fmt::format("cuda backend: request {} computes position {} but knows {} tokens",
+                                       request, position, h.size()));
+  const std::int32_t t = prompts(request, position);
+  if (t < 0 || std::uint32_t(t) >= V)
+    throw_config_error(fmt::format("prompt token {} of request {}", position, request), t,
+                       fmt::format("must be in [0, vocab_size = {})", V));
+  h.push_back(t);
+  return t;
+}
+
+std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, const ChangeList& changes,
+                                                      const ResidencyTable& residency, const PoolOwners& owners,
+                                                      RoutingSource& routing, StepResult& out) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  out.clear();
+  if (cfg.routing == RoutingKind::kModel && routing.kind() != RoutingKind::kModel)
+    throw std::logic_error("cuda backend: configured for the model's router, given a non-model source");
+  if (batch.tokens > cfg.max_batched_tokens || batch.size() > cfg.max_seqs)
+    throw std::logic_error(fmt::format("cuda backend: a step of {} tokens / {} sequences exceeds the sizes it "
+                                       "was built for ({} / {})",
+                                       batch.tokens, batch.size(), cfg.max_batched_tokens, cfg.max_seqs));
+  if (auto e = loader->begin_forward(changes, residency, owners)) return e;
+  const kn::LoadStats ls0 = loader->stats();
+  const kn::LoaderDeviceStats ds0 = loader->device_stats();
+  double stall0 = 0;
+  for (double s : ds0.stall_ms_per_layer) stall0 += s;
+
+  // ---- host inputs
+  const std::uint32_t T = static_cast<std::uint32_t>(batch.tokens);
+  std::uint32_t row = 0, samples = 0;
+  for (const SequenceStep& s : batch.seqs) {
+    for (std::uint32_t p = s.context_before; p < s.context_after(); ++p, ++row) {
+      h_tokens[row] = token_at(s.request, p);
+      h_positions[row] = static_cast<std::int32_t>(p);
+    }
+    if (s.samples) h_sample_rows[samples++] = static_cast<std::int32_t>(row - 1);
+  }
+  if (auto err = table.assign(batch)) throw std::logic_error("cuda backend: page table: " + *err);
+  const auto words = table.words();
+  if (words.size() > table_words_max)
+    throw std::logic_error("cuda backend: page table larger than its buffer");
+  std::memcpy(h_table, words.data(), words.size_bytes());
+  check_cuda(cudaEventRecord(ev_begin, stream), "cudaEventRecord");
+  check_cuda(cudaMemcpyAsync(tokens_d, h_tokens, 4ull * T, cudaMemcpyHostToDevice, stream), "upload tokens");
+  check_cuda(cudaMemcpyAsync(positions_d, h_positions, 4ull * T, cudaMemcpyHostToDevice, stream), "upload pos");
+  if (samples)
+    check_cuda(cudaMemcpyAsync(sample_rows_d, h_sample_rows, 4ull * samples, cudaMemcpyHostToDevice, stream),
+               "upload sampled rows");
+  check_cuda(cudaMemcpyAsync(table_d, h_table, words.size_bytes(), cudaMemcpyHostToDevice, stream),
+             "upload page table");
+  const KvPageTableView dview = table.view(table_d);
+  typename kn::PagedAttention<128>::Arguments aa{};
+  aa.kv = kn::PoolKvCache{arena, cfg.geometry.kv_page_bytes, cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
+  aa.qo_heads = hf.num_heads;
+  aa.q = q;
+  aa.o = att;
+  aa.table = dview;
+  check_status(attention.plan(aa, table.host_view(), attn_ws, stream), "attention plan");
+
+  // Which experts this step's ChangeList restores (their pages are written during this forward).
+  for (const Restore& r : changes.restores) restored[std::size_t(r.expert.layer) * E + r.expert.expert] = 1;
+
+  // Synthetic or recorded routing: each token takes k experts of the layer's set, round robin, so that the
+  // tokens together route to exactly the set when k <= |set| <= T x k (weights 1 / k).
+  const bool synthetic = cfg.routing != RoutingKind::kModel;
+  if (synthetic) {
+    for (std::uint32_t m = 0; m < moe_layers; ++m) {
+      const auto set = routing.layer_experts(m);
+      std::int32_t* ids = h_ids + std::size_t(m) * T * K;
+      float* w = h_w + std::size_t(m) * T * K;
+      for (std::uint32_t i = 0; i < T * K; ++i) {
+        ids[i] = set.empty() ? -1 : static_cast<std::int32_t>(set[i % set.size()]);
+        w[i] = 1.0f / float(K);
+      }
+    }
+    const std::uint64_t n = std::uint64_t(moe_layers) * T * K;
+    // Layer m's ids sit at [m][T][K] in both the host and the device buffers.
+    check_cuda(cudaMemcpyAsync(topk_ids, h_ids, 4 * n, cudaMemcpyHostToDevice, stream), "upload routing");
+    check_cuda(cudaMemcpyAsync(topk_w, h_w, 4 * n, cudaMemcpyHostToDevice, stream), "upload routing weights");
+  }
+
+  // ---- the layers
+  const int Ti = static_cast<int>(T);
+  kd::embed_kernel<<<T, 256, 0, stream>>>(embed, tokens_d, x, static_cast<int>(H));
+  const int ew_blocks = static_cast<int>(std::min<std::uint64_t>((std::uint64_t(T) * H + 255) / 256, 4096));
+  std::vector<std::uint8_t> synced(moe_layers, 0);
+  for (std::uint32_t l = 0; l < hf.num_layers; ++l) {
+    const LayerWeights& w = layers[l];
+    if (w.moe >= 0)
+      if (auto e = loader->prefetch(static_cast<std::uint32_t>(w.moe), {}))
+        throw std::logic_error("cuda backend: prefetch: " + e->message);
+    check_cuda(cudaEventRecord(ev_att0[l], stream), "cudaEventRecord");
+    kd::rms_norm_kernel<<<T, 256, 0, stream>>>(x, w.in_norm, hn, static_cast<int>(H), float(hf.rms_norm_eps));
+    gemm_run(hn, Ti, int(H), w.q, int(qd), w.q_bias, q);
+    gemm_run(hn, Ti, int(H), w.k, int(kvd), w.k_bias, k);
+    gemm_run(hn, Ti, int(H), w.v, int(kvd), w.v_bias, v);
+    if (hf.qk_norm) {
+      kd::rms_norm_kernel<<<T * hf.num_heads, 128, 0, stream>>>(q, w.q_norm, q, int(hd), float(hf.rms_norm_eps));
+      kd::rms_norm_kernel<<<T * hf.num_kv_heads, 128, 0, stream>>>(k, w.k_norm, k, int(hd),
+                                                                   float(hf.rms_norm_eps));
+    }
+    kd::rope_kernel<<<T, 256, 0, stream>>>(q, positions_d, inv_freq, int(hf.num_heads), int(hd));
+    kd::rope_kernel<<<T, 256, 0, stream>>>(k, positions_d, inv_freq, int(hf.num_kv_heads), int(hd));
+    check_cuda(cudaGetLastError(), "attention prologue kernels");
+    kn::KvAppendArguments ka{aa.kv, dview, l, k, v};
+    check_status(kn::KvAppend::run(ka, stream), "kv append");
+    aa.layer = l;
+    check_status(attention.run(aa, stream), "paged attention");
+    gemm_run(att, Ti, int(qd), w.o, int(H), nullptr, o);
+    kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
+    kd::rms_norm_kernel<<<T, 256, 0, stream>>>(x, w.post_norm, hn, static_cast<int>(H), float(hf.rms_norm_eps));
+    check_cuda(cudaEventRecord(ev_att1[l], stream), "cudaEventRecord");
+    if (w.moe >= 0) {
+      const std::uint32_t m = static_cast<std::uint32_t>(w.moe);
+      std::int32_t* ids = topk_ids + std::size_t(m) * T * K;
+      float* wts = topk_w + std::size_t(m) * T * K;
+      if (!synthetic) {
+        gemm_run(hn, Ti, int(H), w.router, int(E), nullptr, router_logits);
+        check_status(kd::router_topk(router_logits, Ti, int(E), int(K), hf.norm_topk_prob, ids, wts, stream),
+                     "router");
+      }
+      if (chunks > 0) {
+        gemm_run(hn, Ti, int(H), w.shared_gate, 8, nullptr, gate_logits);
+        shared_gate_kernel<<<(T + 255) / 256, 256, 0, stream>>>(gate_logits, 8, Ti, shared_w);
+        check_cuda(cudaGetLastError(), "shared_gate_kernel");
+      }
+      // The routed set: known on the host for synthetic routing; from the router otherwise, and then read
+      // back here only if the layer may miss (an expert neither resident nor restored this step).
+      set_scratch.clear();
+      bool may_miss = false;
+      for (std::uint32_t e = 0; e < E && !may_miss; ++e)
+        may_miss = !residency.is_resident({m, e}) && !restored[std::size_t(m) * E + e];
+      if (synthetic) {
+        const auto set = routing.layer_experts(m);
+        set_scratch.assign(set.begin(), set.end());
+      } else if (may_miss) {
+        check_cuda(cudaMemcpyAsync(h_ids + std::size_t(m) * T * K, ids, 4ull * T * K, cudaMemcpyDeviceToHost,
+                                   stream),
+                   "routing readback");
+        check_cuda(cudaStreamSynchronize(stream), "routing readback");
+        synced[m] = 1;
+        std::fill(flag_scratch.begin(), flag_scratch.end(), 0);
+        for (std::uint32_t i = 0; i < T * K; ++i) flag_scratch[h_ids[std::size_t(m) * T * K + i]] = 1;
+        for (std::uint32_t e = 0; e < E; ++e)
+          if (flag_scratch[e]) set_scratch.push_back(e);
+      }
+      auto lw = loader->prepare_layer(m, set_scratch);
+      if (!lw) throw std::logic_error("cuda backend: " + lw.error().message);
+      check_cuda(cudaEventRecord(ev_moe0[l], stream), "cudaEventRecord");
+      typename kn::PagedMoe<kn::Paged>::Arguments ma{};
+      ma.shape = kn::MoeShape{Ti, int(H), int(F), int(E), int(K), int(chunks)};
+      ma.input = hn;
+      ma.topk_ids = ids;
+      ma.topk_weights = wts;
+      ma.shared_weights = chunks > 0 ? shared_w : nullptr;
+      ma.output = o;
+      ma.weights = kn::Paged::Arguments{lw->pool_base, lw->load_buffer, lw->locations};
+      check_status(moe.run(ma, moe_ws, moe_ws_bytes, stream), "paged MoE");
+      loader->layer_done(m);
+    } else {
+      check_cuda(cudaEventRecord(ev_moe0[l], stream), "cudaEventRecord");
+      const int Fd = static_cast<int>(hf.intermediate_size);
+      gemm_run(hn, Ti, int(H), w.gate, Fd, nullptr, mlp_a);
+      gemm_run(hn, Ti, int(H), w.up, Fd, nullptr, mlp_b);
+      kd::silu_mul_kernel<<<ew_blocks, 256, 0, stream>>>(mlp_a, mlp_b, mlp_a, std::int64_t(T) * Fd);
+      gemm_run(mlp_a, Ti, Fd, w.down, int(H), nullptr, o);
+    }
+    kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
+    check_cuda(cudaGetLastError(), "layer epilogue kernels");
+    check_cuda(cudaEventRecord(ev_moe1[l], stream), "cudaEventRecord");
+  }
+
+  // ---- the sampled rows: final norm, LM head, argmax
+  check_cuda(cudaEventRecord(ev_head0, stream), "cudaEventRecord");
+  if (samples > 0) {
+    gather_rows_kernel<<<samples, 256, 0, stream>>>(x, sample_rows_d, int(H), xs);
+    kd::rms_norm_kernel<<<samples, 256, 0, stream>>>(xs, final_norm, xn, int(H), float(hf.rms_norm_eps));
+    gemm_run(xn, int(samples), int(H), lm_head, int(V), nullptr, logits);
+    kd::argmax_kernel<<<samples, 256, 0, stream>>>(logits, int(V), argmax_d);
+    check_cuda(cudaGetLastError(), "LM head kernels");
+    check_cuda(cudaMemcpyAsync(h_argmax, argmax_d, 4ull * samples, cudaMemcpyDeviceToHost, stream),
+               "argmax readback");
+    if (cfg.keep_logits)
+      check_cuda(cudaMemcpyAsync(h_logits, logits, 2ull * samples * V, cudaMemcpyDeviceToHost, stream),
+                 "logits readback");
+  }
+  // The routing the model chose, for the adjuster (layers read back above are not read again).
+  if (!synthetic)
+    for (std::uint32_t m = 0; m < moe_layers; ++m)
+      if (!synced[m])
+        check_cuda(cudaMemcpyAsync(h_ids + std::size_t(m) * T * K, topk_ids + std::size_t(m) * T * K,
+                                   4ull * T * K, cudaMemcpyDeviceToHost, stream),
+                   "routing readback");
+  check_cuda(cudaEventRecord(ev_end, stream), "cudaEventRecord");
+  (void)loader->end_forward();  // synchronises both streams
+  for (const Restore& r : changes.restores) restored[std::size_t(r.expert.layer) * E + r.expert.expert] = 0;
+
+  // ---- results
+  std::uint32_t si = 0;
+  last_logits.clear();
+  for (const SequenceStep& s : batch.seqs) {
+    if (!s.samples) continue;
+    history[s.request].push_back(h_argmax[si]);
+    if (cfg.keep_logits) {
+      std::vector<float>& lg = last_logits.emplace_back(V);
+      for (std::uint32_t i = 0; i < V; ++i) lg[i] = __bfloat162float(h_logits[std::size_t(si) * V + i]);
+    }
+    ++si;
+  }
+  const kn::LoadStats ls1 = loader->stats();
+  const kn::LoaderDeviceStats& ds1 = loader->device_stats();
+  double stall1 = 0;
+  for (double s : ds1.stall_ms_per_layer) stall1 += s;
+  for (std::uint32_t m = 0; m < moe_layers; ++m) {
+    std::fill(flag_scratch.begin(), flag_scratch.end(), 0);
+    for (std::uint32_t i = 0; i < T * K; ++i) {
+      const std::int32_t e = h_ids[std::size_t(m) * T * K + i];
+      if (e >= 0 && std::uint32_t(e) < E) flag_scratch[e] = 1;
+    }
+    set_scratch.clear();
+    for (std::uint32_t e = 0; e < E; ++e)
+      if (flag_scratch[e]) set_scratch.push_back(e);
+    out.add_routed(set_scratch);
+    for (std::uint32_t e : set_scratch) {
+      ++out.expert_touches;
+      if (residency.is_resident({m, e})) ++out.expert_hits;
+    }
+  }
+  out.h2d_bytes = ds1.bytes_h2d - ds0.bytes_h2d;
+  out.copy_calls = ds1.copy_calls - ds0.copy_calls;
+  out.restores_copied = ls1.restores - ls0.restores;
+  out.prefetches = ls1.prefetches - ls0.prefetches;
+  out.on_demand = ls1.on_demand_misses - ls0.on_demand_misses;
+  out.expert_misses = out.on_demand;
+  out.expert_prefetched = out.expert_touches - out.expert_hits - out.expert_misses;
+  out.wasted_prefetches = ls1.prefetch_wasted - ls0.prefetch_wasted;
+  float ms = 0;
+  for (std::uint32_t l = 0; l < hf.num_layers; ++l) {
+    check_cuda(cudaEventElapsedTime(&ms, ev_att0[l], ev_att1[l]), "cudaEventElapsedTime");
+    out.attention_s += ms * 1e-3;
+    check_cuda(cudaEventElapsedTime(&ms, ev_moe0[l], ev_moe1[l]), "cudaEventElapsedTime");
+    (layers[l].moe >= 0 ? out.moe_s : out.dense_s) += ms * 1e-3;
+  }
+  check_cuda(cudaEventElapsedTime(&ms, ev_head0, ev_end), "cudaEventElapsedTime");
+  out.dense_s += ms * 1e-3;
+  out.stall_s = (stall1 - stall0) * 1e-3;
+  check_cuda(cudaEventElapsedTime(&ms, ev_begin, ev_end), "cudaEventElapsedTime");
+  out.compute_s = ms * 1e-3 - out.stall_s;
+  out.copy_s = 0;  // the copy engine's busy time is not measured separately (stall_s is what it costs)
+  out.step_s = std::chrono::duration<double>(clock::now() - t0).count();
+  return std::nullopt;
+}
+
+// ---- CudaBackend
+
+CudaBackend::CudaBackend(const CudaBackendConfig& config, TokenSource prompts)
+    : impl_(std::make_unique<Impl>(config, std::move(prompts))) {
+  impl_->setup();
+}
+CudaBackend::~CudaBackend() = default;
+CudaBackend::CudaBackend(CudaBackend&&) noexcept = default;
+CudaBackend& CudaBackend::operator=(CudaBackend&&) noexcept = default;
+
+std::optional<ChangeError> CudaBackend::forward_impl(const StepBatch& batch, const ChangeList& changes,
+                                                     const ResidencyTable& residency, const PoolOwners& owners,
+                                                     RoutingSource& routing, StepResult& out) {
+  return impl_->forward(batch, changes, residency, owners, routing, out);
+}
+
+void CudaBackend::populate(const ResidencyTable& residency) {
+  Impl& d = *impl_;
+  residency.for_each_resident([&](ExpertKey key, const ExpertPages& pages) {
+    for (ExpertMatrix m : kExpertMatrices)
+      check_cuda(cudaMemcpyAsync(d.arena + std::uint64_t(pages[m].index) * d.matrix_bytes, d.store->matrix(key, m),
+                                 d.matrix_bytes, cudaMemcpyHostToDevice, d.stream),
+                 "populate");
+  });
+  check_cuda(cudaStreamSynchronize(d.stream), "populate");
+}
+
+std::span<const std::int32_t> CudaBackend::tokens(std::uint64_t request) const {
+  auto it = impl_->history.find(request);
+  if (it == impl_->history.end()) return {};
+  return it->second;
+}
+
+void CudaBackend::replace_last_token(std::uint64_t request, std::int32_t token) {
+  auto it = impl_->history.find(request);
+  if (it == impl_->history.end() || it->second.empty())
+    throw_config_error("request", request, "has no token to replace");
+  if (token < 0 || std::uint32_t(token) >= impl_->V)
+    throw_config_error("token", token, fmt::format("must be in [0, vocab_size = {})", impl_->V));
+  it->second.back() = token;
+}
+
+const std::vector<std::vector<float>>& CudaBackend::last_logits() const {
+  return impl_->last_logits;
+}
+const CudaMemoryReport& CudaBackend::memory() const {
+  return impl_->mem;
+}
+const CudaBackendConfig& CudaBackend::config() const {
+  return impl_->cfg;
+}
+
+std::uint64_t CudaMemoryReport::device_free_now() const {
+  std::size_t f = 0, t = 0;
+  return cudaMemGetInfo(&f, &t) == cudaSuccess ? f : 0;
+}
+
+bool cuda_backend_available() noexcept {
+  return true;
+}
+
+}  // namespace amoeba::engine

@@ -36,8 +36,8 @@
 #include "attention/paged_attention.cuh"
 #include "engine/decoder_ops.hpp"
 #include "engine/model_weights.hpp"
-#include "loader/double_buffer_loader.cuh"
 #include "loader/device_memory.cuh"
+#include "loader/double_buffer_loader.cuh"
 #include "model/decoder_ops.cuh"
 #include "model/dense_gemm.cuh"
 #include "model/router.cuh"
@@ -52,7 +52,8 @@ namespace kd = amoeba::kernels::decoder;
 namespace kn = amoeba::kernels;
 
 void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(fmt::format("cuda backend: {}: {}", what, cudaGetErrorString(e)));
+  if (e != cudaSuccess)
+    throw std::runtime_error(fmt::format("cuda backend: {}: {}", what, cudaGetErrorString(e)));
 }
 void check_status(const kn::Status& st, const char* what) {
   if (!st) throw std::runtime_error(fmt::format("cuda backend: {}: {}", what, st.message));
@@ -63,7 +64,8 @@ constexpr std::uint64_t align256(std::uint64_t v) {
 
 // Sigmoid of the shared-expert gate's logits (column 0 of a [T][ld] bf16 matrix), rounded to bf16 as
 // transformers' F.sigmoid on a bf16 tensor does.
-__global__ void shared_gate_kernel(const dbf16* __restrict__ logits, int ld, int tokens, float* __restrict__ out) {
+__global__ void shared_gate_kernel(const dbf16* __restrict__ logits, int ld, int tokens,
+                                   float* __restrict__ out) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= tokens) return;
   const float g = __bfloat162float(logits[static_cast<std::int64_t>(t) * ld]);
@@ -71,8 +73,8 @@ __global__ void shared_gate_kernel(const dbf16* __restrict__ logits, int ld, int
 }
 
 // dst[i] = src[rows[i]] for rows of `dim` bf16.
-__global__ void gather_rows_kernel(const dbf16* __restrict__ src, const std::int32_t* __restrict__ rows, int dim,
-                                   dbf16* __restrict__ dst) {
+__global__ void gather_rows_kernel(const dbf16* __restrict__ src, const std::int32_t* __restrict__ rows,
+                                   int dim, dbf16* __restrict__ dst) {
   const dbf16* s = src + static_cast<std::int64_t>(rows[blockIdx.x]) * dim;
   dbf16* d = dst + static_cast<std::int64_t>(blockIdx.x) * dim;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = s[i];
@@ -98,9 +100,9 @@ struct CudaBackend::Impl {
     const dbf16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
     const dbf16 *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
     const dbf16 *q_norm = nullptr, *k_norm = nullptr;
-    const dbf16 *router = nullptr, *shared_gate = nullptr;  // shared_gate padded to 8 rows (zeros)
+    const dbf16 *router = nullptr, *shared_gate = nullptr;        // shared_gate padded to 8 rows (zeros)
     const dbf16 *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP layers
-    std::int32_t moe = -1;                                      // MoE layer index, -1 for a dense layer
+    std::int32_t moe = -1;                                        // MoE layer index, -1 for a dense layer
   };
 
   CudaBackendConfig cfg;
@@ -255,8 +257,8 @@ void CudaBackend::Impl::setup() {
   mem.activation_bytes = c.used - act_begin;
   // Workspaces.
   const std::uint64_t ws_begin = c.used;
-  kn::MoeShape ms{static_cast<int>(T), static_cast<int>(H), static_cast<int>(F), static_cast<int>(E),
-                  static_cast<int>(K), static_cast<int>(chunks)};
+  kn::MoeShape ms{static_cast<int>(T), static_cast<int>(H), static_cast<int>(F),
+                  static_cast<int>(E), static_cast<int>(K), static_cast<int>(chunks)};
   typename kn::PagedMoe<kn::Paged>::Arguments ma{};
   ma.shape = ms;
   moe_ws_bytes = kn::PagedMoe<kn::Paged>::workspace_size(ma);
@@ -379,8 +381,8 @@ void CudaBackend::Impl::setup() {
 
   kn::LoaderOptions lo;
   lo.static_entries = chunks;
-  loader = std::make_unique<kn::DoubleBufferLoader>(
-      LoaderShape{moe_layers, E, cfg.load_buffer_experts}, *store, ArenaSpan{arena, cfg.pool_bytes}, stream, lo);
+  loader = std::make_unique<kn::DoubleBufferLoader>(LoaderShape{moe_layers, E, cfg.load_buffer_experts},
+                                                    *store, ArenaSpan{arena, cfg.pool_bytes}, stream, lo);
   if (chunks > 0) {
     std::vector<ExpertLocation> entries(chunks);
     for (std::uint32_t m = 0; m < moe_layers; ++m) {
@@ -481,17 +483,19 @@ std::int32_t CudaBackend::Impl::token_at(std::uint64_t request, std::uint32_t po
 }
 
 std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, const ChangeList& changes,
-                                                      const ResidencyTable& residency, const PoolOwners& owners,
-                                                      RoutingSource& routing, StepResult& out) {
+                                                      const ResidencyTable& residency,
+                                                      const PoolOwners& owners, RoutingSource& routing,
+                                                      StepResult& out) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   out.clear();
   if (cfg.routing == RoutingKind::kModel && routing.kind() != RoutingKind::kModel)
     throw std::logic_error("cuda backend: configured for the model's router, given a non-model source");
   if (batch.tokens > cfg.max_batched_tokens || batch.size() > cfg.max_seqs)
-    throw std::logic_error(fmt::format("cuda backend: a step of {} tokens / {} sequences exceeds the sizes it "
-                                       "was built for ({} / {})",
-                                       batch.tokens, batch.size(), cfg.max_batched_tokens, cfg.max_seqs));
+    throw std::logic_error(
+        fmt::format("cuda backend: a step of {} tokens / {} sequences exceeds the sizes it "
+                    "was built for ({} / {})",
+                    batch.tokens, batch.size(), cfg.max_batched_tokens, cfg.max_seqs));
   if (auto e = loader->begin_forward(changes, residency, owners)) return e;
   const kn::LoadStats ls0 = loader->stats();
   const kn::LoaderDeviceStats ds0 = loader->device_stats();
@@ -515,7 +519,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   std::memcpy(h_table, words.data(), words.size_bytes());
   check_cuda(cudaEventRecord(ev_begin, stream), "cudaEventRecord");
   check_cuda(cudaMemcpyAsync(tokens_d, h_tokens, 4ull * T, cudaMemcpyHostToDevice, stream), "upload tokens");
-  check_cuda(cudaMemcpyAsync(positions_d, h_positions, 4ull * T, cudaMemcpyHostToDevice, stream), "upload pos");
+  check_cuda(cudaMemcpyAsync(positions_d, h_positions, 4ull * T, cudaMemcpyHostToDevice, stream),
+             "upload pos");
   if (samples)
     check_cuda(cudaMemcpyAsync(sample_rows_d, h_sample_rows, 4ull * samples, cudaMemcpyHostToDevice, stream),
                "upload sampled rows");
@@ -523,7 +528,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
              "upload page table");
   const KvPageTableView dview = table.view(table_d);
   typename kn::PagedAttention<128>::Arguments aa{};
-  aa.kv = kn::PoolKvCache{arena, cfg.geometry.kv_page_bytes, cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
+  aa.kv =
+      kn::PoolKvCache{arena, cfg.geometry.kv_page_bytes, cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
   aa.qo_heads = hf.num_heads;
   aa.q = q;
   aa.o = att;
@@ -568,7 +574,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     gemm_run(hn, Ti, int(H), w.k, int(kvd), w.k_bias, k);
     gemm_run(hn, Ti, int(H), w.v, int(kvd), w.v_bias, v);
     if (hf.qk_norm) {
-      kd::rms_norm_kernel<<<T * hf.num_heads, 128, 0, stream>>>(q, w.q_norm, q, int(hd), float(hf.rms_norm_eps));
+      kd::rms_norm_kernel<<<T * hf.num_heads, 128, 0, stream>>>(q, w.q_norm, q, int(hd),
+                                                                float(hf.rms_norm_eps));
       kd::rms_norm_kernel<<<T * hf.num_kv_heads, 128, 0, stream>>>(k, w.k_norm, k, int(hd),
                                                                    float(hf.rms_norm_eps));
     }
@@ -581,7 +588,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     check_status(attention.run(aa, stream), "paged attention");
     gemm_run(att, Ti, int(qd), w.o, int(H), nullptr, o);
     kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
-    kd::rms_norm_kernel<<<T, 256, 0, stream>>>(x, w.post_norm, hn, static_cast<int>(H), float(hf.rms_norm_eps));
+    kd::rms_norm_kernel<<<T, 256, 0, stream>>>(x, w.post_norm, hn, static_cast<int>(H),
+                                               float(hf.rms_norm_eps));
     check_cuda(cudaEventRecord(ev_att1[l], stream), "cudaEventRecord");
     if (w.moe >= 0) {
       const std::uint32_t m = static_cast<std::uint32_t>(w.moe);
@@ -735,8 +743,9 @@ CudaBackend::CudaBackend(CudaBackend&&) noexcept = default;
 CudaBackend& CudaBackend::operator=(CudaBackend&&) noexcept = default;
 
 std::optional<ChangeError> CudaBackend::forward_impl(const StepBatch& batch, const ChangeList& changes,
-                                                     const ResidencyTable& residency, const PoolOwners& owners,
-                                                     RoutingSource& routing, StepResult& out) {
+                                                     const ResidencyTable& residency,
+                                                     const PoolOwners& owners, RoutingSource& routing,
+                                                     StepResult& out) {
   return impl_->forward(batch, changes, residency, owners, routing, out);
 }
 
@@ -744,8 +753,8 @@ void CudaBackend::populate(const ResidencyTable& residency) {
   Impl& d = *impl_;
   residency.for_each_resident([&](ExpertKey key, const ExpertPages& pages) {
     for (ExpertMatrix m : kExpertMatrices)
-      check_cuda(cudaMemcpyAsync(d.arena + std::uint64_t(pages[m].index) * d.matrix_bytes, d.store->matrix(key, m),
-                                 d.matrix_bytes, cudaMemcpyHostToDevice, d.stream),
+      check_cuda(cudaMemcpyAsync(d.arena + std::uint64_t(pages[m].index) * d.matrix_bytes,
+                                 d.store->matrix(key, m), d.matrix_bytes, cudaMemcpyHostToDevice, d.stream),
                  "populate");
   });
   check_cuda(cudaStreamSynchronize(d.stream), "populate");

@@ -46,8 +46,8 @@ struct CudaBackendConfig {
   HfMoeConfig model;           // architecture and shapes of the forward
   std::string checkpoint_dir;  // a checked checkpoint (open_checkpoint); empty: random weights from `seed`
   std::uint64_t seed = 0;
-  PageGeometry geometry;                // the pool's page sizes (page_geometry of model.to_model_spec())
-  std::uint64_t pool_bytes = 0;         // the memory plan's pool
+  PageGeometry geometry;                  // the pool's page sizes (page_geometry of model.to_model_spec())
+  std::uint64_t pool_bytes = 0;           // the memory plan's pool
   std::uint32_t load_buffer_experts = 0;  // slots per load buffer (the offload limit; 0: nothing offloaded)
   std::uint32_t max_batched_tokens = 0;   // the scheduler's token budget per step
   std::uint32_t max_seqs = 0;             // the scheduler's cap on sequences per step
@@ -58,13 +58,13 @@ struct CudaBackendConfig {
 
 // What the backend took from the GPU, for reports and the "nothing allocated in the step loop" check.
 struct CudaMemoryReport {
-  std::uint64_t arena_bytes = 0;        // the one arena
-  std::uint64_t pool_bytes = 0;         // of which the pool
+  std::uint64_t arena_bytes = 0;  // the one arena
+  std::uint64_t pool_bytes = 0;   // of which the pool
   std::uint64_t shared_expert_bytes = 0, weight_bytes = 0, activation_bytes = 0, workspace_bytes = 0;
   std::uint64_t load_buffer_bytes = 0;  // the loader's two buffers
   std::uint64_t pinned_host_bytes = 0;  // the expert store (master copy of every routed expert)
   std::uint64_t device_free_before = 0, device_free_after_setup = 0;  // cudaMemGetInfo
-  std::uint64_t device_free_now() const;  // cudaMemGetInfo now (0 where no GPU)
+  std::uint64_t device_free_now() const;                              // cudaMemGetInfo now (0 where no GPU)
 };
 
 // The pool's owner lookup, type-erased (the ChangeList validation needs only owner_of); built by

@@ -13,11 +13,13 @@
 #include <catch2/catch.hpp>
 
 #include "amoeba/core/errors.hpp"
+#include "checkpoint_files.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/safetensors.hpp"
 
 using namespace amoeba;
 using namespace amoeba::engine;
+using namespace amoeba::engine::checkpoint_files;
 namespace fs = std::filesystem;
 
 namespace {
@@ -32,46 +34,6 @@ const char* kQwen3Config = R"({"architectures": ["Qwen3MoeForCausalLM"], "model_
   "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
   "head_dim": 16, "vocab_size": 50, "intermediate_size": 64, "num_experts": 8, "num_experts_per_tok": 2,
   "moe_intermediate_size": 8, "norm_topk_prob": true, "attention_bias": false, "tie_word_embeddings": false})";
-
-void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-// Writes `tensors` (name -> (dtype, shape)) as one safetensors file with bytes 0, 1, 2, ... as data.
-void write_shard(const fs::path& p, const std::vector<TensorInfo>& in) {
-  std::vector<TensorInfo> t = in;
-  std::string out = SafetensorsFile::make_header(t);
-  const std::uint64_t bytes = t.empty() ? 0 : t.back().end;
-  for (std::uint64_t i = 0; i < bytes; ++i) out += static_cast<char>(i * 7 + 3);
-  write_file(p, out);
-}
-
-// A checkpoint directory of `config`, every expected tensor in bf16 split over `shards` files with an index;
-// `edit` may change the tensor list first.
-fs::path write_checkpoint(const std::string& name, const char* config, int shards = 1,
-                          const std::function<void(std::vector<TensorInfo>&)>& edit = {},
-                          ExpertLayout layout = ExpertLayout::kPerExpert) {
-  const fs::path dir = fs::temp_directory_path() / ("amoeba_ckpt_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  write_file(dir / "config.json", config);
-  std::vector<TensorInfo> all;
-  for (const ExpectedTensor& e : expected_tensors(parse_hf_moe_config(config, "config.json"), layout))
-    all.push_back(TensorInfo{e.name, TensorDtype::kBF16, e.shape, 0, 0});
-  if (edit) edit(all);
-  std::string index = R"({"metadata": {}, "weight_map": {)";
-  for (int s = 0; s < shards; ++s) {
-    std::vector<TensorInfo> part;
-    for (std::size_t i = std::size_t(s); i < all.size(); i += std::size_t(shards)) part.push_back(all[i]);
-    const std::string file =
-        "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(shards) + ".safetensors";
-    write_shard(dir / file, part);
-    for (const auto& t : part)
-      index += (index.back() == '{' ? "\"" : ", \"") + t.name + "\": \"" + file + "\"";
-  }
-  if (shards > 1) write_file(dir / "model.safetensors.index.json", index + "}}");
-  return dir;
-}
 
 }  // namespace
 

@@ -23,17 +23,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
-#include <fmt/format.h>
+#include <iomanip>
+#include <sstream>
 
 #include "amoeba/core/errors.hpp"
 #include "amoeba/engine/kv_page_table.hpp"
 #include "attention/kv_append.cuh"
-#include "attention/paged_attention.cuh"
+#include "engine/cuda_attention.hpp"
 #include "engine/decoder_ops.hpp"
 #include "engine/model_weights.hpp"
 #include "loader/device_memory.cuh"
@@ -51,12 +53,34 @@ using dbf16 = __nv_bfloat16;
 namespace kd = amoeba::kernels::decoder;
 namespace kn = amoeba::kernels;
 
+// Messages: "{}" takes the next argument, "{:.2f}" the next one with two decimals (fmt's headers do not
+// compile under nvcc).
+template <class... A>
+std::string fmtx(std::string_view f, const A&... a) {
+  std::vector<std::function<void(std::ostream&)>> args{[&a](std::ostream& os) { os << a; }...};
+  std::ostringstream os;
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (f[i] == '{') {
+      const std::size_t close = f.find('}', i);
+      const std::string_view spec = f.substr(i + 1, close - i - 1);
+      std::ostringstream one;
+      if (spec == ":.2f") one << std::fixed << std::setprecision(2);
+      if (next < args.size()) args[next++](one);
+      os << one.str();
+      i = close;
+    } else {
+      os << f[i];
+    }
+  }
+  return os.str();
+}
+
 void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(fmt::format("cuda backend: {}: {}", what, cudaGetErrorString(e)));
+  if (e != cudaSuccess) throw std::runtime_error(fmtx("cuda backend: {}: {}", what, cudaGetErrorString(e)));
 }
 void check_status(const kn::Status& st, const char* what) {
-  if (!st) throw std::runtime_error(fmt::format("cuda backend: {}: {}", what, st.message));
+  if (!st) throw std::runtime_error(fmtx("cuda backend: {}: {}", what, st.message));
 }
 constexpr std::uint64_t align256(std::uint64_t v) {
   return (v + 255) / 256 * 256;
@@ -118,9 +142,11 @@ struct CudaBackend::Impl {
   std::unique_ptr<kn::PinnedExpertStore> store;
   std::unique_ptr<kn::DoubleBufferLoader> loader;
   std::unique_ptr<kd::DenseGemm> gemm;
-  kn::PagedAttention<128> attention;
+  PagedAttentionRunner attention;
   kn::PagedMoe<kn::Paged> moe;
-  kn::AttentionWorkspace attn_ws;
+  void* attn_dev = nullptr;
+  void* attn_pin = nullptr;
+  AttentionBytes attn_bytes;
   void* moe_ws = nullptr;
   std::uint64_t moe_ws_bytes = 0;
 
@@ -207,12 +233,12 @@ void CudaBackend::Impl::setup() {
     throw_config_error("model.head_dim", hd, "the CUDA backend's attention is built for head_dim 128");
   if (cfg.geometry.expert_page_bytes != matrix_bytes)
     throw_config_error("geometry.expert_page_bytes", cfg.geometry.expert_page_bytes,
-                       fmt::format("must be one bf16 expert matrix, F x H x 2 = {} bytes", matrix_bytes));
+                       fmtx("must be one bf16 expert matrix, F x H x 2 = {} bytes", matrix_bytes));
   if (cfg.max_batched_tokens == 0 || cfg.max_seqs == 0)
     throw_config_error("max_batched_tokens", cfg.max_batched_tokens, "and max_seqs must be >= 1");
   if (cfg.load_buffer_experts > E)
     throw_config_error("load_buffer_experts", cfg.load_buffer_experts,
-                       fmt::format("must be <= the experts per layer ({})", E));
+                       fmtx("must be <= the experts per layer ({})", E));
 
   const std::uint32_t T = cfg.max_batched_tokens, S = cfg.max_seqs;
   const std::uint32_t Sl = std::min(S, T);  // sequences that can sample in one step
@@ -263,14 +289,11 @@ void CudaBackend::Impl::setup() {
   ma.shape = ms;
   moe_ws_bytes = kn::PagedMoe<kn::Paged>::workspace_size(ma);
   const std::uint64_t at_moe = c.take(moe_ws_bytes);
-  typename kn::PagedAttention<128>::Arguments aa{};
-  aa.kv = kn::PoolKvCache{reinterpret_cast<void*>(256), cfg.geometry.kv_page_bytes,
-                          cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
-  aa.qo_heads = hf.num_heads;
-  aa.table.sequences = S;
-  aa.table.tokens = T;
-  const kn::AttentionWorkspaceSize aws = kn::PagedAttention<128>::workspace_size(aa);
-  const std::uint64_t at_attws = c.take(aws.device_bytes);
+  const kn::PoolKvCache kv_shape{reinterpret_cast<void*>(256), cfg.geometry.kv_page_bytes,
+                                 cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
+  check_cuda(cudaSetDevice(cfg.device), "cudaSetDevice");
+  attn_bytes = PagedAttentionRunner::workspace_size(kv_shape, hf.num_heads, S, T);
+  const std::uint64_t at_attws = c.take(attn_bytes.device);
   const std::uint64_t at_gemm = c.take(kd::DenseGemm::kWorkspaceBytes);
   mem.workspace_bytes = c.used - ws_begin;
   mem.pool_bytes = cfg.pool_bytes;
@@ -284,13 +307,13 @@ void CudaBackend::Impl::setup() {
   mem.load_buffer_bytes = 2ull * cfg.load_buffer_experts * 3 * matrix_bytes;
   const std::uint64_t need = mem.arena_bytes + mem.load_buffer_bytes + (64ull << 20);
   if (need > free_b)
-    throw ConfigError("memory", fmt::format("{:.2f} GB", need / 1e9),
-                      fmt::format("the CUDA backend needs an arena of {:.2f} GB (pool {:.2f}, shared experts "
-                                  "{:.2f}, weights {:.2f}, activations {:.2f}, workspaces {:.2f}) and load "
-                                  "buffers of {:.2f} GB; the device has {:.2f} GB free",
-                                  mem.arena_bytes / 1e9, mem.pool_bytes / 1e9, mem.shared_expert_bytes / 1e9,
-                                  mem.weight_bytes / 1e9, mem.activation_bytes / 1e9,
-                                  mem.workspace_bytes / 1e9, mem.load_buffer_bytes / 1e9, free_b / 1e9));
+    throw ConfigError("memory", fmtx("{:.2f} GB", need / 1e9),
+                      fmtx("the CUDA backend needs an arena of {:.2f} GB (pool {:.2f}, shared experts "
+                           "{:.2f}, weights {:.2f}, activations {:.2f}, workspaces {:.2f}) and load "
+                           "buffers of {:.2f} GB; the device has {:.2f} GB free",
+                           mem.arena_bytes / 1e9, mem.pool_bytes / 1e9, mem.shared_expert_bytes / 1e9,
+                           mem.weight_bytes / 1e9, mem.activation_bytes / 1e9, mem.workspace_bytes / 1e9,
+                           mem.load_buffer_bytes / 1e9, free_b / 1e9));
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   void* a = nullptr;
   check_cuda(cudaMalloc(&a, mem.arena_bytes), "cudaMalloc(arena)");
@@ -321,8 +344,7 @@ void CudaBackend::Impl::setup() {
   argmax_d = reinterpret_cast<std::int32_t*>(at(at_am));
   table_d = reinterpret_cast<std::int32_t*>(at(at_tab));
   moe_ws = at(at_moe);
-  attn_ws.device = at(at_attws);
-  attn_ws.device_bytes = aws.device_bytes;
+  attn_dev = at(at_attws);
   gemm = std::make_unique<kd::DenseGemm>(at(at_gemm), kd::DenseGemm::kWorkspaceBytes);
 
   // Pinned staging: uploads (tokens, positions, sampled rows, the page table, synthetic routing), the
@@ -338,7 +360,7 @@ void CudaBackend::Impl::setup() {
   const std::uint64_t p_tab = ptake(4ull * table_words_max), p_ids = ptake(4 * routing_elems);
   const std::uint64_t p_w = ptake(4 * routing_elems), p_am = ptake(4ull * Sl);
   const std::uint64_t p_lg = cfg.keep_logits ? ptake(2ull * Sl * V) : 0;
-  const std::uint64_t p_attn = ptake(aws.pinned_bytes);
+  const std::uint64_t p_attn = ptake(attn_bytes.pinned);
   pinned_bytes = align256(pin);
   void* hp = nullptr;
   check_cuda(cudaHostAlloc(&hp, pinned_bytes, cudaHostAllocDefault), "cudaHostAlloc(staging)");
@@ -351,8 +373,7 @@ void CudaBackend::Impl::setup() {
   h_w = reinterpret_cast<float*>(pinned + p_w);
   h_argmax = reinterpret_cast<std::int32_t*>(pinned + p_am);
   h_logits = cfg.keep_logits ? reinterpret_cast<dbf16*>(pinned + p_lg) : nullptr;
-  attn_ws.pinned = pinned + p_attn;
-  attn_ws.pinned_bytes = aws.pinned_bytes;
+  attn_pin = pinned + p_attn;
 
   // RoPE's inverse frequencies, as transformers computes them (float32 on the host).
   std::vector<float> inv(hd / 2);
@@ -443,7 +464,7 @@ void CudaBackend::Impl::upload_weights(const Carver&, std::uint64_t weights_at) 
   layers.resize(hf.num_layers);
   std::int32_t m = 0;
   for (std::uint32_t l = 0; l < hf.num_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string p = fmtx("model.layers.{}.", l);
     LayerWeights& w = layers[l];
     w.in_norm = get(p + "input_layernorm.weight");
     w.post_norm = get(p + "post_attention_layernorm.weight");
@@ -472,12 +493,12 @@ std::int32_t CudaBackend::Impl::token_at(std::uint64_t request, std::uint32_t po
   std::vector<std::int32_t>& h = history[request];
   if (position < h.size()) return h[position];
   if (position != h.size())
-    throw std::logic_error(fmt::format("cuda backend: request {} computes position {} but knows {} tokens",
-                                       request, position, h.size()));
+    throw std::logic_error(fmtx("cuda backend: request {} computes position {} but knows {} tokens", request,
+                                position, h.size()));
   const std::int32_t t = prompts(request, position);
   if (t < 0 || std::uint32_t(t) >= V)
-    throw_config_error(fmt::format("prompt token {} of request {}", position, request), t,
-                       fmt::format("must be in [0, vocab_size = {})", V));
+    throw_config_error(fmtx("prompt token {} of request {}", position, request), t,
+                       fmtx("must be in [0, vocab_size = {})", V));
   h.push_back(t);
   return t;
 }
@@ -493,11 +514,11 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     throw std::logic_error("cuda backend: configured for the model's router, given a non-model source");
   if (batch.tokens > cfg.max_batched_tokens || batch.size() > cfg.max_seqs)
     throw std::logic_error(
-        fmt::format("cuda backend: a step of {} tokens / {} sequences exceeds the sizes it "
-                    "was built for ({} / {})",
-                    batch.tokens, batch.size(), cfg.max_batched_tokens, cfg.max_seqs));
+        fmtx("cuda backend: a step of {} tokens / {} sequences exceeds the sizes it "
+             "was built for ({} / {})",
+             batch.tokens, batch.size(), cfg.max_batched_tokens, cfg.max_seqs));
   if (auto e = loader->begin_forward(changes, residency, owners)) return e;
-  const kn::LoadStats ls0 = loader->stats();
+  const LoadStats ls0 = loader->stats();
   const kn::LoaderDeviceStats ds0 = loader->device_stats();
   double stall0 = 0;
   for (double s : ds0.stall_ms_per_layer) stall0 += s;
@@ -527,14 +548,11 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   check_cuda(cudaMemcpyAsync(table_d, h_table, words.size_bytes(), cudaMemcpyHostToDevice, stream),
              "upload page table");
   const KvPageTableView dview = table.view(table_d);
-  typename kn::PagedAttention<128>::Arguments aa{};
-  aa.kv =
-      kn::PoolKvCache{arena, cfg.geometry.kv_page_bytes, cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
-  aa.qo_heads = hf.num_heads;
-  aa.q = q;
-  aa.o = att;
-  aa.table = dview;
-  check_status(attention.plan(aa, table.host_view(), attn_ws, stream), "attention plan");
+  const kn::PoolKvCache kv{arena, cfg.geometry.kv_page_bytes, cfg.geometry.kTokensPerKvPage, hf.num_kv_heads,
+                           hd};
+  check_status(attention.plan(kv, hf.num_heads, dview, table.host_view(), attn_dev, attn_bytes.device,
+                              attn_pin, attn_bytes.pinned, q, att, stream),
+               "attention plan");
 
   // Which experts this step's ChangeList restores (their pages are written during this forward).
   for (const Restore& r : changes.restores) restored[std::size_t(r.expert.layer) * E + r.expert.expert] = 1;
@@ -582,10 +600,9 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     kd::rope_kernel<<<T, 256, 0, stream>>>(q, positions_d, inv_freq, int(hf.num_heads), int(hd));
     kd::rope_kernel<<<T, 256, 0, stream>>>(k, positions_d, inv_freq, int(hf.num_kv_heads), int(hd));
     check_cuda(cudaGetLastError(), "attention prologue kernels");
-    kn::KvAppendArguments ka{aa.kv, dview, l, k, v};
+    kn::KvAppendArguments ka{kv, dview, l, k, v};
     check_status(kn::KvAppend::run(ka, stream), "kv append");
-    aa.layer = l;
-    check_status(attention.run(aa, stream), "paged attention");
+    check_status(attention.run(l, stream), "paged attention");
     gemm_run(att, Ti, int(qd), w.o, int(H), nullptr, o);
     kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
     kd::rms_norm_kernel<<<T, 256, 0, stream>>>(x, w.post_norm, hn, static_cast<int>(H),
@@ -625,7 +642,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
         for (std::uint32_t e = 0; e < E; ++e)
           if (flag_scratch[e]) set_scratch.push_back(e);
       }
-      auto lw = loader->prepare_layer(m, set_scratch);
+      auto lw =
+          loader->prepare_layer(m, std::span<const std::uint32_t>(set_scratch.data(), set_scratch.size()));
       if (!lw) throw std::logic_error("cuda backend: " + lw.error().message);
       check_cuda(cudaEventRecord(ev_moe0[l], stream), "cudaEventRecord");
       typename kn::PagedMoe<kn::Paged>::Arguments ma{};
@@ -688,7 +706,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     }
     ++si;
   }
-  const kn::LoadStats ls1 = loader->stats();
+  const LoadStats ls1 = loader->stats();
   const kn::LoaderDeviceStats& ds1 = loader->device_stats();
   double stall1 = 0;
   for (double s : ds1.stall_ms_per_layer) stall1 += s;
@@ -701,7 +719,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     set_scratch.clear();
     for (std::uint32_t e = 0; e < E; ++e)
       if (flag_scratch[e]) set_scratch.push_back(e);
-    out.add_routed(set_scratch);
+    out.add_routed(std::span<const std::uint32_t>(set_scratch.data(), set_scratch.size()));
     for (std::uint32_t e : set_scratch) {
       ++out.expert_touches;
       if (residency.is_resident({m, e})) ++out.expert_hits;
@@ -771,7 +789,7 @@ void CudaBackend::replace_last_token(std::uint64_t request, std::int32_t token) 
   if (it == impl_->history.end() || it->second.empty())
     throw_config_error("request", request, "has no token to replace");
   if (token < 0 || std::uint32_t(token) >= impl_->V)
-    throw_config_error("token", token, fmt::format("must be in [0, vocab_size = {})", impl_->V));
+    throw_config_error("token", token, fmtx("must be in [0, vocab_size = {})", impl_->V));
   it->second.back() = token;
 }
 

@@ -2,7 +2,8 @@
 // host formulas they are tested against: reference_engine/engine/decoder_ops.hpp): RMSNorm per row,
 // rotate-half RoPE per head, SiLU(gate) x up, the residual add, the embedding gather and the greedy argmax
 // per row. bf16 in and out, float32 inside. The projections and the MoE are GEMMs (cuBLASLt, PagedMoe), not
-// here.
+// here. The kernels are static: each translation unit that includes this header gets its own copy, where
+// plain __global__ definitions would be defined twice at link time.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,8 +20,8 @@ __device__ __forceinline__ float round_bf16(float x) {
 }
 
 // One block per row; blockDim.x a multiple of 32, at most 1024.
-__global__ void rms_norm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
-                                bf16* __restrict__ out, int dim, float eps) {
+static __global__ void rms_norm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
+                                       bf16* __restrict__ out, int dim, float eps) {
   const bf16* xr = x + static_cast<std::int64_t>(blockIdx.x) * dim;
   bf16* yr = out + static_cast<std::int64_t>(blockIdx.x) * dim;
   float sum = 0;
@@ -45,8 +46,8 @@ __global__ void rms_norm_kernel(const bf16* __restrict__ x, const bf16* __restri
 
 // In place over v [tokens][heads][head_dim]; one block per token, one thread per (head, pair j < head_dim /
 // 2). inv_freq [head_dim / 2]: float32, computed on the host as transformers does.
-__global__ void rope_kernel(bf16* __restrict__ v, const std::int32_t* __restrict__ positions,
-                            const float* __restrict__ inv_freq, int heads, int head_dim) {
+static __global__ void rope_kernel(bf16* __restrict__ v, const std::int32_t* __restrict__ positions,
+                                   const float* __restrict__ inv_freq, int heads, int head_dim) {
   const int half = head_dim / 2;
   const float pos = float(positions[blockIdx.x]);
   for (int i = threadIdx.x; i < heads * half; i += blockDim.x) {
@@ -61,8 +62,8 @@ __global__ void rope_kernel(bf16* __restrict__ v, const std::int32_t* __restrict
   }
 }
 
-__global__ void silu_mul_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up,
-                                bf16* __restrict__ out, std::int64_t n) {
+static __global__ void silu_mul_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up,
+                                       bf16* __restrict__ out, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const float g = __bfloat162float(gate[i]);
@@ -71,15 +72,15 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gate, const bf16* __res
 }
 
 // x += y in bf16.
-__global__ void add_kernel(bf16* __restrict__ x, const bf16* __restrict__ y, std::int64_t n) {
+static __global__ void add_kernel(bf16* __restrict__ x, const bf16* __restrict__ y, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
     x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + __bfloat162float(y[i]));
 }
 
 // out[row] = table[ids[row]]; one block per row.
-__global__ void embed_kernel(const bf16* __restrict__ table, const std::int32_t* __restrict__ ids,
-                             bf16* __restrict__ out, int dim) {
+static __global__ void embed_kernel(const bf16* __restrict__ table, const std::int32_t* __restrict__ ids,
+                                    bf16* __restrict__ out, int dim) {
   const bf16* src = table + static_cast<std::int64_t>(ids[blockIdx.x]) * dim;
   bf16* dst = out + static_cast<std::int64_t>(blockIdx.x) * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
@@ -87,7 +88,8 @@ __global__ void embed_kernel(const bf16* __restrict__ table, const std::int32_t*
 
 // Greedy sampling: the index of each row's largest logit, the lowest index on a tie (as the host reference
 // and torch.argmax on a CPU); one block of 256 threads per row.
-__global__ void argmax_kernel(const bf16* __restrict__ logits, int vocab, std::int32_t* __restrict__ out) {
+static __global__ void argmax_kernel(const bf16* __restrict__ logits, int vocab,
+                                     std::int32_t* __restrict__ out) {
   const bf16* row = logits + static_cast<std::int64_t>(blockIdx.x) * vocab;
   float best = -INFINITY;
   int arg = vocab;

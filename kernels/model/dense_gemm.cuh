@@ -1,0 +1,235 @@
+// The Qwen MoE decoders' dense projections (q/k/v/o, the router's and the shared gate's logits, the dense and
+// shared expert MLPs, the LM head) as one cuBLASLt GEMM each: y[M][N] = bf16(x[M][K] · w[N][K]^T + bias[N]).
+// w is row-major [N][K] as Hugging Face stores a Linear's weight; the product accumulates in float32 (split K
+// partial sums too) and the bias is added in the epilogue before the one rounding to bf16, as the host
+// reference's `linear` does (reference_engine/engine/decoder_reference.cpp, which accumulates in double:
+// results agree within one bf16 ulp except where cancellation leaves a result far smaller than its terms).
+//
+// No allocation on the device: the caller passes the workspace (kWorkspaceBytes, the size NVIDIA recommends
+// for Hopper). The handle is created once; cublasLtMatmulAlgoGetHeuristic runs once per (M, N, K, bias) and
+// its answer is cached with the descriptors, so a steady-state step only looks the shape up and launches.
+// A DenseGemm is not thread safe and its workspace serves one stream: use one per stream.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+
+#include "moe/moe_shape.hpp"
+
+namespace amoeba::kernels::decoder {
+
+using bf16 = __nv_bfloat16;
+
+class DenseGemm {
+ public:
+  // NVIDIA's recommended cuBLASLt workspace for Hopper (the cublasSetWorkspace notes).
+  static constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
+  // M is the step's token count, so the cache holds one plan per distinct (M, projection shape): a decode
+  // loop reuses a few, but steps of ever-new sizes would grow it without end. Past this bound it is cleared
+  // and refills on the next calls (a miss costs a heuristic query on the host, no device work).
+  static constexpr std::size_t kMaxCachedPlans = 4096;
+
+  // `workspace`: device memory, 256-byte aligned (cudaMalloc's is), `workspace_bytes` of it (0 allowed: fewer
+  // algorithms); it must outlive this object. Errors (handle creation) are kept and returned by run().
+  DenseGemm(void* workspace, std::size_t workspace_bytes)
+      : workspace_(workspace), workspace_bytes_(workspace_bytes) {
+    if (workspace_bytes > 0 && workspace == nullptr) {
+      ready_ = Status::error("workspace", "must not be null when workspace_bytes > 0");
+      return;
+    }
+    if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
+      ready_ = Status::error("workspace", "must be 256-byte aligned");
+      return;
+    }
+    ready_ = check(cublasLtCreate(&handle_), "cublasLtCreate");
+    if (ready_) ready_ = init_preference();
+  }
+  ~DenseGemm() {
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
+  }
+  DenseGemm(const DenseGemm&) = delete;
+  DenseGemm& operator=(const DenseGemm&) = delete;
+
+  // Success, or why the constructor failed.
+  const Status& status() const { return ready_; }
+
+  // The argument rules of run(), checked without touching the device: M >= 0; K, N > 0; K a multiple of 8
+  // (16-byte rows of x and w); with M > 0, x, w and y non-null and, like bias when given, 16-byte aligned.
+  // N need not be a multiple of 8: the router (60 or 128 experts) and the shared gate (N = 1) are GEMMs too.
+  static Status can_implement(const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias,
+                              const bf16* y) {
+    if (M < 0) return Status::error("M", M, "must be >= 0");
+    if (K <= 0) return Status::error("K", K, "must be > 0");
+    if (N <= 0) return Status::error("N", N, "must be > 0");
+    if (K % 8 != 0) return Status::error("K", K, "must be a multiple of 8 (16-byte rows of x and w)");
+    if (M == 0) return Status::success();
+    if (x == nullptr) return Status::error("x", "must not be null");
+    if (w == nullptr) return Status::error("w", "must not be null");
+    if (y == nullptr) return Status::error("y", "must not be null");
+    if (!aligned16(x)) return Status::error("x", "must be 16-byte aligned");
+    if (!aligned16(w)) return Status::error("w", "must be 16-byte aligned");
+    if (!aligned16(y)) return Status::error("y", "must be 16-byte aligned");
+    if (bias != nullptr && !aligned16(bias)) return Status::error("bias", "must be 16-byte aligned");
+    return Status::success();
+  }
+
+  // y[M][N] = bf16(x[M][K] · w[N][K]^T + bias[N]), bias optional (null: none); enqueued on `stream`. M = 0
+  // does nothing. Errors: a broken rule of can_implement, or the cuBLASLt call that failed and its status.
+  Status run(const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias, bf16* y,
+             cudaStream_t stream) {
+    if (Status st = can_implement(x, M, K, w, N, bias, y); !st) return st;
+    if (M == 0) return Status::success();
+    if (!ready_) return ready_;
+    Plan* plan = nullptr;
+    if (Status st = find_plan(M, N, K, bias, plan); !st) return st;
+    if (bias != nullptr) {
+      if (Status st = check(cublasLtMatmulDescSetAttribute(&plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &bias, sizeof(bias)),
+                            "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+          !st)
+        return st;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    return check(cublasLtMatmul(handle_, &plan->desc, &one, w, &plan->a, x, &plan->b, &zero, y, &plan->d, y,
+                                &plan->d, &plan->algo, workspace_, workspace_bytes_, stream),
+                 "cublasLtMatmul");
+  }
+
+  // How many (M, N, K, bias) plans are cached.
+  std::size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  // cuBLASLt is column-major: the row-major y[M][N] is D = N×M (ld N), w[N][K] is A = K×N (ld K) transposed,
+  // x[M][K] is B = K×M (ld K). The descriptors live in the map's nodes, which never move.
+  struct Plan {
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+  };
+  struct Key {
+    int m, n, k;
+    bool bias;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& key) const {
+      std::size_t h = std::hash<int>{}(key.m);
+      for (int v : {key.n, key.k, int(key.bias)}) h = h * 1000003u ^ std::hash<int>{}(v);
+      return h;
+    }
+  };
+
+  static bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+  static Status check(cublasStatus_t s, const char* call) {
+    if (s == CUBLAS_STATUS_SUCCESS) return Status::success();
+    return Status::error(call,
+                         std::string(cublasLtGetStatusName(s)) + " (" + cublasLtGetStatusString(s) + ")");
+  }
+
+  Status init_preference() {
+    if (Status st = check(cublasLtMatmulPreferenceInit(&pref_), "cublasLtMatmulPreferenceInit"); !st)
+      return st;
+    const std::uint64_t bytes = workspace_bytes_;
+    if (Status st = check(cublasLtMatmulPreferenceSetAttribute(
+                              &pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)),
+                          "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+        !st)
+      return st;
+    // One rounding to bf16: a split K dot product may be reduced in float32 (COMPUTE_TYPE) but not through
+    // bf16 partial results (INPLACE and OUTPUT_TYPE reduce in the output's type).
+    const std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    if (Status st =
+            check(cublasLtMatmulPreferenceSetAttribute(&pref_, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                       &reduction, sizeof(reduction)),
+                  "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)");
+        !st)
+      return st;
+    // The default assumes 256-byte aligned matrices; run() promises 16 (rows of a matrix are not 256 apart).
+    const std::uint32_t align = 16;
+    for (cublasLtMatmulPreferenceAttributes_t attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      if (Status st = check(cublasLtMatmulPreferenceSetAttribute(&pref_, attr, &align, sizeof(align)),
+                            "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+          !st)
+        return st;
+    return Status::success();
+  }
+
+  // The cached plan of (M, N, K, bias), built on a miss in its map node (cuBLASLt's descriptors are built in
+  // place, never copied). The heuristic sees the first call's bias pointer (it reads the pointer's alignment,
+  // not the data); every bias is 16-byte aligned, which the bias epilogue needs.
+  Status find_plan(int M, int N, int K, const bf16* bias, Plan*& out) {
+    const Key key{M, N, K, bias != nullptr};
+    if (auto it = plans_.find(key); it != plans_.end()) {
+      out = &it->second;
+      return Status::success();
+    }
+    if (plans_.size() >= kMaxCachedPlans) plans_.clear();
+    const auto it = plans_.try_emplace(key).first;
+    if (Status st = build_plan(M, N, K, bias, it->second); !st) {
+      plans_.erase(it);
+      return st;
+    }
+    out = &it->second;
+    return Status::success();
+  }
+
+  Status build_plan(int M, int N, int K, const bf16* bias, Plan& p) {
+    if (Status st =
+            check(cublasLtMatmulDescInit(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit");
+        !st)
+      return st;
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    const std::int32_t bias_type = CUDA_R_16BF;
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* value, std::size_t bytes) {
+      return check(cublasLtMatmulDescSetAttribute(&p.desc, attr, value, bytes),
+                   "cublasLtMatmulDescSetAttribute");
+    };
+    if (Status st = set(CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)); !st) return st;
+    if (Status st = set(CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)); !st) return st;
+    if (Status st = set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)); !st) return st;
+    if (bias != nullptr) {
+      if (Status st = set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)); !st) return st;
+      if (Status st = set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)); !st) return st;
+    }
+    auto layout = [](cublasLtMatrixLayoutOpaque_t& l, int rows, int cols, int ld) {
+      return check(cublasLtMatrixLayoutInit(&l, CUDA_R_16BF, std::uint64_t(rows), std::uint64_t(cols), ld),
+                   "cublasLtMatrixLayoutInit");
+    };
+    if (Status st = layout(p.a, K, N, K); !st) return st;
+    if (Status st = layout(p.b, K, M, K); !st) return st;
+    if (Status st = layout(p.d, N, M, N); !st) return st;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (Status st = check(cublasLtMatmulAlgoGetHeuristic(handle_, &p.desc, &p.a, &p.b, &p.d, &p.d, &pref_, 1,
+                                                         &result, &found),
+                          "cublasLtMatmulAlgoGetHeuristic");
+        !st)
+      return st;
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+      return Status::error("cublasLtMatmulAlgoGetHeuristic",
+                           "no algorithm for M = " + std::to_string(M) + ", N = " + std::to_string(N) +
+                               ", K = " + std::to_string(K) + (bias != nullptr ? " with bias" : ""));
+    p.algo = result.algo;
+    return Status::success();
+  }
+
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+  cublasLtHandle_t handle_ = nullptr;
+  cublasLtMatmulPreferenceOpaque_t pref_{};
+  Status ready_;
+  std::unordered_map<Key, Plan, KeyHash> plans_;
+};
+
+}  // namespace amoeba::kernels::decoder

@@ -1,0 +1,527 @@
+// The decoder's dense GEMM (model/dense_gemm.cuh), router, shared gate and row gather (model/router.cuh) on
+// random bf16 data with the shapes of Qwen1.5-MoE and Qwen3-30B-A3B.
+//  - GEMM: against the host reference's `linear` (double accumulation, bias added, one rounding). Float32
+//    accumulation agrees within one bf16 ulp except where cancellation leaves a result far smaller than its
+//    terms; those elements must still lie within the float32 accumulation bound, and must stay rare.
+//  - Router: against a host model of the kernel that sums in the kernel's order, so the probabilities differ
+//    only through expf vs std::exp. Logits keep |l| >= 1/64, so distinct bf16 logits differ in probability
+//    by far more than that and the picks must agree exactly; equal logits tie exactly on both sides.
+//  - Argument checks return a Status before anything is launched: those cases need no GPU.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/decoder_ops.hpp"
+#include "model/dense_gemm.cuh"
+#include "model/router.cuh"
+
+namespace {
+
+using amoeba::bf16;
+using amoeba::kernels::Status;
+namespace dec = amoeba::kernels::decoder;
+namespace ops = amoeba::engine::ops;
+
+void check_cuda(cudaError_t e) {
+  if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
+}
+
+// A device array of n elements; put/get copy whole host vectors at an element offset.
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit Dev(std::size_t count) : n(count) {
+    check_cuda(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void put(const std::vector<T>& v, std::size_t at = 0) {
+    if (at + v.size() > n) throw std::out_of_range("Dev::put past the end");
+    check_cuda(cudaMemcpy(p + at, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> get(std::size_t count, std::size_t at = 0) const {
+    if (at + count > n) throw std::out_of_range("Dev::get past the end");
+    std::vector<T> v(count);
+    check_cuda(cudaMemcpy(v.data(), p + at, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  void poison() { check_cuda(cudaMemset(p, 0xff, n * sizeof(T))); }  // bf16 NaN, float NaN, int -1
+};
+
+dec::bf16* dev(const Dev<bf16>& d, std::size_t at = 0) {
+  return reinterpret_cast<dec::bf16*>(d.p + at);
+}
+
+std::vector<bf16> random_bf16(std::size_t n, float scale, std::uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = bf16::from_float(d(g));
+  return v;
+}
+
+// Distance in bf16 ulps along the ordered line of bf16 values (a NaN is far from everything).
+int ulps(bf16 a, bf16 b) {
+  auto key = [](bf16 x) { return (x.bits & 0x8000) ? -int(x.bits & 0x7fff) : int(x.bits); };
+  return std::abs(key(a) - key(b));
+}
+
+// The spacing of bf16 values at v (8 significant bits).
+double bf16_ulp(double v) {
+  if (v == 0 || std::fabs(v) < 0x1p-126) return 0x1p-133;
+  return std::ldexp(1.0, std::ilogb(v) - 7);
+}
+
+// ---- GEMM reference
+
+// dot[m][n] = sum_k x[m][k] w[n][k] in double (bf16 products are exact in double; four partial sums only
+// change the last bits of a double).
+std::vector<double> reference_dot(const std::vector<bf16>& x, const std::vector<bf16>& w, int M, int N,
+                                  int K) {
+  std::vector<double> xd(std::size_t(M) * K), wd(std::size_t(N) * K);
+  for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = x[i].to_float();
+  for (std::size_t i = 0; i < wd.size(); ++i) wd[i] = w[i].to_float();
+  std::vector<double> dot(std::size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      const double* a = &xd[std::size_t(m) * K];
+      const double* b = &wd[std::size_t(n) * K];
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int k = 0; k < K; k += 4) {
+        s0 += a[k] * b[k];
+        s1 += a[k + 1] * b[k + 1];
+        s2 += a[k + 2] * b[k + 2];
+        s3 += a[k + 3] * b[k + 3];
+      }
+      dot[std::size_t(m) * N + n] = (s0 + s1) + (s2 + s3);
+    }
+  return dot;
+}
+
+struct GemmErrors {
+  int max_ulps = 0;
+  std::size_t one_ulp = 0;  // elements one ulp from the reference's rounding
+  std::size_t beyond = 0;   // further, but within the float32 accumulation bound (cancellation)
+  std::string first_bad;    // an element outside both: the test fails
+};
+
+// y [M][N] from the GPU against bf16(dot + bias) as the reference's `linear` rounds it.
+GemmErrors compare_gemm(const std::vector<bf16>& y, const std::vector<double>& dot,
+                        const std::vector<bf16>& x, const std::vector<bf16>& w, const std::vector<bf16>* bias,
+                        int M, int N, int K) {
+  GemmErrors e;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      const std::size_t i = std::size_t(m) * N + n;
+      double want = dot[i];
+      if (bias != nullptr) want += (*bias)[n].to_float();
+      const bf16 ref = bf16::from_float(ops::round_bf16(want));
+      const bf16 got = y[i];
+      const int u = ulps(got, ref);
+      e.max_ulps = std::max(e.max_ulps, u);
+      if (u <= 1) {
+        e.one_ulp += u == 1;
+        continue;
+      }
+      // Float32 accumulation (tensor-core products are exact, sums rounded) errs by a small multiple of
+      // 2^-24 * sum |x w|; 2^-17 leaves room for K up to a few thousand. A wrong layout or bias errs by
+      // about sum |x w| / sqrt(K), far beyond it.
+      double sum_abs = bias != nullptr ? std::fabs((*bias)[n].to_float()) : 0.0;
+      for (int k = 0; k < K; ++k)
+        sum_abs +=
+            std::fabs(double(x[std::size_t(m) * K + k].to_float()) * w[std::size_t(n) * K + k].to_float());
+      const double g = got.to_float();
+      const double tol = 0.5 * std::max(bf16_ulp(g), bf16_ulp(want)) + 0x1p-17 * sum_abs;
+      if (std::isfinite(g) && std::fabs(g - want) <= tol) {
+        ++e.beyond;
+      } else if (e.first_bad.empty()) {
+        e.first_bad = "y[" + std::to_string(m) + "][" + std::to_string(n) + "] = " + std::to_string(g) +
+                      ", reference " + std::to_string(want) + " (" + std::to_string(u) + " ulps)";
+      }
+    }
+  return e;
+}
+
+// ---- Router model
+
+struct Routing {
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+};
+
+// router_topk_kernel's arithmetic on the host: max, exp(l - max), the sum in the kernel's order (lane l sums
+// experts l, l + 32, ... in order; then an xor butterfly over the 32 lane sums), p = e / z, a stable sort by
+// p descending, the top-k sum in pick order, bf16 weights.
+Routing host_router(const std::vector<bf16>& logits, int T, int E, int k, bool renormalize) {
+  Routing r{std::vector<std::int32_t>(std::size_t(T) * k), std::vector<float>(std::size_t(T) * k)};
+  std::vector<float> p(E);
+  std::vector<int> idx(E);
+  for (int t = 0; t < T; ++t) {
+    const bf16* row = &logits[std::size_t(t) * E];
+    float mx = -INFINITY;
+    for (int e = 0; e < E; ++e) mx = std::max(mx, row[e].to_float());
+    std::array<float, 32> lane{};
+    for (int l = 0; l < 32; ++l) {
+      float s = 0.0f;
+      for (int e = l; e < E; e += 32) s += (p[e] = std::exp(row[e].to_float() - mx));
+      lane[l] = s;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      std::array<float, 32> next{};
+      for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ o];
+      lane = next;
+    }
+    const float z = lane[0];
+    for (float& v : p) v /= z;
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return p[a] > p[b]; });
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += p[idx[j]];
+    for (int j = 0; j < k; ++j) {
+      r.ids[std::size_t(t) * k + j] = idx[j];
+      r.weights[std::size_t(t) * k + j] =
+          bf16::from_float(renormalize ? p[idx[j]] / sum : p[idx[j]]).to_float();
+    }
+  }
+  return r;
+}
+
+// Runs router_topk and checks it against host_router: ids exact, weights within one bf16 ulp. Returns how
+// many weights were one ulp apart.
+std::size_t check_router(const std::vector<bf16>& logits, int T, int E, int k, bool renormalize) {
+  INFO("T " << T << ", E " << E << ", k " << k << (renormalize ? ", renormalized" : ""));
+  REQUIRE(logits.size() == std::size_t(T) * E);
+  Dev<bf16> dl(logits.size());
+  Dev<std::int32_t> did(std::size_t(T) * k);
+  Dev<float> dw(std::size_t(T) * k);
+  dl.put(logits);
+  did.poison();
+  dw.poison();
+  const Status st = dec::router_topk(dev(dl), T, E, k, renormalize, did.p, dw.p, nullptr);
+  INFO(st.message);
+  REQUIRE(st.ok);
+  check_cuda(cudaDeviceSynchronize());
+  const auto ids = did.get(std::size_t(T) * k);
+  const auto wts = dw.get(std::size_t(T) * k);
+  const Routing want = host_router(logits, T, E, k, renormalize);
+  std::size_t off = 0;
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) {
+      const std::size_t i = std::size_t(t) * k + j;
+      INFO("token " << t << ", pick " << j);
+      REQUIRE(ids[i] == want.ids[i]);
+      REQUIRE(std::isfinite(wts[i]));
+      REQUIRE(bf16::from_float(wts[i]).to_float() == wts[i]);  // a bf16 value
+      const int u = ulps(bf16::from_float(wts[i]), bf16::from_float(want.weights[i]));
+      REQUIRE(u <= 1);
+      off += u == 1;
+    }
+  return off;
+}
+
+// Random logits in (-8, 8) with |l| >= 1/64 (values nearer 0 become +-1/64: exact ties, not near ones).
+std::vector<bf16> router_logits(std::size_t n, std::uint64_t seed) {
+  auto v = random_bf16(n, 8.0f, seed);
+  for (bf16& x : v)
+    if (std::fabs(x.to_float()) < 1.0f / 64)
+      x = bf16::from_float(std::signbit(x.to_float()) ? -1.0f / 64 : 1.0f / 64);
+  return v;
+}
+
+const dec::bf16* fake(std::uintptr_t address) {
+  return reinterpret_cast<const dec::bf16*>(address);  // never dereferenced: the checks fail first
+}
+
+}  // namespace
+
+TEST_CASE("DenseGemm: bf16(x w^T + bias) within one bf16 ulp of the double reference on the models' shapes",
+          "[gpu][decoder][dense]") {
+  Dev<unsigned char> workspace(dec::DenseGemm::kWorkspaceBytes);
+  dec::DenseGemm gemm(workspace.p, workspace.n);
+  INFO(gemm.status().message);
+  REQUIRE(gemm.status().ok);
+  struct Case {
+    int K, N;
+    std::vector<int> Ms;
+    const char* what;
+  };
+  const std::vector<Case> cases{
+      {2048, 2048, {1, 7, 33, 64, 300}, "Qwen1.5-MoE q/k/v/o"},
+      {2048, 4096, {1, 7, 64}, "Qwen3-30B-A3B q_proj (32 heads of 128)"},
+      {4096, 2048, {1, 7, 64}, "Qwen3-30B-A3B o_proj"},
+      {2048, 512, {1, 7, 64, 300}, "Qwen3-30B-A3B k/v (4 heads of 128)"},
+      {2048, 128, {1, 7, 64, 300}, "Qwen3-30B-A3B router (128 experts)"},
+      {2048, 60, {1, 7, 33, 64, 300}, "Qwen1.5-MoE router (60 experts)"},
+      {2048, 1, {1, 7, 33, 64, 300}, "Qwen1.5-MoE shared expert gate"},
+      {5632, 2048, {1, 7}, "Qwen1.5-MoE shared expert down_proj"},
+  };
+  std::uint64_t seed = 100;
+  for (const Case& c : cases) {
+    const int max_m = *std::max_element(c.Ms.begin(), c.Ms.end());
+    const auto x = random_bf16(std::size_t(max_m) * c.K, 2.0f, seed++);
+    const auto w = random_bf16(std::size_t(c.N) * c.K, 0.1f, seed++);
+    const auto b = random_bf16(std::size_t(c.N), 1.0f, seed++);
+    const std::vector<double> dot = reference_dot(x, w, max_m, c.N, c.K);
+    Dev<bf16> dx(x.size()), dw(w.size()), db(b.size()), dy(std::size_t(max_m) * c.N);
+    dx.put(x);
+    dw.put(w);
+    db.put(b);
+    for (const int M : c.Ms)
+      for (const bool with_bias : {false, true}) {
+        INFO(c.what << ": M " << M << ", K " << c.K << ", N " << c.N << (with_bias ? ", bias" : ""));
+        dy.poison();
+        const Status st =
+            gemm.run(dev(dx), M, c.K, dev(dw), c.N, with_bias ? dev(db) : nullptr, dev(dy), nullptr);
+        INFO(st.message);
+        REQUIRE(st.ok);
+        check_cuda(cudaDeviceSynchronize());
+        const auto y = dy.get(std::size_t(M) * c.N);
+        const GemmErrors e = compare_gemm(y, dot, x, w, with_bias ? &b : nullptr, M, c.N, c.K);
+        std::printf(
+            "gemm M %4d K %4d N %4d %s: max %d ulp, %zu of %zu one ulp off, %zu beyond (cancellation)\n", M,
+            c.K, c.N, with_bias ? "bias   " : "no bias", e.max_ulps, e.one_ulp, y.size(), e.beyond);
+        INFO(e.first_bad);
+        REQUIRE(e.first_bad.empty());
+        CHECK(e.beyond <= y.size() / 1000 + 2);
+      }
+  }
+  // One plan per (M, N, K, bias) seen.
+  std::size_t plans = 0;
+  for (const Case& c : cases) plans += 2 * c.Ms.size();
+  CHECK(gemm.cached_plans() == plans);
+}
+
+TEST_CASE("DenseGemm: a cached plan serves 16-byte (not 256-byte) aligned pointers; M = 0 does nothing",
+          "[gpu][decoder][dense]") {
+  Dev<unsigned char> workspace(dec::DenseGemm::kWorkspaceBytes);
+  dec::DenseGemm gemm(workspace.p, workspace.n);
+  REQUIRE(gemm.status().ok);
+  const int M = 5, K = 256, N = 200;
+  const auto x = random_bf16(std::size_t(M) * K, 2.0f, 7), w = random_bf16(std::size_t(N) * K, 0.1f, 8);
+  const auto b = random_bf16(N, 1.0f, 9);
+  const std::vector<double> dot = reference_dot(x, w, M, N, K);
+  // Each array twice: at offset 0 (256-byte aligned) and at offset 8 elements (16 bytes).
+  Dev<bf16> dx(x.size() + 8), dw(w.size() + 8), db(b.size() + 8), dy(std::size_t(M) * N + 8);
+  for (const std::size_t at : {std::size_t(0), std::size_t(8)}) {
+    dx.put(x, at);
+    dw.put(w, at);
+    db.put(b, at);
+  }
+  for (const std::size_t at : {std::size_t(0), std::size_t(8), std::size_t(0)}) {
+    INFO("offset " << at);
+    dy.poison();
+    const Status st = gemm.run(dev(dx, at), M, K, dev(dw, at), N, dev(db, at), dev(dy, at), nullptr);
+    INFO(st.message);
+    REQUIRE(st.ok);
+    check_cuda(cudaDeviceSynchronize());
+    const GemmErrors e = compare_gemm(dy.get(std::size_t(M) * N, at), dot, x, w, &b, M, N, K);
+    INFO(e.first_bad);
+    REQUIRE(e.first_bad.empty());
+    CHECK(gemm.cached_plans() == 1);
+  }
+  CHECK(gemm.run(nullptr, 0, K, nullptr, N, nullptr, nullptr, nullptr).ok);
+  CHECK(gemm.cached_plans() == 1);
+  // Bad arguments are refused before cuBLASLt is called.
+  const Status misaligned = gemm.run(dev(dx, 1), M, K, dev(dw), N, nullptr, dev(dy), nullptr);
+  CHECK(misaligned.field == "x");
+  const Status odd_k = gemm.run(dev(dx), M, 100, dev(dw), N, nullptr, dev(dy), nullptr);
+  CHECK(odd_k.field == "K");
+  CHECK(gemm.cached_plans() == 1);
+}
+
+TEST_CASE("router_topk: softmax, top-k and weights match the host model, both normalizations",
+          "[gpu][decoder][router]") {
+  struct Case {
+    int T, E, k;
+  };
+  // Qwen1.5-MoE (60 experts, top 4), Qwen3-30B-A3B (128, top 8), the limits, and E not a multiple of 32.
+  const std::vector<Case> cases{{1, 60, 4},   {7, 60, 4},     {300, 60, 4},   {1, 128, 8},
+                                {33, 128, 8}, {5000, 128, 8}, {64, 1024, 16}, {9, 1, 1},
+                                {17, 33, 3},  {100, 256, 16}, {50, 200, 5},   {20, 1000, 1}};
+  std::uint64_t seed = 500;
+  std::size_t off = 0, total = 0;
+  for (const Case& c : cases) {
+    const auto logits = router_logits(std::size_t(c.T) * c.E, seed++);
+    for (const bool renormalize : {false, true}) {
+      off += check_router(logits, c.T, c.E, c.k, renormalize);
+      total += std::size_t(c.T) * c.k;
+    }
+  }
+  std::printf("router: %zu of %zu weights one bf16 ulp from the host model\n", off, total);
+  CHECK(off <= total / 100);
+}
+
+TEST_CASE("router_topk: equal probabilities pick the lowest indices first", "[gpu][decoder][router]") {
+  SECTION("60 experts, top 4") {
+    const int E = 60, k = 4, T = 4;
+    std::vector<bf16> logits(std::size_t(T) * E);
+    std::mt19937_64 g(3);
+    std::uniform_real_distribution<float> low(-8.0f, -2.0f);
+    for (bf16& v : logits) v = bf16::from_float(low(g));
+    auto set = [&](int t, std::initializer_list<int> es, float v) {
+      for (int e : es) logits[std::size_t(t) * E + e] = bf16::from_float(v);
+    };
+    for (int e = 0; e < E; ++e) set(0, {e}, 0.0f);  // all equal
+    set(1, {50, 7, 33, 12, 39}, 3.0f);              // five equal maxima, four picked
+    set(2, {40, 8}, 3.0f);                          // the same lane (8), two slots
+    set(2, {35, 3}, 2.0f);
+    for (int e = 0; e < E; ++e) set(3, {e}, -1.5f);
+    set(3, {59}, 1.0f);
+    const std::vector<std::vector<std::int32_t>> expect{
+        {0, 1, 2, 3}, {7, 12, 33, 39}, {8, 40, 3, 35}, {59, 0, 1, 2}};
+    for (const bool renormalize : {false, true}) {
+      check_router(logits, T, E, k, renormalize);
+      Dev<bf16> dl(logits.size());
+      Dev<std::int32_t> did(std::size_t(T) * k);
+      Dev<float> dw(std::size_t(T) * k);
+      dl.put(logits);
+      did.poison();
+      REQUIRE(dec::router_topk(dev(dl), T, E, k, renormalize, did.p, dw.p, nullptr).ok);
+      check_cuda(cudaDeviceSynchronize());
+      const auto ids = did.get(std::size_t(T) * k);
+      const auto wts = dw.get(std::size_t(T) * k);
+      for (int t = 0; t < T; ++t)
+        CHECK(std::vector<std::int32_t>(ids.begin() + t * k, ids.begin() + (t + 1) * k) == expect[t]);
+      // Token 0: p = 1/60 for every expert; renormalized, 1/4 each.
+      for (int j = 0; j < k; ++j)
+        CHECK(wts[j] == (renormalize ? 0.25f : bf16::from_float(1.0f / 60).to_float()));
+    }
+  }
+  SECTION("128 and 1024 experts: ties across lanes and slots") {
+    std::vector<bf16> all_equal(128, bf16::from_float(1.0f));
+    check_router(all_equal, 1, 128, 8, true);
+    const int E = 1024, k = 16;
+    auto logits = router_logits(E, 11);
+    for (bf16& v : logits) v = bf16::from_float(std::min(v.to_float(), 2.0f));
+    for (int e : {1000, 968, 40, 8}) logits[e] = bf16::from_float(5.0f);
+    for (int e = 1; e < E; e += 32) logits[e] = bf16::from_float(4.0f);  // lane 1, every slot: 32 ties
+    check_router(logits, 1, E, k, false);
+    Dev<bf16> dl(E);
+    Dev<std::int32_t> did(k);
+    Dev<float> dw(k);
+    dl.put(logits);
+    REQUIRE(dec::router_topk(dev(dl), 1, E, k, false, did.p, dw.p, nullptr).ok);
+    check_cuda(cudaDeviceSynchronize());
+    const std::vector<std::int32_t> expect{8,   40,  968, 1000, 1,   33,  65,  97,
+                                           129, 161, 193, 225,  257, 289, 321, 353};
+    CHECK(did.get(k) == expect);
+  }
+}
+
+TEST_CASE("shared_gate: bf16(sigmoid(g)) within one bf16 ulp of the reference", "[gpu][decoder][router]") {
+  auto logits = random_bf16(1000, 10.0f, 21);
+  const std::vector<float> special{0.0f, 1.0f, -1.0f, 8.0f, -8.0f, 20.0f, -20.0f, 0.5f};
+  for (std::size_t i = 0; i < special.size(); ++i) logits[i] = bf16::from_float(special[i]);
+  const int T = int(logits.size());
+  Dev<bf16> dl(logits.size());
+  Dev<float> dout(logits.size());
+  dl.put(logits);
+  dout.poison();
+  const Status st = dec::shared_gate(dev(dl), T, dout.p, nullptr);
+  INFO(st.message);
+  REQUIRE(st.ok);
+  check_cuda(cudaDeviceSynchronize());
+  const auto out = dout.get(logits.size());
+  std::size_t off = 0;
+  for (int t = 0; t < T; ++t) {
+    // The reference decoder's gate: r(1 / (1 + exp(-g))) in double.
+    const float want = ops::round_bf16(1.0 / (1.0 + std::exp(-double(logits[t].to_float()))));
+    INFO("g = " << logits[t].to_float() << ": " << out[t] << " vs " << want);
+    const int u = ulps(bf16::from_float(out[t]), bf16::from_float(want));
+    REQUIRE(u <= 1);
+    off += u == 1;
+  }
+  CHECK(off <= logits.size() / 50);
+}
+
+TEST_CASE("gather_rows: exact rows, 16-byte and element copies", "[gpu][decoder][router]") {
+  const int src_rows = 64;
+  const std::vector<std::int32_t> rows{63, 0, 5, 5, 17};
+  for (const int dim : {2048, 24, 13}) {
+    for (const std::size_t dst_at : {std::size_t(0), std::size_t(1)}) {  // 1: dst not 16-byte aligned
+      INFO("dim " << dim << ", dst offset " << dst_at);
+      const auto src = random_bf16(std::size_t(src_rows) * dim, 3.0f, 31);
+      Dev<bf16> ds(src.size()), dd(rows.size() * dim + dst_at);
+      Dev<std::int32_t> dr(rows.size());
+      ds.put(src);
+      dr.put(rows);
+      dd.poison();
+      const Status st = dec::gather_rows(dev(ds), dr.p, int(rows.size()), dim, dev(dd, dst_at), nullptr);
+      INFO(st.message);
+      REQUIRE(st.ok);
+      check_cuda(cudaDeviceSynchronize());
+      const auto out = dd.get(rows.size() * dim, dst_at);
+      for (std::size_t r = 0; r < rows.size(); ++r)
+        for (int d = 0; d < dim; ++d)
+          REQUIRE(out[r * dim + d].bits == src[std::size_t(rows[r]) * dim + d].bits);
+    }
+  }
+}
+
+TEST_CASE("dense GEMM, router, shared gate and gather: bad arguments name the field, nothing is launched",
+          "[decoder][status]") {
+  const auto* a = fake(256);    // 16-byte aligned, never read
+  const auto* odd = fake(258);  // 2 bytes off
+  auto* y = const_cast<dec::bf16*>(fake(512));
+  using G = dec::DenseGemm;
+  CHECK(G::can_implement(a, 4, 64, a, 8, nullptr, y).ok);
+  CHECK(G::can_implement(a, 4, 64, a, 1, a, y).ok);  // any N
+  CHECK(G::can_implement(nullptr, 0, 64, nullptr, 8, nullptr, nullptr).ok);
+  CHECK(G::can_implement(a, -1, 64, a, 8, nullptr, y).field == "M");
+  CHECK(G::can_implement(a, 4, 0, a, 8, nullptr, y).field == "K");
+  CHECK(G::can_implement(a, 4, 60, a, 8, nullptr, y).field == "K");
+  CHECK(G::can_implement(a, 4, 64, a, 0, nullptr, y).field == "N");
+  CHECK(G::can_implement(nullptr, 4, 64, a, 8, nullptr, y).field == "x");
+  CHECK(G::can_implement(a, 4, 64, nullptr, 8, nullptr, y).field == "w");
+  CHECK(G::can_implement(a, 4, 64, a, 8, nullptr, nullptr).field == "y");
+  CHECK(G::can_implement(odd, 4, 64, a, 8, nullptr, y).field == "x");
+  CHECK(G::can_implement(a, 4, 64, odd, 8, nullptr, y).field == "w");
+  CHECK(G::can_implement(a, 4, 64, a, 8, nullptr, const_cast<dec::bf16*>(odd)).field == "y");
+  CHECK(G::can_implement(a, 4, 64, a, 8, odd, y).field == "bias");
+  const Status msg = G::can_implement(a, 4, 60, a, 8, nullptr, y);
+  CHECK(msg.message == "K = 60: must be a multiple of 8 (16-byte rows of x and w)");
+  // A workspace the constructor refuses: run() reports it (after the argument checks), no handle is made.
+  G bad(reinterpret_cast<void*>(std::uintptr_t{512 + 16}), 1024);
+  CHECK(bad.status().field == "workspace");
+  CHECK(bad.run(a, 4, 64, a, 8, nullptr, y, nullptr).field == "workspace");
+  CHECK(bad.run(a, 4, 63, a, 8, nullptr, y, nullptr).field == "K");
+  CHECK(G(nullptr, 1024).status().field == "workspace");
+
+  std::int32_t* ids = reinterpret_cast<std::int32_t*>(std::uintptr_t{1024});
+  float* wts = reinterpret_cast<float*>(std::uintptr_t{2048});
+  CHECK(dec::router_topk(a, -1, 60, 4, false, ids, wts, nullptr).field == "T");
+  CHECK(dec::router_topk(a, 3, 0, 1, false, ids, wts, nullptr).field == "E");
+  CHECK(dec::router_topk(a, 3, 1025, 4, false, ids, wts, nullptr).field == "E");
+  CHECK(dec::router_topk(a, 3, 60, 0, false, ids, wts, nullptr).field == "k");
+  CHECK(dec::router_topk(a, 3, 60, 17, false, ids, wts, nullptr).field == "k");
+  CHECK(dec::router_topk(a, 3, 4, 5, false, ids, wts, nullptr).field == "k");
+  CHECK(dec::router_topk(nullptr, 3, 60, 4, false, ids, wts, nullptr).field == "logits");
+  CHECK(dec::router_topk(a, 3, 60, 4, false, nullptr, wts, nullptr).field == "ids");
+  CHECK(dec::router_topk(a, 3, 60, 4, false, ids, nullptr, nullptr).field == "weights");
+  CHECK(dec::router_topk(nullptr, 0, 60, 4, true, nullptr, nullptr, nullptr).ok);
+  CHECK(dec::router_topk_can_implement(a, 3, 1024, 16, ids, wts).ok);
+
+  CHECK(dec::shared_gate(a, -1, wts, nullptr).field == "T");
+  CHECK(dec::shared_gate(nullptr, 3, wts, nullptr).field == "logits");
+  CHECK(dec::shared_gate(a, 3, nullptr, nullptr).field == "out");
+  CHECK(dec::shared_gate(nullptr, 0, nullptr, nullptr).ok);
+
+  CHECK(dec::gather_rows(a, ids, -1, 8, y, nullptr).field == "count");
+  CHECK(dec::gather_rows(a, ids, 2, 0, y, nullptr).field == "dim");
+  CHECK(dec::gather_rows(nullptr, ids, 2, 8, y, nullptr).field == "src");
+  CHECK(dec::gather_rows(a, nullptr, 2, 8, y, nullptr).field == "rows");
+  CHECK(dec::gather_rows(a, ids, 2, 8, nullptr, nullptr).field == "dst");
+  CHECK(dec::gather_rows(nullptr, nullptr, 0, 8, nullptr, nullptr).ok);
+}

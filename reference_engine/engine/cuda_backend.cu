@@ -86,24 +86,6 @@ constexpr std::uint64_t align256(std::uint64_t v) {
   return (v + 255) / 256 * 256;
 }
 
-// Sigmoid of the shared-expert gate's logits (column 0 of a [T][ld] bf16 matrix), rounded to bf16 as
-// transformers' F.sigmoid on a bf16 tensor does.
-__global__ void shared_gate_kernel(const dbf16* __restrict__ logits, int ld, int tokens,
-                                   float* __restrict__ out) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= tokens) return;
-  const float g = __bfloat162float(logits[static_cast<std::int64_t>(t) * ld]);
-  out[t] = kd::round_bf16(1.0f / (1.0f + expf(-g)));
-}
-
-// dst[i] = src[rows[i]] for rows of `dim` bf16.
-__global__ void gather_rows_kernel(const dbf16* __restrict__ src, const std::int32_t* __restrict__ rows,
-                                   int dim, dbf16* __restrict__ dst) {
-  const dbf16* s = src + static_cast<std::int64_t>(rows[blockIdx.x]) * dim;
-  dbf16* d = dst + static_cast<std::int64_t>(blockIdx.x) * dim;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = s[i];
-}
-
 // Bytes carved from the arena, in order; each region 256-byte aligned.
 struct Carver {
   std::byte* base = nullptr;
@@ -124,7 +106,7 @@ struct CudaBackend::Impl {
     const dbf16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
     const dbf16 *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
     const dbf16 *q_norm = nullptr, *k_norm = nullptr;
-    const dbf16 *router = nullptr, *shared_gate = nullptr;        // shared_gate padded to 8 rows (zeros)
+    const dbf16 *router = nullptr, *shared_gate = nullptr;
     const dbf16 *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP layers
     std::int32_t moe = -1;                                        // MoE layer index, -1 for a dense layer
   };
@@ -249,13 +231,11 @@ void CudaBackend::Impl::setup() {
   c.used = std::uint64_t(shared_base_page) * matrix_bytes;
   const std::uint64_t shared_at = c.take(std::uint64_t(moe_layers) * chunks * 3 * matrix_bytes);
   mem.shared_expert_bytes = c.used - shared_at;
-  // Non-expert weights: each tensor 256-byte aligned; the shared gate padded to 8 rows.
+  // Non-expert weights: each tensor 256-byte aligned.
   const std::uint64_t weights_at = c.used;
   std::uint64_t wbytes = 0;
   for (const WeightTensor& t : weights->tensors()) {
-    std::uint64_t n = t.elements();
-    if (t.name.ends_with("shared_expert_gate.weight")) n = 8ull * H;
-    wbytes = align256(wbytes) + n * 2;
+    wbytes = align256(wbytes) + t.elements() * 2;
   }
   c.used = weights_at + wbytes;
   mem.weight_bytes = wbytes;
@@ -266,7 +246,7 @@ void CudaBackend::Impl::setup() {
   const std::uint64_t at_q = act(std::uint64_t(T) * qd, 2), at_k = act(std::uint64_t(T) * kvd, 2);
   const std::uint64_t at_v = act(std::uint64_t(T) * kvd, 2), at_att = act(std::uint64_t(T) * qd, 2);
   const std::uint64_t at_o = act(std::uint64_t(T) * H, 2);
-  const std::uint64_t at_rl = act(std::uint64_t(T) * E, 2), at_gl = act(std::uint64_t(T) * 8, 2);
+  const std::uint64_t at_rl = act(std::uint64_t(T) * E, 2), at_gl = act(T, 2);
   const bool dense_layers = hf.num_layers > moe_layers;
   const std::uint64_t at_ma = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
   const std::uint64_t at_mb = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
@@ -442,13 +422,10 @@ void CudaBackend::Impl::upload_weights(const Carver&, std::uint64_t weights_at) 
     off = align256(off);
     host.assign(t.elements(), bf16{});
     weights->read(t.name, host);
-    std::uint64_t bytes = host.size() * 2;
-    if (t.name.ends_with("shared_expert_gate.weight")) {  // [1, H] padded to [8, H] with zeros
-      check_cuda(cudaMemset(arena + off, 0, 8ull * H * 2), "cudaMemset");
-    }
+    const std::uint64_t bytes = host.size() * 2;
     check_cuda(cudaMemcpy(arena + off, host.data(), bytes, cudaMemcpyHostToDevice), "upload weight");
     dev[t.name] = reinterpret_cast<const dbf16*>(arena + off);
-    off += t.name.ends_with("shared_expert_gate.weight") ? 8ull * H * 2 : bytes;
+    off += bytes;
   }
   auto get = [&](const std::string& name, bool required = true) -> const dbf16* {
     auto it = dev.find(name);
@@ -618,9 +595,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
                      "router");
       }
       if (chunks > 0) {
-        gemm_run(hn, Ti, int(H), w.shared_gate, 8, nullptr, gate_logits);
-        shared_gate_kernel<<<(T + 255) / 256, 256, 0, stream>>>(gate_logits, 8, Ti, shared_w);
-        check_cuda(cudaGetLastError(), "shared_gate_kernel");
+        gemm_run(hn, Ti, int(H), w.shared_gate, 1, nullptr, gate_logits);
+        check_status(kd::shared_gate(gate_logits, Ti, shared_w, stream), "shared expert gate");
       }
       // The routed set: known on the host for synthetic routing; from the router otherwise, and then read
       // back here only if the layer may miss (an expert neither resident nor restored this step).
@@ -672,7 +648,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   // ---- the sampled rows: final norm, LM head, argmax
   check_cuda(cudaEventRecord(ev_head0, stream), "cudaEventRecord");
   if (samples > 0) {
-    gather_rows_kernel<<<samples, 256, 0, stream>>>(x, sample_rows_d, int(H), xs);
+    check_status(kd::gather_rows(x, sample_rows_d, int(samples), int(H), xs, stream), "gather sampled rows");
     kd::rms_norm_kernel<<<samples, 256, 0, stream>>>(xs, final_norm, xn, int(H), float(hf.rms_norm_eps));
     gemm_run(xn, int(samples), int(H), lm_head, int(V), nullptr, logits);
     kd::argmax_kernel<<<samples, 256, 0, stream>>>(logits, int(V), argmax_d);

@@ -1,8 +1,9 @@
-// amoeba: the command-line front end of the reference engine. Every GPU here is simulated (SimBackend).
+// amoeba: the command-line front end of the reference engine. The GPU is simulated (SimBackend, the default)
+// or, with --backend cuda in a build with the CUDA backend, a real one (CudaBackend: measured times).
 //
 //   amoeba ablate   run several policy stacks on one trace, print one table (the main job)
 //   amoeba run      one policy; per-step timeline CSV (running requests, free pages, resident experts)
-//   amoeba generate greedy tokens from a Hugging Face checkpoint through the host reference decoder
+//   amoeba generate greedy tokens from a Hugging Face checkpoint: the host reference decoder, or the GPU
 //   amoeba rank     turn a routing record (run --record-routing) into expert statistics (--ranking)
 //   amoeba trace    generate a ShareGPT-like JSONL trace, or inspect one
 //   amoeba models   the model catalog with page sizes and weight split
@@ -43,6 +44,7 @@
 #include "amoeba/core/errors.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/decoder_reference.hpp"
+#include "engine/generate_driver.hpp"
 #include "engine/gpu.hpp"
 #include "engine/json_fields.hpp"
 #include "engine/model.hpp"
@@ -153,18 +155,25 @@ bool is_file_name(const std::string& name_or_path) {  // as find_model / find_gp
 
 // Flags shared by ablate and run; unset ones leave the config/defaults alone.
 struct ScenarioFlags {
-  std::optional<std::string> config, scenario, backend, model, gpu, trace, cost_model, predictor, routing,
-      ranking, expert_precision, moe_kernel;
-  std::optional<std::string> rate, burstiness, memory_cap_gib, usable_fraction, drift, predictor_accuracy,
-      skew;
+  std::optional<std::string> config, scenario, backend, model, weights, gpu, trace, cost_model, predictor,
+      routing, ranking, expert_precision, moe_kernel;
+  std::optional<std::string> rate, burstiness, memory_cap_gib, gpu_memory_gib, usable_fraction, drift,
+      predictor_accuracy, skew;
   std::optional<std::string> requests, seed, offload_limit, fixed_offload, max_num_seqs, max_batched_tokens;
 
   void add_to(CLI::App& app) {
     app.add_option("--scenario", scenario, "named scenario from `amoeba scenarios` (default: motivating)");
     app.add_option("--config", config, "JSON config file (see docs/engine.md)");
-    app.add_option("--backend", backend, "what runs the forward passes: sim (simulated GPU, the default)");
+    app.add_option("--backend", backend,
+                   "what runs the forward passes: sim (simulated GPU, the default) or cuda (an NVIDIA GPU, "
+                   "measured; needs a build with the CUDA backend)");
     app.add_option("--model", model, "model name from `amoeba models`, or a model .json file");
-    app.add_option("--gpu", gpu, "GPU profile from `amoeba gpus`, or a profile .json file");
+    app.add_option("--weights", weights,
+                   "Hugging Face checkpoint directory (Qwen2-MoE, Qwen3-MoE) instead of --model: its "
+                   "config.json is the model; --backend cuda serves its weights");
+    app.add_option("--gpu", gpu,
+                   "GPU profile from `amoeba gpus`, or a profile .json file (default: rtx5090; h200 with "
+                   "--backend cuda)");
     app.add_option("--rate", rate, "request rate (req/s) of the generated trace, in [1e-6, 1e6]");
     app.add_option("--burstiness", burstiness,
                    "gamma shape of inter-arrival times (1 = Poisson), in [1e-3, 1e3]");
@@ -173,6 +182,7 @@ struct ScenarioFlags {
     app.add_option("--trace", trace, "JSONL trace file instead of generated requests");
     app.add_option("--memory-cap-gib", memory_cap_gib,
                    "use at most this much GPU memory (GiB): 0 or [1/16, 1e6]");
+    app.add_option("--gpu-memory-gib", gpu_memory_gib, "--memory-cap-gib under another name");
     app.add_option("--usable-fraction", usable_fraction,
                    "fraction of GPU memory the engine may use, [0.05, 1]");
     app.add_option("--expert-offload-limit", offload_limit, "elastic: most experts offloaded per layer");
@@ -188,8 +198,10 @@ struct ScenarioFlags {
                    "routed experts on the host, over PCIe and in pages: bf16, int8, int4 (group 128)");
     app.add_option("--moe-kernel", moe_kernel,
                    "paged (reads pages in place) or gather (copies to contiguous)");
-    app.add_option("--routing", routing,
-                   "where routing comes from: synthetic (the routing model), or a routing record to replay");
+    app.add_option(
+        "--routing", routing,
+        "where routing comes from: synthetic (the routing model; default with --backend sim), model "
+        "(the GPU's router; default with --backend cuda), or a routing record to replay");
     app.add_option("--ranking", ranking, "expert statistics to rank experts by (e.g. from `amoeba rank`)");
   }
 
@@ -201,7 +213,8 @@ struct ScenarioFlags {
     if (is_file_name(s.model)) in.emplace_back("--model", s.model);
     if (is_file_name(s.gpu)) in.emplace_back("--gpu", s.gpu);
     if (is_file_name(s.cost_model)) in.emplace_back("--cost-model", s.cost_model);
-    if (s.routing_source != "synthetic") in.emplace_back("--routing", s.routing_source);
+    if (s.routing_source != "synthetic" && s.routing_source != "model")
+      in.emplace_back("--routing", s.routing_source);
     if (!s.ranking.empty()) in.emplace_back("--ranking", s.ranking);
     return in;
   }
@@ -225,21 +238,32 @@ struct ScenarioFlags {
     };
     name("--backend", backend, s.backend);
     name("--routing", routing, s.routing_source);
+    s.routing_given = s.routing_given || routing.has_value();
     name("--ranking", ranking, s.ranking);
+    if (model && weights)
+      throw ConfigError("--model", quote_text(*model),
+                        "must not be given with --weights: the checkpoint's config.json is the model");
     name("--model", model, s.model);
+    if (model) s.weights.clear();  // the flag replaces a config's checkpoint
+    name("--weights", weights, s.weights);
     name("--gpu", gpu, s.gpu);
+    s.gpu_given = s.gpu_given || gpu.has_value();
     name("--trace", trace, s.trace);
     name("--cost-model", cost_model, s.cost_model);
     if (rate) s.rate = parse_real("--rate", *rate, ranges::kRate);
     if (burstiness) s.burstiness = parse_real("--burstiness", *burstiness, ranges::kBurstiness);
     if (requests) s.requests = parse_count("--requests", *requests, ranges::kRequests);
     if (seed) s.seed = parse_count("--seed", *seed, ranges::kSeed);
-    if (memory_cap_gib) {
+    if (memory_cap_gib && gpu_memory_gib)
+      throw ConfigError("--gpu-memory-gib", quote_text(*gpu_memory_gib),
+                        "is --memory-cap-gib under another name: give one of the two");
+    if (memory_cap_gib || gpu_memory_gib) {
+      const char* flag = memory_cap_gib ? "--memory-cap-gib" : "--gpu-memory-gib";
+      const std::string& text = memory_cap_gib ? *memory_cap_gib : *gpu_memory_gib;
       // 0 = no cap, as in the config file; a tiny positive cap is refused, not rounded to 0 bytes = no cap.
-      const double cap =
-          parse_real("--memory-cap-gib", *memory_cap_gib, RealRange{0, ranges::kMemoryCapGib.max});
+      const double cap = parse_real(flag, text, RealRange{0, ranges::kMemoryCapGib.max});
       if (cap != 0 && cap < ranges::kMemoryCapGib.min)
-        throw ConfigError("--memory-cap-gib", quote_text(*memory_cap_gib), memory_cap_rule());
+        throw ConfigError(flag, quote_text(text), memory_cap_rule());
       s.memory.memory_cap_bytes = memory_cap_bytes(cap);
     }
     if (usable_fraction)
@@ -270,6 +294,7 @@ struct ScenarioFlags {
     if (expert_precision)
       s.expert_precision = expert_precision_from_string(*expert_precision, "--expert-precision");
     if (moe_kernel) s.moe_kernel = moe_kernel_from_string(*moe_kernel, "--moe-kernel");
+    apply_backend_defaults(s);  // the GPU and routing of the backend, where nothing above named them
     return s;
   }
 };
@@ -334,6 +359,63 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
+// Progress of runs on stderr: requests finished of the total, forward steps, elapsed time and an estimate of
+// the time left (elapsed x unfinished / finished). On a terminal the line is redrawn in place, at most four
+// times a second; elsewhere (a log, a pipe) a line every 10 s once the command has run for 2 s, so that short
+// runs print nothing. Disabled by --quiet.
+class Progress {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit Progress(bool quiet)
+      : enabled_(!quiet), tty_(isatty(STDERR_FILENO) == 1), start_(Clock::now()), next_(start_ + kFirstLog) {}
+
+  // A run begins; its lines start with `prefix` (ablate: "[2/6] simulating fixed: ").
+  void begin_run(std::string prefix) {
+    prefix_ = std::move(prefix);
+    run_start_ = Clock::now();
+    if (tty_) next_ = run_start_;  // a terminal shows the new run at once
+  }
+  // Called after every step: cheap unless a line is due.
+  void update(const RunProgress& p) {
+    if (!enabled_) return;
+    const Clock::time_point now = Clock::now();
+    if (now < next_) return;
+    next_ = now + (tty_ ? kRedraw : kLogEvery);
+    const double run_s = seconds(run_start_, now);
+    std::string line = fmt::format("{}{}/{} requests, {} steps, {:.1f} s", prefix_, p.finished_requests,
+                                   p.total_requests, p.forward_steps, run_s);
+    if (p.finished_requests > 0 && p.finished_requests < p.total_requests)
+      line += fmt::format(", ~{:.0f} s left", run_s * double(p.total_requests - p.finished_requests) /
+                                                  double(p.finished_requests));
+    if (tty_)
+      std::fprintf(stderr, "\r%-*s", int(std::max<std::size_t>(width_, line.size())), line.c_str());
+    else
+      std::fprintf(stderr, "%s\n", line.c_str());
+    width_ = std::max(width_, line.size());
+    drawn_ = true;
+  }
+  // After the last run: "done in X s" (a terminal's line is then cleared).
+  void finish() {
+    if (!enabled_ || !drawn_) return;
+    const std::string done = fmt::format("done in {:.1f} s", seconds(start_, Clock::now()));
+    if (tty_)
+      std::fprintf(stderr, "\r%-*s\r", int(std::max<std::size_t>(width_, 60)), done.c_str());
+    else
+      std::fprintf(stderr, "%s\n", done.c_str());
+  }
+
+ private:
+  static constexpr auto kFirstLog = std::chrono::seconds(2), kLogEvery = std::chrono::seconds(10);
+  static constexpr auto kRedraw = std::chrono::milliseconds(250);
+  static double seconds(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+  bool enabled_, tty_, drawn_ = false;
+  Clock::time_point start_, next_, run_start_;
+  std::string prefix_;
+  std::size_t width_ = 0;
+};
+
 int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& policies_flag,
                const std::optional<std::string>& json_path, const std::optional<std::string>& csv_path,
                bool quiet) {
@@ -360,22 +442,17 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   const std::vector<Request> trace = requests_within_memory(s, false);
   const WorkloadReport workload = describe_workload(s, trace);
   // Every policy is planned before any runs: a configuration that cannot fit is refused up front.
-  const std::vector<RunSetup> setups = prepare_runs(s, trace, RunOptions{});
-  const bool progress = !quiet && isatty(STDERR_FILENO);
+  std::vector<RunSetup> setups = prepare_runs(s, trace, RunOptions{});
+  const bool simulated = find_backend(s.backend).simulated;
+  Progress progress(quiet);
   std::vector<RunResult> results;
-  const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < setups.size(); ++i) {
-    if (progress)
-      std::fprintf(stderr, "\r[%zu/%zu] simulating %-12s (%.1f s)", i + 1, setups.size(),
-                   setups[i].label.c_str(),
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    progress.begin_run(fmt::format("[{}/{}] {} {}: ", i + 1, setups.size(),
+                                   simulated ? "simulating" : "running", setups[i].label));
+    setups[i].options.progress = [&progress](const RunProgress& p) { progress.update(p); };
     results.push_back(run_policy(setups[i]));
   }
-  if (progress)
-    std::fprintf(stderr, "\r%-60s\r",
-                 fmt::format("done in {:.1f} s",
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())
-                     .c_str());
+  progress.finish();
   if (OutputFile* o = output_for(outs, "--json")) o->write(ablation_json(s, workload, results));
   if (OutputFile* o = output_for(outs, "--csv")) o->write(ablation_csv(s, workload, results));
   std::cout << ablation_table(s, workload, results);
@@ -393,7 +470,7 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
   const RunSetup& first = setups.front();
   if (first.gpu.gpus > 1 || s.expert_precision != ExpertPrecision::kBf16) {
     const GpuProfile& gp = first.gpu;
-    std::cout << "deployment (simulated): ";
+    std::cout << (simulated ? "deployment (simulated): " : "deployment: ");
     if (gp.gpus > 1)
       std::cout << fmt::format(
           "{} x {}, tensor parallel (each GPU holds 1/{} of every expert and its own KV share); 2 "
@@ -408,7 +485,8 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
             ? fmt::format(" (expert page padded by {} B so KV pages nest)", g.expert_padding_bytes())
             : std::string());
   }
-  std::cout << "memory per policy (simulated " << s.gpu << (first.gpu.gpus > 1 ? ", per GPU" : "") << "):\n";
+  std::cout << "memory per policy (" << (simulated ? "simulated " : "planned for ") << s.gpu
+            << (first.gpu.gpus > 1 ? ", per GPU" : "") << "):\n";
   for (const RunSetup& r : setups)
     std::cout << "  " << fmt::format("{:<12}", r.label) << (r.label.size() >= 12 ? " " : "")
               << r.memory.describe() << "\n";
@@ -417,7 +495,7 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
 
 int cmd_run(const ScenarioFlags& flags, const std::string& policy,
             const std::optional<std::string>& json_path, const std::optional<std::string>& csv_path,
-            const std::optional<std::string>& record_path) {
+            const std::optional<std::string>& record_path, bool quiet) {
   Scenario s = flags.resolve();
   s.policies = {policy};
   s.runs.clear();  // one policy, with the scenario's MoE kernel
@@ -431,12 +509,17 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy,
   const RunSetup setup = prepare_run(s, policy, trace, opt);
   std::optional<RoutingRecorder> recorder;
   if (record_path)
-    recorder.emplace(RoutingRecordHeader{s.model, setup.model.moe_layers(), setup.model.num_experts,
+    recorder.emplace(RoutingRecordHeader{model_label(s), setup.model.moe_layers(), setup.model.num_experts,
                                          setup.model.top_k, s.backend,
-                                         s.routing_source == "synthetic" ? "synthetic" : "recorded"});
+                                         std::string(to_string(setup.routing))});
+  const bool simulated = find_backend(s.backend).simulated;
   RunSetup to_run = setup;
   if (recorder) to_run.options.recorder = &*recorder;
+  Progress progress(quiet);
+  progress.begin_run(fmt::format("{} {}: ", simulated ? "simulating" : "running", setup.label));
+  to_run.options.progress = [&progress](const RunProgress& p) { progress.update(p); };
   const RunResult r = run_policy(to_run);
+  progress.finish();
   if (OutputFile* o = output_for(outs, "--json")) o->write(ablation_json(s, workload, {r}));
   if (OutputFile* o = output_for(outs, "--csv")) o->write(timeline_csv(r));
   if (OutputFile* o = output_for(outs, "--record-routing")) o->write(recorder->text());
@@ -446,6 +529,8 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy,
   std::cout << fmt::format(
       "preemptions {}, evictions {}, restores {}, resident experts min {} max {}, copy stall {:.2f} s\n",
       r.preemptions, r.evictions, r.restores, r.min_resident_experts, r.max_resident_experts, r.copy_stall_s);
+  if (!simulated)
+    std::cout << fmt::format("engine host time {:.3f} s (on the clock besides the forwards)\n", r.host_s);
   if (!csv_path) std::cout << "(per-step timeline: add --csv FILE)\n";
   return 0;
 }
@@ -476,9 +561,9 @@ std::vector<std::int32_t> token_ids(const std::string& text, const char* flag) {
 int cmd_generate(const std::string& backend, const std::string& weights, const std::string& prompt_text,
                  const std::optional<std::string>& new_tokens_text, const std::string& teacher_text,
                  const std::optional<std::string>& json_path) {
-  if (backend != "reference")
+  if (backend != "reference" && backend != "cuda")
     throw ConfigError("--backend", backend,
-                      "unknown generation backend (known: reference, the host reference)");
+                      "unknown generation backend (known: reference, the host reference; cuda, the GPU)");
   const auto new_tokens = static_cast<std::uint32_t>(
       new_tokens_text ? parse_count("--new-tokens", *new_tokens_text, CountRange{1, 4096}) : 32);
   std::vector<OutputFile> outs = prepare_outputs({{"--json", json_path}}, {});
@@ -486,9 +571,14 @@ int cmd_generate(const std::string& backend, const std::string& weights, const s
   const std::vector<std::int32_t> teacher =
       teacher_text.empty() ? std::vector<std::int32_t>{} : token_ids(teacher_text, "--teacher-tokens");
   const Checkpoint ck = open_checkpoint(weights);
-  DecoderReference ref(ck);
-  const auto steps =
-      teacher.empty() ? ref.generate(prompt, new_tokens) : ref.generate_forced(prompt, teacher);
+  std::vector<GeneratedToken> steps;
+  if (backend == "cuda") {
+    steps = generate_on_cuda(ck, prompt, new_tokens, teacher);
+  } else {
+    DecoderReference ref(ck);
+    for (auto& st : teacher.empty() ? ref.generate(prompt, new_tokens) : ref.generate_forced(prompt, teacher))
+      steps.push_back(GeneratedToken{st.token, std::move(st.logits)});
+  }
   nlohmann::ordered_json j;
   j["backend"] = backend;
   j["weights"] = weights;
@@ -632,7 +722,9 @@ int cmd_scenarios() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"amoeba reference engine (simulated GPU): ablations of expert/KV memory policies"};
+  CLI::App app{
+      "amoeba reference engine (simulated GPU, or a real one with --backend cuda): ablations of expert/KV "
+      "memory policies"};
   app.require_subcommand(1);
 
   ScenarioFlags ab_flags, run_flags;
@@ -647,8 +739,10 @@ int main(int argc, char** argv) {
 
   std::string run_policy_name = "elastic";
   std::optional<std::string> run_json, run_csv;
+  bool run_quiet = false;
   CLI::App* run = app.add_subcommand("run", "one policy, with a per-step timeline");
   run_flags.add_to(*run);
+  run->add_flag("--quiet", run_quiet, "no progress indicator");
   run->add_option("--policy", run_policy_name, "policy name (see `amoeba ablate --help`)");
   run->add_option("--json", run_json, "write the result as JSON");
   run->add_option("--csv", run_csv, "write the per-step timeline as CSV");
@@ -666,7 +760,10 @@ int main(int argc, char** argv) {
       ->required();
   generate->add_option("--prompt", gen_prompt, "comma-separated token ids")->required();
   generate->add_option("--new-tokens", gen_new, "tokens to generate, in [1, 4096] (default 32)");
-  generate->add_option("--backend", gen_backend, "reference (the host reference decoder; default)");
+  generate->add_option(
+      "--backend", gen_backend,
+      "reference (the host reference decoder; default) or cuda (the GPU backend, every expert "
+      "resident)");
   generate->add_option("--json", gen_json, "write prompt, tokens and every step's logits as JSON");
   std::string gen_teacher;
   generate->add_option(
@@ -718,7 +815,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (ablate->parsed()) return finish(cmd_ablate(ab_flags, ab_policies, ab_json, ab_csv, ab_quiet));
-    if (run->parsed()) return finish(cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record));
+    if (run->parsed())
+      return finish(cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record, run_quiet));
     if (rank->parsed()) return finish(cmd_rank(rank_in, rank_out));
     if (generate->parsed())
       return finish(cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_teacher, gen_json));

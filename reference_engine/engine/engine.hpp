@@ -15,9 +15,18 @@
 // forward is in flight), costing the backend's idle step time. After run(), drain() checks conservation:
 // every request finished, every KV/state page and every reservation back, and -- after the resident experts
 // are released too -- the pool fully merged with its invariants intact.
+//
+// The clock. A simulated backend's clock holds only modelled time: forward step times, idle step times, and
+// jumps over idle gaps to the next arrival (its output stays deterministic). A measured backend
+// (measured_backend: CudaBackend) reports wall time for each forward, and the clock also advances by the
+// host time the engine itself spends in each step (schedule, adjust, commit, complete; steady_clock), so it
+// is wall time without the idle sleeps: a gap with nothing scheduled still jumps to the next arrival, as a
+// server that is idle would have waited. A backend with populate(residency) (populating_backend) gets the
+// initial expert placement written once, right after the adjuster's.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <memory>
@@ -68,11 +77,13 @@ class Engine {
                              std::to_string(s->requested_pages) + " expert pages (have " +
                              std::to_string(s->available_pages) +
                              "); the memory plan should have refused this configuration");
+    if constexpr (populating_backend<Backend>) backend_.populate(adj_.residency());
     result_.min_resident_experts = result_.max_resident_experts = adj_.residency().resident_total();
   }
 
   // One iteration of the loop. False once every request has finished.
   bool step() {
+    const Clock::time_point started = kMeasured ? Clock::now() : Clock::time_point{};
     while (next_arrival_ < seqs_.size() && seqs_[next_arrival_].arrival_s <= now_)
       scheduler_.add(seqs_[next_arrival_++]);
     if (scheduler_.idle()) {
@@ -95,14 +106,27 @@ class Engine {
       now_ += backend_.idle_step_s();
       step_.clear();
       record(plan, changes, step_);
+      if constexpr (kMeasured) {
+        const double host = host_seconds(started, Clock::now());
+        now_ += host;
+        count_host_time(host);
+      }
       return true;
     }
     stuck_ = 0;
     routing_->begin_step(plan.batch);
+    const Clock::time_point forward_start = kMeasured ? Clock::now() : Clock::time_point{};
     if (auto e =
             backend_.forward(StepInput<Pool>{plan.batch, changes, adj_.residency(), pool_, *routing_}, step_))
       throw std::logic_error("engine: the backend refused the change list: " + e->message);
+    const Clock::time_point forward_end = kMeasured ? Clock::now() : Clock::time_point{};
     now_ += step_.step_s;
+    // The host time before the forward delays this step's tokens; the time after it, the next step.
+    double host_before = 0;
+    if constexpr (kMeasured) {
+      host_before = host_seconds(started, forward_start);
+      now_ += host_before;
+    }
     ++result_.forward_steps;
     result_.peak_concurrency =
         std::max<std::uint32_t>(result_.peak_concurrency, static_cast<std::uint32_t>(plan.size()));
@@ -117,7 +141,12 @@ class Engine {
       for (std::uint32_t l = 0; l < step_.routed_layers(); ++l) adj_.observe(l, step_.routed_at(l));
     commit(changes);
     record(plan, changes, step_);
-    scheduler_.complete(plan, now_);
+    finished_ += scheduler_.complete(plan, now_);
+    if constexpr (kMeasured) {
+      const double host_after = host_seconds(forward_end, Clock::now());
+      now_ += host_after;
+      count_host_time(host_before + host_after);
+    }
     return true;
   }
 
@@ -170,8 +199,24 @@ class Engine {
   const StepPlan& last_plan() const noexcept { return plan_; }
   const StepResult& last_step() const noexcept { return step_; }
   double now() const noexcept { return now_; }
+  // Requests finished so far, of sequences().size() (progress reports).
+  std::size_t finished_requests() const noexcept { return finished_; }
+  std::uint64_t forward_steps() const noexcept { return result_.forward_steps; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr bool kMeasured = measured_backend<Backend>;
+
+  static double host_seconds(Clock::time_point from, Clock::time_point to) noexcept {
+    return std::chrono::duration<double>(to - from).count();
+  }
+  // Measured backends: `s` seconds of the engine's own work in this step (already on the clock) go into the
+  // run's total and the step's timeline row.
+  void count_host_time(double s) {
+    result_.host_s += s;
+    if (options_.record_timeline && !result_.timeline.empty()) result_.timeline.back().host_ms = s * 1e3;
+  }
+
   static constexpr bool kObservesRouting = routing_observer<typename Adj::evict_policy_type> ||
                                            routing_observer<typename Adj::restore_policy_type> ||
                                            routing_observer<typename Adj::capacity_rule_type>;
@@ -218,7 +263,7 @@ class Engine {
   StepPlan plan_;    // the current step's plan, reused across steps
   StepResult step_;  // the last forward's result, reused across steps
   std::vector<Sequence> seqs_;
-  std::size_t next_arrival_ = 0;
+  std::size_t next_arrival_ = 0, finished_ = 0;
   double now_ = 0;
   std::uint64_t iterations_ = 0, stuck_ = 0;
   std::uint64_t touches_ = 0, hits_ = 0, prefetched_ = 0;

@@ -1,5 +1,6 @@
 // Metrics of one run (DESIGN §3.6): peak concurrency, forward steps, throughput, TTFT/TPOT percentiles,
-// expert bytes moved, hit rates, and an optional per-step timeline. All times are simulated.
+// expert bytes moved, hit rates, and an optional per-step timeline. Times are simulated (SimBackend) or
+// measured (a measured backend: the forward's wall time plus the engine's own host time, engine.hpp).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +32,9 @@ struct TimelineRow {
   // The forward's phases (StepResult): compute per kind, copy engine busy, compute waiting for copies.
   std::uint64_t copy_calls = 0;
   double attention_ms = 0, moe_ms = 0, dense_ms = 0, copy_ms = 0, stall_ms = 0;
+  // Measured backends: the engine's own host time in this step (schedule, adjust, commit, complete), on the
+  // clock besides step_ms. 0 for a simulated backend, whose clock holds only modelled time.
+  double host_ms = 0;
 };
 
 struct RunResult {
@@ -50,6 +54,7 @@ struct RunResult {
   std::uint64_t evictions = 0, restores = 0;
   std::uint64_t min_resident_experts = 0, max_resident_experts = 0;
   double copy_stall_s = 0, compute_s = 0;
+  double host_s = 0;  // the engine's own host time over the run (measured backends; 0 when simulated)
   std::uint64_t pool_bytes = 0, initial_kv_bytes = 0;
   std::uint32_t load_buffer_experts = 0;
   std::vector<TimelineRow> timeline;  // filled when asked for

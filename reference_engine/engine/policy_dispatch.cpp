@@ -13,8 +13,12 @@
 #include "amoeba/expert/ranker_json.hpp"
 #include "amoeba/policies/stacks.hpp"
 #include "amoeba/pool/tiered_page_pool.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/cuda_backend.hpp"
 #include "engine/engine.hpp"
 #include "engine/json_fields.hpp"
+#include "engine/model_weights.hpp"
+#include "engine/pool_layout.hpp"
 #include "engine/routing_record.hpp"
 #include "engine/routing_source.hpp"
 #include "engine/scenario.hpp"
@@ -44,24 +48,33 @@ typename Adj::capacity_rule_type capacity_for(const RunSetup& s) {
   }
 }
 
-template <class Pool>
-typename Pool::Layout pool_layout(const PageGeometry& g) {
-  // A padded (quantized) expert page reports its payload; a bf16 page is all payload.
-  const PageSpec expert{g.expert_page_bytes, g.expert_padding_bytes() > 0 ? g.expert_payload_bytes : 0};
-  if constexpr (std::is_same_v<Pool, HybridMoePool>) {
-    return {expert, PageSpec{g.ssm_page_bytes, 0}, PageSpec{g.kv_page_bytes, g.kv_payload_bytes},
-            PageSpec{g.conv_page_bytes, g.conv_payload_bytes}};
-  } else {
-    return {expert, PageSpec{g.kv_page_bytes, g.kv_payload_bytes}};
-  }
-}
-
 template <class Backend>
 Backend make_backend(const RunSetup& s);
 template <>
 SimBackend make_backend<SimBackend>(const RunSetup& s) {
   return SimBackend(s.model, s.gpu, s.cost, s.scenario->predictor, s.offload_limit, s.scenario->seed,
                     s.moe_kernel);
+}
+// The GPU: the setup's model, pool and limits; the checkpoint's weights, or random ones from the seed; prompt
+// tokens drawn from the seed (a trace has lengths, not tokens).
+template <>
+CudaBackend make_backend<CudaBackend>(const RunSetup& s) {
+  const Scenario& sc = *s.scenario;
+  CudaBackendConfig c;
+  c.model = *s.hf_model;
+  c.checkpoint_dir = sc.weights;
+  c.seed = sc.seed;
+  c.geometry = s.geometry;
+  c.pool_bytes = s.memory.pool_bytes;
+  c.load_buffer_experts = s.offload_limit;
+  c.max_batched_tokens = sc.scheduler.max_num_batched_tokens;
+  c.max_seqs = sc.scheduler.max_num_seqs;
+  c.routing = s.routing;
+  const std::uint64_t seed = sc.seed;
+  const std::uint32_t vocab = c.model.vocab_size;
+  return CudaBackend(c, [seed, vocab](std::uint64_t request, std::uint32_t position) {
+    return synthetic_prompt_token(seed, vocab, request, position);
+  });
 }
 
 template <class Pool, class Adj, class Backend>
@@ -74,6 +87,10 @@ RunResult run_engine(const RunSetup& s) {
   std::optional<ExpertRanker> ranker;
   if (s.ranking) {
     ranker = *s.ranking;
+  } else if (s.routing == RoutingKind::kModel) {
+    // The router's statistics are unknown before the run: every expert ranks alike (rank by a recorded run's
+    // statistics with --ranking).
+    ranker = ExpertRanker::uniform(layers, experts);
   } else {
     const std::vector<double> counts = routing.calibration_counts(sc.routing.calibration_tokens);
     std::vector<std::vector<double>> probs(layers, std::vector<double>(experts));
@@ -85,6 +102,8 @@ RunResult run_engine(const RunSetup& s) {
   std::unique_ptr<RoutingSource> source;
   if (s.routing_record)
     source = replay(*s.routing_record, layers, experts, sc.routing_source);
+  else if (s.routing == RoutingKind::kModel)
+    source = std::make_unique<ModelRouting>(layers, experts);
   else
     source = std::make_unique<SyntheticRouting>(std::move(routing));
 
@@ -96,9 +115,18 @@ RunResult run_engine(const RunSetup& s) {
   eo.record_timeline = s.options.record_timeline;
   Engine<Pool, Adj, Backend> engine(s.model, s.geometry, sc.scheduler, std::move(pool), std::move(adj),
                                     make_backend<Backend>(s), std::move(source), *s.trace, eo);
-  while (engine.step())
+  RunProgress progress;
+  progress.total_requests = engine.sequences().size();
+  while (engine.step()) {
     if (s.options.recorder && engine.last_step().routed_layers() > 0)
       s.options.recorder->add(engine.last_plan().batch, engine.last_step());
+    if (s.options.progress) {
+      progress.finished_requests = engine.finished_requests();
+      progress.forward_steps = engine.forward_steps();
+      progress.clock_s = engine.now();
+      s.options.progress(progress);
+    }
+  }
   RunResult r = engine.result();
   r.policy = s.label;
   r.pool_bytes = s.memory.pool_bytes;
@@ -115,8 +143,13 @@ RunResult run_with_pool(const RunSetup& s) {
   switch (s.backend) {
     case BackendKind::kSim:
       return run_engine<Pool, Adj, SimBackend>(s);
+    case BackendKind::kCuda:
+      // The GPU backend serves Qwen MoE models, which have no linear-attention state (prepare_run refused
+      // the others), so it is instantiated for MoePool only.
+      if constexpr (std::is_same_v<Pool, MoePool>) return run_engine<Pool, Adj, CudaBackend>(s);
+      break;
   }
-  throw std::logic_error("no runner for this backend");
+  throw std::logic_error("no runner for this backend and pool");
 }
 
 template <class Adj>
@@ -125,9 +158,11 @@ RunResult run_stack(const RunSetup& s) {
   return run_with_pool<MoePool, Adj>(s);
 }
 
-constexpr std::array<BackendEntry, 1> kBackends{{
+constexpr std::array<BackendEntry, 2> kBackends{{
     {"sim", "simulated GPU: a cost model over the loader's copy plan (no GPU is used)", BackendKind::kSim,
-     true},
+     true, "rtx5090", "synthetic"},
+    {"cuda", "an NVIDIA GPU: the real kernels and copies (needs a build with the CUDA backend)",
+     BackendKind::kCuda, false, "h200", "model"},
 }};
 
 constexpr std::array<PolicyEntry, 6> kTable{{
@@ -201,11 +236,45 @@ void load_routing_inputs(const Scenario& sc, RunSetup& s) {
                             std::to_string(layers) + " MoE layers x " + std::to_string(e));
     s.ranking = std::move(r);
   }
-  if (sc.routing_source != "synthetic") {
+  check_routing_source(sc);
+  if (sc.routing_source != "synthetic" && sc.routing_source != "model") {
     auto rec = std::make_shared<RoutingRecord>(read_routing_record(sc.routing_source));
     check_record_shape(*rec, layers, e, sc.routing_source);
     s.routing_record = std::move(rec);
   }
+}
+
+// The model a run plans and runs: the checkpoint's config.json (scenario `weights`; its headers are checked,
+// no tensor is read), else the catalog's, which the cuda backend takes through its Hugging Face configuration
+// so that the memory plan and the forward see one set of shapes. `shared`: the scenario's first run, whose
+// configuration the others reuse.
+ModelSpec resolve_model(const Scenario& sc, const BackendEntry& backend, const RunSetup* shared,
+                        std::shared_ptr<const HfMoeConfig>& hf) {
+  if (!sc.weights.empty()) {
+    hf = shared ? shared->hf_model : std::make_shared<const HfMoeConfig>(open_checkpoint(sc.weights).config);
+    return hf->to_model_spec(model_label(sc));
+  }
+  ModelSpec m = find_model(sc.model);
+  if (backend.kind != BackendKind::kCuda) return m;
+  hf = shared ? shared->hf_model : std::make_shared<const HfMoeConfig>(hf_config_for(m, "--model"));
+  return hf->to_model_spec(m.name);
+}
+
+// What the cuda backend runs: one GPU, bf16 experts, the paged MoE kernel, a model without linear attention.
+void check_cuda_setup(const Scenario& sc, const RunVariant& run, const RunSetup& s, const ModelSpec& model) {
+  if (s.gpu.gpus != 1)
+    throw ConfigError(
+        "--gpu", sc.gpu,
+        "the cuda backend runs on one GPU; this profile describes " + std::to_string(s.gpu.gpus));
+  if (sc.expert_precision != ExpertPrecision::kBf16)
+    throw ConfigError("--expert-precision", std::string(to_string(sc.expert_precision)),
+                      "the cuda backend serves bf16 experts only");
+  if (s.moe_kernel != MoeKernel::kPaged)
+    throw ConfigError(run.moe_kernel ? "config.runs (" + run.label + ").moe_kernel" : "--moe-kernel",
+                      std::string(to_string(s.moe_kernel)),
+                      "the cuda backend runs the paged MoE kernel only (gather is a modelled variant)");
+  if (model.is_hybrid())
+    throw ConfigError("--model", sc.model, "the cuda backend serves Qwen2-MoE and Qwen3-MoE models only");
 }
 
 RunSetup prepare_one(const Scenario& sc, const RunVariant& run, const std::vector<Request>& trace,
@@ -217,9 +286,14 @@ RunSetup prepare_one(const Scenario& sc, const RunVariant& run, const std::vecto
   s.backend = backend.kind;
   s.scenario = &sc;
   s.gpu = find_gpu(sc.gpu);
-  s.model = shard_model(find_model(sc.model), s.gpu.gpus, sc.expert_precision, "gpu " + s.gpu.name + ".gpus");
   s.label = run.label;
   s.moe_kernel = run.moe_kernel.value_or(sc.moe_kernel);
+  const ModelSpec model = resolve_model(sc, backend, shared, s.hf_model);
+  if (backend.kind == BackendKind::kCuda) check_cuda_setup(sc, run, s, model);
+  s.model = shard_model(model, s.gpu.gpus, sc.expert_precision, "gpu " + s.gpu.name + ".gpus");
+  s.routing = sc.routing_source == "synthetic" ? RoutingKind::kSynthetic
+              : sc.routing_source == "model"   ? RoutingKind::kModel
+                                               : RoutingKind::kRecorded;
   s.cost = find_cost_model(sc.cost_model);
   s.geometry = page_geometry(s.model);
   s.policy = policy;

@@ -6,6 +6,8 @@
 //
 // Backends (--backend):
 //   sim          simulated GPU: the cost model of sim_backend.hpp over the LoadPlanner's copies (no GPU)
+//   cuda         an NVIDIA GPU: CudaBackend (cuda_backend.hpp), the real kernels and copies, measured times;
+//                only in a build with the CUDA backend (elsewhere its constructor refuses, naming --backend)
 //
 // Policies (--policy, --policies):
 //   static       every expert resident, nothing moves (vLLM / SGLang)
@@ -23,7 +25,9 @@
 #include <string_view>
 #include <vector>
 
+#include "amoeba/engine/step.hpp"
 #include "amoeba/expert/expert_ranker.hpp"
+#include "engine/checkpoint.hpp"
 #include "engine/gpu.hpp"
 #include "engine/memory_plan.hpp"
 #include "engine/metrics.hpp"
@@ -36,13 +40,15 @@ struct Scenario;
 struct RunVariant;
 
 enum class CapacityKind : std::uint8_t { kStatic, kFixed, kElastic };
-enum class BackendKind : std::uint8_t { kSim };
+enum class BackendKind : std::uint8_t { kSim, kCuda };
 
 struct BackendEntry {
   std::string_view name;
   std::string_view description;
   BackendKind kind;
   bool simulated;  // its times come from a cost model, not a measurement
+  // Defaults where the settings name none (apply_backend_defaults): the GPU profile and the routing source.
+  std::string_view gpu, routing;
 };
 std::span<const BackendEntry> backend_table();
 // Throws ConfigError("--backend", name, "unknown backend (known: ...)").
@@ -51,10 +57,19 @@ const BackendEntry& find_backend(const std::string& name);
 class RoutingRecorder;
 struct RoutingRecord;
 
+// Where a run stands, for progress reports.
+struct RunProgress {
+  std::uint64_t finished_requests = 0, total_requests = 0;
+  std::uint64_t forward_steps = 0;
+  double clock_s = 0;  // the engine's clock (simulated, or measured: engine.hpp)
+};
+
 struct RunOptions {
   bool record_timeline = false;
   RoutingRecorder* recorder = nullptr;  // receives the routing of every forward step
   bool check_conservation = true;       // run Engine::drain() at the end; a violation throws std::logic_error
+  // Called after every step (cheap calls: the receiver decides how often to draw anything).
+  std::function<void(const RunProgress&)> progress;
 };
 
 // Everything a run needs, resolved from a Scenario (names looked up, memory planned).
@@ -78,6 +93,10 @@ struct RunSetup {
   // the scenario's routing source is a file, the expert statistics when it names a ranking file.
   std::shared_ptr<const RoutingRecord> routing_record;
   std::shared_ptr<const ExpertRanker> ranking;
+  // The Hugging Face configuration the model comes from: the checkpoint's (scenario `weights`) or, for the
+  // cuda backend, the catalog model's (hf_config_for); null for a simulated catalog model.
+  std::shared_ptr<const HfMoeConfig> hf_model;
+  RoutingKind routing = RoutingKind::kSynthetic;  // what the scenario's routing source is
 };
 
 struct PolicyEntry {

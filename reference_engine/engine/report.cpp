@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
+#include "engine/policy_dispatch.hpp"
 
 namespace amoeba::engine {
 
@@ -31,6 +32,19 @@ WorkloadReport describe_workload(const Scenario& s, const std::vector<Request>& 
 }
 
 namespace {
+// Whether the scenario's backend simulates the GPU (its table entry says so).
+bool simulated(const Scenario& s) {
+  return find_backend(s.backend).simulated;
+}
+
+// A CSV cell: quoted when the text holds a comma, a quote or a line break (a checkpoint path may).
+std::string csv_cell(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string q = "\"";
+  for (char c : text) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
 // A percentile cell, or "-" where the metric is undefined (TPOT when every output is a single token).
 std::string cell(const Percentiles& p, double v, const char* spec) {
   return p.count == 0 ? std::string("-") : fmt::format(fmt::runtime(spec), v);
@@ -50,11 +64,18 @@ std::string workload_line(const Scenario& s, const WorkloadReport& w) {
 
 std::string ablation_table(const Scenario& s, const WorkloadReport& w,
                            const std::vector<RunResult>& results) {
-  std::string out = fmt::format(
-      "SIMULATED GPU: no GPU was used; times come from the cost model "
-      "(reference_engine/engine/sim_backend.hpp).\n"
-      "model {} on {} (simulated), {}\n\n",
-      s.model, s.gpu, workload_line(s, w));
+  std::string out =
+      simulated(s)
+          ? fmt::format(
+                "SIMULATED GPU: no GPU was used; times come from the cost model "
+                "(reference_engine/engine/sim_backend.hpp).\n"
+                "model {} on {} (simulated), {}\n\n",
+                model_label(s), s.gpu, workload_line(s, w))
+          : fmt::format(
+                "MEASURED on a GPU (backend {}): forward times measured, plus the engine's host time; "
+                "idle gaps skipped.\n"
+                "model {}, memory planned for {}, {}\n\n",
+                s.backend, model_label(s), s.gpu, workload_line(s, w));
   out += fmt::format("{:<12} {:>6} {:>8} {:>10} {:>9} {:>9} {:>8} {:>8} {:>10} {:>7}\n", "policy", "peak",
                      "steps", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "expert GB", "hit %");
   out += fmt::format("{:<12} {:>6} {:>8} {:>10} {:>9} {:>9} {:>8} {:>8} {:>10} {:>7}\n", "", "conc.",
@@ -83,8 +104,11 @@ nlohmann::ordered_json pct(const Percentiles& p) {
 
 std::string ablation_json(const Scenario& s, const WorkloadReport& w, const std::vector<RunResult>& results) {
   nlohmann::ordered_json j;
-  j["simulated"] = true;
-  j["note"] = "GPU simulated by the reference engine's cost model; no GPU was used";
+  const bool sim = simulated(s);
+  j["simulated"] = sim;
+  j["note"] = sim ? "GPU simulated by the reference engine's cost model; no GPU was used"
+                  : "measured on a GPU (backend " + s.backend +
+                        "): each forward's wall time plus the engine's host time (host_s); idle gaps skipped";
   j["scenario"] = nlohmann::ordered_json::parse(scenario_to_json(s, -1));
   if (w.from_trace) {
     nlohmann::ordered_json t;
@@ -120,6 +144,7 @@ std::string ablation_json(const Scenario& s, const WorkloadReport& w, const std:
     x["pool_bytes"] = r.pool_bytes;
     x["initial_kv_bytes"] = r.initial_kv_bytes;
     x["load_buffer_experts"] = r.load_buffer_experts;
+    if (!sim) x["host_s"] = r.host_s;  // measured runs: the engine's own time, on the clock
     arr.push_back(x);
   }
   j["results"] = arr;
@@ -145,15 +170,17 @@ std::string ablation_csv(const Scenario& s, const WorkloadReport& w, const std::
   auto ms = [](const Percentiles& p, double v) {
     return p.count == 0 ? std::string() : fmt::format("{:.3f}", v);
   };
+  const std::string sim = simulated(s) ? "true" : "false";
   for (const RunResult& r : results)
     out += fmt::format(
-        "true,{},{},{},{},{},{},{},{},{},{},{:.3f},{},{},{},{},{},{},{},{:.5f},"
+        "{},{},{},{},{},{},{},{},{},{},{},{:.3f},{},{},{},{},{},{},{},{:.5f},"
         "{},{},{},{},{:.3f}\n",
-        s.model, s.gpu, rate, r.total_requests, s.seed, s.expert_offload_limit, r.policy, r.peak_concurrency,
-        r.forward_steps, r.completed_requests, r.throughput_tok_s, ms(r.ttft_ms, r.ttft_ms.p50),
-        ms(r.ttft_ms, r.ttft_ms.p90), ms(r.ttft_ms, r.ttft_ms.p99), ms(r.tpot_ms, r.tpot_ms.p50),
-        ms(r.tpot_ms, r.tpot_ms.p90), ms(r.tpot_ms, r.tpot_ms.p99), r.expert_bytes_h2d, r.expert_hit_rate,
-        r.preemptions, r.evictions, r.restores, r.min_resident_experts, r.makespan_s);
+        sim, csv_cell(model_label(s)), csv_cell(s.gpu), rate, r.total_requests, s.seed,
+        s.expert_offload_limit, r.policy, r.peak_concurrency, r.forward_steps, r.completed_requests,
+        r.throughput_tok_s, ms(r.ttft_ms, r.ttft_ms.p50), ms(r.ttft_ms, r.ttft_ms.p90),
+        ms(r.ttft_ms, r.ttft_ms.p99), ms(r.tpot_ms, r.tpot_ms.p50), ms(r.tpot_ms, r.tpot_ms.p90),
+        ms(r.tpot_ms, r.tpot_ms.p99), r.expert_bytes_h2d, r.expert_hit_rate, r.preemptions, r.evictions,
+        r.restores, r.min_resident_experts, r.makespan_s);
   return out;
 }
 
@@ -161,13 +188,13 @@ std::string timeline_csv(const RunResult& r) {
   std::string out =
       "step,time_s,step_ms,running,waiting,batch_tokens,free_kv_pages,free_expert_pages,resident_experts,"
       "shortfall_pages,evictions,restores,h2d_bytes,copy_calls,attention_ms,moe_ms,dense_ms,copy_ms,stall_"
-      "ms\n";
+      "ms,host_ms\n";
   for (const TimelineRow& t : r.timeline)
-    out +=
-        fmt::format("{},{:.6f},{:.3f},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f}\n",
-                    t.step, t.time_s, t.step_ms, t.running, t.waiting, t.batch_tokens, t.free_kv_pages,
-                    t.free_expert_pages, t.resident_experts, t.shortfall_pages, t.evictions, t.restores,
-                    t.h2d_bytes, t.copy_calls, t.attention_ms, t.moe_ms, t.dense_ms, t.copy_ms, t.stall_ms);
+    out += fmt::format(
+        "{},{:.6f},{:.3f},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f}\n",
+        t.step, t.time_s, t.step_ms, t.running, t.waiting, t.batch_tokens, t.free_kv_pages,
+        t.free_expert_pages, t.resident_experts, t.shortfall_pages, t.evictions, t.restores, t.h2d_bytes,
+        t.copy_calls, t.attention_ms, t.moe_ms, t.dense_ms, t.copy_ms, t.stall_ms, t.host_ms);
   return out;
 }
 

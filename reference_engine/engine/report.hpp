@@ -1,12 +1,12 @@
 // Output of runs: the ablation table (stdout), JSON and CSV files, the per-step timeline CSV. Every output
-// says the GPU is simulated, and reports the workload that ran: a trace file's own request count and rate,
-// not the generator's settings.
+// says whether its times are simulated or measured (the backend's table entry: the table's first line, the
+// JSON's "simulated", the CSV's `simulated` column), and reports the workload that ran: a trace file's own
+// request count and rate, not the generator's settings.
 //
 // Output files (OutputFile) are checked before a run, so that a run is never wasted on a path it cannot
 // write, and written after it without ever destroying what the path named:
 //   - a missing path or a regular file is written to a fresh temporary file in the same directory, synced,
-//   and
-//     renamed over the target: a reader sees the old file or the whole new one, never half of it;
+//     and renamed over the target: a reader sees the old file or the whole new one, never half of it;
 //   - a character device or a FIFO (/dev/null, /dev/stdout on a terminal or pipe, `>(cmd)`) is written in
 //     place: a rename would replace the node itself with a regular file;
 //   - anything else (a directory, a block device, a socket, a dangling link) is refused.

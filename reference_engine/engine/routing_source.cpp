@@ -1,4 +1,4 @@
-// The simulator's routing sources; see routing_source.hpp.
+// The engine's routing sources; see routing_source.hpp.
 #include "engine/routing_source.hpp"
 
 #include <algorithm>
@@ -63,6 +63,16 @@ void RecordedRouting::begin_step(const StepBatch&) {
 
 std::span<const std::uint32_t> RecordedRouting::layer_experts(std::uint32_t layer) const {
   return steps_[current_][layer];
+}
+
+ModelRouting::ModelRouting(std::uint32_t layers, std::uint32_t experts) : layers_(layers), experts_(experts) {
+  if (layers == 0) throw_config_error("routing.layers", 0, "must be at least 1 (MoE layers of the model)");
+  if (experts == 0) throw_config_error("routing.experts", 0, "must be at least 1 (routed experts per layer)");
+}
+
+std::span<const std::uint32_t> ModelRouting::layer_experts(std::uint32_t layer) const {
+  throw std::logic_error("ModelRouting::layer_experts(" + std::to_string(layer) +
+                         "): the model's router decides inside the forward; read StepResult::routed_at");
 }
 
 }  // namespace amoeba::engine

@@ -1,8 +1,10 @@
-// The simulator's RoutingSource models (amoeba/engine/step.hpp):
+// The engine's RoutingSource models (amoeba/engine/step.hpp):
 //   SyntheticRouting  the seeded routing model of routing.hpp: each step marks the experts a batch of
 //                     T tokens touches, layer by layer; the same seed gives the same choices everywhere;
 //   RecordedRouting   a recorded routing trace replayed step by step (step i of the run reads record i); past
-//                     the record's end it either starts again (wrap) or refuses the step with the counts.
+//                     the record's end it either starts again (wrap) or refuses the step with the counts;
+//   ModelRouting      the model's own router, run by a GPU backend inside the forward: it only names the
+//                     shape (--routing model); it has no choices to read.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +57,25 @@ class RecordedRouting final : public RoutingSource {
   std::vector<RecordedStep> steps_;
   bool wrap_;
   std::size_t replayed_ = 0, current_ = 0;
+};
+
+// Routing decided by the checkpoint's router inside the forward (RoutingKind::kModel). A backend with a
+// router reports what it chose in StepResult::routed; a backend without one (the simulator) must refuse it.
+class ModelRouting final : public RoutingSource {
+ public:
+  // Throws ConfigError when a count is 0.
+  ModelRouting(std::uint32_t layers, std::uint32_t experts);
+
+  RoutingKind kind() const noexcept override { return RoutingKind::kModel; }
+  std::uint32_t layers() const noexcept override { return layers_; }
+  std::uint32_t experts() const noexcept override { return experts_; }
+  void begin_step(const StepBatch&) override {}
+  // Throws std::logic_error: the choices exist only inside the forward (the contract's precondition is
+  // kind() != kModel).
+  std::span<const std::uint32_t> layer_experts(std::uint32_t layer) const override;
+
+ private:
+  std::uint32_t layers_, experts_;
 };
 
 }  // namespace amoeba::engine

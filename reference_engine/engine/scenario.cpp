@@ -21,12 +21,27 @@ std::uint32_t Scenario::fixed_offload_for(std::uint32_t experts) const noexcept 
 Scenario parse_scenario(std::string_view json_text, const std::string& what, Scenario s) {
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, "config");
-  o.reject_unknown({"backend", "model", "gpu", "cost_model", "memory_cap_gib", "usable_fraction", "workload",
-                    "policies", "engine", "experts", "routing", "predictor", "expert_precision", "moe_kernel",
-                    "runs"});
+  o.reject_unknown({"backend", "model", "weights", "gpu", "cost_model", "memory_cap_gib", "usable_fraction",
+                    "workload", "policies", "engine", "experts", "routing", "predictor", "expert_precision",
+                    "moe_kernel", "runs"});
   s.backend = o.get_string_or("backend", s.backend);
-  s.model = o.get_string_or("model", s.model);
-  s.gpu = o.get_string_or("gpu", s.gpu);
+  if (o.has("model") && o.has("weights"))
+    throw ConfigError("config.model", quote_json(o.raw().at("model")),
+                      "must not be given with config.weights: the checkpoint's config.json is the model");
+  if (o.has("model")) {
+    s.model = o.get_string("model");
+    s.weights.clear();  // a later layer's model replaces an earlier layer's checkpoint
+  }
+  if (o.has("weights")) {
+    s.weights = o.get_string("weights");
+    if (s.weights.empty())
+      throw ConfigError("config.weights", "\"\"",
+                        "must name a checkpoint directory (leave the key out for none)");
+  }
+  if (o.has("gpu")) {
+    s.gpu = o.get_string("gpu");
+    s.gpu_given = true;
+  }
   s.cost_model = o.get_string_or("cost_model", s.cost_model);
   if (o.has("memory_cap_gib")) {
     const double cap = o.get_double("memory_cap_gib", 0.0, ranges::kMemoryCapGib.max);
@@ -88,7 +103,10 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
     const JsonObject r = o.get_object("routing");
     r.reject_unknown({"source", "ranking", "skew", "cross_layer_correlation", "locality", "temporal_sigma",
                       "drift", "calibration_tokens", "temporal_period"});
-    s.routing_source = r.get_string_or("source", s.routing_source);
+    if (r.has("source")) {
+      s.routing_source = r.get_string("source");
+      s.routing_given = true;
+    }
     s.ranking = r.get_string_or("ranking", s.ranking);
     s.routing.skew = r.get_double_or("skew", s.routing.skew, ranges::kSkew.min, ranges::kSkew.max);
     s.routing.cross_layer_correlation = r.get_double_or(
@@ -211,7 +229,9 @@ Scenario apply_named_scenario(const NamedScenario& n, Scenario base) {
 void validate_scenario(const Scenario& s) {
   (void)find_backend(s.backend);
   if (s.routing_source.empty())
-    throw ConfigError("--routing", "\"\"", "must be synthetic or a routing record file (amoeba.routing)");
+    throw ConfigError("--routing", "\"\"",
+                      "must be synthetic, model or a routing record file (amoeba.routing)");
+  check_routing_source(s);
   for (const std::string& p : s.policies) (void)find_policy(p);
   auto real = [](const char* field, double v, RealRange r) {
     if (!(v >= r.min && v <= r.max))  // NaN fails too
@@ -237,6 +257,24 @@ void validate_scenario(const Scenario& s) {
             " (max_model_len " + std::to_string(s.scheduler.max_model_len) + ")");
 }
 
+void apply_backend_defaults(Scenario& s) {
+  const BackendEntry& b = find_backend(s.backend);
+  if (!s.gpu_given) s.gpu = std::string(b.gpu);
+  if (!s.routing_given) s.routing_source = std::string(b.routing);
+}
+
+void check_routing_source(const Scenario& s) {
+  if (s.routing_source == "model" && find_backend(s.backend).simulated)
+    throw ConfigError("--routing", "model",
+                      "the simulator (--backend " + s.backend +
+                          ") has no router: use synthetic or a routing record file (model is the GPU's "
+                          "router, --backend cuda)");
+}
+
+std::string model_label(const Scenario& s) {
+  return s.weights.empty() ? s.model : "checkpoint " + s.weights;
+}
+
 std::string range_rule(RealRange r) {
   std::ostringstream os;
   os << "must be a finite number in [" << r.min << ", " << r.max << "]";
@@ -257,7 +295,10 @@ std::uint64_t memory_cap_bytes(double gib) {
 std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::ordered_json j;
   j["backend"] = s.backend;
-  j["model"] = s.model;
+  if (s.weights.empty())
+    j["model"] = s.model;
+  else  // the checkpoint is the model (a config may not name both)
+    j["weights"] = s.weights;
   j["gpu"] = s.gpu;
   j["cost_model"] = s.cost_model;
   j["memory_cap_gib"] = double(s.memory.memory_cap_bytes) / double(1ull << 30);

@@ -6,7 +6,8 @@
 // Config file format (every key optional; unknown keys are errors):
 // {
 //   "backend": "sim",
-//   "model": "qwen1.5-moe-a2.7b", "gpu": "rtx5090", "cost_model": "default", "memory_cap_gib": 0,
+//   "model": "qwen1.5-moe-a2.7b", "weights": "", "gpu": "rtx5090", "cost_model": "default",
+//   "memory_cap_gib": 0,
 //   "usable_fraction": 0.905,
 //   "workload": {"rate": 10, "burstiness": 1, "requests": 1000, "seed": 0, "trace": ""},
 //   "policies": ["static", "fixed", ...],
@@ -23,6 +24,11 @@
 // expert_precision: bf16, int8 or int4, how routed experts are stored on the host, copied and paged;
 // moe_kernel: paged or gather (gpu.hpp, MoeKernel); runs: labelled runs instead of `policies`, each label
 // once. The GPU count (tensor parallelism) comes with the GPU profile ("gpu": "8x-rtx5090").
+// weights: a Hugging Face checkpoint directory (engine/checkpoint.hpp) whose config.json replaces `model`
+// (one config may not name both); the cuda backend serves its weights, the simulator reads only its shapes.
+// routing.source: "synthetic", "model" (the GPU's router; refused by the simulator) or a routing record.
+// Backend defaults: where no config, named scenario or flag names the GPU or the routing source, the
+// backend's defaults apply (apply_backend_defaults): sim rtx5090 and synthetic, cuda h200 and model.
 //
 // Named scenarios (`--scenario NAME`, reference_engine/data/scenarios/NAME.json) wrap a config with what
 // the paper claims for that setting and what it leaves open:
@@ -82,6 +88,7 @@ struct Scenario {
   std::string name;             // the named scenario it started from ("" if none)
   std::string backend = "sim";  // a name from the backend table (policy_dispatch.hpp)
   std::string model = "qwen1.5-moe-a2.7b";
+  std::string weights;  // a checkpoint directory; set: the model is its config.json's, `model` is unused
   std::string gpu = "rtx5090";
   std::string cost_model = "default";
   MemoryConfig memory{};
@@ -97,8 +104,8 @@ struct Scenario {
   std::uint64_t evict_below = 2, restore_above = 9;  // paper's hysteresis thresholds
   std::uint32_t max_restores = 5;
   RoutingParams routing{};
-  // Where routing comes from: "synthetic" (the routing model above, seeded) or a routing record file
-  // (engine/routing_record.hpp) replayed step by step.
+  // Where routing comes from: "synthetic" (the routing model above, seeded), "model" (the checkpoint's
+  // router, run by a GPU backend) or a routing record file (engine/routing_record.hpp) replayed step by step.
   std::string routing_source = "synthetic";
   // Expert statistics the policies rank by (amoeba.expert_stats, e.g. from `amoeba rank`); empty = a sample
   // of `calibration_tokens` tokens drawn from the routing model.
@@ -107,6 +114,9 @@ struct Scenario {
   ExpertPrecision expert_precision = ExpertPrecision::kBf16;
   MoeKernel moe_kernel = MoeKernel::kPaged;
   std::vector<RunVariant> runs;  // non-empty: these runs instead of `policies`
+  // Whether a config, a named scenario or a flag set `gpu` / `routing_source`; where not, the backend's
+  // defaults replace them (apply_backend_defaults).
+  bool gpu_given = false, routing_given = false;
 
   // Fixed-cache offload per layer: the given value, else 10% of the layer's experts (rounded).
   std::uint32_t fixed_offload_for(std::uint32_t experts) const noexcept;
@@ -114,9 +124,18 @@ struct Scenario {
 
 // Applies a JSON config on top of `base`; errors name "config.<field>".
 Scenario parse_scenario(std::string_view json_text, const std::string& what, Scenario base = {});
-// Checks ranges and cross-field rules (policy names, max_model_len against the token budget); throws
-// ConfigError. Flags and --config are checked as they are read; this catches a Scenario built in code.
+// Checks ranges and cross-field rules (policy names, max_model_len against the token budget, routing "model"
+// only on a backend with a router); throws ConfigError. Flags and --config are checked as they are read; this
+// catches a Scenario built in code.
 void validate_scenario(const Scenario& s);
+// Where the settings named no GPU (gpu_given) or routing source (routing_given), sets the backend's defaults
+// (BackendEntry::gpu, ::routing: sim rtx5090 and synthetic, cuda h200 and model). Throws ConfigError for an
+// unknown backend.
+void apply_backend_defaults(Scenario& s);
+// Refuses routing "model" on a backend without a router (the simulator), naming --routing.
+void check_routing_source(const Scenario& s);
+// What reports call the model: the catalog name or model file, or "checkpoint DIR" with --weights.
+std::string model_label(const Scenario& s);
 // What ablate runs: `runs` if given, else one run per policy (labelled by the policy) with the scenario's
 // MoE kernel.
 std::vector<RunVariant> scenario_runs(const Scenario& s);

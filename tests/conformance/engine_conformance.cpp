@@ -1,6 +1,6 @@
 // Compile-time checks of the step contract (amoeba/engine/): the device-shared ExpertLocation is trivially
 // copyable with a fixed layout, a minimal archetype models `backend`, and types missing a member or with a
-// wrong signature do not.
+// wrong signature do not; the optional members (kMeasured, populate) are detected only where they are.
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -62,4 +62,20 @@ struct BackendOnlyForOnePool {  // the engine instantiates it for the pool the m
 static_assert(!backend<BackendWithoutIdle, MoePool> && !backend<BackendWithoutName, MoePool>);
 static_assert(!backend<BackendReturningVoid, MoePool>);
 static_assert(backend<BackendOnlyForOnePool, MoePool> && !backend<BackendOnlyForOnePool, HybridMoePool>);
+
+// ---- the optional members
+struct MeasuredArchetype : BackendArchetype {
+  static constexpr bool kMeasured = true;
+  void populate(const ResidencyTable&) {}
+};
+struct MarkedSimulated : BackendArchetype {
+  static constexpr bool kMeasured = false;
+};
+struct PopulateWithoutResidency : BackendArchetype {  // populate must take the residency table
+  void populate() {}
+};
+static_assert(backend<MeasuredArchetype, MoePool>);
+static_assert(measured_backend<MeasuredArchetype> && populating_backend<MeasuredArchetype>);
+static_assert(!measured_backend<BackendArchetype> && !measured_backend<MarkedSimulated>);
+static_assert(!populating_backend<BackendArchetype> && !populating_backend<PopulateWithoutResidency>);
 }  // namespace

@@ -10,6 +10,13 @@
 //                       the caller may commit the ChangeList right after.
 //   cb.idle_step_s()    seconds that pass when a step runs no forward (nothing scheduled);
 //   cb.name()           "sim", "cuda", ... (reported with every result).
+//
+// Two optional members, used by the engine where a backend has them:
+//   B::kMeasured        a constexpr bool; true (measured_backend): the times the backend reports are
+//                       measured, so the engine adds its own host time to the clock (a simulated backend's
+//                       clock holds only modelled time, which keeps its output deterministic);
+//   b.populate(r)       (populating_backend) writes the experts resident in ResidencyTable `r` into their
+//                       pages; called once, after the adjuster's initial placement, before the first forward.
 #pragma once
 
 #include <concepts>
@@ -38,6 +45,17 @@ concept backend = requires(B& b, const B& cb, const StepInput<Pool>& in, StepRes
   { b.forward(in, out) } -> std::same_as<std::optional<ChangeError>>;
   { cb.idle_step_s() } -> std::convertible_to<double>;
   { cb.name() } -> std::convertible_to<std::string_view>;
+};
+
+// True where B::kMeasured is a constant true; false where it is false or absent.
+template <class B>
+concept measured_backend = requires {
+  requires B::kMeasured;
+};
+
+template <class B>
+concept populating_backend = requires(B& b, const ResidencyTable& residency) {
+  b.populate(residency);
 };
 
 }  // namespace amoeba

@@ -467,3 +467,42 @@ TEST_CASE("named scenarios, GPU sets and expert precision from the command line"
   CHECK_THAT(k.err, Catch::Contains("--moe-kernel = fast"));
   CHECK_FALSE(fs::exists(t / "x.json"));
 }
+
+TEST_CASE("backend cuda, routing model, --weights and --gpu-memory-gib on the command line", "[cli][cuda]") {
+  TempDir t;
+#ifndef AMOEBA_HAS_CUDA_BACKEND
+  // This build has no CUDA backend: the stub refuses, naming the flag and how to get one; nothing is written.
+  const Outcome c = amoeba(t, "run --backend cuda --requests 4 --json " + (t / "c.json").string());
+  CHECK(c.status == 2);
+  CHECK_THAT(c.err,
+             Catch::Contains("--backend = cuda: this build has no CUDA backend: configure with the gpu "
+                             "preset (cmake --preset gpu)"));
+  CHECK_FALSE(fs::exists(t / "c.json"));
+#endif
+  Outcome o = amoeba(t, "run --routing model --requests 4");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--routing = model: the simulator (--backend sim) has no router"));
+  o = amoeba(t, "ablate --model qwen3-30b-a3b --weights " + t.dir.string() + " --quiet");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--model = qwen3-30b-a3b: must not be given with --weights"));
+  o = amoeba(t, "ablate --weights " + (t / "none").string() + " --quiet");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--weights = "));
+  o = amoeba(t, "run --gpu-memory-gib 20 --memory-cap-gib 20");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--gpu-memory-gib = 20: is --memory-cap-gib under another name"));
+  o = amoeba(t, "run --gpu-memory-gib 0.01");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--gpu-memory-gib = 0.01: must be 0 (no cap) or in"));
+  // The alias gives the same run; a short run draws no progress where stderr is not a terminal.
+  const Outcome a = amoeba(t, "run --policy static --requests 20 --gpu h200 --gpu-memory-gib 40");
+  const Outcome b = amoeba(t, "run --policy static --requests 20 --gpu h200 --memory-cap-gib 40");
+  REQUIRE(a.status == 0);
+  CHECK(a.out == b.out);
+  CHECK_THAT(a.out, Catch::Contains("budget 38.87 GB of 42.95 GB"));
+  CHECK(a.err.empty());
+  o = amoeba(t, "generate --backend tpu --weights " + t.dir.string() + " --prompt 1");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--backend = tpu: unknown generation backend (known: reference, the host "
+                                    "reference; cuda, the GPU)"));
+}

@@ -228,7 +228,10 @@ TEST_CASE("cost model over the plan: copy calls, misses stall the MoE, prefetch 
 TEST_CASE("backend names: known ones resolve, unknown ones list the known", "[engine][contract]") {
   CHECK(find_backend("sim").kind == BackendKind::kSim);
   CHECK(find_backend("sim").simulated);
-  CHECK_THROWS_WITH(find_backend("cuda"), Catch::Contains("--backend = cuda: unknown backend (known: sim)"));
+  CHECK(find_backend("cuda").kind == BackendKind::kCuda);
+  CHECK_FALSE(find_backend("cuda").simulated);
+  CHECK_THROWS_WITH(find_backend("tpu"),
+                    Catch::Contains("--backend = tpu: unknown backend (known: sim, cuda)"));
   Scenario s;
   s.backend = "tpu";
   CHECK_THROWS_WITH(validate_scenario(s), Catch::Contains("--backend = tpu"));

@@ -63,11 +63,11 @@ __global__ void spin_kernel(std::uint64_t ns) {
 }  // namespace detail
 
 struct LoaderOptions {
+  bool poison_before_copy = false;  // tests: memset each destination to 0xFF on the copy stream first
+  std::uint32_t copy_delay_us = 0;  // tests: a spin kernel delays the copy stream before each layer's copies
   // Entries after the routed experts in every page-table row, for experts that never move (the shared
   // experts' chunks, read by PagedMoe as experts E .. E + m - 1): set once with set_static_entries().
   std::uint32_t static_entries = 0;
-  bool poison_before_copy = false;  // tests: memset each destination to 0xFF on the copy stream first
-  std::uint32_t copy_delay_us = 0;  // tests: a spin kernel delays the copy stream before each layer's copies
 };
 
 // What the MoE kernel of one layer takes (kernels::Paged::Arguments fields).

@@ -58,8 +58,8 @@ fs::path write_model(const std::string& name, const char* config, std::uint64_t 
     std::vector<bf16> v(x.elements());
     const auto at = x.name.find(".mlp.experts.");
     if (at != std::string::npos) {  // model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
-      const std::uint32_t layer = std::stoul(x.name.substr(13));
-      const std::uint32_t e = std::stoul(x.name.substr(at + 13));
+      const std::uint32_t layer = static_cast<std::uint32_t>(std::stoul(x.name.substr(13)));
+      const std::uint32_t e = static_cast<std::uint32_t>(std::stoul(x.name.substr(at + 13)));
       w->read_expert(layer, e, expert);
       const int m = x.name.find("gate_proj") != std::string::npos ? 0
                     : x.name.find("up_proj") != std::string::npos ? 1

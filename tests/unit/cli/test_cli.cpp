@@ -319,10 +319,12 @@ TEST_CASE("hostile: every count has a range - a run too large for host memory is
   // ASan maps terabytes of shadow address space, so an address-space limit kills a sanitized binary at start:
   // the memory refusal is checked in the ordinary builds only.
   if (kSanitized) return;
-  o = amoeba(t, "trace generate --requests 10000001", "ulimit -v 300000;");
+  // 1 GB of address space: the binary maps cuBLASLt (~540 MB) where it is built with the CUDA backend.
+  o = amoeba(t, "trace generate --requests 10000001", "ulimit -v 1000000;");
   CHECK(o.status == 2);
-  // 10^7 requests are allowed, but not in 300 MB of address space: refused up front with the numbers.
-  o = amoeba(t, "ablate --quiet --requests 10000000", "ulimit -v 300000;");
+  // 10^7 requests are allowed, but not in 1 GB of address space (they need 2.6 GB): refused up front with the
+  // numbers.
+  o = amoeba(t, "ablate --quiet --requests 10000000", "ulimit -v 1000000;");
   CHECK(o.status == 2);
   CHECK_THAT(o.err, Catch::Contains("--requests = 10000000: the run needs at least") &&
                         Catch::Contains("GB of host memory"));

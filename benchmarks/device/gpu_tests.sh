@@ -6,7 +6,8 @@
 # $BIN holds the test binaries as the ci or gpu preset builds them (build/ci/tests/*/...), copied into a carried
 # folder (e.g. .gpu/): paged_moe_device_test, device_loader_tests, device_attention_tests, device_model_tests,
 # device_engine_tests (the CUDA backend under the engine);
-# a missing one is reported, not fatal. Knobs: TIMEOUT (per suite, 300 s), SKIP_SANITIZER.
+# a missing one is reported, not fatal. Knobs: TIMEOUT (per suite, 300 s), SKIP_SANITIZER, LOG (a file that
+# receives every suite's whole output; otherwise only failing suites' last 30 lines are printed).
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding the test binaries}"
 timeout_s=${TIMEOUT:-300}
@@ -24,6 +25,7 @@ run() {  # run NAME ARGS...
   local rc=$?
   local last
   last=$(grep -E "All tests passed|test cases:|ERROR SUMMARY" <<<"$log" | tail -1)
+  [[ -n "${LOG:-}" ]] && printf '==== %s (rc=%s)\n%s\n' "$*" "$rc" "$log" >>"$LOG"
   [[ $rc -ne 0 ]] && status=1 && echo "$log" | tail -30
   summary+=("$(printf '%-24s rc=%-3s %s' "$name" "$rc" "$last")")
 }

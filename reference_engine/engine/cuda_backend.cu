@@ -269,9 +269,15 @@ void CudaBackend::Impl::setup() {
   ma.shape = ms;
   moe_ws_bytes = kn::PagedMoe<kn::Paged>::workspace_size(ma);
   const std::uint64_t at_moe = c.take(moe_ws_bytes);
+  int devices = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices <= cfg.device)
+    throw ConfigError("--backend", "cuda",
+                      e != cudaSuccess
+                          ? fmtx("no usable CUDA device ({})", cudaGetErrorString(e))
+                          : fmtx("device {} does not exist ({} CUDA devices)", cfg.device, devices));
+  check_cuda(cudaSetDevice(cfg.device), "cudaSetDevice");
   const kn::PoolKvCache kv_shape{reinterpret_cast<void*>(256), cfg.geometry.kv_page_bytes,
                                  cfg.geometry.kTokensPerKvPage, hf.num_kv_heads, hd};
-  check_cuda(cudaSetDevice(cfg.device), "cudaSetDevice");
   attn_bytes = PagedAttentionRunner::workspace_size(kv_shape, hf.num_heads, S, T);
   const std::uint64_t at_attws = c.take(attn_bytes.device);
   const std::uint64_t at_gemm = c.take(kd::DenseGemm::kWorkspaceBytes);
@@ -280,7 +286,6 @@ void CudaBackend::Impl::setup() {
   mem.arena_bytes = align256(c.used);
 
   // ---- the GPU: free memory first, so that a configuration that cannot fit is refused before taking any
-  check_cuda(cudaSetDevice(cfg.device), "cudaSetDevice");
   std::size_t free_b = 0, total_b = 0;
   check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   mem.device_free_before = free_b;

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -86,6 +87,29 @@ constexpr std::uint64_t align256(std::uint64_t v) {
   return (v + 255) / 256 * 256;
 }
 
+// The pinned master copy of every routed expert. Filling it (tens of GB) dominates a backend's setup, and
+// `ablate` builds one backend per policy on the same weights: the last store built is kept for the process's
+// lifetime and handed to the next backend of the same weights (it is read-only once filled).
+std::shared_ptr<const kn::PinnedExpertStore> expert_store(const std::string& key, const ModelWeights& weights,
+                                                          std::uint32_t layers, std::uint32_t experts,
+                                                          std::uint64_t matrix_bytes) {
+  static std::mutex mutex;
+  static std::string last_key;
+  static std::shared_ptr<const kn::PinnedExpertStore> last;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (last && last_key == key && last->layers() == layers && last->experts() == experts &&
+      last->matrix_bytes() == matrix_bytes)
+    return last;
+  last.reset();  // free the previous store before taking another
+  auto store = std::make_shared<kn::PinnedExpertStore>(layers, experts, matrix_bytes);
+  store->fill([&](ExpertKey k, std::byte* dst, std::uint64_t bytes) {
+    weights.read_expert(k.layer, k.expert, std::span<std::byte>(dst, bytes));
+  });
+  last_key = key;
+  last = store;
+  return store;
+}
+
 // Bytes carved from the arena, in order; each region 256-byte aligned.
 struct Carver {
   std::byte* base = nullptr;
@@ -121,7 +145,7 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   std::byte* arena = nullptr;  // one cudaMalloc
   CudaMemoryReport mem;
-  std::unique_ptr<kn::PinnedExpertStore> store;
+  std::shared_ptr<const kn::PinnedExpertStore> store;
   std::unique_ptr<kn::DoubleBufferLoader> loader;
   std::unique_ptr<kd::DenseGemm> gemm;
   PagedAttentionRunner attention;
@@ -366,11 +390,11 @@ void CudaBackend::Impl::setup() {
   check_cuda(cudaMemcpy(inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice), "upload inv_freq");
 
   // ---- weights: the master copy of every routed expert in pinned memory, the rest on the device
-  store = std::make_unique<kn::PinnedExpertStore>(moe_layers, E, matrix_bytes);
+  store =
+      expert_store(cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
+                                              : "checkpoint:" + cfg.checkpoint_dir,
+                   *weights, moe_layers, E, matrix_bytes);
   mem.pinned_host_bytes = store->bytes() + pinned_bytes;
-  store->fill([&](ExpertKey key, std::byte* dst, std::uint64_t bytes) {
-    weights->read_expert(key.layer, key.expert, std::span<std::byte>(dst, bytes));
-  });
   Carver cw{arena, 0};
   upload_weights(cw, weights_at);
   if (chunks > 0) {

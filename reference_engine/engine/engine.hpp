@@ -251,6 +251,7 @@ class Engine {
     row.dense_ms = fs.dense_s * 1e3;
     row.copy_ms = fs.copy_s * 1e3;
     row.stall_ms = fs.stall_s * 1e3;
+    row.compute_ms = fs.compute_s * 1e3;
     result_.timeline.push_back(row);
   }
 

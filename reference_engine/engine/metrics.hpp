@@ -35,6 +35,9 @@ struct TimelineRow {
   // Measured backends: the engine's own host time in this step (schedule, adjust, commit, complete), on the
   // clock besides step_ms. 0 for a simulated backend, whose clock holds only modelled time.
   double host_ms = 0;
+  // The compute stream's busy time in the forward (StepCounters::compute_s; measured: its first to its last
+  // event, less the stalls). step_ms - compute_ms - stall_ms is host work the GPU did not hide.
+  double compute_ms = 0;
 };
 
 struct RunResult {

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The paper's motivating experiment, measured (docs/results/engine_h200.md): Qwen1.5-MoE-A2.7B (random
+# weights, real shapes) on the H200 capped at an RTX 5090's memory (scenario motivating-h200-capped),
+# ShareGPT-like requests, static / fixed / elastic in one `amoeba ablate --backend cuda` per rate; then one
+# uncapped static run at a high rate whose per-step timeline gives the overheads at batch 1 to 256.
+#   BIN=.gpu OUT=$OUT [RATES="10 7"] [REQUESTS=200] [OVERHEAD_REQUESTS=600] [TESTS="..."] \
+#     bash benchmarks/device/engine_motivating.sh
+# TESTS: test binaries of $BIN to run first (their whole logs go to $OUT/tests.txt).
+set -uo pipefail
+: "${BIN:?BIN must name the folder holding the binaries}"
+: "${OUT:?OUT must name an output folder}"
+export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+lines=()
+for t in ${TESTS:-}; do
+  timeout 240 "$BIN/$t" >>"$OUT/tests.txt" 2>&1
+  rc=$?
+  lines+=("$t rc=$rc $(grep -E 'All tests passed|test cases:' "$OUT/tests.txt" | tail -1)")
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$OUT/measured.txt"
+for r in ${RATES:-10 7}; do
+  start=$(date +%s)
+  "$BIN/amoeba" ablate --backend cuda --scenario motivating-h200-capped --rate "$r" \
+    --requests "${REQUESTS:-200}" --policies static,fixed,elastic --json "$OUT/measured_rate$r.json" \
+    >>"$OUT/measured.txt" 2>>"$OUT/stderr.txt"
+  lines+=("ablate rate $r rc=$? wall=$(($(date +%s) - start)) s")
+done
+if [[ "${OVERHEAD_REQUESTS:-600}" != 0 ]]; then
+  start=$(date +%s)
+  "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --rate 200 --requests "${OVERHEAD_REQUESTS:-600}" \
+    --csv "$OUT/overhead_timeline.csv" --json "$OUT/overhead.json" >>"$OUT/measured.txt" 2>>"$OUT/stderr.txt"
+  lines+=("overhead run rc=$? wall=$(($(date +%s) - start)) s")
+fi
+cat "$OUT/measured.txt"
+tail -5 "$OUT/stderr.txt"
+printf '%s\n' "${lines[@]}"

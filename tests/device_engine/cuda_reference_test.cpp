@@ -5,7 +5,8 @@
 // orders and the GPU's MoE combines experts in float32), and the argmax agrees wherever the reference's
 // top-1 margin is clear of that tolerance. The tolerance, 8% of the largest |logit|, is what bf16 rounding
 // through two layers of these (std 0.1) weights allows: the host reference itself is 5% from transformers on
-// the oracle's models (docs/results/hf_oracle_h200.md); the first run measured 6.5% here. Exits 77 (skipped) without a GPU.
+// the oracle's models (docs/results/hf_oracle_h200.md); the first run measured 6.5% here. Exits 77 (skipped)
+// without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

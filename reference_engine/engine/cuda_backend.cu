@@ -22,6 +22,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -110,6 +112,22 @@ std::shared_ptr<const kn::PinnedExpertStore> expert_store(const std::string& key
   return store;
 }
 
+// Measurement mode (AMOEBA_GATE_FORWARD=1): the stream waits here until the host has enqueued the whole
+// forward and writes `value` into the mapped flag, so the events after it time the GPU's work without gaps
+// between launches. Gives up after `max_ns` (then *timed_out = 1), so a full launch queue cannot hang it.
+__global__ void gate_kernel(const volatile int* flag, int value, int* timed_out, unsigned long long max_ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  while (*flag != value) {
+    __nanosleep(200);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start > max_ns) {
+      *timed_out = 1;
+      return;
+    }
+  }
+}
+
 // Bytes carved from the arena, in order; each region 256-byte aligned.
 struct Carver {
   std::byte* base = nullptr;
@@ -181,6 +199,12 @@ struct CudaBackend::Impl {
   std::vector<cudaEvent_t> ev_att0, ev_att1, ev_moe0, ev_moe1;
   cudaEvent_t ev_begin = nullptr, ev_end = nullptr, ev_head0 = nullptr;
 
+  bool gate_mode = false;
+  int* gate_host = nullptr;  // mapped pinned: [0] the flag, [1] timed out
+  int* gate_dev = nullptr;
+  int gate_seq = 0;
+  std::uint64_t gate_timeouts = 0;
+
   std::unordered_map<std::uint64_t, std::vector<std::int32_t>> history;
   std::vector<std::vector<float>> last_logits;
   KvPageTable table;
@@ -201,6 +225,8 @@ struct CudaBackend::Impl {
     for (cudaEvent_t e : {ev_begin, ev_end, ev_head0})
       if (e) cudaEventDestroy(e);
     if (pinned) cudaFreeHost(pinned);
+    if (gate_host) cudaFreeHost(gate_host);
+    gate_host = nullptr;
     if (arena) cudaFree(arena);
     if (stream) cudaStreamDestroy(stream);
     pinned = nullptr;
@@ -436,6 +462,16 @@ void CudaBackend::Impl::setup() {
   check_cuda(cudaEventCreate(&ev_begin), "cudaEventCreate");
   check_cuda(cudaEventCreate(&ev_end), "cudaEventCreate");
   check_cuda(cudaEventCreate(&ev_head0), "cudaEventCreate");
+  if (const char* g = std::getenv("AMOEBA_GATE_FORWARD"); g != nullptr && std::string(g) == "1") {
+    void* gp = nullptr;
+    check_cuda(cudaHostAlloc(&gp, 2 * sizeof(int), cudaHostAllocMapped), "cudaHostAlloc(gate)");
+    gate_host = static_cast<int*>(gp);
+    gate_host[0] = gate_host[1] = 0;
+    void* gd = nullptr;
+    check_cuda(cudaHostGetDevicePointer(&gd, gp, 0), "cudaHostGetDevicePointer(gate)");
+    gate_dev = static_cast<int*>(gd);
+    gate_mode = true;
+  }
   restored.assign(std::size_t(moe_layers) * E, 0);
   flag_scratch.assign(E, 0);
   check_cuda(cudaStreamSynchronize(stream), "setup");
@@ -544,6 +580,18 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   if (words.size() > table_words_max)
     throw std::logic_error("cuda backend: page table larger than its buffer");
   std::memcpy(h_table, words.data(), words.size_bytes());
+  // Which experts this step's ChangeList restores (their pages are written during this forward).
+  for (const Restore& r : changes.restores) restored[std::size_t(r.expert.layer) * E + r.expert.expert] = 1;
+  const bool synthetic = cfg.routing != RoutingKind::kModel;
+  // The measurement gate, where nothing inside the forward waits for the GPU (no router readback).
+  bool gated = gate_mode;
+  for (std::uint32_t m = 0; m < moe_layers && gated && !synthetic; ++m)
+    for (std::uint32_t e = 0; e < E && gated; ++e)
+      gated = residency.is_resident({m, e}) || restored[std::size_t(m) * E + e];
+  if (gated) {
+    gate_kernel<<<1, 1, 0, stream>>>(gate_dev, ++gate_seq, gate_dev + 1, 500'000'000ull);
+    check_cuda(cudaGetLastError(), "gate_kernel");
+  }
   check_cuda(cudaEventRecord(ev_begin, stream), "cudaEventRecord");
   check_cuda(cudaMemcpyAsync(tokens_d, h_tokens, 4ull * T, cudaMemcpyHostToDevice, stream), "upload tokens");
   check_cuda(cudaMemcpyAsync(positions_d, h_positions, 4ull * T, cudaMemcpyHostToDevice, stream),
@@ -560,12 +608,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
                               attn_pin, attn_bytes.pinned, q, att, stream),
                "attention plan");
 
-  // Which experts this step's ChangeList restores (their pages are written during this forward).
-  for (const Restore& r : changes.restores) restored[std::size_t(r.expert.layer) * E + r.expert.expert] = 1;
-
   // Synthetic or recorded routing: each token takes k experts of the layer's set, round robin, so that the
   // tokens together route to exactly the set when k <= |set| <= T x k (weights 1 / k).
-  const bool synthetic = cfg.routing != RoutingKind::kModel;
   if (synthetic) {
     for (std::uint32_t m = 0; m < moe_layers; ++m) {
       const auto set = routing.layer_experts(m);
@@ -696,7 +740,16 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
                                    4ull * T * K, cudaMemcpyDeviceToHost, stream),
                    "routing readback");
   check_cuda(cudaEventRecord(ev_end, stream), "cudaEventRecord");
+  out.host_s = std::chrono::duration<double>(clock::now() - t0).count();
+  if (gated) reinterpret_cast<volatile int*>(gate_host)[0] = gate_seq;
   (void)loader->end_forward();  // synchronises both streams
+  if (gated && gate_host[1] != 0) {
+    gate_host[1] = 0;
+    if (gate_timeouts++ == 0)
+      std::fprintf(stderr,
+                   "amoeba: AMOEBA_GATE_FORWARD: the gate opened on its timeout (a launch queue too "
+                   "short to hold a forward); compute_ms of such steps include launch gaps\n");
+  }
   for (const Restore& r : changes.restores) restored[std::size_t(r.expert.layer) * E + r.expert.expert] = 0;
 
   // ---- results

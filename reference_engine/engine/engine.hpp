@@ -252,6 +252,7 @@ class Engine {
     row.copy_ms = fs.copy_s * 1e3;
     row.stall_ms = fs.stall_s * 1e3;
     row.compute_ms = fs.compute_s * 1e3;
+    row.forward_host_ms = fs.host_s * 1e3;
     result_.timeline.push_back(row);
   }
 

@@ -38,6 +38,8 @@ struct TimelineRow {
   // The compute stream's busy time in the forward (StepCounters::compute_s; measured: its first to its last
   // event, less the stalls). step_ms - compute_ms - stall_ms is host work the GPU did not hide.
   double compute_ms = 0;
+  // The backend's host time in the forward until its final wait (StepCounters::host_s; 0 when simulated).
+  double forward_host_ms = 0;
 };
 
 struct RunResult {

@@ -144,19 +144,25 @@ class DenseGemm {
   }
 
   Status init_preference() {
-    if (Status st = check(cublasLtMatmulPreferenceInit(&pref_), "cublasLtMatmulPreferenceInit"); !st)
+    // One rounding to bf16: a split K dot product may be reduced in float32 (COMPUTE_TYPE) but not through
+    // bf16 partial results (INPLACE and OUTPUT_TYPE reduce in the output's type). With a C operand (the bias)
+    // no split K at all: on the H200 the split-K algorithms added C once per split (M 1, N 2048, K 2048 and
+    // M 5, N 200, K 256 with a bias came out as x w^T + 2 bias), with the bias epilogue and with beta = 1
+    // alike.
+    if (Status st = init_preference(pref_, CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE); !st) return st;
+    return init_preference(pref_no_split_, CUBLASLT_REDUCTION_SCHEME_NONE);
+  }
+  Status init_preference(cublasLtMatmulPreferenceOpaque_t& pref, std::uint32_t reduction) {
+    if (Status st = check(cublasLtMatmulPreferenceInit(&pref), "cublasLtMatmulPreferenceInit"); !st)
       return st;
     const std::uint64_t bytes = workspace_bytes_;
     if (Status st = check(cublasLtMatmulPreferenceSetAttribute(
-                              &pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)),
+                              &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)),
                           "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
         !st)
       return st;
-    // One rounding to bf16: a split K dot product may be reduced in float32 (COMPUTE_TYPE) but not through
-    // bf16 partial results (INPLACE and OUTPUT_TYPE reduce in the output's type).
-    const std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     if (Status st =
-            check(cublasLtMatmulPreferenceSetAttribute(&pref_, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+            check(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                        &reduction, sizeof(reduction)),
                   "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)");
         !st)
@@ -166,7 +172,7 @@ class DenseGemm {
     for (cublasLtMatmulPreferenceAttributes_t attr :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (Status st = check(cublasLtMatmulPreferenceSetAttribute(&pref_, attr, &align, sizeof(align)),
+      if (Status st = check(cublasLtMatmulPreferenceSetAttribute(&pref, attr, &align, sizeof(align)),
                             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
           !st)
         return st;
@@ -212,9 +218,10 @@ class DenseGemm {
     if (Status st = layout(p.d, N, M, N); !st) return st;
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    if (Status st = check(cublasLtMatmulAlgoGetHeuristic(handle_, &p.desc, &p.a, &p.b, &p.d, &p.d, &pref_, 1,
-                                                         &result, &found),
-                          "cublasLtMatmulAlgoGetHeuristic");
+    if (Status st = check(
+            cublasLtMatmulAlgoGetHeuristic(handle_, &p.desc, &p.a, &p.b, &p.d, &p.d,
+                                           bias != nullptr ? &pref_no_split_ : &pref_, 1, &result, &found),
+            "cublasLtMatmulAlgoGetHeuristic");
         !st)
       return st;
     if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
@@ -228,7 +235,7 @@ class DenseGemm {
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   cublasLtHandle_t handle_ = nullptr;
-  cublasLtMatmulPreferenceOpaque_t pref_{};
+  cublasLtMatmulPreferenceOpaque_t pref_{}, pref_no_split_{};
   Status ready_;
   std::unordered_map<Key, Plan, KeyHash> plans_;
 };

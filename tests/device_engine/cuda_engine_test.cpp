@@ -184,8 +184,9 @@ TEST_CASE("cuda backend: a KV cache too small for the batch forces preemptions; 
       same += tight.tokens.at(r.id)[i] == roomy.tokens.at(r.id)[i];
   }
   // A recomputed sequence's K/V comes from a prefill instead of decode steps (other kernels, other summation
-  // orders), so equal tokens are expected except after a near-tie; report the share.
+  // orders), so its logits differ in the last bits; the tokens must not (no near-tie in this model: the H200
+  // gave 360 of 360 equal with 8 preemptions).
   WARN("preempted run: " << same << " of " << total << " tokens equal to the roomy run's ("
                          << tight.result.preemptions << " preemptions)");
-  CHECK(same * 10 >= total * 9);
+  CHECK(same == total);
 }

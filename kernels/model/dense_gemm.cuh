@@ -1,13 +1,9 @@
 // The Qwen MoE decoders' dense projections (q/k/v/o, the router's and the shared gate's logits, the dense and
 // shared expert MLPs, the LM head) as one cuBLASLt GEMM each: y[M][N] = bf16(x[M][K] · w[N][K]^T + bias[N]).
 // w is row-major [N][K] as Hugging Face stores a Linear's weight; the product accumulates in float32 (split K
-// partial sums too) and the bias is added before the one rounding to bf16, as the host reference's `linear`
-// does (and torch's addmm): y is first filled with the bias rows, then one GEMM computes x·w^T + 1·y. The
-// bias epilogue (CUBLASLT_EPILOGUE_BIAS) was not used: on the H200 (CUDA 13.0) some of the algorithms the
-// heuristic picked gave wrong results with it (M 5, N 208, K 256: -0.477 for -0.241, as if the bias were
-// added twice; M 7, N 60: 2 ulps off), where the beta = 1 path is every algorithm's ordinary one.
-// (reference_engine/engine/decoder_reference.cpp, which accumulates in double: results agree within one bf16
-// ulp except where cancellation leaves a result far smaller than its terms).
+// partial sums too) and the bias is added in the epilogue before the one rounding to bf16, as the host
+// reference's `linear` does (reference_engine/engine/decoder_reference.cpp, which accumulates in double:
+// results agree within one bf16 ulp except where cancellation leaves a result far smaller than its terms).
 //
 // No allocation on the device: the caller passes the workspace (kWorkspaceBytes, the size NVIDIA recommends
 // for Hopper). The handle is created once; cublasLtMatmulAlgoGetHeuristic runs once per (M, N, K, bias) and
@@ -19,7 +15,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -31,12 +26,6 @@
 namespace amoeba::kernels::decoder {
 
 using bf16 = __nv_bfloat16;
-
-// y[m][n] = bias[n] for m < M (grid-stride over rows): the C operand of a biased GEMM.
-static __global__ void broadcast_rows(const bf16* __restrict__ bias, int N, int M, bf16* __restrict__ y) {
-  for (int m = blockIdx.x; m < M; m += gridDim.x)
-    for (int n = threadIdx.x; n < N; n += blockDim.x) y[static_cast<std::int64_t>(m) * N + n] = bias[n];
-}
 
 class DenseGemm {
  public:
@@ -73,7 +62,8 @@ class DenseGemm {
 
   // The argument rules of run(), checked without touching the device: M >= 0; K, N > 0; K a multiple of 8
   // (16-byte rows of x and w); with M > 0, x, w and y non-null and, like bias when given, 16-byte aligned.
-  // N need not be a multiple of 8: the router (60 or 128 experts) and the shared gate (N = 1) are GEMMs too.
+  // N need not be a multiple of 8 without a bias: the router (60 or 128 experts) and the shared gate (N = 1)
+  // are GEMMs too; with a bias it must be (see below).
   static Status can_implement(const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias,
                               const bf16* y) {
     if (M < 0) return Status::error("M", M, "must be >= 0");
@@ -88,6 +78,13 @@ class DenseGemm {
     if (!aligned16(w)) return Status::error("w", "must be 16-byte aligned");
     if (!aligned16(y)) return Status::error("y", "must be 16-byte aligned");
     if (bias != nullptr && !aligned16(bias)) return Status::error("bias", "must be 16-byte aligned");
+    // Measured on the H200 (cuBLASLt of CUDA 13.0): with the bias epilogue and N = 60 or 200, results were
+    // off by 2 and 125 bf16 ulps (at N = 200 the bias was not added); every N that is a multiple of 8 was
+    // within one ulp. The same bias passed as a C operand (beta = 1, C = D) went wrong too, and for N = 2048
+    // as well: the epilogue with this rule is what passed. Biases exist only on q/k/v projections (N = heads
+    // x head_dim), so the case is refused rather than worked around.
+    if (bias != nullptr && N % 8 != 0)
+      return Status::error("N", N, "must be a multiple of 8 when a bias is given");
     return Status::success();
   }
 
@@ -101,12 +98,14 @@ class DenseGemm {
     Plan* plan = nullptr;
     if (Status st = find_plan(M, N, K, bias, plan); !st) return st;
     if (bias != nullptr) {
-      broadcast_rows<<<static_cast<unsigned>(std::min(M, 65535)), 128, 0, stream>>>(bias, N, M, y);
-      if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-        return Status::error("broadcast_rows", cudaGetErrorString(e));
+      if (Status st = check(cublasLtMatmulDescSetAttribute(&plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &bias, sizeof(bias)),
+                            "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+          !st)
+        return st;
     }
-    const float one = 1.0f, beta = bias != nullptr ? 1.0f : 0.0f;
-    return check(cublasLtMatmul(handle_, &plan->desc, &one, w, &plan->a, x, &plan->b, &beta, y, &plan->d, y,
+    const float one = 1.0f, zero = 0.0f;
+    return check(cublasLtMatmul(handle_, &plan->desc, &one, w, &plan->a, x, &plan->b, &zero, y, &plan->d, y,
                                 &plan->d, &plan->algo, workspace_, workspace_bytes_, stream),
                  "cublasLtMatmul");
   }
@@ -144,25 +143,19 @@ class DenseGemm {
   }
 
   Status init_preference() {
-    // One rounding to bf16: a split K dot product may be reduced in float32 (COMPUTE_TYPE) but not through
-    // bf16 partial results (INPLACE and OUTPUT_TYPE reduce in the output's type). With a C operand (the bias)
-    // no split K at all: on the H200 the split-K algorithms added C once per split (M 1, N 2048, K 2048 and
-    // M 5, N 200, K 256 with a bias came out as x w^T + 2 bias), with the bias epilogue and with beta = 1
-    // alike.
-    if (Status st = init_preference(pref_, CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE); !st) return st;
-    return init_preference(pref_no_split_, CUBLASLT_REDUCTION_SCHEME_NONE);
-  }
-  Status init_preference(cublasLtMatmulPreferenceOpaque_t& pref, std::uint32_t reduction) {
-    if (Status st = check(cublasLtMatmulPreferenceInit(&pref), "cublasLtMatmulPreferenceInit"); !st)
+    if (Status st = check(cublasLtMatmulPreferenceInit(&pref_), "cublasLtMatmulPreferenceInit"); !st)
       return st;
     const std::uint64_t bytes = workspace_bytes_;
     if (Status st = check(cublasLtMatmulPreferenceSetAttribute(
-                              &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)),
+                              &pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)),
                           "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
         !st)
       return st;
+    // One rounding to bf16: a split K dot product may be reduced in float32 (COMPUTE_TYPE) but not through
+    // bf16 partial results (INPLACE and OUTPUT_TYPE reduce in the output's type).
+    const std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     if (Status st =
-            check(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+            check(cublasLtMatmulPreferenceSetAttribute(&pref_, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                        &reduction, sizeof(reduction)),
                   "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)");
         !st)
@@ -172,7 +165,7 @@ class DenseGemm {
     for (cublasLtMatmulPreferenceAttributes_t attr :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (Status st = check(cublasLtMatmulPreferenceSetAttribute(&pref, attr, &align, sizeof(align)),
+      if (Status st = check(cublasLtMatmulPreferenceSetAttribute(&pref_, attr, &align, sizeof(align)),
                             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
           !st)
         return st;
@@ -180,7 +173,8 @@ class DenseGemm {
   }
 
   // The cached plan of (M, N, K, bias), built on a miss in its map node (cuBLASLt's descriptors are built in
-  // place, never copied). A plan with a bias differs only in the beta it is run with.
+  // place, never copied). The heuristic sees the first call's bias pointer (it reads the pointer's alignment,
+  // not the data); every bias is 16-byte aligned, which the bias epilogue needs.
   Status find_plan(int M, int N, int K, const bf16* bias, Plan*& out) {
     const Key key{M, N, K, bias != nullptr};
     if (auto it = plans_.find(key); it != plans_.end()) {
@@ -203,12 +197,19 @@ class DenseGemm {
         !st)
       return st;
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    const std::int32_t bias_type = CUDA_R_16BF;
     auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* value, std::size_t bytes) {
       return check(cublasLtMatmulDescSetAttribute(&p.desc, attr, value, bytes),
                    "cublasLtMatmulDescSetAttribute");
     };
     if (Status st = set(CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)); !st) return st;
     if (Status st = set(CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)); !st) return st;
+    if (Status st = set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)); !st) return st;
+    if (bias != nullptr) {
+      if (Status st = set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)); !st) return st;
+      if (Status st = set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)); !st) return st;
+    }
     auto layout = [](cublasLtMatrixLayoutOpaque_t& l, int rows, int cols, int ld) {
       return check(cublasLtMatrixLayoutInit(&l, CUDA_R_16BF, std::uint64_t(rows), std::uint64_t(cols), ld),
                    "cublasLtMatrixLayoutInit");
@@ -218,10 +219,9 @@ class DenseGemm {
     if (Status st = layout(p.d, N, M, N); !st) return st;
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    if (Status st = check(
-            cublasLtMatmulAlgoGetHeuristic(handle_, &p.desc, &p.a, &p.b, &p.d, &p.d,
-                                           bias != nullptr ? &pref_no_split_ : &pref_, 1, &result, &found),
-            "cublasLtMatmulAlgoGetHeuristic");
+    if (Status st = check(cublasLtMatmulAlgoGetHeuristic(handle_, &p.desc, &p.a, &p.b, &p.d, &p.d, &pref_, 1,
+                                                         &result, &found),
+                          "cublasLtMatmulAlgoGetHeuristic");
         !st)
       return st;
     if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
@@ -235,7 +235,7 @@ class DenseGemm {
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   cublasLtHandle_t handle_ = nullptr;
-  cublasLtMatmulPreferenceOpaque_t pref_{}, pref_no_split_{};
+  cublasLtMatmulPreferenceOpaque_t pref_{};
   Status ready_;
   std::unordered_map<Key, Plan, KeyHash> plans_;
 };

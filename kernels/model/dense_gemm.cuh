@@ -78,11 +78,9 @@ class DenseGemm {
     if (!aligned16(w)) return Status::error("w", "must be 16-byte aligned");
     if (!aligned16(y)) return Status::error("y", "must be 16-byte aligned");
     if (bias != nullptr && !aligned16(bias)) return Status::error("bias", "must be 16-byte aligned");
-    // Measured on the H200 (cuBLASLt of CUDA 13.0): with the bias epilogue and N = 60 or 200, results were
-    // off by 2 and 125 bf16 ulps (at N = 200 the bias was not added); every N that is a multiple of 8 was
-    // within one ulp. The same bias passed as a C operand (beta = 1, C = D) went wrong too, and for N = 2048
-    // as well: the epilogue with this rule is what passed. Biases exist only on q/k/v projections (N = heads
-    // x head_dim), so the case is refused rather than worked around.
+    // Measured on the H200 (cuBLASLt of CUDA 13.0): with the bias epilogue and N = 60, one result was 2 bf16
+    // ulps off (beyond what cancellation explains); every N that is a multiple of 8 was within one ulp.
+    // Biases exist only on q/k/v projections (N = heads x head_dim), so the rule costs nothing.
     if (bias != nullptr && N % 8 != 0)
       return Status::error("N", N, "must be a multiple of 8 when a bias is given");
     return Status::success();

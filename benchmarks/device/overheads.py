@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Overheads of the CUDA backend from two timelines of the same uncapped static run of Qwen1.5-MoE-A2.7B
+(benchmarks/device/engine_overheads.sh): `plain` (served as always) and `gated` (AMOEBA_GATE_FORWARD=1: the
+GPU held until the forward is enqueued, so its compute span has no launch gaps).
+
+For decode-only steps (batch tokens = running sequences) near batch 1, 8, 32, 64, 128, 256, medians of:
+step wall time, GPU time (compute + stall), the forward's host time (planning + launches), the engine's host
+time (schedule, adjust, commit, complete), the GPU time without launch gaps (gated run), and the step's HBM
+floor: every byte the step must read once at the measured read bandwidth (attention and router weights,
+the routed experts a uniform router touches, E x (1 - (1 - k/E)^B) per layer, the shared expert, the LM
+head, and the KV cache of the running sequences, from the timeline's used KV pages).
+    python3 benchmarks/device/overheads.py PLAIN.csv GATED.csv [--json OUT.json]
+"""
+import argparse
+import csv
+import json
+import statistics as st
+
+# Qwen1.5-MoE-A2.7B, bf16 (reference_engine/data/models/qwen1.5-moe-a2.7b.json).
+LAYERS, H, E, K, F, SHARED_F, VOCAB = 24, 2048, 60, 4, 1408, 5632, 151936
+ATTN_BYTES = LAYERS * (4 * H * H + 3 * H) * 2
+ROUTER_BYTES = LAYERS * (E + 1) * H * 2
+EXPERT_BYTES = 3 * F * H * 2
+SHARED_BYTES = LAYERS * 3 * SHARED_F * H * 2
+HEAD_BYTES = VOCAB * H * 2
+KV_PAGE = 131072  # 16 tokens of one layer's K and V
+READ_BW = 4.25e12  # bytes/s, measured device copy on the project's H200 (reference_engine/data/gpus/h200.json)
+
+
+def floor_s(batch, kv_pages_used):
+    experts = E * (1 - (1 - K / E) ** batch)
+    total = ATTN_BYTES + ROUTER_BYTES + LAYERS * experts * EXPERT_BYTES + SHARED_BYTES + HEAD_BYTES
+    return (total + kv_pages_used * KV_PAGE) / READ_BW
+
+
+def rows(path):
+    r = list(csv.DictReader(open(path)))
+    total_kv = max(int(x["free_kv_pages"]) for x in r)
+    return r, total_kv
+
+
+def table(plain, gated):
+    pr, p_kv = rows(plain)
+    gr, _ = rows(gated)
+    out = []
+    for target in (1, 8, 32, 64, 128, 256):
+        def pick(rs):
+            tol = target // 16
+            return [x for x in rs if int(x["batch_tokens"]) == int(x["running"])
+                    and abs(int(x["running"]) - target) <= tol and float(x["step_ms"]) < 400]
+        p, g = pick(pr), pick(gr)
+        if not p:
+            continue
+        med = lambda rs, key: st.median(float(x[key]) for x in rs)
+        batch = st.median(int(x["running"]) for x in p)
+        kv = st.median(p_kv - int(x["free_kv_pages"]) for x in p)
+        row = {"batch": batch, "steps": len(p), "step_ms": med(p, "step_ms"),
+               "gpu_ms": med(p, "compute_ms") + med(p, "stall_ms"), "forward_host_ms": med(p, "forward_host_ms"),
+               "engine_host_ms": med(p, "host_ms"), "attention_ms": med(p, "attention_ms"),
+               "moe_ms": med(p, "moe_ms"), "head_ms": med(p, "dense_ms"),
+               "gated_gpu_ms": (med(g, "compute_ms") + med(g, "stall_ms")) if g else None,
+               "gated_steps": len(g), "kv_pages_used": kv, "floor_ms": floor_s(batch, kv) * 1e3}
+        row["unhidden_host_pct"] = 100 * (row["step_ms"] - row["gpu_ms"] + row["engine_host_ms"]) / row["step_ms"]
+        row["step_over_floor"] = row["step_ms"] / row["floor_ms"]
+        out.append(row)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("plain")
+    ap.add_argument("gated")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    t = table(a.plain, a.gated)
+    print(f"{'batch':>5} {'steps':>5} {'step ms':>8} {'GPU ms':>7} {'gated GPU':>9} {'fwd host':>8} {'eng host':>8} "
+          f"{'unhidden':>8} {'attn':>6} {'MoE':>6} {'head':>5} {'floor':>6} {'step/floor':>10}")
+    for r in t:
+        gg = f"{r['gated_gpu_ms']:9.2f}" if r["gated_gpu_ms"] is not None else f"{'-':>9}"
+        print(f"{r['batch']:5.0f} {r['steps']:5d} {r['step_ms']:8.2f} {r['gpu_ms']:7.2f} {gg} "
+              f"{r['forward_host_ms']:8.2f} {r['engine_host_ms']:8.3f} {r['unhidden_host_pct']:7.1f}% "
+              f"{r['attention_ms']:6.2f} {r['moe_ms']:6.2f} {r['head_ms']:5.2f} {r['floor_ms']:6.2f} "
+              f"{r['step_over_floor']:9.2f}x")
+    if a.json:
+        json.dump(t, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

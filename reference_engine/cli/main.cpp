@@ -529,8 +529,15 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy,
   std::cout << fmt::format(
       "preemptions {}, evictions {}, restores {}, resident experts min {} max {}, copy stall {:.2f} s\n",
       r.preemptions, r.evictions, r.restores, r.min_resident_experts, r.max_resident_experts, r.copy_stall_s);
-  if (!simulated)
+  if (!simulated) {
     std::cout << fmt::format("engine host time {:.3f} s (on the clock besides the forwards)\n", r.host_s);
+    std::cout << fmt::format(
+        "device memory free: {:.2f} GB before the backend, {:.2f} GB after its setup, {:.2f} GB after the "
+        "run{}\n",
+        double(r.device_free_before) / 1e9, double(r.device_free_after_setup) / 1e9,
+        double(r.device_free_end) / 1e9,
+        r.device_free_end == r.device_free_after_setup ? " (nothing allocated in the step loop)" : "");
+  }
   if (!csv_path) std::cout << "(per-step timeline: add --csv FILE)\n";
   return 0;
 }

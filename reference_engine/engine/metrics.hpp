@@ -60,6 +60,9 @@ struct RunResult {
   std::uint64_t min_resident_experts = 0, max_resident_experts = 0;
   double copy_stall_s = 0, compute_s = 0;
   double host_s = 0;  // the engine's own host time over the run (measured backends; 0 when simulated)
+  // GPU backends: the device's free memory (cudaMemGetInfo) before the backend took any, after its setup,
+  // and after the run: equal after-setup and end values mean nothing was allocated in the step loop.
+  std::uint64_t device_free_before = 0, device_free_after_setup = 0, device_free_end = 0;
   std::uint64_t pool_bytes = 0, initial_kv_bytes = 0;
   std::uint32_t load_buffer_experts = 0;
   std::vector<TimelineRow> timeline;  // filled when asked for

@@ -132,6 +132,12 @@ RunResult run_engine(const RunSetup& s) {
   r.pool_bytes = s.memory.pool_bytes;
   r.initial_kv_bytes = s.memory.initial_kv_bytes();
   r.load_buffer_experts = s.offload_limit;
+  if constexpr (std::is_same_v<Backend, CudaBackend>) {
+    const CudaMemoryReport& m = engine.backend().memory();
+    r.device_free_before = m.device_free_before;
+    r.device_free_after_setup = m.device_free_after_setup;
+    r.device_free_end = m.device_free_now();
+  }
   if (s.options.check_conservation)
     if (auto err = engine.drain())
       throw std::logic_error("conservation check failed (" + s.policy + "): " + *err);

@@ -144,7 +144,12 @@ std::string ablation_json(const Scenario& s, const WorkloadReport& w, const std:
     x["pool_bytes"] = r.pool_bytes;
     x["initial_kv_bytes"] = r.initial_kv_bytes;
     x["load_buffer_experts"] = r.load_buffer_experts;
-    if (!sim) x["host_s"] = r.host_s;  // measured runs: the engine's own time, on the clock
+    if (!sim) {
+      x["host_s"] = r.host_s;  // measured runs: the engine's own time, on the clock
+      x["device_free_bytes"] = {{"before", r.device_free_before},
+                                {"after_setup", r.device_free_after_setup},
+                                {"end", r.device_free_end}};
+    }
     arr.push_back(x);
   }
   j["results"] = arr;
@@ -191,7 +196,8 @@ std::string timeline_csv(const RunResult& r) {
       "ms,host_ms,compute_ms,forward_host_ms\n";
   for (const TimelineRow& t : r.timeline)
     out += fmt::format(
-        "{},{:.6f},{:.3f},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f}\n",
+        "{},{:.6f},{:.3f},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{"
+        ":.3f}\n",
         t.step, t.time_s, t.step_ms, t.running, t.waiting, t.batch_tokens, t.free_kv_pages,
         t.free_expert_pages, t.resident_experts, t.shortfall_pages, t.evictions, t.restores, t.h2d_bytes,
         t.copy_calls, t.attention_ms, t.moe_ms, t.dense_ms, t.copy_ms, t.stall_ms, t.host_ms, t.compute_ms,

@@ -842,6 +842,10 @@ std::span<const std::int32_t> CudaBackend::tokens(std::uint64_t request) const {
   return it->second;
 }
 
+void CudaBackend::release(std::uint64_t request) {
+  if (!impl_->cfg.keep_tokens) impl_->history.erase(request);
+}
+
 void CudaBackend::replace_last_token(std::uint64_t request, std::int32_t token) {
   auto it = impl_->history.find(request);
   if (it == impl_->history.end() || it->second.empty())

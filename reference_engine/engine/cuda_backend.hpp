@@ -53,6 +53,7 @@ struct CudaBackendConfig {
   std::uint32_t max_seqs = 0;             // the scheduler's cap on sequences per step
   RoutingKind routing = RoutingKind::kModel;  // kModel: the router; otherwise the routing source's sets
   bool keep_logits = false;  // copy each sampled row's logits to the host (generate, oracle tests)
+  bool keep_tokens = false;  // keep finished requests' tokens (release() forgets nothing): tests read them
   int device = 0;
 };
 
@@ -106,6 +107,9 @@ class CudaBackend {
 
   // The request's tokens so far (prompt positions computed so far, then sampled tokens).
   std::span<const std::int32_t> tokens(std::uint64_t request) const;
+  // Forgets a finished request's tokens (the engine calls it; a long run would otherwise keep every token of
+  // every request), unless config().keep_tokens.
+  void release(std::uint64_t request);
   // Replaces the request's last sampled token (teacher forcing: the next decode step feeds `token`).
   void replace_last_token(std::uint64_t request, std::int32_t token);
   // keep_logits: the logits of each sampling sequence of the last forward, in batch order ([vocab] each).

@@ -38,6 +38,10 @@ void CudaBackend::populate(const ResidencyTable&) {
 std::span<const std::int32_t> CudaBackend::tokens(std::uint64_t) const {
   unreachable("tokens");
 }
+void CudaBackend::release(std::uint64_t) {
+  unreachable("release");
+}
+
 void CudaBackend::replace_last_token(std::uint64_t, std::int32_t) {
   unreachable("replace_last_token");
 }

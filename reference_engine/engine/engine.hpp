@@ -142,6 +142,9 @@ class Engine {
     commit(changes);
     record(plan, changes, step_);
     finished_ += scheduler_.complete(plan, now_);
+    if constexpr (releasing_backend<Backend>)
+      for (const Sequence* s : plan.seqs)
+        if (s->status == SeqStatus::kFinished) backend_.release(s->id);
     if constexpr (kMeasured) {
       const double host_after = host_seconds(forward_end, Clock::now());
       now_ += host_after;

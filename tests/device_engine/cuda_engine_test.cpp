@@ -110,6 +110,7 @@ Served serve(const HfMoeConfig& hf, Adj adj, std::uint32_t offload_limit, std::u
   cfg.load_buffer_experts = offload_limit;
   cfg.max_batched_tokens = sched.max_num_batched_tokens;
   cfg.max_seqs = sched.max_num_seqs;
+  cfg.keep_tokens = true;  // read after the run
   const std::uint32_t vocab = hf.vocab_size;
   CudaBackend backend(
       cfg, [vocab](std::uint64_t r, std::uint32_t p) { return synthetic_prompt_token(1, vocab, r, p); });

@@ -11,15 +11,18 @@
 //   cb.idle_step_s()    seconds that pass when a step runs no forward (nothing scheduled);
 //   cb.name()           "sim", "cuda", ... (reported with every result).
 //
-// Two optional members, used by the engine where a backend has them:
+// Three optional members, used by the engine where a backend has them:
 //   B::kMeasured        a constexpr bool; true (measured_backend): the times the backend reports are
 //                       measured, so the engine adds its own host time to the clock (a simulated backend's
 //                       clock holds only modelled time, which keeps its output deterministic);
 //   b.populate(r)       (populating_backend) writes the experts resident in ResidencyTable `r` into their
-//                       pages; called once, after the adjuster's initial placement, before the first forward.
+//                       pages; called once, after the adjuster's initial placement, before the first forward;
+//   b.release(request)  (releasing_backend) forgets what the backend keeps of a finished request (its tokens);
+//                       called once per request, after the step that finished it.
 #pragma once
 
 #include <concepts>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
@@ -56,6 +59,11 @@ concept measured_backend = requires {
 template <class B>
 concept populating_backend = requires(B& b, const ResidencyTable& residency) {
   b.populate(residency);
+};
+
+template <class B>
+concept releasing_backend = requires(B& b, std::uint64_t request) {
+  b.release(request);
 };
 
 }  // namespace amoeba

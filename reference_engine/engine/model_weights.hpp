@@ -50,6 +50,8 @@ namespace amoeba::engine {
 // model.
 HfMoeConfig hf_config_for(const ModelSpec& model, const std::string& field = "--model");
 
+class TpShardedWeights;  // engine/tp_shard.cpp: one rank's slices, read through the whole model's read_block
+
 struct WeightTensor {
   std::string name;
   std::vector<std::uint64_t> shape;
@@ -101,6 +103,8 @@ class ModelWeights {
   virtual void read_block(const std::string& name, const Block& b, std::span<std::byte> dst) const;
 
  private:
+  friend class TpShardedWeights;  // reads another source's blocks and shapes (readable, read_block)
+
   std::vector<WeightTensor> tensors_;
   std::map<std::string, WeightTensor> readable_;  // tensors_ and the shared expert's gate/up/down_proj
   std::vector<std::uint32_t> moe_to_model_layer_;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "bf16_values.hpp"
 #include "engine/decoder_ops.hpp"
 #include "model/decoder_ops.cuh"
 
@@ -18,6 +19,8 @@ namespace {
 
 using namespace amoeba;
 namespace dec = amoeba::kernels::decoder;
+using amoeba::test::random_bf16;
+using amoeba::test::ulps;
 
 void check_cuda(cudaError_t e) {
   if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
@@ -38,20 +41,6 @@ struct Dev {
     return v;
   }
 };
-
-std::vector<bf16> random_bf16(std::size_t n, float scale, std::uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> d(-scale, scale);
-  std::vector<bf16> v(n);
-  for (auto& x : v) x = bf16::from_float(d(g));
-  return v;
-}
-
-// Distance in bf16 ulps (same sign assumed near zero differences are small anyway).
-int ulps(bf16 a, bf16 b) {
-  auto key = [](bf16 x) { return (x.bits & 0x8000) ? -int(x.bits & 0x7fff) : int(x.bits); };
-  return std::abs(key(a) - key(b));
-}
 
 }  // namespace
 

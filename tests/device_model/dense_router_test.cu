@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_values.hpp"
 #include "engine/decoder_ops.hpp"
 #include "model/dense_gemm.cuh"
 #include "model/router.cuh"
@@ -30,6 +31,8 @@ namespace {
 using amoeba::bf16;
 using amoeba::kernels::Status;
 namespace dec = amoeba::kernels::decoder;
+using amoeba::test::random_bf16;
+using amoeba::test::ulps;
 namespace ops = amoeba::engine::ops;
 
 void check_cuda(cudaError_t e) {
@@ -62,20 +65,6 @@ struct Dev {
 
 dec::bf16* dev(const Dev<bf16>& d, std::size_t at = 0) {
   return reinterpret_cast<dec::bf16*>(d.p + at);
-}
-
-std::vector<bf16> random_bf16(std::size_t n, float scale, std::uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> d(-scale, scale);
-  std::vector<bf16> v(n);
-  for (auto& x : v) x = bf16::from_float(d(g));
-  return v;
-}
-
-// Distance in bf16 ulps along the ordered line of bf16 values (a NaN is far from everything).
-int ulps(bf16 a, bf16 b) {
-  auto key = [](bf16 x) { return (x.bits & 0x8000) ? -int(x.bits & 0x7fff) : int(x.bits); };
-  return std::abs(key(a) - key(b));
 }
 
 // The spacing of bf16 values at v (8 significant bits).

@@ -31,41 +31,65 @@ SimBackend::SimBackend(const ModelSpec& model, const GpuProfile& gpu, const Cost
   }
 }
 
-double SimBackend::roofline(double bytes, double flops, double mem_eff, double comp_eff) const noexcept {
-  return std::max(bytes / (gpu_.hbm_bandwidth * mem_eff), flops / (gpu_.bf16_flops * comp_eff)) +
-         cost_.per_layer_overhead_s;
-}
-
-double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) const {
+RooflineWork attention_work(const ModelSpec& model, std::uint32_t layer, const StepBatch& batch) {
   const double tokens = double(batch.tokens);
-  const double params = double(model_.attention_params(layer));
+  const double params = double(model.attention_params(layer));
   double bytes = 2.0 * params, flops = 2.0 * tokens * params;
-  if (model_.has_full_attention(layer)) {
-    const double kv = double(model_.kv_bytes_per_token_layer());
-    const double hd = model_.attention == AttentionKind::kMla
-                          ? double(model_.kv_lora_rank + model_.qk_rope_head_dim)
-                          : double(model_.head_dim);
+  if (model.has_full_attention(layer)) {
+    const double kv = double(model.kv_bytes_per_token_layer());
+    const double hd = model.attention == AttentionKind::kMla
+                          ? double(model.kv_lora_rank + model.qk_rope_head_dim)
+                          : double(model.head_dim);
     for (const SequenceStep& b : batch.seqs) {
       const double ctx = double(b.context_after());
       bytes += ctx * kv;
       flops += 4.0 * double(b.new_tokens) * (double(b.context_before) + double(b.new_tokens) / 2.0) *
-               model_.num_heads * hd;
+               model.num_heads * hd;
     }
   } else {
-    bytes += 2.0 * double(model_.ssm_state_bytes() + model_.conv_state_bytes()) * double(batch.size());
-    const auto& l = *model_.linear;
+    bytes += 2.0 * double(model.ssm_state_bytes() + model.conv_state_bytes()) * double(batch.size());
+    const auto& l = *model.linear;
     flops += 4.0 * tokens * l.num_value_heads * l.key_head_dim * l.value_head_dim;
   }
-  return roofline(bytes, flops, cost_.attention_memory_efficiency, cost_.attention_compute_efficiency);
+  return {bytes, flops};
+}
+
+RooflineWork moe_work(const ModelSpec& model, std::uint64_t tokens, std::uint64_t distinct_experts) {
+  const double t = double(tokens), h = model.hidden_size;
+  const double shared = 3.0 * h * model.shared_expert_intermediate_size * model.num_shared_experts;
+  const double bytes = double(distinct_experts) * double(model.expert_transfer_bytes()) + 2.0 * shared +
+                       2.0 * h * model.num_experts;
+  const double flops = 2.0 * t * model.top_k * 3.0 * model.moe_intermediate_size * h + 2.0 * t * shared;
+  return {bytes, flops};
+}
+
+RooflineWork dense_ffn_work(const ModelSpec& model, std::uint64_t tokens) {
+  const double p = 3.0 * double(model.hidden_size) * model.dense_intermediate_size;
+  return {2.0 * p, 2.0 * double(tokens) * p};
+}
+
+RooflineWork lm_head_work(const ModelSpec& model, std::uint64_t sampling_seqs) {
+  const double lm = double(model.vocab_size) * double(model.hidden_size);
+  return {2.0 * lm, 2.0 * double(sampling_seqs) * lm};
+}
+
+double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, double comp_eff,
+                     double overhead) noexcept {
+  return std::max(w.bytes / (gpu.hbm_bandwidth * mem_eff), w.flops / (gpu.bf16_flops * comp_eff)) + overhead;
+}
+
+double SimBackend::roofline(RooflineWork w, double mem_eff, double comp_eff) const noexcept {
+  return roofline_time(w, gpu_, mem_eff, comp_eff, cost_.per_layer_overhead_s);
+}
+
+double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) const {
+  return roofline(attention_work(model_, layer, batch), cost_.attention_memory_efficiency,
+                  cost_.attention_compute_efficiency);
 }
 
 double SimBackend::moe_time(std::uint64_t tokens, std::uint64_t distinct_experts) const {
-  const double t = double(tokens), h = model_.hidden_size;
-  const double shared = 3.0 * h * model_.shared_expert_intermediate_size * model_.num_shared_experts;
-  const double bytes = double(distinct_experts) * double(model_.expert_transfer_bytes()) + 2.0 * shared +
-                       2.0 * h * model_.num_experts;
-  const double flops = 2.0 * t * model_.top_k * 3.0 * model_.moe_intermediate_size * h + 2.0 * t * shared;
-  return roofline(bytes, flops, moe_memory_efficiency_, moe_compute_efficiency_);
+  return roofline(moe_work(model_, tokens, distinct_experts), moe_memory_efficiency_,
+                  moe_compute_efficiency_);
 }
 
 double SimBackend::allreduce_time(std::uint64_t tokens) const noexcept {
@@ -96,7 +120,6 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
   const std::uint64_t expert_bytes = model_.expert_transfer_bytes();
   const bool tensor_parallel = gpu_.gpus > 1;
   const double allreduce = tensor_parallel ? allreduce_time(batch.tokens) : 0.0;
-  const double h = model_.hidden_size;
   double t = cost_.step_overhead_s, copy_free = t;
   out.compute_s = cost_.step_overhead_s;
 
@@ -153,8 +176,7 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
       out.compute_s += allreduce;
     }
     if (!is_moe) {
-      const double p = 3.0 * h * model_.dense_intermediate_size;
-      const double td = roofline(2.0 * p, 2.0 * double(batch.tokens) * p, cost_.dense_memory_efficiency,
+      const double td = roofline(dense_ffn_work(model_, batch.tokens), cost_.dense_memory_efficiency,
                                  cost_.dense_compute_efficiency);
       t = attn_end + td;
       out.dense_s += td;
@@ -198,8 +220,7 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
     }
     ++m;
   }
-  const double lm = double(model_.vocab_size) * h;
-  const double tl = roofline(2.0 * lm, 2.0 * double(batch.sampling_seqs) * lm, cost_.dense_memory_efficiency,
+  const double tl = roofline(lm_head_work(model_, batch.sampling_seqs), cost_.dense_memory_efficiency,
                              cost_.dense_compute_efficiency);
   t += tl;
   out.dense_s += tl;

@@ -56,6 +56,24 @@
 
 namespace amoeba::engine {
 
+// What the roofline prices: the bytes a layer moves through HBM and its FLOPs (the table above). The
+// simulator and the calibration (calibration.hpp) both take them from these functions.
+struct RooflineWork {
+  double bytes = 0, flops = 0;
+};
+// Attention (full or linear) of `layer` for `batch` (sizes of one GPU's shard under tensor parallelism).
+RooflineWork attention_work(const ModelSpec& model, std::uint32_t layer, const StepBatch& batch);
+// One MoE layer of `tokens` tokens touching `distinct_experts` routed experts (shared experts and router
+// included).
+RooflineWork moe_work(const ModelSpec& model, std::uint64_t tokens, std::uint64_t distinct_experts);
+// One dense FFN layer of `tokens` tokens.
+RooflineWork dense_ffn_work(const ModelSpec& model, std::uint64_t tokens);
+// The LM head for `sampling_seqs` sampled sequences.
+RooflineWork lm_head_work(const ModelSpec& model, std::uint64_t sampling_seqs);
+// max(bytes / (HBM bandwidth x mem_eff), FLOPs / (bf16 rate x comp_eff)) + overhead.
+double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, double comp_eff,
+                     double overhead) noexcept;
+
 class SimBackend {
  public:
   // One planned copy as the simulator priced it: MoE layer, whether it was queued after routing (a miss or a
@@ -102,7 +120,7 @@ class SimBackend {
  private:
   void simulate(const StepBatch& batch, const ResidencyTable& residency, RoutingSource& routing,
                 StepResult& out);
-  double roofline(double bytes, double flops, double mem_eff, double comp_eff) const noexcept;
+  double roofline(RooflineWork w, double mem_eff, double comp_eff) const noexcept;
 
   ModelSpec model_;
   GpuProfile gpu_;

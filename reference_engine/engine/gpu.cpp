@@ -124,7 +124,7 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
                     "dense_memory_efficiency", "dense_compute_efficiency", "attention_memory_efficiency",
                     "attention_compute_efficiency", "per_layer_overhead_us", "step_overhead_us",
                     "h2d_bandwidth_scale", "int8_moe_memory_scale", "int8_moe_compute_scale",
-                    "int4_moe_memory_scale", "int4_moe_compute_scale"});
+                    "int4_moe_memory_scale", "int4_moe_compute_scale", "residuals"});
   CostModelParams p;
   p.name = o.get_string_or("name", "unnamed");
   p.source = o.get_string_or("source", "");
@@ -144,6 +144,27 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   p.int8.compute = o.get_double_or("int8_moe_compute_scale", p.int8.compute, 0.05, 1.0);
   p.int4.memory = o.get_double_or("int4_moe_memory_scale", p.int4.memory, 0.05, 1.0);
   p.int4.compute = o.get_double_or("int4_moe_compute_scale", p.int4.compute, 0.05, 1.0);
+  // Optional: a calibration's residuals per phase, {"moe": {"samples": n, "median_abs_rel_error": x,
+  // "p90_abs_rel_error": y}, ...}; informative only.
+  if (o.has("residuals")) {
+    const JsonObject r = o.get_object("residuals");
+    r.reject_unknown({"attention", "moe", "dense", "step", "copy"});
+    for (const char* phase : {"attention", "moe", "dense", "step", "copy"}) {
+      if (!r.has(phase)) continue;
+      const JsonObject e = r.get_object(phase);
+      e.reject_unknown({"samples", "median_abs_rel_error", "p90_abs_rel_error"});
+      CostModelResidual res;
+      res.phase = phase;
+      res.samples = e.get_uint("samples", 1, std::uint64_t{1} << 53);
+      res.median_abs_rel_error = e.get_double("median_abs_rel_error", 0.0, 1e9);
+      res.p90_abs_rel_error = e.get_double("p90_abs_rel_error", 0.0, 1e9);
+      if (res.p90_abs_rel_error < res.median_abs_rel_error)
+        throw ConfigError(
+            e.path() + ".p90_abs_rel_error", std::to_string(res.p90_abs_rel_error),
+            "must be >= median_abs_rel_error (" + std::to_string(res.median_abs_rel_error) + ")");
+      p.residuals.push_back(res);
+    }
+  }
   return p;
 }
 
@@ -176,6 +197,14 @@ std::string cost_model_to_json(const CostModelParams& p) {
   j["int8_moe_compute_scale"] = p.int8.compute;
   j["int4_moe_memory_scale"] = p.int4.memory;
   j["int4_moe_compute_scale"] = p.int4.compute;
+  if (!p.residuals.empty()) {
+    nlohmann::ordered_json r = nlohmann::ordered_json::object();
+    for (const CostModelResidual& e : p.residuals)
+      r[e.phase] = {{"samples", e.samples},
+                    {"median_abs_rel_error", e.median_abs_rel_error},
+                    {"p90_abs_rel_error", e.p90_abs_rel_error}};
+    j["residuals"] = r;
+  }
   return j.dump(2) + "\n";
 }
 

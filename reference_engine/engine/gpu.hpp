@@ -54,6 +54,16 @@ std::string_view to_string(MoeKernel k) noexcept;
 // "paged" or "gather"; anything else throws ConfigError(field, value, rule).
 MoeKernel moe_kernel_from_string(const std::string& s, const std::string& field);
 
+// How far a fitted cost model is from the measurements it was fitted to, for one phase (calibration.hpp):
+// |predicted / measured - 1| over the phase's samples. Written by a calibration, carried by the JSON file
+// ("residuals"), not used by the simulator.
+struct CostModelResidual {
+  std::string phase;  // attention, moe, dense, step, copy
+  std::uint64_t samples = 0;
+  double median_abs_rel_error = 0, p90_abs_rel_error = 0;
+  friend bool operator==(const CostModelResidual&, const CostModelResidual&) = default;
+};
+
 // Efficiency factors and overheads of the simulated step (see sim_backend.hpp for the formulas).
 struct CostModelParams {
   std::string name = "default", source;
@@ -70,6 +80,7 @@ struct CostModelParams {
     double memory = 1.0, compute = 1.0;
   };
   PrecisionScale int8{0.95, 0.85}, int4{0.90, 0.75};
+  std::vector<CostModelResidual> residuals;  // empty unless calibrated (optional in the file)
 };
 
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what);

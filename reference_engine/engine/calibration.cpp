@@ -1,0 +1,406 @@
+// The cost-model fit and the run comparison; see calibration.hpp for the method.
+#include "engine/calibration.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "amoeba/core/errors.hpp"
+#include "engine/sim_backend.hpp"
+
+namespace amoeba::engine {
+
+std::string_view to_string(CalibrationPhase p) noexcept {
+  switch (p) {
+    case CalibrationPhase::kAttention:
+      return "attention";
+    case CalibrationPhase::kMoe:
+      return "moe";
+    case CalibrationPhase::kDense:
+      return "dense";
+    case CalibrationPhase::kStep:
+      return "step";
+    case CalibrationPhase::kCopy:
+      return "copy";
+  }
+  return "?";
+}
+
+std::string_view to_string(StepMatch m) noexcept {
+  switch (m) {
+    case StepMatch::kByIndex:
+      return "by-index";
+    case StepMatch::kAligned:
+      return "aligned";
+    case StepMatch::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string number(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+bool roofline_phase(CalibrationPhase p) noexcept {
+  return p == CalibrationPhase::kAttention || p == CalibrationPhase::kMoe || p == CalibrationPhase::kDense;
+}
+
+struct Efficiency {
+  double memory = 1, compute = 1;
+};
+
+Efficiency efficiency_of(CalibrationPhase p, const CostModelParams& c) noexcept {
+  switch (p) {
+    case CalibrationPhase::kAttention:
+      return {c.attention_memory_efficiency, c.attention_compute_efficiency};
+    case CalibrationPhase::kMoe:
+      return {c.moe_memory_efficiency, c.moe_compute_efficiency};
+    default:
+      return {c.dense_memory_efficiency, c.dense_compute_efficiency};
+  }
+}
+
+void set_efficiency(CalibrationPhase p, Efficiency e, CostModelParams& c) noexcept {
+  switch (p) {
+    case CalibrationPhase::kAttention:
+      c.attention_memory_efficiency = e.memory;
+      c.attention_compute_efficiency = e.compute;
+      return;
+    case CalibrationPhase::kMoe:
+      c.moe_memory_efficiency = e.memory;
+      c.moe_compute_efficiency = e.compute;
+      return;
+    default:
+      c.dense_memory_efficiency = e.memory;
+      c.dense_compute_efficiency = e.compute;
+  }
+}
+
+constexpr double kMinEfficiency = 0.01;  // the smallest a cost-model file accepts (parse_cost_model)
+constexpr double kCoarseStep = 0.01, kFineStep = 0.0005;
+
+// The roofline samples of one phase, reduced to what the objective needs.
+struct PhaseSamples {
+  std::vector<double> mem_s, comp_s;  // bytes / HBM bw, FLOPs / bf16 rate (efficiency 1, overhead 0)
+  std::vector<double> layers, seconds;
+};
+
+// Sum of squared relative errors of one phase for efficiencies e and per-layer overhead o.
+double phase_objective(const PhaseSamples& s, Efficiency e, double o) noexcept {
+  double sum = 0;
+  for (std::size_t i = 0; i < s.seconds.size(); ++i) {
+    const double r = std::max(s.mem_s[i] / e.memory, s.comp_s[i] / e.compute);
+    const double err = s.layers[i] * (r + o) / s.seconds[i] - 1.0;
+    sum += err * err;
+  }
+  return sum;
+}
+
+// Best efficiencies on the grid for overhead o; ties (equal objective to 1e-12 relative) go to the point
+// nearest `start`, which is itself a candidate.
+Efficiency search_efficiency(const PhaseSamples& s, double o, Efficiency start, double* objective) {
+  Efficiency best = start;
+  double best_obj = phase_objective(s, start, o);
+  auto distance = [&](Efficiency e) {
+    return std::abs(e.memory - start.memory) + std::abs(e.compute - start.compute);
+  };
+  auto consider = [&](Efficiency e) {
+    const double obj = phase_objective(s, e, o);
+    const double tie = 1e-12 * std::max(best_obj, 1e-300);
+    if (obj < best_obj - tie || (obj <= best_obj + tie && distance(e) < distance(best))) {
+      best = e;
+      best_obj = std::min(obj, best_obj);
+    }
+  };
+  const int coarse = int(std::lround(1.0 / kCoarseStep));
+  for (int m = 1; m <= coarse; ++m)
+    for (int c = 1; c <= coarse; ++c) consider({m * kCoarseStep, c * kCoarseStep});
+  const Efficiency centre = best;
+  const int half = int(std::lround(kCoarseStep / kFineStep));
+  for (int dm = -half; dm <= half; ++dm)
+    for (int dc = -half; dc <= half; ++dc) {
+      const Efficiency e{centre.memory + dm * kFineStep, centre.compute + dc * kFineStep};
+      if (e.memory < kMinEfficiency - 1e-12 || e.memory > 1.0 + 1e-12) continue;
+      if (e.compute < kMinEfficiency - 1e-12 || e.compute > 1.0 + 1e-12) continue;
+      consider({std::clamp(e.memory, kMinEfficiency, 1.0), std::clamp(e.compute, kMinEfficiency, 1.0)});
+    }
+  if (objective) *objective = best_obj;
+  return best;
+}
+
+// Least-squares (relative error) overhead for fixed efficiencies over every roofline phase, >= 0.
+double closed_form_overhead(const std::array<PhaseSamples, 3>& phases, const std::array<Efficiency, 3>& eff) {
+  double num = 0, den = 0;
+  for (std::size_t p = 0; p < phases.size(); ++p) {
+    const PhaseSamples& s = phases[p];
+    for (std::size_t i = 0; i < s.seconds.size(); ++i) {
+      const double r = std::max(s.mem_s[i] / eff[p].memory, s.comp_s[i] / eff[p].compute);
+      const double a = s.layers[i] * r / s.seconds[i], b = s.layers[i] / s.seconds[i];
+      num += b * (1.0 - a);
+      den += b * b;
+    }
+  }
+  return den > 0 ? std::max(0.0, num / den) : 0.0;
+}
+
+double median(std::vector<double> v) {
+  return percentiles(std::move(v)).p50;
+}
+
+}  // namespace
+
+void check_samples(const std::vector<CalibrationSample>& samples) {
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const CalibrationSample& s = samples[i];
+    const std::string at = "samples[" + std::to_string(i) + "]";
+    if (!std::isfinite(s.seconds) || s.seconds <= 0)
+      throw ConfigError(at + ".seconds", number(s.seconds), "must be a finite measured time > 0");
+    if (!std::isfinite(s.bytes) || s.bytes < 0)
+      throw ConfigError(at + ".bytes", number(s.bytes), "must be finite and >= 0");
+    if (!std::isfinite(s.flops) || s.flops < 0)
+      throw ConfigError(at + ".flops", number(s.flops), "must be finite and >= 0");
+    if (roofline_phase(s.phase)) {
+      if (s.layers == 0) throw ConfigError(at + ".layers", "0", "must be >= 1 (the layers the time covers)");
+      if (s.bytes == 0 && s.flops == 0)
+        throw ConfigError(at + ".bytes", "0",
+                          "a " + std::string(to_string(s.phase)) +
+                              " sample needs bytes or FLOPs > 0 (its flops are 0 too): nothing to price");
+    } else if (s.phase == CalibrationPhase::kCopy) {
+      if (s.bytes == 0) throw ConfigError(at + ".bytes", "0", "a copy sample must move bytes > 0");
+      if (s.copy_calls == 0) throw ConfigError(at + ".copy_calls", "0", "a copy sample needs >= 1 copy call");
+    } else if (!std::isfinite(s.phases_s) || s.phases_s < 0 || s.phases_s > s.seconds) {
+      throw ConfigError(at + ".phases_s", number(s.phases_s),
+                        "must be finite, >= 0 and <= the step's seconds (" + number(s.seconds) + ")");
+    }
+  }
+}
+
+double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, const CostModelParams& params) {
+  switch (s.phase) {
+    case CalibrationPhase::kStep:
+      return params.step_overhead_s + s.phases_s;
+    case CalibrationPhase::kCopy:
+      return double(s.copy_calls) * gpu.h2d_copy_latency_s +
+             s.bytes / (gpu.h2d_bandwidth * params.h2d_bandwidth_scale);
+    default: {
+      const Efficiency e = efficiency_of(s.phase, params);
+      return double(s.layers) * roofline_time(RooflineWork{s.bytes, s.flops}, gpu, e.memory, e.compute,
+                                              params.per_layer_overhead_s);
+    }
+  }
+}
+
+std::vector<CostModelResidual> cost_model_residuals(const std::vector<CalibrationSample>& samples,
+                                                    const GpuProfile& gpu, const CostModelParams& params) {
+  std::vector<CostModelResidual> out;
+  for (CalibrationPhase p : {CalibrationPhase::kAttention, CalibrationPhase::kMoe, CalibrationPhase::kDense,
+                             CalibrationPhase::kStep, CalibrationPhase::kCopy}) {
+    std::vector<double> err;
+    for (const CalibrationSample& s : samples)
+      if (s.phase == p) err.push_back(std::abs(predicted_seconds(s, gpu, params) / s.seconds - 1.0));
+    if (err.empty()) continue;
+    const Percentiles q = percentiles(std::move(err));
+    out.push_back(CostModelResidual{std::string(to_string(p)), q.count, q.p50, q.p90});
+  }
+  return out;
+}
+
+CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, const ModelSpec& model,
+                               const GpuProfile& gpu, const CostModelParams& start) {
+  check_samples(samples);
+  if (model.expert_precision != ExpertPrecision::kBf16)
+    throw ConfigError("model.expert_precision", std::string(to_string(model.expert_precision)),
+                      "calibration fits bf16 experts (the int8/int4 scales are not measured yet)");
+  if (gpu.gpus != 1)
+    throw ConfigError(
+        "gpu.gpus", std::to_string(gpu.gpus),
+        "calibration fits one GPU (the all-reduces of tensor parallelism are not measured yet)");
+  CostModelParams out = start;
+  out.calibrated = true;
+
+  constexpr std::array<CalibrationPhase, 3> kRoofline{CalibrationPhase::kAttention, CalibrationPhase::kMoe,
+                                                      CalibrationPhase::kDense};
+  std::array<PhaseSamples, 3> phases;
+  double overhead_hi = std::numeric_limits<double>::infinity();
+  std::size_t roofline_samples = 0;
+  for (const CalibrationSample& s : samples) {
+    if (!roofline_phase(s.phase)) continue;
+    PhaseSamples& p = phases[std::size_t(s.phase)];
+    p.mem_s.push_back(s.bytes / gpu.hbm_bandwidth);
+    p.comp_s.push_back(s.flops / gpu.bf16_flops);
+    p.layers.push_back(double(s.layers));
+    p.seconds.push_back(s.seconds);
+    overhead_hi = std::min(overhead_hi, s.seconds / double(s.layers));
+    ++roofline_samples;
+  }
+  std::array<Efficiency, 3> eff;
+  for (std::size_t p = 0; p < 3; ++p) eff[p] = efficiency_of(kRoofline[p], start);
+
+  if (roofline_samples > 0) {
+    // The profile objective of the overhead: every phase's best efficiencies for it.
+    auto fit_at = [&](double o, std::array<Efficiency, 3>& e) {
+      double total = 0;
+      for (std::size_t p = 0; p < 3; ++p) {
+        e[p] = efficiency_of(kRoofline[p], start);
+        if (phases[p].seconds.empty()) continue;
+        double obj = 0;
+        e[p] = search_efficiency(phases[p], o, efficiency_of(kRoofline[p], start), &obj);
+        total += obj;
+      }
+      return total;
+    };
+    // Golden-section search over [0, overhead_hi]: the overhead cannot exceed a layer's measured time.
+    const double phi = (std::sqrt(5.0) - 1.0) / 2.0;
+    double lo = 0, hi = overhead_hi;
+    double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo);
+    std::array<Efficiency, 3> e1, e2;
+    double f1 = fit_at(x1, e1), f2 = fit_at(x2, e2);
+    for (int it = 0; it < 48 && hi - lo > 1e-12; ++it) {
+      if (f1 <= f2) {
+        hi = x2, x2 = x1, f2 = f1, e2 = e1;
+        x1 = hi - phi * (hi - lo);
+        f1 = fit_at(x1, e1);
+      } else {
+        lo = x1, x1 = x2, f1 = f2, e1 = e2;
+        x2 = lo + phi * (hi - lo);
+        f2 = fit_at(x2, e2);
+      }
+    }
+    double o = f1 <= f2 ? x1 : x2;
+    eff = f1 <= f2 ? e1 : e2;
+    double best = std::min(f1, f2);
+    // Also try the ends of the interval (an overhead of 0 is common), then polish in closed form.
+    std::array<Efficiency, 3> e0;
+    if (const double f0 = fit_at(0.0, e0); f0 < best) best = f0, o = 0.0, eff = e0;
+    const double polished = closed_form_overhead(phases, eff);
+    std::array<Efficiency, 3> ep;
+    if (const double fp = fit_at(polished, ep); fp <= best) best = fp, o = polished, eff = ep;
+    out.per_layer_overhead_s = o;
+    for (std::size_t p = 0; p < 3; ++p) set_efficiency(kRoofline[p], eff[p], out);
+  }
+
+  std::vector<double> step_overheads;
+  for (const CalibrationSample& s : samples)
+    if (s.phase == CalibrationPhase::kStep) step_overheads.push_back(s.seconds - s.phases_s);
+  if (!step_overheads.empty()) out.step_overhead_s = std::max(0.0, median(std::move(step_overheads)));
+
+  // seconds = a + b x with a = calls x latency, b = bytes / bandwidth, x = 1 / scale.
+  double num = 0, den = 0;
+  for (const CalibrationSample& s : samples) {
+    if (s.phase != CalibrationPhase::kCopy) continue;
+    const double a = double(s.copy_calls) * gpu.h2d_copy_latency_s / s.seconds;
+    const double b = s.bytes / gpu.h2d_bandwidth / s.seconds;
+    num += b * (1.0 - a);
+    den += b * b;
+  }
+  if (den > 0) out.h2d_bandwidth_scale = num > 0 ? std::clamp(den / num, 0.01, 2.0) : 2.0;
+
+  out.residuals = cost_model_residuals(samples, gpu, out);
+  std::size_t counts[5] = {};
+  for (const CalibrationSample& s : samples) ++counts[std::size_t(s.phase)];
+  std::ostringstream src;
+  src << "fit_cost_model (calibration.hpp) from " << samples.size() << " measured samples on " << gpu.name
+      << " (attention " << counts[0] << ", moe " << counts[1] << ", dense " << counts[2] << ", step "
+      << counts[3] << ", copy " << counts[4] << "); phases without samples keep " << start.name
+      << "'s values";
+  out.source = src.str();
+  return out;
+}
+
+namespace {
+
+struct ForwardStep {
+  std::size_t row;  // index into the timeline
+  std::uint64_t tokens;
+  std::uint32_t running;
+  double step_ms;
+};
+
+std::vector<ForwardStep> forward_steps(const std::vector<TimelineRow>& timeline, const std::string& which,
+                                       bool measured) {
+  std::vector<ForwardStep> out;
+  for (std::size_t i = 0; i < timeline.size(); ++i) {
+    const TimelineRow& r = timeline[i];
+    if (!std::isfinite(r.step_ms) || r.step_ms < 0)
+      throw ConfigError(which + ".timeline[" + std::to_string(i) + "].step_ms", number(r.step_ms),
+                        "must be finite and >= 0");
+    if (r.batch_tokens == 0) continue;
+    if (measured && r.step_ms == 0)
+      throw ConfigError(which + ".timeline[" + std::to_string(i) + "].step_ms", "0",
+                        "a measured forward step must take > 0 ms (the relative error divides by it)");
+    out.push_back({i, r.batch_tokens, r.running, r.step_ms});
+  }
+  return out;
+}
+
+EndToEnd end_to_end(const RunResult& r) {
+  return {r.throughput_tok_s, r.ttft_ms.p50, r.tpot_ms.p50, r.makespan_s, r.forward_steps};
+}
+
+bool same_key(const ForwardStep& a, const ForwardStep& b) noexcept {
+  return a.tokens == b.tokens && a.running == b.running;
+}
+
+}  // namespace
+
+RunComparison compare_runs(const RunResult& measured, const RunResult& simulated) {
+  const std::vector<ForwardStep> m = forward_steps(measured.timeline, "measured", true);
+  const std::vector<ForwardStep> s = forward_steps(simulated.timeline, "simulated", false);
+  RunComparison out;
+  out.measured_steps = m.size();
+  out.simulated_steps = s.size();
+  out.measured = end_to_end(measured);
+  out.simulated = end_to_end(simulated);
+
+  std::vector<std::pair<std::size_t, std::size_t>> pairs;
+  bool by_index = m.size() == s.size();
+  for (std::size_t i = 0; by_index && i < m.size(); ++i) by_index = same_key(m[i], s[i]);
+  if (by_index) {
+    for (std::size_t i = 0; i < m.size(); ++i) pairs.emplace_back(i, i);
+  } else {
+    std::size_t i = 0, j = 0;
+    while (i < m.size() && j < s.size()) {
+      if (same_key(m[i], s[j])) {
+        pairs.emplace_back(i++, j++);
+        continue;
+      }
+      // The nearest resynchronisation (i', j'), smallest skip first, then smaller i'.
+      bool found = false;
+      for (std::size_t skip = 1; !found && skip <= 2 * kAlignWindow; ++skip)
+        for (std::size_t di = 0; di <= skip && !found; ++di) {
+          const std::size_t dj = skip - di;
+          if (di > kAlignWindow || dj > kAlignWindow || i + di >= m.size() || j + dj >= s.size()) continue;
+          if (same_key(m[i + di], s[j + dj])) i += di, j += dj, found = true;
+        }
+      if (!found) ++i, ++j;  // nothing near: drop both rows and try from the next ones
+    }
+  }
+  if (pairs.empty()) {
+    out.match = StepMatch::kNone;
+    return out;
+  }
+  out.match = by_index ? StepMatch::kByIndex : StepMatch::kAligned;
+  out.matched = pairs.size();
+  std::vector<double> abs_err, err;
+  for (auto [i, j] : pairs) {
+    const double e = s[j].step_ms / m[i].step_ms - 1.0;
+    err.push_back(e);
+    abs_err.push_back(std::abs(e));
+  }
+  out.max_abs_rel_error = *std::max_element(abs_err.begin(), abs_err.end());
+  const Percentiles a = percentiles(std::move(abs_err));
+  out.median_abs_rel_error = a.p50;
+  out.p90_abs_rel_error = a.p90;
+  out.median_rel_error = median(std::move(err));
+  return out;
+}
+
+}  // namespace amoeba::engine

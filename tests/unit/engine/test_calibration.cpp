@@ -1,0 +1,297 @@
+// The cost-model calibration (engine/calibration.hpp): samples made from known parameters through the
+// simulator's own formulas are fitted back (to the grid's resolution without noise, within tolerance with
+// 5% noise), bad samples are refused naming the index and the field, the residuals survive the JSON round
+// trip, and the run comparison pairs steps by index, by alignment, or not at all.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "amoeba/core/errors.hpp"
+#include "engine/calibration.hpp"
+#include "engine/gpu.hpp"
+#include "engine/model.hpp"
+#include "engine/random.hpp"
+#include "engine/sim_backend.hpp"
+
+using namespace amoeba;
+using namespace amoeba::engine;
+
+namespace {
+
+CostModelParams truth() {
+  CostModelParams p;
+  p.name = "truth";
+  p.attention_memory_efficiency = 0.55, p.attention_compute_efficiency = 0.35;
+  p.moe_memory_efficiency = 0.72, p.moe_compute_efficiency = 0.45;
+  p.dense_memory_efficiency = 0.85, p.dense_compute_efficiency = 0.65;
+  p.per_layer_overhead_s = 22e-6;
+  p.step_overhead_s = 700e-6;
+  p.h2d_bandwidth_scale = 0.8;
+  return p;
+}
+
+StepBatch batch_of(std::uint32_t decodes, std::uint32_t context, std::uint32_t prefill) {
+  StepBatch b;
+  for (std::uint32_t i = 0; i < decodes; ++i) b.seqs.push_back({i, context, 1, true, {}, {}});
+  if (prefill > 0) b.seqs.push_back({decodes, 0, prefill, true, {}, {}});
+  for (const SequenceStep& s : b.seqs) {
+    b.tokens += s.new_tokens;
+    b.sampling_seqs += s.samples;
+  }
+  return b;
+}
+
+// Samples of every phase, memory- and compute-bound, priced by `p`; each time multiplied by
+// exp(noise x N(0,1)).
+std::vector<CalibrationSample> make_samples(const ModelSpec& m, const GpuProfile& g, const CostModelParams& p,
+                                            double noise, std::uint64_t seed) {
+  Rng rng(seed, 7);
+  auto jitter = [&](double s) { return noise > 0 ? s * std::exp(noise * rng.normal()) : s; };
+  std::vector<CalibrationSample> out;
+  auto add = [&](CalibrationPhase phase, RooflineWork w, std::uint32_t layers) {
+    CalibrationSample s{phase, w.bytes, w.flops, layers};
+    s.seconds = jitter(predicted_seconds(s, g, p));
+    out.push_back(s);
+  };
+  for (std::uint32_t decodes : {1u, 8u, 64u, 256u})
+    for (std::uint32_t prefill : {0u, 512u, 2048u, 8192u}) {
+      const StepBatch b = batch_of(decodes, 600, prefill);
+      add(CalibrationPhase::kAttention, attention_work(m, 0, b), m.num_layers);
+      add(CalibrationPhase::kDense, lm_head_work(m, b.sampling_seqs), 1);
+      add(CalibrationPhase::kDense, dense_ffn_work(m, b.tokens), 1);
+    }
+  for (std::uint64_t tokens : {1u, 16u, 128u, 1024u, 4096u, 16384u})
+    for (std::uint64_t experts : {4u, 20u, 60u}) add(CalibrationPhase::kMoe, moe_work(m, tokens, experts), 3);
+  for (std::uint64_t calls : {1u, 3u, 30u, 300u}) {
+    CalibrationSample s{CalibrationPhase::kCopy, double(calls) * double(m.expert_transfer_bytes()), 0, 1,
+                        calls};
+    s.seconds = jitter(predicted_seconds(s, g, p));
+    out.push_back(s);
+  }
+  for (double phases : {5e-3, 20e-3, 80e-3}) {
+    CalibrationSample s{CalibrationPhase::kStep, 0, 0, 1, 0, phases};
+    s.seconds = phases + jitter(p.step_overhead_s);
+    out.push_back(s);
+  }
+  return out;
+}
+
+ModelSpec model_with_dense() {
+  ModelSpec m = find_model("qwen1.5-moe-a2.7b");
+  m.dense_intermediate_size = 5632;  // dense_ffn_work needs one: the catalog's Qwen1.5 has no dense layer
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("calibration: noise-free samples are fitted back to the grid's resolution", "[calibration]") {
+  const ModelSpec m = model_with_dense();
+  const GpuProfile g = find_gpu("h200");
+  const CostModelParams t = truth();
+  const auto samples = make_samples(m, g, t, 0.0, 1);
+  const CostModelParams f = fit_cost_model(samples, m, g, CostModelParams{});
+  CHECK(f.calibrated);
+  CHECK(f.source.find("fit_cost_model") != std::string::npos);
+  const double grid = 0.0005;
+  CHECK(f.attention_memory_efficiency == Approx(t.attention_memory_efficiency).margin(grid));
+  CHECK(f.attention_compute_efficiency == Approx(t.attention_compute_efficiency).margin(grid));
+  CHECK(f.moe_memory_efficiency == Approx(t.moe_memory_efficiency).margin(grid));
+  CHECK(f.moe_compute_efficiency == Approx(t.moe_compute_efficiency).margin(grid));
+  CHECK(f.dense_memory_efficiency == Approx(t.dense_memory_efficiency).margin(grid));
+  CHECK(f.dense_compute_efficiency == Approx(t.dense_compute_efficiency).margin(grid));
+  CHECK(f.per_layer_overhead_s == Approx(t.per_layer_overhead_s).margin(0.1e-6));
+  CHECK(f.step_overhead_s == Approx(t.step_overhead_s).epsilon(1e-9));
+  CHECK(f.h2d_bandwidth_scale == Approx(t.h2d_bandwidth_scale).epsilon(1e-9));
+  REQUIRE(f.residuals.size() == 5);
+  for (const CostModelResidual& r : f.residuals) {
+    INFO(r.phase);
+    CHECK(r.samples > 0);
+    CHECK(r.median_abs_rel_error < 1e-4);
+    CHECK(r.p90_abs_rel_error < 1e-3);
+  }
+}
+
+TEST_CASE("calibration: 5% noise is fitted within tolerance; residuals report it", "[calibration]") {
+  const ModelSpec m = model_with_dense();
+  const GpuProfile g = find_gpu("h200");
+  const CostModelParams t = truth();
+  std::vector<CalibrationSample> samples;
+  for (std::uint64_t seed = 0; seed < 5; ++seed) {
+    const auto s = make_samples(m, g, t, 0.05, seed);
+    samples.insert(samples.end(), s.begin(), s.end());
+  }
+  const CostModelParams f = fit_cost_model(samples, m, g, CostModelParams{});
+  CHECK(f.attention_memory_efficiency == Approx(t.attention_memory_efficiency).epsilon(0.1));
+  CHECK(f.attention_compute_efficiency == Approx(t.attention_compute_efficiency).epsilon(0.1));
+  CHECK(f.moe_memory_efficiency == Approx(t.moe_memory_efficiency).epsilon(0.1));
+  CHECK(f.moe_compute_efficiency == Approx(t.moe_compute_efficiency).epsilon(0.1));
+  CHECK(f.dense_memory_efficiency == Approx(t.dense_memory_efficiency).epsilon(0.1));
+  CHECK(f.dense_compute_efficiency == Approx(t.dense_compute_efficiency).epsilon(0.1));
+  CHECK(f.per_layer_overhead_s == Approx(t.per_layer_overhead_s).margin(8e-6));
+  CHECK(f.step_overhead_s == Approx(t.step_overhead_s).epsilon(0.1));
+  CHECK(f.h2d_bandwidth_scale == Approx(t.h2d_bandwidth_scale).epsilon(0.1));
+  for (const CostModelResidual& r : f.residuals) {
+    INFO(r.phase);
+    // The noise shows (median |N(0,1)| x 5% ~ 3.4%; a step's noise is on its overhead alone).
+    if (r.phase != "step") CHECK(r.median_abs_rel_error > 0.005);
+    CHECK(r.median_abs_rel_error < 0.08);
+    CHECK(r.p90_abs_rel_error >= r.median_abs_rel_error);
+  }
+}
+
+TEST_CASE("calibration: phases without samples keep the start's values; unseen bounds stay at start",
+          "[calibration]") {
+  const ModelSpec m = model_with_dense();
+  const GpuProfile g = find_gpu("h200");
+  const CostModelParams t = truth();
+  // Memory-bound MoE samples only (one token): the compute efficiency cannot be seen.
+  std::vector<CalibrationSample> samples;
+  for (std::uint64_t experts : {2u, 8u, 30u, 60u}) {
+    CalibrationSample s{CalibrationPhase::kMoe, moe_work(m, 1, experts).bytes, moe_work(m, 1, experts).flops,
+                        1};
+    s.seconds = predicted_seconds(s, g, t);
+    samples.push_back(s);
+  }
+  const CostModelParams start;
+  const CostModelParams f = fit_cost_model(samples, m, g, start);
+  CHECK(f.moe_memory_efficiency == Approx(t.moe_memory_efficiency).margin(0.0005));
+  CHECK(f.moe_compute_efficiency == start.moe_compute_efficiency);
+  CHECK(f.attention_memory_efficiency == start.attention_memory_efficiency);
+  CHECK(f.dense_compute_efficiency == start.dense_compute_efficiency);
+  CHECK(f.step_overhead_s == start.step_overhead_s);
+  CHECK(f.h2d_bandwidth_scale == start.h2d_bandwidth_scale);
+  REQUIRE(f.residuals.size() == 1);
+  CHECK(f.residuals[0].phase == "moe");
+  CHECK(f.residuals[0].samples == 4);
+}
+
+TEST_CASE("calibration: bad samples are refused naming the index and the field", "[calibration]") {
+  const ModelSpec m = model_with_dense();
+  const GpuProfile g = find_gpu("h200");
+  const CalibrationSample good{CalibrationPhase::kMoe, 1e9, 1e9, 1, 0, 0, 1e-3};
+  auto refused = [&](CalibrationSample bad, const std::string& field) {
+    std::vector<CalibrationSample> v{good, good, bad};
+    try {
+      (void)fit_cost_model(v, m, g, CostModelParams{});
+      FAIL("accepted a bad sample for " << field);
+    } catch (const ConfigError& e) {
+      CHECK(e.field() == "samples[2]." + field);
+      CHECK(!e.rule().empty());
+    }
+  };
+  CalibrationSample s = good;
+  s.seconds = -1e-3;
+  refused(s, "seconds");
+  s.seconds = std::nan("");
+  refused(s, "seconds");
+  s = good;
+  s.bytes = 0, s.flops = 0;
+  refused(s, "bytes");
+  s = good;
+  s.flops = std::nan("");
+  refused(s, "flops");
+  s = good;
+  s.layers = 0;
+  refused(s, "layers");
+  s = {CalibrationPhase::kCopy, 1e6, 0, 1, 0, 0, 1e-3};
+  refused(s, "copy_calls");
+  s = {CalibrationPhase::kStep, 0, 0, 1, 0, 2e-3, 1e-3};
+  refused(s, "phases_s");
+
+  ModelSpec q = m;
+  q.expert_precision = ExpertPrecision::kInt4;
+  CHECK_THROWS_AS(fit_cost_model({good}, q, g, CostModelParams{}), ConfigError);
+  CHECK_THROWS_AS(fit_cost_model({good}, m, find_gpu("2x-rtx5090"), CostModelParams{}), ConfigError);
+}
+
+TEST_CASE("cost model JSON: residuals round trip; files without them parse", "[calibration]") {
+  const ModelSpec m = model_with_dense();
+  const GpuProfile g = find_gpu("h200");
+  const CostModelParams f = fit_cost_model(make_samples(m, g, truth(), 0.05, 3), m, g, CostModelParams{});
+  REQUIRE(f.residuals.size() == 5);
+  const std::string text = cost_model_to_json(f);
+  CHECK(text.find("\"residuals\"") != std::string::npos);
+  const CostModelParams back = parse_cost_model(text, "fitted");
+  CHECK(back.residuals == f.residuals);
+  CHECK(back.calibrated);
+  CHECK(back.moe_memory_efficiency == f.moe_memory_efficiency);
+  CHECK(back.per_layer_overhead_s == Approx(f.per_layer_overhead_s).epsilon(1e-12));
+  CHECK(cost_model_to_json(back) == text);
+
+  const CostModelParams d = find_cost_model("default");
+  CHECK(d.residuals.empty());
+  CHECK(cost_model_to_json(d).find("residuals") == std::string::npos);
+
+  auto with = [&](const std::string& residuals) {
+    std::string t = cost_model_to_json(d);
+    t.insert(t.rfind('}'), ", \"residuals\": " + residuals);
+    return t;
+  };
+  CHECK_THROWS_WITH(parse_cost_model(with(R"({"moe": {"samples": 0, "median_abs_rel_error": 0.1,
+                                               "p90_abs_rel_error": 0.2}})"),
+                                     "f"),
+                    Catch::Contains("samples") && Catch::Contains("0"));
+  CHECK_THROWS_WITH(parse_cost_model(with(R"({"kv": {}})"), "f"), Catch::Contains("kv"));
+  CHECK_THROWS_WITH(parse_cost_model(with(R"({"moe": {"samples": 3, "median_abs_rel_error": 0.3,
+                                               "p90_abs_rel_error": 0.2}})"),
+                                     "f"),
+                    Catch::Contains("p90_abs_rel_error") && Catch::Contains("median_abs_rel_error"));
+}
+
+namespace {
+
+RunResult run_of(const std::vector<std::pair<std::uint64_t, double>>& steps) {  // (batch tokens, step ms)
+  RunResult r;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    TimelineRow row;
+    row.step = i;
+    row.batch_tokens = steps[i].first;
+    row.running = std::uint32_t(steps[i].first > 100 ? 4 : steps[i].first);
+    row.step_ms = steps[i].second;
+    r.timeline.push_back(row);
+  }
+  r.forward_steps = steps.size();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("compare_runs: same schedule pairs by index", "[calibration]") {
+  RunResult meas = run_of({{512, 10}, {4, 2}, {4, 2}, {0, 0}, {3, 4}});
+  RunResult sim = run_of({{512, 11}, {4, 2}, {4, 1}, {0, 0}, {3, 4}});
+  meas.throughput_tok_s = 100, sim.throughput_tok_s = 120;
+  meas.ttft_ms.p50 = 5, sim.ttft_ms.p50 = 6;
+  const RunComparison c = compare_runs(meas, sim);
+  CHECK(c.match == StepMatch::kByIndex);
+  CHECK(c.measured_steps == 4);  // the idle row does not count
+  CHECK(c.matched == 4);
+  // errors 0.1, 0, 0.5, 0 -> sorted 0 0 0.1 0.5
+  CHECK(c.median_abs_rel_error == Approx(0.05));
+  CHECK(c.max_abs_rel_error == Approx(0.5));
+  CHECK(c.p90_abs_rel_error == Approx(0.38));
+  CHECK(c.median_rel_error == Approx(0).margin(1e-12));  // signed: -0.5, 0, 0, 0.1
+  CHECK(c.measured.throughput_tok_s == 100);
+  CHECK(c.simulated.ttft_p50_ms == 6);
+}
+
+TEST_CASE("compare_runs: diverged schedules align on (batch tokens, running); none -> end to end only",
+          "[calibration]") {
+  // The measured run splits a prefill differently: steps 1-2 have no counterpart.
+  const RunResult meas = run_of({{512, 10}, {300, 8}, {212, 6}, {4, 2}, {4, 2}});
+  const RunResult sim = run_of({{512, 10}, {4, 3}, {4, 2}});
+  const RunComparison c = compare_runs(meas, sim);
+  CHECK(c.match == StepMatch::kAligned);
+  CHECK(c.matched == 3);
+  CHECK(c.max_abs_rel_error == Approx(0.5));
+
+  const RunComparison none = compare_runs(run_of({{7, 1}}), run_of({{9, 1}}));
+  CHECK(none.match == StepMatch::kNone);
+  CHECK(none.matched == 0);
+
+  RunResult bad = run_of({{7, 1}, {8, 0}});
+  CHECK_THROWS_WITH(compare_runs(bad, sim), Catch::Contains("measured.timeline[1].step_ms"));
+  bad = run_of({{7, std::nan("")}});
+  CHECK_THROWS_WITH(compare_runs(meas, bad), Catch::Contains("simulated.timeline[0].step_ms"));
+}

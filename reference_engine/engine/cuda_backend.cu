@@ -235,7 +235,7 @@ struct CudaBackend::Impl {
   }
 
   void setup();
-  void upload_weights(const Carver& carve_weights, std::uint64_t weights_at);
+  void upload_weights(std::uint64_t weights_at);
   std::optional<ChangeError> forward(const StepBatch& batch, const ChangeList& changes,
                                      const ResidencyTable& residency, const PoolOwners& owners,
                                      RoutingSource& routing, StepResult& out);
@@ -276,7 +276,7 @@ void CudaBackend::Impl::setup() {
   const std::uint32_t Sl = std::min(S, T);  // sequences that can sample in one step
   // ---- the arena's layout
   Carver c;
-  const std::uint64_t pool_at = c.take(cfg.pool_bytes);
+  (void)c.take(cfg.pool_bytes);  // the pool is the arena's first region: its pages index from the base
   shared_base_page = static_cast<std::uint32_t>((cfg.pool_bytes + matrix_bytes - 1) / matrix_bytes);
   c.used = std::uint64_t(shared_base_page) * matrix_bytes;
   const std::uint64_t shared_at = c.take(std::uint64_t(moe_layers) * chunks * 3 * matrix_bytes);
@@ -291,7 +291,6 @@ void CudaBackend::Impl::setup() {
   mem.weight_bytes = wbytes;
   const std::uint64_t act_begin = c.used;
   auto act = [&](std::uint64_t elems, std::uint64_t size) { return c.take(elems * size); };
-  const std::uint64_t wide = std::max<std::uint64_t>({H, qd, 2ull * std::max(F, hf.intermediate_size)});
   const std::uint64_t at_x = act(std::uint64_t(T) * H, 2), at_hn = act(std::uint64_t(T) * H, 2);
   const std::uint64_t at_q = act(std::uint64_t(T) * qd, 2), at_k = act(std::uint64_t(T) * kvd, 2);
   const std::uint64_t at_v = act(std::uint64_t(T) * kvd, 2), at_att = act(std::uint64_t(T) * qd, 2);
@@ -300,7 +299,6 @@ void CudaBackend::Impl::setup() {
   const bool dense_layers = hf.num_layers > moe_layers;
   const std::uint64_t at_ma = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
   const std::uint64_t at_mb = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
-  (void)wide;
   const std::uint64_t at_xs = act(std::uint64_t(Sl) * H, 2), at_xn = act(std::uint64_t(Sl) * H, 2);
   const std::uint64_t at_lg = act(std::uint64_t(Sl) * V, 2);
   const std::uint64_t at_tw = act(std::uint64_t(moe_layers) * T * K, 4);
@@ -354,7 +352,6 @@ void CudaBackend::Impl::setup() {
   check_cuda(cudaMalloc(&a, mem.arena_bytes), "cudaMalloc(arena)");
   arena = static_cast<std::byte*>(a);
   auto at = [&](std::uint64_t off) { return arena + off; };
-  (void)pool_at;
   x = reinterpret_cast<dbf16*>(at(at_x));
   hn = reinterpret_cast<dbf16*>(at(at_hn));
   q = reinterpret_cast<dbf16*>(at(at_q));
@@ -421,8 +418,7 @@ void CudaBackend::Impl::setup() {
                                               : "checkpoint:" + cfg.checkpoint_dir,
                    *weights, moe_layers, E, matrix_bytes);
   mem.pinned_host_bytes = store->bytes() + pinned_bytes;
-  Carver cw{arena, 0};
-  upload_weights(cw, weights_at);
+  upload_weights(weights_at);
   if (chunks > 0) {
     std::vector<std::byte> buf(3 * matrix_bytes);
     for (std::uint32_t m = 0; m < moe_layers; ++m)
@@ -433,7 +429,6 @@ void CudaBackend::Impl::setup() {
                    "upload shared expert");
       }
   }
-  (void)shared_at;
 
   kn::LoaderOptions lo;
   lo.static_entries = chunks;
@@ -479,7 +474,7 @@ void CudaBackend::Impl::setup() {
   mem.device_free_after_setup = free_b;
 }
 
-void CudaBackend::Impl::upload_weights(const Carver&, std::uint64_t weights_at) {
+void CudaBackend::Impl::upload_weights(std::uint64_t weights_at) {
   std::unordered_map<std::string, const dbf16*> dev;
   std::uint64_t off = weights_at;
   std::vector<bf16> host;

@@ -17,8 +17,8 @@
 //                       clock holds only modelled time, which keeps its output deterministic);
 //   b.populate(r)       (populating_backend) writes the experts resident in ResidencyTable `r` into their
 //                       pages; called once, after the adjuster's initial placement, before the first forward;
-//   b.release(request)  (releasing_backend) forgets what the backend keeps of a finished request (its tokens);
-//                       called once per request, after the step that finished it.
+//   b.release(request)  (releasing_backend) forgets what the backend keeps of a finished request (its
+//                       tokens); called once per request, after the step that finished it.
 #pragma once
 
 #include <concepts>

@@ -117,8 +117,8 @@ struct StepCounters {
   double dense_s = 0;      // dense FFN layers and the LM head
   double copy_s = 0;       // copy engine busy
   double stall_s = 0;      // compute waiting for copies
-  double host_s = 0;  // measured backends: the forward's host time until it waits for the GPU at its end
-                      // (planning, launches, waits for the router's choices); 0 when simulated
+  double host_s = 0;       // measured backends: the forward's host time until it waits for the GPU at its end
+                           // (planning, launches, waits for the router's choices); 0 when simulated
 };
 
 struct StepResult : StepCounters {

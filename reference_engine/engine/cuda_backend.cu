@@ -209,6 +209,9 @@ struct CudaBackend::Impl {
   std::vector<std::vector<float>> last_logits;
   KvPageTable table;
   std::vector<std::uint8_t> restored;  // [moe layer][expert]: restored by this step's ChangeList
+  // [moe layer]: an expert of the layer is neither resident nor restored this step, so with the model's
+  // router the host must read the layer's choices back before its MoE (the loader loads the misses).
+  std::vector<std::uint8_t> may_miss;
   std::vector<std::uint32_t> set_scratch;
   std::vector<std::uint8_t> flag_scratch;
 
@@ -239,7 +242,10 @@ struct CudaBackend::Impl {
   std::optional<ChangeError> forward(const StepBatch& batch, const ChangeList& changes,
                                      const ResidencyTable& residency, const PoolOwners& owners,
                                      RoutingSource& routing, StepResult& out);
-  std::int32_t token_at(std::uint64_t request, std::uint32_t position);
+  // Token `position` of `request`, whose tokens so far are `h` (its history).
+  std::int32_t token_at(std::vector<std::int32_t>& h, std::uint64_t request, std::uint32_t position);
+  // The distinct experts in ids[0..n) (ids outside [0, E) skipped), ascending, into set_scratch.
+  void distinct_experts(const std::int32_t* ids, std::size_t n);
   void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
   }
@@ -468,6 +474,7 @@ void CudaBackend::Impl::setup() {
     gate_mode = true;
   }
   restored.assign(std::size_t(moe_layers) * E, 0);
+  may_miss.assign(moe_layers, 0);
   flag_scratch.assign(E, 0);
   check_cuda(cudaStreamSynchronize(stream), "setup");
   check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -526,8 +533,8 @@ void CudaBackend::Impl::upload_weights(std::uint64_t weights_at) {
   }
 }
 
-std::int32_t CudaBackend::Impl::token_at(std::uint64_t request, std::uint32_t position) {
-  std::vector<std::int32_t>& h = history[request];
+std::int32_t CudaBackend::Impl::token_at(std::vector<std::int32_t>& h, std::uint64_t request,
+                                         std::uint32_t position) {
   if (position < h.size()) return h[position];
   if (position != h.size())
     throw std::logic_error(fmtx("cuda backend: request {} computes position {} but knows {} tokens", request,
@@ -538,6 +545,15 @@ std::int32_t CudaBackend::Impl::token_at(std::uint64_t request, std::uint32_t po
                        fmtx("must be in [0, vocab_size = {})", V));
   h.push_back(t);
   return t;
+}
+
+void CudaBackend::Impl::distinct_experts(const std::int32_t* ids, std::size_t n) {
+  std::fill(flag_scratch.begin(), flag_scratch.end(), 0);
+  for (std::size_t i = 0; i < n; ++i)
+    if (ids[i] >= 0 && std::uint32_t(ids[i]) < E) flag_scratch[ids[i]] = 1;
+  set_scratch.clear();
+  for (std::uint32_t e = 0; e < E; ++e)
+    if (flag_scratch[e]) set_scratch.push_back(e);
 }
 
 std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, const ChangeList& changes,
@@ -564,8 +580,9 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   const std::uint32_t T = static_cast<std::uint32_t>(batch.tokens);
   std::uint32_t row = 0, samples = 0;
   for (const SequenceStep& s : batch.seqs) {
+    std::vector<std::int32_t>& h = history[s.request];
     for (std::uint32_t p = s.context_before; p < s.context_after(); ++p, ++row) {
-      h_tokens[row] = token_at(s.request, p);
+      h_tokens[row] = token_at(h, s.request, p);
       h_positions[row] = static_cast<std::int32_t>(p);
     }
     if (s.samples) h_sample_rows[samples++] = static_cast<std::int32_t>(row - 1);
@@ -578,11 +595,15 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   // Which experts this step's ChangeList restores (their pages are written during this forward).
   for (const Restore& r : changes.restores) restored[std::size_t(r.expert.layer) * E + r.expert.expert] = 1;
   const bool synthetic = cfg.routing != RoutingKind::kModel;
+  bool any_may_miss = false;
+  for (std::uint32_t m = 0; m < moe_layers; ++m) {
+    may_miss[m] = 0;
+    for (std::uint32_t e = 0; e < E && !may_miss[m]; ++e)
+      may_miss[m] = !residency.is_resident({m, e}) && !restored[std::size_t(m) * E + e];
+    any_may_miss |= may_miss[m] != 0;
+  }
   // The measurement gate, where nothing inside the forward waits for the GPU (no router readback).
-  bool gated = gate_mode;
-  for (std::uint32_t m = 0; m < moe_layers && gated && !synthetic; ++m)
-    for (std::uint32_t e = 0; e < E && gated; ++e)
-      gated = residency.is_resident({m, e}) || restored[std::size_t(m) * E + e];
+  const bool gated = gate_mode && (synthetic || !any_may_miss);
   if (gated) {
     gate_kernel<<<1, 1, 0, stream>>>(gate_dev, ++gate_seq, gate_dev + 1, 500'000'000ull);
     check_cuda(cudaGetLastError(), "gate_kernel");
@@ -625,7 +646,6 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   const int Ti = static_cast<int>(T);
   kd::embed_kernel<<<T, 256, 0, stream>>>(embed, tokens_d, x, static_cast<int>(H));
   const int ew_blocks = static_cast<int>(std::min<std::uint64_t>((std::uint64_t(T) * H + 255) / 256, 4096));
-  std::vector<std::uint8_t> synced(moe_layers, 0);
   for (std::uint32_t l = 0; l < hf.num_layers; ++l) {
     const LayerWeights& w = layers[l];
     if (w.moe >= 0)
@@ -669,22 +689,15 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
       // The routed set: known on the host for synthetic routing; from the router otherwise, and then read
       // back here only if the layer may miss (an expert neither resident nor restored this step).
       set_scratch.clear();
-      bool may_miss = false;
-      for (std::uint32_t e = 0; e < E && !may_miss; ++e)
-        may_miss = !residency.is_resident({m, e}) && !restored[std::size_t(m) * E + e];
       if (synthetic) {
         const auto set = routing.layer_experts(m);
         set_scratch.assign(set.begin(), set.end());
-      } else if (may_miss) {
+      } else if (may_miss[m]) {
         check_cuda(cudaMemcpyAsync(h_ids + std::size_t(m) * T * K, ids, 4ull * T * K, cudaMemcpyDeviceToHost,
                                    stream),
                    "routing readback");
         check_cuda(cudaStreamSynchronize(stream), "routing readback");
-        synced[m] = 1;
-        std::fill(flag_scratch.begin(), flag_scratch.end(), 0);
-        for (std::uint32_t i = 0; i < T * K; ++i) flag_scratch[h_ids[std::size_t(m) * T * K + i]] = 1;
-        for (std::uint32_t e = 0; e < E; ++e)
-          if (flag_scratch[e]) set_scratch.push_back(e);
+        distinct_experts(h_ids + std::size_t(m) * T * K, std::size_t(T) * K);
       }
       auto lw =
           loader->prepare_layer(m, std::span<const std::uint32_t>(set_scratch.data(), set_scratch.size()));
@@ -730,7 +743,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   // The routing the model chose, for the adjuster (layers read back above are not read again).
   if (!synthetic)
     for (std::uint32_t m = 0; m < moe_layers; ++m)
-      if (!synced[m])
+      if (!may_miss[m])
         check_cuda(cudaMemcpyAsync(h_ids + std::size_t(m) * T * K, topk_ids + std::size_t(m) * T * K,
                                    4ull * T * K, cudaMemcpyDeviceToHost, stream),
                    "routing readback");
@@ -764,14 +777,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   double stall1 = 0;
   for (double s : ds1.stall_ms_per_layer) stall1 += s;
   for (std::uint32_t m = 0; m < moe_layers; ++m) {
-    std::fill(flag_scratch.begin(), flag_scratch.end(), 0);
-    for (std::uint32_t i = 0; i < T * K; ++i) {
-      const std::int32_t e = h_ids[std::size_t(m) * T * K + i];
-      if (e >= 0 && std::uint32_t(e) < E) flag_scratch[e] = 1;
-    }
-    set_scratch.clear();
-    for (std::uint32_t e = 0; e < E; ++e)
-      if (flag_scratch[e]) set_scratch.push_back(e);
+    distinct_experts(h_ids + std::size_t(m) * T * K, std::size_t(T) * K);
     out.add_routed(std::span<const std::uint32_t>(set_scratch.data(), set_scratch.size()));
     for (std::uint32_t e : set_scratch) {
       ++out.expert_touches;

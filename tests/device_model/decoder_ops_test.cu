@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bf16_values.hpp"
+#include "device_array.cuh"
 #include "engine/decoder_ops.hpp"
 #include "model/decoder_ops.cuh"
 
@@ -19,28 +20,10 @@ namespace {
 
 using namespace amoeba;
 namespace dec = amoeba::kernels::decoder;
+using amoeba::test::check_cuda;
+using amoeba::test::Dev;
 using amoeba::test::random_bf16;
 using amoeba::test::ulps;
-
-void check_cuda(cudaError_t e) {
-  if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
-}
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit Dev(std::size_t count) : n(count) { check_cuda(cudaMalloc(&p, count * sizeof(T))); }
-  ~Dev() { cudaFree(p); }
-  void put(const std::vector<T>& v) {
-    check_cuda(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    check_cuda(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bf16_values.hpp"
+#include "device_array.cuh"
 #include "engine/decoder_ops.hpp"
 #include "model/dense_gemm.cuh"
 #include "model/router.cuh"
@@ -31,37 +32,11 @@ namespace {
 using amoeba::bf16;
 using amoeba::kernels::Status;
 namespace dec = amoeba::kernels::decoder;
+using amoeba::test::check_cuda;
+using amoeba::test::Dev;
 using amoeba::test::random_bf16;
 using amoeba::test::ulps;
 namespace ops = amoeba::engine::ops;
-
-void check_cuda(cudaError_t e) {
-  if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
-}
-
-// A device array of n elements; put/get copy whole host vectors at an element offset.
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit Dev(std::size_t count) : n(count) {
-    check_cuda(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)));
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void put(const std::vector<T>& v, std::size_t at = 0) {
-    if (at + v.size() > n) throw std::out_of_range("Dev::put past the end");
-    check_cuda(cudaMemcpy(p + at, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> get(std::size_t count, std::size_t at = 0) const {
-    if (at + count > n) throw std::out_of_range("Dev::get past the end");
-    std::vector<T> v(count);
-    check_cuda(cudaMemcpy(v.data(), p + at, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  void poison() { check_cuda(cudaMemset(p, 0xff, n * sizeof(T))); }  // bf16 NaN, float NaN, int -1
-};
 
 dec::bf16* dev(const Dev<bf16>& d, std::size_t at = 0) {
   return reinterpret_cast<dec::bf16*>(d.p + at);

@@ -18,6 +18,7 @@
 #include "engine/engine.hpp"
 #include "engine/model_weights.hpp"
 #include "engine/routing_source.hpp"
+#include "small_models.hpp"
 
 using namespace amoeba;
 using namespace amoeba::engine;
@@ -25,43 +26,10 @@ using namespace amoeba::engine;
 namespace {
 
 HfMoeConfig small_qwen2() {
-  HfMoeConfig c;
-  c.arch = MoeArchitecture::kQwen2Moe;
-  c.architecture = "Qwen2MoeForCausalLM";
-  c.hidden_size = 256;
-  c.num_layers = 3;
-  c.num_heads = 2;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.vocab_size = 512;
-  c.intermediate_size = 512;
-  c.num_experts = 16;
-  c.top_k = 4;
-  c.moe_intermediate_size = 128;
-  c.shared_expert_intermediate_size = 256;
-  c.qkv_bias = true;
-  c.rope_theta = 1e6;
-  return c;
+  return test::small_config(test::small_qwen2_json(3));
 }
-
 HfMoeConfig small_qwen3() {
-  HfMoeConfig c;
-  c.arch = MoeArchitecture::kQwen3Moe;
-  c.architecture = "Qwen3MoeForCausalLM";
-  c.hidden_size = 256;
-  c.num_layers = 3;
-  c.num_heads = 8;
-  c.num_kv_heads = 1;
-  c.head_dim = 128;
-  c.vocab_size = 512;
-  c.intermediate_size = 512;
-  c.num_experts = 32;
-  c.top_k = 4;
-  c.moe_intermediate_size = 128;
-  c.norm_topk_prob = true;
-  c.qk_norm = true;
-  c.rope_theta = 1e6;
-  return c;
+  return test::small_config(test::small_qwen3_json(3));
 }
 
 // Evicts `n` experts at even steps and asks for `n` back at odd ones, whatever the memory pressure.

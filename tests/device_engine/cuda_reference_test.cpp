@@ -25,6 +25,7 @@
 #include "engine/generate_driver.hpp"
 #include "engine/model_weights.hpp"
 #include "engine/safetensors.hpp"
+#include "small_models.hpp"
 
 using namespace amoeba;
 using namespace amoeba::engine;
@@ -32,19 +33,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kQwen2 = R"({"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
-  "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 512, "intermediate_size": 512,
-  "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 128,
-  "shared_expert_intermediate_size": 256, "norm_topk_prob": false, "rope_theta": 1000000.0,
-  "rms_norm_eps": 1e-6})";
-const char* kQwen3 = R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
-  "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 128, "vocab_size": 512,
-  "intermediate_size": 512, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 128,
-  "norm_topk_prob": true, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6})";
-
 // A checkpoint of `config` holding random_weights(config, seed) (std 0.1 instead of 0.02: scaled by 5 so
 // that two layers move the logits visibly), per-expert layout.
-fs::path write_model(const std::string& name, const char* config, std::uint64_t seed) {
+fs::path write_model(const std::string& name, const std::string& config, std::uint64_t seed) {
   const HfMoeConfig c = parse_hf_moe_config(config, "config.json");
   const auto w = random_weights(c, seed);
   const fs::path dir = fs::temp_directory_path() / ("amoeba_cuda_ref_" + name);
@@ -81,7 +72,7 @@ fs::path write_model(const std::string& name, const char* config, std::uint64_t 
   return dir;
 }
 
-void matches_reference(const std::string& name, const char* config) {
+void matches_reference(const std::string& name, const std::string& config) {
   const fs::path dir = write_model(name, config, 3);
   const Checkpoint ck = open_checkpoint(dir.string());
   DecoderReference ref(ck);
@@ -131,9 +122,9 @@ void matches_reference(const std::string& name, const char* config) {
 
 TEST_CASE("cuda backend: teacher-forced logits match the host reference decoder", "[reference]") {
   SECTION("qwen2-moe: QKV biases, shared expert behind a sigmoid gate, top-4 not renormalised") {
-    matches_reference("qwen2", kQwen2);
+    matches_reference("qwen2", test::small_qwen2_json(2));
   }
   SECTION("qwen3-moe: q/k RMSNorm, 8 query heads per KV head, top-4 renormalised") {
-    matches_reference("qwen3", kQwen3);
+    matches_reference("qwen3", test::small_qwen3_json(2));
   }
 }

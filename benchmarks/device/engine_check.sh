@@ -6,12 +6,8 @@
 #   BIN=.gpu OUT=$OUT bash benchmarks/device/engine_check.sh
 # $BIN: binaries from the ci or gpu preset (tests and reference_engine/amoeba, with libfmt.so.9 beside them).
 # Knobs: REQUESTS (default 40), SKIP_TESTS=1, SKIP_ORACLE=1, SKIP_SERVE=1, SKIP_SANITIZER (default 1).
-set -uo pipefail
-: "${BIN:?BIN must name the folder holding the binaries}"
-: "${OUT:?OUT must name an output folder}"
-export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+source "$(dirname "$0")/device_common.sh"
 requests=${REQUESTS:-40}
-lines=()
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
   LOG="$OUT/gpu_tests_full.txt" SKIP_SANITIZER=${SKIP_SANITIZER:-1} TIMEOUT=${TIMEOUT:-240} \
     bash benchmarks/device/gpu_tests.sh >"$OUT/gpu_tests.txt" 2>&1

@@ -6,16 +6,7 @@
 #   BIN=.gpu OUT=$OUT [RATES="10 7"] [REQUESTS=200] [OVERHEAD_REQUESTS=600] [TESTS="..."] \
 #     bash benchmarks/device/engine_motivating.sh
 # TESTS: test binaries of $BIN to run first (their whole logs go to $OUT/tests.txt).
-set -uo pipefail
-: "${BIN:?BIN must name the folder holding the binaries}"
-: "${OUT:?OUT must name an output folder}"
-export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
-lines=()
-for t in ${TESTS:-}; do
-  timeout 240 "$BIN/$t" >>"$OUT/tests.txt" 2>&1
-  rc=$?
-  lines+=("$t rc=$rc $(grep -E 'All tests passed|test cases:' "$OUT/tests.txt" | tail -1)")
-done
+source "$(dirname "$0")/device_common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$OUT/measured.txt"
 for r in ${RATES:-10 7}; do
   start=$(date +%s)

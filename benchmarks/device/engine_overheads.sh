@@ -7,15 +7,7 @@
 # to run under compute-sanitizer memcheck and racecheck, with their Catch filters after a colon).
 #   BIN=.gpu OUT=$OUT [REQUESTS=500] [TESTS="..."] [SANITIZE="device_engine_tests:[reference]"] \
 #     bash benchmarks/device/engine_overheads.sh
-set -uo pipefail
-: "${BIN:?BIN must name the folder holding the binaries}"
-: "${OUT:?OUT must name an output folder}"
-export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
-lines=()
-for t in ${TESTS:-}; do
-  timeout 240 "$BIN/$t" >>"$OUT/tests.txt" 2>&1
-  lines+=("$t rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/tests.txt" | tail -1)")
-done
+source "$(dirname "$0")/device_common.sh"
 for spec in ${SANITIZE:-}; do
   bin=${spec%%:*} filter=${spec#*:}
   for tool in memcheck racecheck; do

@@ -1,0 +1,14 @@
+# Sourced by the one-call device scripts (engine_check.sh, engine_motivating.sh, engine_overheads.sh): checks
+# BIN and OUT, puts $BIN on the library path (libfmt.so.9 travels beside the binaries), starts the summary
+# `lines` that each script prints last, and runs the test binaries named in TESTS (whole logs to
+# $OUT/tests.txt, one summary line each).
+set -uo pipefail
+: "${BIN:?BIN must name the folder holding the binaries}"
+: "${OUT:?OUT must name an output folder}"
+export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+lines=()
+for t in ${TESTS:-}; do
+  timeout 240 "$BIN/$t" >>"$OUT/tests.txt" 2>&1
+  rc=$?
+  lines+=("$t rc=$rc $(grep -E 'All tests passed|test cases:' "$OUT/tests.txt" | tail -1)")
+done

@@ -9,7 +9,8 @@ time (schedule, adjust, commit, complete), the GPU time without launch gaps (gat
 floor: every byte the step must read once at the measured read bandwidth (attention and router weights,
 the routed experts a uniform router touches, E x (1 - (1 - k/E)^B) per layer, the shared expert, the LM
 head, and the KV cache of the running sequences, from the timeline's used KV pages).
-    python3 benchmarks/device/overheads.py PLAIN.csv GATED.csv [--json OUT.json]
+    python3 benchmarks/device/overheads.py PLAIN.csv [GATED.csv] [--targets 1,32,256] [--json OUT.json]
+Without GATED.csv the gated column stays empty (benchmarks/device/engine_decode.sh: fixed batches).
 """
 import argparse
 import csv
@@ -39,11 +40,11 @@ def rows(path):
     return r, total_kv
 
 
-def table(plain, gated):
+def table(plain, gated, targets=(1, 8, 32, 64, 128, 256), context=None):
     pr, p_kv = rows(plain)
-    gr, _ = rows(gated)
+    gr = rows(gated)[0] if gated else []
     out = []
-    for target in (1, 8, 32, 64, 128, 256):
+    for target in targets:
         def pick(rs):
             tol = target // 16
             return [x for x in rs if int(x["batch_tokens"]) == int(x["running"])
@@ -54,6 +55,8 @@ def table(plain, gated):
         med = lambda rs, key: st.median(float(x[key]) for x in rs)
         batch = st.median(int(x["running"]) for x in p)
         kv = st.median(p_kv - int(x["free_kv_pages"]) for x in p)
+        if context:  # every running sequence at this context: its pages, rounded up to whole pages
+            kv = batch * LAYERS * -(-context // 16)
         row = {"batch": batch, "steps": len(p), "step_ms": med(p, "step_ms"),
                "gpu_ms": med(p, "compute_ms") + med(p, "stall_ms"), "forward_host_ms": med(p, "forward_host_ms"),
                "engine_host_ms": med(p, "host_ms"), "attention_ms": med(p, "attention_ms"),
@@ -69,10 +72,13 @@ def table(plain, gated):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("plain")
-    ap.add_argument("gated")
+    ap.add_argument("gated", nargs="?")
+    ap.add_argument("--targets", default="1,8,32,64,128,256", help="batches to report (comma-separated)")
+    ap.add_argument("--context", type=int, help="every decode step's context length (fixed-batch runs); "
+                    "otherwise the KV read is taken from the timeline's used KV pages")
     ap.add_argument("--json")
     a = ap.parse_args()
-    t = table(a.plain, a.gated)
+    t = table(a.plain, a.gated, [int(x) for x in a.targets.split(",")], a.context)
     print(f"{'batch':>5} {'steps':>5} {'step ms':>8} {'GPU ms':>7} {'gated GPU':>9} {'fwd host':>8} {'eng host':>8} "
           f"{'unhidden':>8} {'attn':>6} {'MoE':>6} {'head':>5} {'floor':>6} {'step/floor':>10}")
     for r in t:

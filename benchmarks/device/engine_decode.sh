@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Decode step time against the HBM floor at fixed batches (docs/results/engine_h200.md, "Decode at fixed
+# batches"): B requests arrive at once (prompt P tokens, 64 output tokens), so after the prefill steps every
+# step decodes B sequences at contexts P..P+64. Qwen1.5-MoE-A2.7B, random weights, uncapped, static policy.
+# benchmarks/device/overheads.py reads each timeline (medians over the decode-only steps). With NCU=1 the batch
+# 32 run is also profiled with Nsight Compute (each kernel's duration over about two decode steps; clocks and
+# caches left alone), and benchmarks/device/kernel_breakdown.py sums it per kernel.
+#   BIN=.gpu OUT=$OUT [BATCHES="1 32 256"] [REPEATS=1] [NCU=1] [TESTS="..."] bash benchmarks/device/engine_decode.sh
+source "$(dirname "$0")/device_common.sh"
+here=$(dirname "$0")
+trace() {  # trace B P -> file
+  python3 - "$1" "$2" "$OUT/trace_b$1.jsonl" <<'PY'
+import sys
+b, p, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+with open(path, "w") as f:
+    for _ in range(b):
+        f.write(f'{{"arrival_s": 0.0, "prompt_tokens": {p}, "output_tokens": 64}}\n')
+PY
+}
+for b in ${BATCHES:-1 32 256}; do
+  p=512
+  ((b > 64)) && p=256
+  trace "$b" "$p"
+  for r in $(seq 1 "${REPEATS:-1}"); do
+    start=$(date +%s)
+    "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
+      --csv "$OUT/decode_b${b}_r$r.csv" --quiet >>"$OUT/decode.txt" 2>&1
+    lines+=("decode b=$b p=$p run $r rc=$? wall=$(($(date +%s) - start)) s")
+    python3 "$here/overheads.py" "$OUT/decode_b${b}_r$r.csv" --targets "$b" --context $((p + 32)) >>"$OUT/decode_table.txt" 2>&1
+  done
+done
+if [[ ${NCU:-0} == 1 ]]; then
+  trace 32 512
+  start=$(date +%s)
+  timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+    --launch-skip "${NCU_SKIP:-9000}" --launch-count "${NCU_COUNT:-1100}" \
+    "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b32.jsonl" --quiet \
+    >"$OUT/ncu_b32.csv" 2>"$OUT/ncu_b32.err"
+  lines+=("ncu b=32 rc=$? wall=$(($(date +%s) - start)) s")
+  python3 "$here/kernel_breakdown.py" "$OUT/ncu_b32.csv" >"$OUT/kernels_b32.txt" 2>&1
+  head -40 "$OUT/kernels_b32.txt"
+fi
+cat "$OUT/decode_table.txt"
+printf '%s\n' "${lines[@]}"

@@ -5,7 +5,10 @@
 # benchmarks/device/overheads.py reads each timeline (medians over the decode-only steps). With NCU=1 the batch
 # 32 run is also profiled with Nsight Compute (each kernel's duration over about two decode steps; clocks and
 # caches left alone), and benchmarks/device/kernel_breakdown.py sums it per kernel.
-#   BIN=.gpu OUT=$OUT [BATCHES="1 32 256"] [REPEATS=1] [NCU=1] [TESTS="..."] bash benchmarks/device/engine_decode.sh
+# CAPS="0 40" serves each batch under each memory cap in GiB (0: uncapped, the default), to see whether the
+# arena's size (the pages' spread over the device) changes the step.
+#   BIN=.gpu OUT=$OUT [BATCHES="1 32 256"] [CAPS="0"] [REPEATS=1] [NCU=1] [TESTS="..."] \
+#     bash benchmarks/device/engine_decode.sh
 source "$(dirname "$0")/device_common.sh"
 here=$(dirname "$0")
 trace() {  # trace B P -> file
@@ -21,12 +24,16 @@ for b in ${BATCHES:-1 32 256}; do
   p=512
   ((b > 64)) && p=256
   trace "$b" "$p"
-  for r in $(seq 1 "${REPEATS:-1}"); do
-    start=$(date +%s)
-    "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
-      --csv "$OUT/decode_b${b}_r$r.csv" --quiet >>"$OUT/decode.txt" 2>&1
-    lines+=("decode b=$b p=$p run $r rc=$? wall=$(($(date +%s) - start)) s")
-    python3 "$here/overheads.py" "$OUT/decode_b${b}_r$r.csv" --targets "$b" --context $((p + 32)) >>"$OUT/decode_table.txt" 2>&1
+  for cap in ${CAPS:-0}; do
+    for r in $(seq 1 "${REPEATS:-1}"); do
+      start=$(date +%s)
+      name=decode_b${b}_cap${cap}_r$r
+      "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
+        --gpu-memory-gib "$cap" --csv "$OUT/$name.csv" --quiet >>"$OUT/decode.txt" 2>&1
+      lines+=("decode b=$b p=$p cap=$cap run $r rc=$? wall=$(($(date +%s) - start)) s")
+      echo "# $name" >>"$OUT/decode_table.txt"
+      python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) >>"$OUT/decode_table.txt" 2>&1
+    done
   done
 done
 if [[ ${NCU:-0} == 1 ]]; then

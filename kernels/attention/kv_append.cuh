@@ -30,7 +30,8 @@ struct KvAppendArguments {
 };
 
 namespace detail {
-__global__ void kv_append_kernel(const __grid_constant__ KvAppendArguments a) {
+// Static: each translation unit that includes this header gets its own copy.
+static __global__ void kv_append_kernel(const __grid_constant__ KvAppendArguments a) {
   const std::uint32_t s = blockIdx.x;
   const KvPageTableView& t = a.table;
   const std::int32_t q0 = t.qo_indptr[s], q1 = t.qo_indptr[s + 1];

@@ -44,6 +44,70 @@ static __global__ void rms_norm_kernel(const bf16* __restrict__ x, const bf16* _
     yr[d] = __float2bfloat16_rn(__bfloat162float(weight[d]) * round_bf16(__bfloat162float(xr[d]) * inv));
 }
 
+// The residual add and the next RMSNorm in one pass, for rows whose dim is a multiple of 8 and at most
+// 8·kAddNormThreads·kAddNormChunks: with kAdd, x[row] = bf16(x + y) first (as add_kernel), then
+// out[row] = RMSNorm(x[row]) (as rms_norm_kernel; only the float sum's order differs). Each thread keeps
+// its 16-byte chunks in registers, so x is read once. One block of kAddNormThreads threads per row.
+inline constexpr int kAddNormThreads = 256;
+inline constexpr int kAddNormChunks = 4;
+template <bool kAdd>
+__global__ void __launch_bounds__(kAddNormThreads)
+    add_rms_norm_kernel(bf16* __restrict__ x, const bf16* __restrict__ y, const bf16* __restrict__ weight,
+                        bf16* __restrict__ out, int dim, float eps) {
+  const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * dim;
+  uint4 xv[kAddNormChunks];
+  float sum = 0;
+#pragma unroll
+  for (int c = 0; c < kAddNormChunks; ++c) {
+    const int d = (c * kAddNormThreads + static_cast<int>(threadIdx.x)) * 8;
+    if (d >= dim) break;
+    xv[c] = *reinterpret_cast<const uint4*>(x + base + d);
+    bf16* xe = reinterpret_cast<bf16*>(&xv[c]);
+    if constexpr (kAdd) {
+      const uint4 yv = *reinterpret_cast<const uint4*>(y + base + d);
+      const bf16* ye = reinterpret_cast<const bf16*>(&yv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        xe[i] = __float2bfloat16_rn(__bfloat162float(xe[i]) + __bfloat162float(ye[i]));
+      *reinterpret_cast<uint4*>(x + base + d) = xv[c];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float v = __bfloat162float(xe[i]);
+      sum += v * v;
+    }
+  }
+  __shared__ float partial[kAddNormThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  sum = 0;
+#pragma unroll
+  for (int w = 0; w < kAddNormThreads / 32; ++w) sum += partial[w];
+  const float inv = 1.0f / sqrtf(sum / float(dim) + eps);
+#pragma unroll
+  for (int c = 0; c < kAddNormChunks; ++c) {
+    const int d = (c * kAddNormThreads + static_cast<int>(threadIdx.x)) * 8;
+    if (d >= dim) break;
+    const uint4 wv = *reinterpret_cast<const uint4*>(weight + d);
+    const bf16* we = reinterpret_cast<const bf16*>(&wv);
+    const bf16* xe = reinterpret_cast<const bf16*>(&xv[c]);
+    uint4 ov;
+    bf16* oe = reinterpret_cast<bf16*>(&ov);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      oe[i] = __float2bfloat16_rn(__bfloat162float(we[i]) * round_bf16(__bfloat162float(xe[i]) * inv));
+    *reinterpret_cast<uint4*>(out + base + d) = ov;
+  }
+}
+
+// Whether add_rms_norm_kernel takes rows of `dim` elements at these addresses (16-byte vectors).
+inline bool add_rms_norm_fits(int dim, const void* x, const void* y, const void* weight, const void* out) {
+  auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return dim > 0 && dim % 8 == 0 && dim <= 8 * kAddNormThreads * kAddNormChunks && aligned(x) && aligned(y) &&
+         aligned(weight) && aligned(out);
+}
+
 // In place over v [tokens][heads][head_dim]; one block per token, one thread per (head, pair j < head_dim /
 // 2). inv_freq [head_dim / 2]: float32, computed on the host as transformers does.
 static __global__ void rope_kernel(bf16* __restrict__ v, const std::int32_t* __restrict__ positions,
@@ -116,6 +180,77 @@ static __global__ void argmax_kernel(const bf16* __restrict__ logits, int vocab,
     }
     if (threadIdx.x == 0) out[blockIdx.x] = arg;
   }
+}
+
+// The argmax of long rows (an LM head's vocabulary) on many blocks: argmax_partial_kernel gives each of
+// kArgmaxChunks blocks per row one slice of the row (grid (kArgmaxChunks, rows)) and writes the slice's best
+// (value, index) to partial[row][chunk]; argmax_final_kernel (one warp per row) takes the best of the row's
+// slices, the lowest index on a tie. The same answer as argmax_kernel (NaN never wins; a row of NaN or of
+// -inf only gives `vocab`).
+inline constexpr int kArgmaxChunks = 64;
+struct ArgmaxPartial {
+  float value;
+  std::int32_t index;
+};
+static __global__ void argmax_partial_kernel(const bf16* __restrict__ logits, int vocab,
+                                             ArgmaxPartial* __restrict__ partial) {
+  const bf16* row = logits + static_cast<std::int64_t>(blockIdx.y) * vocab;
+  const int per = (vocab + kArgmaxChunks - 1) / kArgmaxChunks;
+  const int begin = static_cast<int>(blockIdx.x) * per, end = min(vocab, begin + per);
+  float best = -INFINITY;
+  int arg = vocab;
+  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += blockDim.x) {
+    const float v = __bfloat162float(row[i]);
+    if (v > best) best = v, arg = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
+  }
+  __shared__ float sb[32];
+  __shared__ int sa[32];
+  if (threadIdx.x % 32 == 0) sb[threadIdx.x / 32] = best, sa[threadIdx.x / 32] = arg;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    best = threadIdx.x < blockDim.x / 32 ? sb[threadIdx.x] : -INFINITY;
+    arg = threadIdx.x < blockDim.x / 32 ? sa[threadIdx.x] : vocab;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+      if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
+    }
+    if (threadIdx.x == 0)
+      partial[static_cast<std::int64_t>(blockIdx.y) * kArgmaxChunks + blockIdx.x] = {best, arg};
+  }
+}
+static __global__ void argmax_final_kernel(const ArgmaxPartial* __restrict__ partial, int vocab,
+                                           std::int32_t* __restrict__ out) {
+  const int lane = threadIdx.x;
+  float best = -INFINITY;
+  int arg = vocab;
+  for (int c = lane; c < kArgmaxChunks; c += 32) {
+    const ArgmaxPartial p = partial[static_cast<std::int64_t>(blockIdx.x) * kArgmaxChunks + c];
+    if (p.value > best || (p.value == best && p.index < arg)) best = p.value, arg = p.index;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
+  }
+  if (lane == 0) out[blockIdx.x] = arg;
+}
+// Bytes of argmax_rows' workspace for `rows` rows.
+inline constexpr std::uint64_t argmax_workspace_bytes(std::uint64_t rows) {
+  return rows * kArgmaxChunks * sizeof(ArgmaxPartial);
+}
+// out[r] = argmax of logits row r (rows x vocab); `partial` holds argmax_workspace_bytes(rows).
+inline cudaError_t argmax_rows(const bf16* logits, int rows, int vocab, ArgmaxPartial* partial,
+                               std::int32_t* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  argmax_partial_kernel<<<dim3(kArgmaxChunks, rows), 256, 0, stream>>>(logits, vocab, partial);
+  argmax_final_kernel<<<rows, 32, 0, stream>>>(partial, vocab, out);
+  return cudaGetLastError();
 }
 
 }  // namespace amoeba::kernels::decoder

@@ -31,12 +31,16 @@ inline constexpr int kRouterWarpsPerBlock = 4;
 // the flags; under -use_fast_math expf would become __expf, so do not build this with it.
 template <int kPerLane>
 __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32)
-    router_topk_kernel(const bf16* __restrict__ logits, int tokens, int experts, int k, bool renormalize,
-                       std::int32_t* __restrict__ ids, float* __restrict__ weights) {
+    router_topk_kernel(const bf16* __restrict__ logits, int tokens, int experts, int ld, int k,
+                       bool renormalize, std::int32_t* __restrict__ ids, float* __restrict__ weights,
+                       float* __restrict__ gate) {
   const int lane = threadIdx.x % 32;
   const std::int64_t t = std::int64_t(blockIdx.x) * kRouterWarpsPerBlock + threadIdx.x / 32;
   if (t >= tokens) return;  // the whole warp: t is the same in every lane
-  const bf16* row = logits + t * experts;
+  const bf16* row = logits + t * ld;
+  // The shared expert's gate logit, where the router and gate GEMMs are one (column `experts`).
+  if (gate != nullptr && lane == 0)
+    gate[t] = round_bf16(__fdiv_rn(1.0f, 1.0f + expf(-__bfloat162float(row[experts]))));
   float p[kPerLane];
   float mx = -INFINITY;
 #pragma unroll
@@ -84,13 +88,13 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32)
   }
 }
 
-// out[t] = bf16(sigmoid(logits[t])) widened to float. Static, as decoder_ops.cuh's kernels: one per
-// translation unit.
-static __global__ void shared_gate_kernel(const bf16* __restrict__ logits, int tokens,
+// out[t] = bf16(sigmoid(logits[t * ld + col])) widened to float. Static, as decoder_ops.cuh's kernels: one
+// per translation unit.
+static __global__ void shared_gate_kernel(const bf16* __restrict__ logits, int tokens, int ld, int col,
                                           float* __restrict__ out) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < tokens;
        i += std::int64_t(gridDim.x) * blockDim.x)
-    out[i] = round_bf16(__fdiv_rn(1.0f, 1.0f + expf(-__bfloat162float(logits[i]))));
+    out[i] = round_bf16(__fdiv_rn(1.0f, 1.0f + expf(-__bfloat162float(logits[i * ld + col]))));
 }
 
 // dst[i] = src[rows[i]], rows of `row_elems` elements of V (uint4: 8 bf16, or one bf16 as uint16); one block
@@ -124,34 +128,51 @@ inline Status router_topk_can_implement(const bf16* logits, int T, int E, int k,
   return Status::success();
 }
 
-// logits [T][E] bf16 → ids [T][k] (descending probability) and weights [T][k] (bf16 values as float).
-inline Status router_topk(const bf16* logits, int T, int E, int k, bool renormalize, std::int32_t* ids,
-                          float* weights, cudaStream_t stream) {
+// logits [T][ld] bf16 (row t's router logits in its first E columns) → ids [T][k] (descending probability)
+// and weights [T][k] (bf16 values as float). With `gate` non-null, the row's column E is Qwen2-MoE's shared
+// expert gate logit (the router and gate GEMMs computed as one of N = E + 1, ld >= E + 1) and gate[t] gets
+// what shared_gate gives for it.
+inline Status router_topk(const bf16* logits, int T, int E, int ld, int k, bool renormalize,
+                          std::int32_t* ids, float* weights, float* gate, cudaStream_t stream) {
   if (Status st = router_topk_can_implement(logits, T, E, k, ids, weights); !st) return st;
+  if (ld < E + (gate != nullptr ? 1 : 0))
+    return Status::error("ld", ld, gate != nullptr ? "must be >= E + 1 with a gate column" : "must be >= E");
   if (T == 0) return Status::success();
   const auto blocks =
       static_cast<unsigned>((std::int64_t(T) + kRouterWarpsPerBlock - 1) / kRouterWarpsPerBlock);
   constexpr unsigned kThreads = kRouterWarpsPerBlock * 32;
+  auto go = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, stream>>>(logits, T, E, ld, k, renormalize, ids, weights, gate);
+  };
   if (E <= 64)
-    router_topk_kernel<2><<<blocks, kThreads, 0, stream>>>(logits, T, E, k, renormalize, ids, weights);
+    go(router_topk_kernel<2>);
   else if (E <= 128)
-    router_topk_kernel<4><<<blocks, kThreads, 0, stream>>>(logits, T, E, k, renormalize, ids, weights);
+    go(router_topk_kernel<4>);
   else if (E <= 256)
-    router_topk_kernel<8><<<blocks, kThreads, 0, stream>>>(logits, T, E, k, renormalize, ids, weights);
+    go(router_topk_kernel<8>);
   else
-    router_topk_kernel<32><<<blocks, kThreads, 0, stream>>>(logits, T, E, k, renormalize, ids, weights);
+    go(router_topk_kernel<32>);
   return launch_status("router_topk_kernel");
 }
+inline Status router_topk(const bf16* logits, int T, int E, int k, bool renormalize, std::int32_t* ids,
+                          float* weights, cudaStream_t stream) {
+  return router_topk(logits, T, E, E, k, renormalize, ids, weights, nullptr, stream);
+}
 
-// logits [T] bf16 (the shared gate GEMM's N = 1 output) → out [T] float.
-inline Status shared_gate(const bf16* logits, int T, float* out, cudaStream_t stream) {
+// logits [T][ld] bf16, the gate logit of row t in column col (the shared gate GEMM's N = 1 output: ld 1,
+// col 0) → out [T] float.
+inline Status shared_gate(const bf16* logits, int T, int ld, int col, float* out, cudaStream_t stream) {
   if (T < 0) return Status::error("T", T, "must be >= 0");
+  if (col < 0 || ld <= col) return Status::error("ld", ld, "must be > col >= 0");
   if (T == 0) return Status::success();
   if (logits == nullptr) return Status::error("logits", "must not be null");
   if (out == nullptr) return Status::error("out", "must not be null");
   const int blocks = std::min((T + 255) / 256, 1024);
-  shared_gate_kernel<<<blocks, 256, 0, stream>>>(logits, T, out);
+  shared_gate_kernel<<<blocks, 256, 0, stream>>>(logits, T, ld, col, out);
   return launch_status("shared_gate_kernel");
+}
+inline Status shared_gate(const bf16* logits, int T, float* out, cudaStream_t stream) {
+  return shared_gate(logits, T, 1, 0, out, stream);
 }
 
 // dst [count][dim] = src rows `rows` [count] (each a valid row of src: not checked); 16-byte copies when dim

@@ -37,7 +37,6 @@
 
 #include "amoeba/core/errors.hpp"
 #include "amoeba/engine/kv_page_table.hpp"
-#include "attention/kv_append.cuh"
 #include "engine/cuda_attention.hpp"
 #include "engine/decoder_ops.hpp"
 #include "engine/model_weights.hpp"
@@ -45,6 +44,7 @@
 #include "loader/double_buffer_loader.cuh"
 #include "model/decoder_ops.cuh"
 #include "model/dense_gemm.cuh"
+#include "model/qkv_prologue.cuh"
 #include "model/router.cuh"
 #include "moe/paged_moe.cuh"
 
@@ -139,6 +139,47 @@ struct Carver {
   }
 };
 
+// Where each non-expert weight goes, relative to the weights' region, and the region's size. Each tensor is
+// 256-byte aligned, except that the tensors one GEMM reads as one matrix follow each other without a gap:
+// a layer's q, k, v projections (and their biases) and its router with the shared expert's gate.
+struct WeightLayout {
+  std::unordered_map<std::string, std::uint64_t> offset;
+  std::uint64_t bytes = 0;
+};
+WeightLayout weight_layout(const std::vector<WeightTensor>& tensors) {
+  static const std::vector<std::vector<std::string>> kGroups = {
+      {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+      {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"},
+      {"mlp.gate.weight", "mlp.shared_expert_gate.weight"}};
+  std::unordered_map<std::string, const WeightTensor*> by_name;
+  for (const WeightTensor& t : tensors) by_name[t.name] = &t;
+  WeightLayout l;
+  auto place = [&](const WeightTensor& t, bool aligned) {
+    if (aligned) l.bytes = align256(l.bytes);
+    l.offset[t.name] = l.bytes;
+    l.bytes += t.bytes();
+  };
+  for (const WeightTensor& t : tensors) {
+    if (l.offset.contains(t.name)) continue;
+    bool grouped = false;
+    for (const auto& group : kGroups)
+      for (const std::string& suffix : group)
+        if (!grouped && t.name.size() > suffix.size() && t.name.ends_with(suffix)) {
+          const std::string prefix = t.name.substr(0, t.name.size() - suffix.size());
+          bool first = true;
+          for (const std::string& member : group)
+            if (auto it = by_name.find(prefix + member); it != by_name.end()) {
+              place(*it->second, first);
+              first = false;
+            }
+          grouped = true;
+        }
+    if (!grouped) place(t, true);
+  }
+  l.bytes = align256(l.bytes);
+  return l;
+}
+
 }  // namespace
 
 struct CudaBackend::Impl {
@@ -158,6 +199,7 @@ struct CudaBackend::Impl {
   std::unique_ptr<ModelWeights> weights;
   TokenSource prompts;
   std::uint32_t moe_layers = 0, chunks = 0, H = 0, F = 0, E = 0, K = 0, qd = 0, kvd = 0, hd = 0, V = 0;
+  std::uint32_t router_ld = 0;  // E, or E + 1 where the shared expert's gate is the router GEMM's last column
   std::uint64_t matrix_bytes = 0;
 
   cudaStream_t stream = nullptr;
@@ -179,8 +221,11 @@ struct CudaBackend::Impl {
   std::uint32_t shared_base_page = 0;  // expert-page index of the first shared chunk page
 
   // Activations ([max_batched_tokens] rows) and per-step device inputs.
-  dbf16 *x = nullptr, *hn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr, *o = nullptr;
-  dbf16 *router_logits = nullptr, *gate_logits = nullptr, *mlp_a = nullptr, *mlp_b = nullptr;
+  // qkv: the fused projection's rows [q | k | v]; q: the roped queries attention reads; router_logits: the
+  // fused router + shared gate GEMM's rows [E logits | gate] (ld E + 1 with a shared expert, else E).
+  dbf16 *x = nullptr, *hn = nullptr, *qkv = nullptr, *q = nullptr, *att = nullptr, *o = nullptr;
+  dbf16 *router_logits = nullptr, *mlp_a = nullptr, *mlp_b = nullptr;
+  kd::ArgmaxPartial* argmax_ws = nullptr;
   dbf16 *xs = nullptr, *xn = nullptr, *logits = nullptr;
   float *topk_w = nullptr, *shared_w = nullptr, *inv_freq = nullptr;
   std::int32_t *topk_ids = nullptr, *tokens_d = nullptr, *positions_d = nullptr, *sample_rows_d = nullptr;
@@ -238,7 +283,7 @@ struct CudaBackend::Impl {
   }
 
   void setup();
-  void upload_weights(std::uint64_t weights_at);
+  void upload_weights(std::uint64_t weights_at, const WeightLayout& layout);
   std::optional<ChangeError> forward(const StepBatch& batch, const ChangeList& changes,
                                      const ResidencyTable& residency, const PoolOwners& owners,
                                      RoutingSource& routing, StepResult& out);
@@ -246,6 +291,15 @@ struct CudaBackend::Impl {
   std::int32_t token_at(std::vector<std::int32_t>& h, std::uint64_t request, std::uint32_t position);
   // The distinct experts in ids[0..n) (ids outside [0, E) skipped), ascending, into set_scratch.
   void distinct_experts(const std::int32_t* ids, std::size_t n);
+  // hn = RMSNorm(x) over the step's `rows` rows, after x += y when y is given (one kernel).
+  void add_norm(std::uint32_t rows, const dbf16* y, const dbf16* weight) {
+    if (y != nullptr)
+      kd::add_rms_norm_kernel<true>
+          <<<rows, kd::kAddNormThreads, 0, stream>>>(x, y, weight, hn, int(H), float(hf.rms_norm_eps));
+    else
+      kd::add_rms_norm_kernel<false>
+          <<<rows, kd::kAddNormThreads, 0, stream>>>(x, nullptr, weight, hn, int(H), float(hf.rms_norm_eps));
+  }
   void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
   }
@@ -269,6 +323,10 @@ void CudaBackend::Impl::setup() {
   matrix_bytes = std::uint64_t(F) * H * 2;
   if (hd != 128)
     throw_config_error("model.head_dim", hd, "the CUDA backend's attention is built for head_dim 128");
+  if (H % 8 != 0 || H > 8u * kd::kAddNormThreads * kd::kAddNormChunks)
+    throw_config_error("model.hidden_size", H,
+                       fmtx("the CUDA backend's RMSNorm needs a multiple of 8, at most {}",
+                            8 * kd::kAddNormThreads * kd::kAddNormChunks));
   if (cfg.geometry.expert_page_bytes != matrix_bytes)
     throw_config_error("geometry.expert_page_bytes", cfg.geometry.expert_page_bytes,
                        fmtx("must be one bf16 expert matrix, F x H x 2 = {} bytes", matrix_bytes));
@@ -288,25 +346,23 @@ void CudaBackend::Impl::setup() {
   const std::uint64_t shared_at = c.take(std::uint64_t(moe_layers) * chunks * 3 * matrix_bytes);
   mem.shared_expert_bytes = c.used - shared_at;
   // Non-expert weights: each tensor 256-byte aligned.
-  const std::uint64_t weights_at = c.used;
-  std::uint64_t wbytes = 0;
-  for (const WeightTensor& t : weights->tensors()) {
-    wbytes = align256(wbytes) + t.elements() * 2;
-  }
-  c.used = weights_at + wbytes;
-  mem.weight_bytes = wbytes;
+  const std::uint64_t weights_at = align256(c.used);
+  const WeightLayout layout = weight_layout(weights->tensors());
+  c.used = weights_at + layout.bytes;
+  mem.weight_bytes = layout.bytes;
+  router_ld = E + (chunks > 0 ? 1 : 0);
   const std::uint64_t act_begin = c.used;
   auto act = [&](std::uint64_t elems, std::uint64_t size) { return c.take(elems * size); };
   const std::uint64_t at_x = act(std::uint64_t(T) * H, 2), at_hn = act(std::uint64_t(T) * H, 2);
-  const std::uint64_t at_q = act(std::uint64_t(T) * qd, 2), at_k = act(std::uint64_t(T) * kvd, 2);
-  const std::uint64_t at_v = act(std::uint64_t(T) * kvd, 2), at_att = act(std::uint64_t(T) * qd, 2);
+  const std::uint64_t at_qkv = act(std::uint64_t(T) * (qd + 2 * kvd), 2);
+  const std::uint64_t at_q = act(std::uint64_t(T) * qd, 2), at_att = act(std::uint64_t(T) * qd, 2);
   const std::uint64_t at_o = act(std::uint64_t(T) * H, 2);
-  const std::uint64_t at_rl = act(std::uint64_t(T) * E, 2), at_gl = act(T, 2);
+  const std::uint64_t at_rl = act(std::uint64_t(T) * router_ld, 2);
   const bool dense_layers = hf.num_layers > moe_layers;
   const std::uint64_t at_ma = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
   const std::uint64_t at_mb = dense_layers ? act(std::uint64_t(T) * hf.intermediate_size, 2) : 0;
   const std::uint64_t at_xs = act(std::uint64_t(Sl) * H, 2), at_xn = act(std::uint64_t(Sl) * H, 2);
-  const std::uint64_t at_lg = act(std::uint64_t(Sl) * V, 2);
+  const std::uint64_t at_lg = act(std::uint64_t(Sl) * V, 2), at_amw = act(kd::argmax_workspace_bytes(Sl), 1);
   const std::uint64_t at_tw = act(std::uint64_t(moe_layers) * T * K, 4);
   const std::uint64_t at_ti = act(std::uint64_t(moe_layers) * T * K, 4);
   const std::uint64_t at_sw = act(T, 4), at_if = act(hd / 2, 4);
@@ -360,13 +416,12 @@ void CudaBackend::Impl::setup() {
   auto at = [&](std::uint64_t off) { return arena + off; };
   x = reinterpret_cast<dbf16*>(at(at_x));
   hn = reinterpret_cast<dbf16*>(at(at_hn));
+  qkv = reinterpret_cast<dbf16*>(at(at_qkv));
   q = reinterpret_cast<dbf16*>(at(at_q));
-  k = reinterpret_cast<dbf16*>(at(at_k));
-  v = reinterpret_cast<dbf16*>(at(at_v));
   att = reinterpret_cast<dbf16*>(at(at_att));
   o = reinterpret_cast<dbf16*>(at(at_o));
   router_logits = reinterpret_cast<dbf16*>(at(at_rl));
-  gate_logits = reinterpret_cast<dbf16*>(at(at_gl));
+  argmax_ws = reinterpret_cast<kd::ArgmaxPartial*>(at(at_amw));
   mlp_a = dense_layers ? reinterpret_cast<dbf16*>(at(at_ma)) : nullptr;
   mlp_b = dense_layers ? reinterpret_cast<dbf16*>(at(at_mb)) : nullptr;
   xs = reinterpret_cast<dbf16*>(at(at_xs));
@@ -424,7 +479,7 @@ void CudaBackend::Impl::setup() {
                                               : "checkpoint:" + cfg.checkpoint_dir,
                    *weights, moe_layers, E, matrix_bytes);
   mem.pinned_host_bytes = store->bytes() + pinned_bytes;
-  upload_weights(weights_at);
+  upload_weights(weights_at, layout);
   if (chunks > 0) {
     std::vector<std::byte> buf(3 * matrix_bytes);
     for (std::uint32_t m = 0; m < moe_layers; ++m)
@@ -481,18 +536,16 @@ void CudaBackend::Impl::setup() {
   mem.device_free_after_setup = free_b;
 }
 
-void CudaBackend::Impl::upload_weights(std::uint64_t weights_at) {
+void CudaBackend::Impl::upload_weights(std::uint64_t weights_at, const WeightLayout& layout) {
   std::unordered_map<std::string, const dbf16*> dev;
-  std::uint64_t off = weights_at;
   std::vector<bf16> host;
   for (const WeightTensor& t : weights->tensors()) {
-    off = align256(off);
+    const std::uint64_t off = weights_at + layout.offset.at(t.name);
     host.assign(t.elements(), bf16{});
     weights->read(t.name, host);
-    const std::uint64_t bytes = host.size() * 2;
-    check_cuda(cudaMemcpy(arena + off, host.data(), bytes, cudaMemcpyHostToDevice), "upload weight");
+    check_cuda(cudaMemcpy(arena + off, host.data(), host.size() * 2, cudaMemcpyHostToDevice),
+               "upload weight");
     dev[t.name] = reinterpret_cast<const dbf16*>(arena + off);
-    off += bytes;
   }
   auto get = [&](const std::string& name, bool required = true) -> const dbf16* {
     auto it = dev.find(name);
@@ -652,39 +705,40 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
       if (auto e = loader->prefetch(static_cast<std::uint32_t>(w.moe), {}))
         throw std::logic_error("cuda backend: prefetch: " + e->message);
     check_cuda(cudaEventRecord(ev_att0[l], stream), "cudaEventRecord");
-    kd::rms_norm_kernel<<<T, 256, 0, stream>>>(x, w.in_norm, hn, static_cast<int>(H), float(hf.rms_norm_eps));
-    gemm_run(hn, Ti, int(H), w.q, int(qd), w.q_bias, q);
-    gemm_run(hn, Ti, int(H), w.k, int(kvd), w.k_bias, k);
-    gemm_run(hn, Ti, int(H), w.v, int(kvd), w.v_bias, v);
-    if (hf.qk_norm) {
-      kd::rms_norm_kernel<<<T * hf.num_heads, 128, 0, stream>>>(q, w.q_norm, q, int(hd),
-                                                                float(hf.rms_norm_eps));
-      kd::rms_norm_kernel<<<T * hf.num_kv_heads, 128, 0, stream>>>(k, w.k_norm, k, int(hd),
-                                                                   float(hf.rms_norm_eps));
-    }
-    kd::rope_kernel<<<T, 256, 0, stream>>>(q, positions_d, inv_freq, int(hf.num_heads), int(hd));
-    kd::rope_kernel<<<T, 256, 0, stream>>>(k, positions_d, inv_freq, int(hf.num_kv_heads), int(hd));
-    check_cuda(cudaGetLastError(), "attention prologue kernels");
-    kn::KvAppendArguments ka{kv, dview, l, k, v};
-    check_status(kn::KvAppend::run(ka, stream), "kv append");
+    // RMSNorm of x, with the previous layer's residual add (x += o) in the same kernel after the first layer.
+    add_norm(T, l > 0 ? o : nullptr, w.in_norm);
+    gemm_run(hn, Ti, int(H), w.q, int(qd + 2 * kvd), w.q_bias, qkv);  // q, k, v (and biases): one matrix
+    kn::QkvPrologueArguments pa{};
+    pa.qkv = qkv;
+    pa.ld = qd + 2 * kvd;
+    pa.heads = hf.num_heads;
+    pa.q_out = q;
+    pa.q_norm = w.q_norm;
+    pa.k_norm = w.k_norm;
+    pa.eps = float(hf.rms_norm_eps);
+    pa.positions = positions_d;
+    pa.inv_freq = inv_freq;
+    pa.kv = kv;
+    pa.table = dview;
+    pa.layer = l;
+    check_status(kn::QkvPrologue::run(pa, stream), "q/k norm, RoPE, K/V append");
     check_status(attention.run(l, stream), "paged attention");
     gemm_run(att, Ti, int(qd), w.o, int(H), nullptr, o);
-    kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
-    kd::rms_norm_kernel<<<T, 256, 0, stream>>>(x, w.post_norm, hn, static_cast<int>(H),
-                                               float(hf.rms_norm_eps));
+    add_norm(T, o, w.post_norm);
     check_cuda(cudaEventRecord(ev_att1[l], stream), "cudaEventRecord");
     if (w.moe >= 0) {
       const std::uint32_t m = static_cast<std::uint32_t>(w.moe);
       std::int32_t* ids = topk_ids + std::size_t(m) * T * K;
       float* wts = topk_w + std::size_t(m) * T * K;
+      // The router and the shared expert's gate: one GEMM (the gate is its last column), one kernel.
+      gemm_run(hn, Ti, int(H), w.router, int(router_ld), nullptr, router_logits);
       if (!synthetic) {
-        gemm_run(hn, Ti, int(H), w.router, int(E), nullptr, router_logits);
-        check_status(kd::router_topk(router_logits, Ti, int(E), int(K), hf.norm_topk_prob, ids, wts, stream),
+        check_status(kd::router_topk(router_logits, Ti, int(E), int(router_ld), int(K), hf.norm_topk_prob,
+                                     ids, wts, chunks > 0 ? shared_w : nullptr, stream),
                      "router");
-      }
-      if (chunks > 0) {
-        gemm_run(hn, Ti, int(H), w.shared_gate, 1, nullptr, gate_logits);
-        check_status(kd::shared_gate(gate_logits, Ti, shared_w, stream), "shared expert gate");
+      } else if (chunks > 0) {
+        check_status(kd::shared_gate(router_logits, Ti, int(router_ld), int(E), shared_w, stream),
+                     "shared expert gate");
       }
       // The routed set: known on the host for synthetic routing; from the router otherwise, and then read
       // back here only if the layer may miss (an expert neither resident nor restored this step).
@@ -721,7 +775,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
       kd::silu_mul_kernel<<<ew_blocks, 256, 0, stream>>>(mlp_a, mlp_b, mlp_a, std::int64_t(T) * Fd);
       gemm_run(mlp_a, Ti, Fd, w.down, int(H), nullptr, o);
     }
-    kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
+    // The residual add x += o is the next layer's first kernel (add_norm); after the last layer, here.
+    if (l + 1 == hf.num_layers) kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
     check_cuda(cudaGetLastError(), "layer epilogue kernels");
     check_cuda(cudaEventRecord(ev_moe1[l], stream), "cudaEventRecord");
   }
@@ -732,8 +787,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     check_status(kd::gather_rows(x, sample_rows_d, int(samples), int(H), xs, stream), "gather sampled rows");
     kd::rms_norm_kernel<<<samples, 256, 0, stream>>>(xs, final_norm, xn, int(H), float(hf.rms_norm_eps));
     gemm_run(xn, int(samples), int(H), lm_head, int(V), nullptr, logits);
-    kd::argmax_kernel<<<samples, 256, 0, stream>>>(logits, int(V), argmax_d);
-    check_cuda(cudaGetLastError(), "LM head kernels");
+    check_cuda(kd::argmax_rows(logits, int(samples), int(V), argmax_ws, argmax_d, stream), "LM head kernels");
     check_cuda(cudaMemcpyAsync(h_argmax, argmax_d, 4ull * samples, cudaMemcpyDeviceToHost, stream),
                "argmax readback");
     if (cfg.keep_logits)

@@ -41,10 +41,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Weights are read once per layer: stream them past L1 (no allocation) with a 256-byte L2 prefetch hint.
+// Weights are read once per layer: stream them past L1 (no allocation) with a 128-byte L2 prefetch hint.
+// A decode warp reads 64 bytes of each of its rows per k-step, so 128 bytes cover its next step too. A
+// 256-byte hint made the L2 fetch more than the kernel used: in the engine at batch 32 (Qwen1.5-MoE, the
+// whole model's experts streamed every step) Nsight Compute counted 1.3x (gate/up) and 1.5x (down) the
+// weights' bytes read from DRAM, and the MoE layer took 12% longer than with the 128-byte hint
+// (docs/results/engine_h200.md, "Decode at fixed batches"); no hint at all was 9% slower still.
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;

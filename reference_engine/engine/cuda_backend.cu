@@ -5,12 +5,12 @@
 //          synthetic routing (when asked) -> pinned staging -> one upload each; PagedAttention::plan
 //   per layer l (MoE layer m):
 //          loader.prefetch(m)                           restores into reserved pages (copy stream)
-//          RMSNorm -> Q, K, V (cuBLASLt, biases in the epilogue) -> q/k RMSNorm (Qwen3) -> RoPE
-//          KvAppend (the new rows' K/V into their pages) -> PagedAttention -> O -> residual add
-//          RMSNorm -> router GEMM -> top-k (or the synthetic ids) [-> ids to the host when the layer has
-//          non-resident experts] -> shared gate (Qwen2-MoE) -> loader.prepare_layer(m, routed) (misses;
-//          the compute stream waits for the layer's copies) -> PagedMoe<Paged> -> loader.layer_done(m)
-//          -> residual add
+//          [previous layer's residual add +] RMSNorm -> QKV (one cuBLASLt GEMM, biases in the epilogue)
+//          -> QkvPrologue (q/k RMSNorm (Qwen3), RoPE, the new rows' K/V into their pages) -> PagedAttention
+//          -> O -> residual add + RMSNorm -> router + shared gate (one GEMM) -> top-k and gate (one kernel;
+//          or the synthetic ids) [-> ids to the host when the layer has non-resident experts]
+//          -> loader.prepare_layer(m, routed) (misses; the compute stream waits for the layer's copies)
+//          -> PagedMoe<Paged> -> loader.layer_done(m); its residual add opens the next layer
 //   final: the sampled rows -> RMSNorm -> LM head -> argmax -> host; loader.end_forward() (synchronises).
 // Routing is read back once per forward (all layers' top-k ids), except for layers whose misses must be
 // known before their MoE (the host waits for that layer's router there).

@@ -44,6 +44,10 @@ struct SchedulerConfig {
   std::uint32_t max_num_batched_tokens = 2048;  // vLLM v1 default for online serving with chunked prefill
   std::uint32_t max_num_seqs = 256;             // vLLM default
   std::uint32_t max_model_len = 2048;
+  // At most this many KV pages held at once (0: as many as the pool has). Past it the scheduler preempts as
+  // when the pool runs out, but reports no shortfall (evicting experts would not help). Runs whose pools
+  // differ (experts evicted in one, not in the other) then see the same KV capacity and schedule alike.
+  std::uint64_t kv_page_limit = 0;
 };
 
 // The scheduler's plan for one step: the step contract's batch (what a backend sees) and, beside it, the
@@ -119,7 +123,7 @@ class Scheduler {
       for (;;) {
         const std::uint64_t lack = grow(*s, s->computed + n);
         if (lack == 0) break;
-        if (lack_bytes == 0) lack_bytes = lack;
+        if (lack_bytes == 0 && !capped_) lack_bytes = lack;
         Sequence* victim = running_.back();
         running_.pop_back();
         preempt(*victim);
@@ -142,7 +146,7 @@ class Scheduler {
         const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(s->num_tokens(), budget));
         const std::uint64_t lack = grow(*s, n);
         if (lack != 0) {
-          if (lack_bytes == 0) lack_bytes = lack;
+          if (lack_bytes == 0 && !capped_) lack_bytes = lack;
           break;
         }
         waiting_.pop_front();
@@ -202,8 +206,9 @@ class Scheduler {
   static constexpr std::uint32_t kBlock = PageGeometry::kTokensPerKvPage;
 
   // Makes `s` hold KV for `tokens` tokens (and its state pages). Returns 0, or the bytes it lacked (nothing
-  // changed then).
+  // changed then); capped_ says whether the KV page limit, not the pool, refused it.
   std::uint64_t grow(Sequence& s, std::uint32_t tokens) {
+    capped_ = false;
     const std::uint32_t want = (tokens + kBlock - 1) / kBlock;
     const std::uint64_t new_blocks = want > s.blocks ? want - s.blocks : 0;
     const std::uint64_t kv_pages = new_blocks * attn_layers_;
@@ -211,6 +216,10 @@ class Scheduler {
     if (kv_pages == 0 && !need_state) return 0;
     const std::uint64_t kv_avail = pool_->template available<KvPage>();
     if (kv_avail < kv_pages) return (kv_pages - kv_avail) * kv_page_bytes_;
+    if (cfg_.kv_page_limit > 0 && kv_held_ + kv_pages > cfg_.kv_page_limit) {
+      capped_ = true;
+      return (kv_held_ + kv_pages - cfg_.kv_page_limit) * kv_page_bytes_;
+    }
     const OwnerId owner = s.id;
     if constexpr (kHybrid) {
       if (need_state) {
@@ -237,6 +246,7 @@ class Scheduler {
         return lack == 0 ? kv_page_bytes_ : lack;
       }
       s.blocks = want;
+      kv_held_ += kv_pages;
     }
     return 0;
   }
@@ -253,6 +263,7 @@ class Scheduler {
       [[maybe_unused]] const PageStatus st = pool_->free(p);
       assert(st == PageStatus::kOk);
     }
+    kv_held_ -= s.kv_pages.size();
     s.kv_pages.clear();
     s.blocks = 0;
     release_state(s);
@@ -271,6 +282,8 @@ class Scheduler {
   std::uint64_t expert_page_bytes_, kv_page_bytes_, ssm_page_bytes_ = 0, conv_page_bytes_ = 0;
   std::vector<Sequence*> running_;
   std::deque<Sequence*> waiting_;
+  std::uint64_t kv_held_ = 0;  // KV pages held by running sequences
+  bool capped_ = false;        // the last grow() was refused by kv_page_limit
 };
 
 }  // namespace amoeba::engine

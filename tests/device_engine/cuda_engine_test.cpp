@@ -1,9 +1,11 @@
 // GPU tests of the CUDA backend (engine/cuda_backend.hpp) driven by the real engine: the same requests served
 // with every expert resident and with experts evicted and restored at every step (misses loaded on demand
-// into the load buffer, restores copied into reserved pages while the step runs) give bit-identical tokens;
-// and a KV cache short enough to force preemptions still serves every request (recomputed sequences read
-// their own tokens again). Small random models of both architectures (Qwen2-MoE with biases and shared
-// expert chunks, Qwen3-MoE with q/k norms and 8 query heads per KV head). Exits 77 (skipped) without a GPU.
+// into the load buffer, restores copied into reserved pages while the step runs) give bit-identical tokens,
+// also when a KV page limit forces preemptions in both runs (SchedulerConfig::kv_page_limit: the same KV
+// capacity, so the same preemptions and recomputes); and a KV cache short enough to force preemptions still
+// serves every request (recomputed sequences read their own tokens again). Small random models of both
+// architectures (Qwen2-MoE with biases and shared expert chunks, Qwen3-MoE with q/k norms and 8 query heads
+// per KV head). Exits 77 (skipped) without a GPU.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -59,10 +61,11 @@ struct Served {
   RunResult result;
 };
 
-// Serves `trace` with adjuster `adj` on a pool of every expert plus `kv_pages` KV pages.
+// Serves `trace` with adjuster `adj` on a pool of every expert plus `kv_pages` KV pages, at most
+// `kv_page_limit` of them held at once (0: no limit).
 template <class Adj>
 Served serve(const HfMoeConfig& hf, Adj adj, std::uint32_t offload_limit, std::uint64_t kv_pages,
-             const std::vector<Request>& trace) {
+             const std::vector<Request>& trace, std::uint64_t kv_page_limit = 0) {
   const ModelSpec model = hf.to_model_spec("test");
   const PageGeometry g = page_geometry(model);
   const std::uint64_t pool_bytes = model.total_experts() * model.expert_bytes() + kv_pages * g.kv_page_bytes;
@@ -70,6 +73,7 @@ Served serve(const HfMoeConfig& hf, Adj adj, std::uint32_t offload_limit, std::u
   sched.max_num_batched_tokens = 128;
   sched.max_num_seqs = 16;
   sched.max_model_len = 256;
+  sched.kv_page_limit = kv_page_limit;
   CudaBackendConfig cfg;
   cfg.model = hf;
   cfg.seed = 7;
@@ -98,20 +102,27 @@ Served serve(const HfMoeConfig& hf, Adj adj, std::uint32_t offload_limit, std::u
   return s;
 }
 
-void same_tokens_under_pressure(const HfMoeConfig& hf) {
+// With kv_page_limit > 0 both runs hold at most that many KV pages, so they preempt at the same steps
+// (the churned run's pool has pages to spare whenever experts are out) and recompute alike.
+void same_tokens_under_pressure(const HfMoeConfig& hf, std::uint64_t kv_page_limit = 0) {
   const std::vector<Request> trace = requests(24);
   const ModelSpec model = hf.to_model_spec("test");
   AdjusterConfig ac;
   ac.expert_offload_limit = 4;
   const Served all =
       serve(hf, policies::StaticAdjuster(ExpertRanker::uniform(model.moe_layers(), model.num_experts)), 0,
-            4096, trace);
+            4096, trace, kv_page_limit);
   ChurnCapacity churn;
   const Served moved =
       serve(hf, ChurnAdjuster(ExpertRanker::uniform(model.moe_layers(), model.num_experts), ac, churn), 4,
-            4096, trace);
+            4096, trace, kv_page_limit);
   INFO("evictions " << moved.result.evictions << ", restores " << moved.result.restores << ", bytes "
-                    << moved.result.expert_bytes_h2d);
+                    << moved.result.expert_bytes_h2d << ", preemptions " << all.result.preemptions << " / "
+                    << moved.result.preemptions);
+  if (kv_page_limit > 0) {
+    CHECK(all.result.preemptions > 0);
+    CHECK(moved.result.preemptions == all.result.preemptions);
+  }
   CHECK(moved.result.evictions > 0);
   CHECK(moved.result.restores > 0);
   CHECK(moved.result.expert_bytes_h2d > 0);
@@ -130,6 +141,19 @@ TEST_CASE("cuda backend: evictions and restores at every step leave the tokens b
   }
   SECTION("qwen3-moe (q/k norm, GQA 8)") {
     same_tokens_under_pressure(small_qwen3());
+  }
+}
+
+TEST_CASE(
+    "cuda backend: evictions and restores at every step and forced preemptions leave the tokens "
+    "bit-identical to an all-resident run with the same KV capacity",
+    "[engine]") {
+  // 60 KV pages held at most (3 layers x ceil(256 / 16) = 48 hold one max_model_len request): preemptions.
+  SECTION("qwen2-moe") {
+    same_tokens_under_pressure(small_qwen2(), 60);
+  }
+  SECTION("qwen3-moe") {
+    same_tokens_under_pressure(small_qwen3(), 60);
   }
 }
 

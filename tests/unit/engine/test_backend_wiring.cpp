@@ -407,3 +407,49 @@ TEST_CASE("generate driver: every expert resident, KV pages block-major as the s
   CHECK_THROWS_WITH(generate_greedy(small, m, g, bytes, std::span<const std::int32_t>{}, 1),
                     Catch::StartsWith("--prompt"));
 }
+
+TEST_CASE(
+    "kv_page_limit: runs whose pools differ schedule alike; past the limit the scheduler preempts and "
+    "reports no shortfall",
+    "[engine][scheduler]") {
+  using Backend = ClockBackend<false>;
+  const ModelSpec model = find_model("qwen1.5-moe-a2.7b");
+  const PageGeometry geometry = page_geometry(model);
+  std::vector<Request> trace;
+  for (std::uint32_t i = 0; i < 24; ++i)
+    trace.push_back(Request{i, 0.0, 40 + 53 * i % 200, 30 + 17 * i % 60});
+  // One request of 300 tokens holds ceil(300 / 16) x 24 = 456 KV pages; 1200 hold about three of them.
+  auto serve = [&](std::uint64_t extra_expert_pages, std::uint64_t limit) {
+    MoePool pool(
+        ArenaSpan{nullptr, (model.total_experts() * 3 + extra_expert_pages) * geometry.expert_page_bytes},
+        pool_layout<MoePool>(geometry));
+    policies::StaticAdjuster adj(ExpertRanker::uniform(model.moe_layers(), model.num_experts),
+                                 AdjusterConfig{}, policies::StaticCapacity{});
+    SchedulerConfig sc;
+    sc.kv_page_limit = limit;
+    EngineOptions eo;
+    eo.record_timeline = true;
+    Engine<MoePool, policies::StaticAdjuster, Backend> engine(
+        model, geometry, sc, std::move(pool), std::move(adj), Backend{},
+        std::make_unique<ModelRouting>(model.moe_layers(), model.num_experts), trace, eo);
+    RunResult r = engine.run();
+    REQUIRE_FALSE(engine.drain().has_value());
+    return r;
+  };
+  const std::uint64_t kv_per_expert_page = geometry.expert_page_bytes / geometry.kv_page_bytes;
+  const RunResult roomy = serve(400, 0);
+  const RunResult a = serve(400, 1200), b = serve(900, 1200);
+  CHECK(roomy.preemptions == 0);
+  CHECK(a.preemptions > 0);
+  CHECK(a.completed_requests == trace.size());
+  REQUIRE(a.timeline.size() == b.timeline.size());
+  CHECK(a.preemptions == b.preemptions);
+  for (std::size_t i = 0; i < a.timeline.size(); ++i) {
+    INFO("step " << i);
+    CHECK(a.timeline[i].batch_tokens == b.timeline[i].batch_tokens);
+    CHECK(a.timeline[i].running == b.timeline[i].running);
+    CHECK(a.timeline[i].shortfall_pages == 0);
+    CHECK(b.timeline[i].free_kv_pages >= a.timeline[i].free_kv_pages);  // b's pool is larger
+  }
+  CHECK(400 * kv_per_expert_page > 1200);  // the limit, not the pool, binds in a
+}

@@ -54,27 +54,34 @@ static __global__ void kv_append_kernel(const __grid_constant__ KvAppendArgument
 }
 }  // namespace detail
 
+// The rules every kernel that writes a step's new K/V rows into their pages relies on (KvAppend,
+// QkvPrologue): a valid page geometry, the device copy of the step's table, a layer it has, matching pages.
+inline Status check_kv_target(const PoolKvCache& kv, const KvPageTableView& table, std::uint32_t layer) {
+  if (Status st = kv.check(); !st) return st;
+  if (table.qo_indptr == nullptr || table.kv_indptr == nullptr || table.kv_indices == nullptr ||
+      table.kv_last_page_len == nullptr)
+    return Status::error("table", "must point at the device copy of the step's page table");
+  if (layer >= table.attention_layers)
+    return Status::error("layer", static_cast<long long>(layer),
+                         "must be below the table's attention layers");
+  if (table.tokens_per_page != kv.tokens_per_page)
+    return Status::error("table.tokens_per_page", static_cast<long long>(table.tokens_per_page),
+                         "must equal kv.tokens_per_page");
+  return Status::success();
+}
+
 class KvAppend {
  public:
   using Arguments = KvAppendArguments;
 
   static Status can_implement(const Arguments& a) {
-    if (Status st = a.kv.check(); !st) return st;
+    if (Status st = check_kv_target(a.kv, a.table, a.layer); !st) return st;
     if ((std::uint64_t{a.kv.kv_heads} * a.kv.head_dim) % 8 != 0)
       return Status::error("kv.head_dim", static_cast<long long>(a.kv.head_dim),
                            "kv_heads x head_dim must be a multiple of 8 (16-byte rows)");
     if (a.k == nullptr || a.v == nullptr) return Status::error("k/v", "must not be null");
     if (reinterpret_cast<std::uintptr_t>(a.k) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.v) % 16 != 0)
       return Status::error("k/v", "must be 16-byte aligned");
-    if (a.table.qo_indptr == nullptr || a.table.kv_indptr == nullptr || a.table.kv_indices == nullptr ||
-        a.table.kv_last_page_len == nullptr)
-      return Status::error("table", "must point at the device copy of the step's page table");
-    if (a.layer >= a.table.attention_layers)
-      return Status::error("layer", static_cast<long long>(a.layer),
-                           "must be below the table's attention layers");
-    if (a.table.tokens_per_page != a.kv.tokens_per_page)
-      return Status::error("table.tokens_per_page", static_cast<long long>(a.table.tokens_per_page),
-                           "must equal kv.tokens_per_page");
     return Status::success();
   }
 

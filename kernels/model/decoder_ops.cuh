@@ -150,17 +150,9 @@ static __global__ void embed_kernel(const bf16* __restrict__ table, const std::i
   for (int d = threadIdx.x; d < dim; d += blockDim.x) dst[d] = src[d];
 }
 
-// Greedy sampling: the index of each row's largest logit, the lowest index on a tie (as the host reference
-// and torch.argmax on a CPU); one block of 256 threads per row.
-static __global__ void argmax_kernel(const bf16* __restrict__ logits, int vocab,
-                                     std::int32_t* __restrict__ out) {
-  const bf16* row = logits + static_cast<std::int64_t>(blockIdx.x) * vocab;
-  float best = -INFINITY;
-  int arg = vocab;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = __bfloat162float(row[i]);
-    if (v > best) best = v, arg = i;  // i grows per thread: the first maximum of this thread wins
-  }
+// The block's best (value, index) from each thread's: the larger value, the lower index on a tie (as the
+// host reference and torch.argmax on a CPU). The result is in thread 0; blockDim.x a multiple of 32.
+__device__ __forceinline__ void block_argmax(float& best, int& arg, int none) {
   for (int o = 16; o > 0; o >>= 1) {
     const float ob = __shfl_xor_sync(0xffffffffu, best, o);
     const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
@@ -172,14 +164,28 @@ static __global__ void argmax_kernel(const bf16* __restrict__ logits, int vocab,
   __syncthreads();
   if (threadIdx.x < 32) {
     best = threadIdx.x < blockDim.x / 32 ? sb[threadIdx.x] : -INFINITY;
-    arg = threadIdx.x < blockDim.x / 32 ? sa[threadIdx.x] : vocab;
+    arg = threadIdx.x < blockDim.x / 32 ? sa[threadIdx.x] : none;
     for (int o = 16; o > 0; o >>= 1) {
       const float ob = __shfl_xor_sync(0xffffffffu, best, o);
       const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
       if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = arg;
   }
+}
+
+// Greedy sampling: the index of each row's largest logit, the lowest index on a tie (as the host reference
+// and torch.argmax on a CPU); one block of 256 threads per row.
+static __global__ void argmax_kernel(const bf16* __restrict__ logits, int vocab,
+                                     std::int32_t* __restrict__ out) {
+  const bf16* row = logits + static_cast<std::int64_t>(blockIdx.x) * vocab;
+  float best = -INFINITY;
+  int arg = vocab;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = __bfloat162float(row[i]);
+    if (v > best) best = v, arg = i;  // i grows per thread: the first maximum of this thread wins
+  }
+  block_argmax(best, arg, vocab);
+  if (threadIdx.x == 0) out[blockIdx.x] = arg;
 }
 
 // The argmax of long rows (an LM head's vocabulary) on many blocks: argmax_partial_kernel gives each of
@@ -203,26 +209,9 @@ static __global__ void argmax_partial_kernel(const bf16* __restrict__ logits, in
     const float v = __bfloat162float(row[i]);
     if (v > best) best = v, arg = i;
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
-    if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
-  }
-  __shared__ float sb[32];
-  __shared__ int sa[32];
-  if (threadIdx.x % 32 == 0) sb[threadIdx.x / 32] = best, sa[threadIdx.x / 32] = arg;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    best = threadIdx.x < blockDim.x / 32 ? sb[threadIdx.x] : -INFINITY;
-    arg = threadIdx.x < blockDim.x / 32 ? sa[threadIdx.x] : vocab;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
-      if (ob > best || (ob == best && oa < arg)) best = ob, arg = oa;
-    }
-    if (threadIdx.x == 0)
-      partial[static_cast<std::int64_t>(blockIdx.y) * kArgmaxChunks + blockIdx.x] = {best, arg};
-  }
+  block_argmax(best, arg, vocab);
+  if (threadIdx.x == 0)
+    partial[static_cast<std::int64_t>(blockIdx.y) * kArgmaxChunks + blockIdx.x] = {best, arg};
 }
 static __global__ void argmax_final_kernel(const ArgmaxPartial* __restrict__ partial, int vocab,
                                            std::int32_t* __restrict__ out) {

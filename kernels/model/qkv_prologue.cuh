@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "amoeba/engine/kv_page_table.hpp"
+#include "attention/kv_append.cuh"  // check_kv_target
 #include "attention/pool_kv_cache.cuh"
 #include "model/decoder_ops.cuh"
 
@@ -132,7 +133,7 @@ class QkvPrologue {
   using Arguments = QkvPrologueArguments;
 
   static Status can_implement(const Arguments& a) {
-    if (Status st = a.kv.check(); !st) return st;
+    if (Status st = check_kv_target(a.kv, a.table, a.layer); !st) return st;
     if (a.kv.head_dim % 64 != 0 || a.kv.head_dim > 64u * kQkvMaxPairs)
       return Status::error("kv.head_dim", static_cast<long long>(a.kv.head_dim),
                            "must be a multiple of 64, at most 256");
@@ -143,15 +144,6 @@ class QkvPrologue {
       return Status::error("qkv/q_out/positions/inv_freq", "must not be null");
     if ((a.q_norm == nullptr) != (a.k_norm == nullptr))
       return Status::error("q_norm/k_norm", "must be both given or both null");
-    if (a.table.qo_indptr == nullptr || a.table.kv_indptr == nullptr || a.table.kv_indices == nullptr ||
-        a.table.kv_last_page_len == nullptr)
-      return Status::error("table", "must point at the device copy of the step's page table");
-    if (a.layer >= a.table.attention_layers)
-      return Status::error("layer", static_cast<long long>(a.layer),
-                           "must be below the table's attention layers");
-    if (a.table.tokens_per_page != a.kv.tokens_per_page)
-      return Status::error("table.tokens_per_page", static_cast<long long>(a.table.tokens_per_page),
-                           "must equal kv.tokens_per_page");
     return Status::success();
   }
 

@@ -101,7 +101,7 @@ RunResult run_engine(const RunSetup& s) {
   }
   std::unique_ptr<RoutingSource> source;
   if (s.routing_record)
-    source = replay(*s.routing_record, layers, experts, sc.routing_source);
+    source = replay(*s.routing_record, layers, experts, s.model.top_k, sc.routing_source);
   else if (s.routing == RoutingKind::kModel)
     source = std::make_unique<ModelRouting>(layers, experts);
   else

@@ -16,9 +16,9 @@
 // Routable sets: independent draws can touch fewer than k experts or more than T k, which no top-k router
 // produces (T tokens pick k distinct experts each). make_routable() brings a drawn set into
 // [min(k, E), min(T k, E)] by popularity: a set short of k gains the most popular experts it lacks, a set
-// above T k keeps its T k most popular; a set already within the bounds is left as it is. Popularity breaks
-// no ties by chance (equal popularity: the lower expert id first) and draws nothing from a random stream,
-// so every later draw of a seed is what it was. The routing sources apply it (routing_source.hpp), so the
+// above T k keeps its T k most popular; a set already within the bounds is left as it is. Equal popularity
+// goes to the lower expert id, and the rule draws nothing from a random stream, so every later draw of a
+// seed is what it was. The routing sources apply it (routing_source.hpp), so the
 // simulator and a GPU backend, which realises a set by giving token t experts set[(t k + j) mod |set|],
 // route to the same experts.
 //

@@ -41,7 +41,8 @@ RecordedRouting predrawn_routing(SyntheticRouting& source, std::uint64_t tokens,
     }
     record.push_back(std::move(s));
   }
-  return RecordedRouting(source.layers(), source.experts(), std::move(record), /*wrap=*/true);
+  return RecordedRouting(source.layers(), source.experts(), source.model().top_k(), std::move(record),
+                         /*wrap=*/true);
 }
 
 ExpertRanker ranker_for(const ModelSpec& m) {

@@ -5,6 +5,8 @@
 //   amoeba run      one policy; per-step timeline CSV (running requests, free pages, resident experts)
 //   amoeba generate greedy tokens from a Hugging Face checkpoint: the host reference decoder, or the GPU
 //   amoeba rank     turn a routing record (run --record-routing) into expert statistics (--ranking)
+//   amoeba calibrate  measure chosen step shapes on a backend and fit the simulator's cost model to them
+//   amoeba validate   one trace on a measured backend and on the simulator, compared step by step
 //   amoeba trace    generate a ShareGPT-like JSONL trace, or inspect one
 //   amoeba models   the model catalog with page sizes and weight split
 //   amoeba gpus     the GPU profiles with the source of each number
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iostream>
@@ -42,10 +45,14 @@
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
+#include "engine/calibration.hpp"
+#include "engine/calibration_harness.hpp"
 #include "engine/checkpoint.hpp"
+#include "engine/cuda_backend.hpp"
 #include "engine/decoder_reference.hpp"
 #include "engine/generate_driver.hpp"
 #include "engine/gpu.hpp"
+#include "engine/h2d_copy_probe.hpp"
 #include "engine/json_fields.hpp"
 #include "engine/model.hpp"
 #include "engine/policy_dispatch.hpp"
@@ -203,6 +210,32 @@ struct ScenarioFlags {
         "where routing comes from: synthetic (the routing model; default with --backend sim), model "
         "(the GPU's router; default with --backend cuda), or a routing record to replay");
     app.add_option("--ranking", ranking, "expert statistics to rank experts by (e.g. from `amoeba rank`)");
+  }
+
+  // The flags `amoeba calibrate` takes: what sets up the backend and the memory plan. The workload, the
+  // routing and the predictor are the calibration's own (calibration_harness.hpp); --cost-model is the fit's
+  // starting point.
+  void add_calibration_to(CLI::App& app) {
+    app.add_option("--backend", backend,
+                   "what is measured: cuda (an NVIDIA GPU, the default; needs a build with the CUDA backend) "
+                   "or sim (the simulated GPU, with --measured-cost-model: a self-check)");
+    app.add_option("--model", model, "model name from `amoeba models`, or a model .json file");
+    app.add_option("--weights", weights, "Hugging Face checkpoint directory instead of --model");
+    app.add_option("--gpu", gpu, "GPU profile (default: h200 with --backend cuda, rtx5090 with sim)");
+    app.add_option("--seed", seed, "random seed (the GPU's random weights), in [0, 2^64 - 1]");
+    app.add_option("--memory-cap-gib", memory_cap_gib,
+                   "use at most this much GPU memory (GiB): 0 or [1/16, 1e6]");
+    app.add_option("--gpu-memory-gib", gpu_memory_gib, "--memory-cap-gib under another name");
+    app.add_option("--usable-fraction", usable_fraction,
+                   "fraction of GPU memory the engine may use, [0.05, 1]");
+    app.add_option("--expert-offload-limit", offload_limit,
+                   "elastic policies: most experts offloaded per layer");
+    app.add_option("--fixed-offload", fixed_offload, "fixed/lru/lfu: experts offloaded per layer");
+    app.add_option("--max-num-seqs", max_num_seqs, "cap on running sequences, in [1, 65536]");
+    app.add_option("--max-num-batched-tokens", max_batched_tokens, "token budget per step, in [16, 2^20]");
+    app.add_option("--cost-model", cost_model,
+                   "the fit's starting point (default, or a .json file): the values kept for what the "
+                   "measurements cannot see");
   }
 
   // The files the run reads (an output naming one of them is refused).
@@ -542,6 +575,225 @@ int cmd_run(const ScenarioFlags& flags, const std::string& policy,
   return 0;
 }
 
+// --backend of calibrate and validate: cuda unless named; refused up front where this build has no CUDA
+// backend, before any output is checked or any run starts.
+void check_measured_backend(const Scenario& s) {
+  const BackendEntry& b = find_backend(s.backend);
+  if (b.kind == BackendKind::kCuda && !cuda_backend_available())
+    throw ConfigError("--backend", "cuda",
+                      "this build has no CUDA backend: configure with the gpu preset (cmake --preset gpu) on "
+                      "a machine with nvcc and a GPU (or measure the simulator itself: --backend sim)");
+}
+
+// The cost model a simulated measured side runs with; refused beside a measured backend.
+std::string measured_cost_model(const Scenario& s, const std::optional<std::string>& flag) {
+  if (!flag) return "default";
+  if (!find_backend(s.backend).simulated)
+    throw ConfigError(
+        "--measured-cost-model", quote_text(*flag),
+        "only with --backend sim (the simulated GPU that stands in for a measured one); --backend " +
+            s.backend + " measures itself");
+  if (flag->empty()) throw ConfigError("--measured-cost-model", "\"\"", "must not be empty");
+  try {
+    (void)find_cost_model(*flag);  // an unknown name or a bad file is refused before anything runs
+  } catch (const ConfigError& e) {
+    if (e.field() != "--cost-model") throw;  // a field of the file: named by its path already
+    throw ConfigError("--measured-cost-model", e.value(), e.rule());
+  }
+  return *flag;
+}
+
+int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& out_path,
+                  const std::optional<std::string>& measured_flag, const std::string& policy,
+                  const std::optional<std::string>& name, bool quiet) {
+  if (!out_path)
+    throw ConfigError("--out", "(none)",
+                      "calibrate writes the fitted cost model to a file: give --out FILE (e.g. "
+                      "cost_models/h200.json)");
+  const std::string fitted_name = name ? *name : std::filesystem::path(*out_path).stem().string();
+  if (fitted_name.empty())
+    throw ConfigError(name ? "--name" : "--out",
+                      name && name->empty() ? "\"\"" : quote_text(name ? *name : *out_path),
+                      "the fitted model needs a name: give --name NAME");
+  ScenarioFlags flags = given;
+  if (!flags.backend) flags.backend = "cuda";
+  Scenario s = flags.resolve();
+  check_measured_backend(s);
+  try {
+    (void)find_policy(policy);
+  } catch (const ConfigError& e) {
+    throw ConfigError("--policy", quote_text(policy), e.rule());
+  }
+  // The fit's start, and the cost model of a simulated measured side.
+  const CostModelParams start = find_cost_model(s.cost_model);
+  std::vector<std::pair<std::string, std::string>> inputs = flags.inputs(s);
+  s.cost_model = measured_cost_model(s, measured_flag);
+  if (is_file_name(s.cost_model)) inputs.emplace_back("--measured-cost-model", s.cost_model);
+  s.routing_source = "synthetic";  // the harness routes (CalibrationRouting); the GPU reads its sets
+  s.policies = {policy};
+  s.runs.clear();
+  validate_scenario(s);
+  // What calibration measures: every layer with full attention (one measured attention time cannot be split
+  // between a hybrid's kinds of layers), one GPU. A checkpoint (--weights) is a Qwen2/3-MoE: no hybrid.
+  if (s.weights.empty() && find_model(s.model).is_hybrid())
+    throw ConfigError("--model", quote_text(s.model),
+                      "calibration measures models whose every layer has full attention (one measured "
+                      "attention time cannot be split between a hybrid's full and linear-attention layers)");
+  if (const GpuProfile g = find_gpu(s.gpu); g.gpus != 1)
+    throw ConfigError("--gpu", quote_text(s.gpu),
+                      "calibration measures one GPU; this profile describes " + std::to_string(g.gpus));
+  // The model and the memory plan (nothing runs yet): what the plan's shapes must fit.
+  const std::vector<Request> none;
+  const RunSetup probe = prepare_run(s, policy, none, RunOptions{});
+  std::vector<OutputFile> outs = prepare_outputs({{"--out", out_path}}, inputs);
+
+  const CalibrationPlan plan = default_calibration_plan(
+      probe.model, s.scheduler, probe.memory.initial_kv_bytes() / probe.geometry.kv_page_bytes,
+      probe.geometry.kTokensPerKvPage);
+  const std::vector<Request> trace = calibration_trace(plan);
+  const RunSetup setup = prepare_run(s, policy, trace, RunOptions{});
+  const bool simulated = find_backend(s.backend).simulated;
+  CopyTimer copies;
+  if (simulated) {
+    copies = simulated_copy_timer(setup);
+  } else {
+    const std::uint64_t expert = setup.model.expert_transfer_bytes();
+    auto probe_gpu = std::make_shared<std::unique_ptr<H2dCopyProbe>>();
+    copies = [probe_gpu, expert](std::uint64_t calls, std::uint64_t bytes_per_call) {
+      if (!*probe_gpu) *probe_gpu = std::make_unique<H2dCopyProbe>(expert);  // after the engine's run
+      return (*probe_gpu)->time(calls, bytes_per_call);
+    };
+  }
+  Progress progress(quiet);
+  if (!quiet)
+    std::cerr << fmt::format(
+        "calibrate: {} shapes ({} requests, the first {} a warm-up) on {} ({}), then {} "
+        "copy probes\n",
+        plan.shapes.size(), trace.size(), plan.warmup_shapes, s.backend, setup.gpu.name,
+        plan.copy_calls.size() * 2 * plan.copy_repeats);
+  progress.begin_run(fmt::format("{} shapes: ", simulated ? "simulating" : "measuring"));
+  CalibrationProgress cp;
+  cp.run = [&progress](const RunProgress& p) { progress.update(p); };
+  const CalibrationMeasurement m = measure_for_calibration(setup, plan, copies, cp);
+  progress.finish();
+  CostModelParams fitted = fit_cost_model(m.samples, setup.model, setup.gpu, start);
+  fitted.name = fitted_name;
+  fitted.source += fmt::format(
+      "; measured by `amoeba calibrate`: {}{} on {}, backend {}{}, policy {}, {} shapes, {} forward steps "
+      "({} warm-up), {} copy probes",
+      model_label(s), model_label(s) == setup.model.name ? std::string() : " (" + setup.model.name + ")",
+      setup.gpu.name, s.backend, simulated ? " with cost model " + s.cost_model : std::string(), policy,
+      plan.shapes.size(), m.forward_steps, m.warmup_steps, m.copy_probes);
+  outs.front().write(cost_model_to_json(fitted));
+
+  std::cout << (simulated
+                    ? fmt::format("SIMULATED GPU (backend sim, cost model {}): a check of the fit, not a "
+                                  "measurement\n",
+                                  s.cost_model)
+                    : std::string("MEASURED on a GPU (backend cuda)\n"));
+  std::cout << fmt::format(
+      "calibrated cost model \"{}\" for {} on {}: {} samples from {} forward steps and {} "
+      "copy probes -> {}\n\n",
+      fitted.name, model_label(s), setup.gpu.name, m.samples.size(), m.forward_steps - m.warmup_steps,
+      m.copy_probes, *out_path);
+  std::cout << fmt::format("{:<30} {:>12} {:>12}\n", "parameter", "fitted", start.name);
+  auto param = [](const char* what, double f, double s0, const char* unit = "") {
+    std::cout << fmt::format("{:<30} {:>12.4f} {:>12.4f}{}\n", what, f, s0, unit);
+  };
+  param("attention memory efficiency", fitted.attention_memory_efficiency, start.attention_memory_efficiency);
+  param("attention compute efficiency", fitted.attention_compute_efficiency,
+        start.attention_compute_efficiency);
+  param("moe memory efficiency", fitted.moe_memory_efficiency, start.moe_memory_efficiency);
+  param("moe compute efficiency", fitted.moe_compute_efficiency, start.moe_compute_efficiency);
+  param("dense memory efficiency", fitted.dense_memory_efficiency, start.dense_memory_efficiency);
+  param("dense compute efficiency", fitted.dense_compute_efficiency, start.dense_compute_efficiency);
+  param("per-layer overhead", fitted.per_layer_overhead_s * 1e6, start.per_layer_overhead_s * 1e6, " us");
+  param("step overhead", fitted.step_overhead_s * 1e6, start.step_overhead_s * 1e6, " us");
+  param("h2d bandwidth scale", fitted.h2d_bandwidth_scale, start.h2d_bandwidth_scale);
+  std::cout << "\nresiduals |predicted / measured - 1| per phase:\n";
+  for (const CostModelResidual& r : fitted.residuals)
+    std::cout << fmt::format("  {:<10} {:>5} samples  median {:.2f}%  p90 {:.2f}%\n", r.phase, r.samples,
+                             100 * r.median_abs_rel_error, 100 * r.p90_abs_rel_error);
+  std::cout << fmt::format("\nuse it: amoeba run|ablate --cost-model {} (held-out check: amoeba validate)\n",
+                           *out_path);
+  return 0;
+}
+
+int cmd_validate(const ScenarioFlags& given, const std::string& policy,
+                 const std::optional<std::string>& measured_flag, const std::optional<std::string>& json_path,
+                 bool quiet) {
+  ScenarioFlags flags = given;
+  if (!flags.backend) flags.backend = "cuda";
+  Scenario s = flags.resolve();
+  check_measured_backend(s);
+  try {
+    (void)find_policy(policy);
+  } catch (const ConfigError& e) {
+    throw ConfigError("--policy", quote_text(policy), e.rule());
+  }
+  // Both sides must see the same experts: the routing model (or a record), never a router.
+  if (s.routing_source == "model") {
+    if (s.routing_given)
+      throw ConfigError("--routing", "model",
+                        "validate runs both backends on the same expert choices: synthetic (the default) or "
+                        "a routing record (the simulator has no router)");
+    s.routing_source = "synthetic";
+  }
+  // The GPU backend runs no prefetch predictor, so the simulated side runs none either.
+  if (flags.predictor && s.predictor.kind != PredictorKind::kNone)
+    throw ConfigError("--predictor", quote_text(*flags.predictor),
+                      "validate compares with a backend that prefetches no predicted experts: none only");
+  s.predictor.kind = PredictorKind::kNone;
+  s.policies = {policy};
+  s.runs.clear();
+  Scenario measured = s, simulated = s;
+  measured.cost_model = measured_cost_model(s, measured_flag);
+  simulated.backend = "sim";
+  simulated.gpu_given = true;  // the measured side's GPU profile, resolved above
+  (void)find_cost_model(simulated.cost_model);
+  validate_scenario(measured);
+  validate_scenario(simulated);
+  std::vector<std::pair<std::string, std::string>> inputs = flags.inputs(s);
+  if (is_file_name(measured.cost_model)) inputs.emplace_back("--measured-cost-model", measured.cost_model);
+  std::vector<OutputFile> outs = prepare_outputs({{"--json", json_path}}, inputs);
+  const std::vector<Request> trace = requests_within_memory(s, true);
+  const WorkloadReport workload = describe_workload(s, trace);
+  RunOptions opt;
+  opt.record_timeline = true;
+  RunSetup meas_setup = prepare_run(measured, policy, trace, opt);
+  // The simulated side runs the measured side's setup (its model's shapes, memory plan, pool, routing), with
+  // the simulator and the cost model under test.
+  RunSetup sim_setup = meas_setup;
+  sim_setup.scenario = &simulated;
+  sim_setup.backend = BackendKind::kSim;
+  sim_setup.cost = find_cost_model(simulated.cost_model);
+  const bool measured_is_simulated = find_backend(measured.backend).simulated;
+  Progress progress(quiet);
+  progress.begin_run(
+      fmt::format("{} on {}: ", measured_is_simulated ? "simulating" : "running", measured.backend));
+  meas_setup.options.progress = [&progress](const RunProgress& p) { progress.update(p); };
+  const RunResult meas = run_policy(meas_setup);
+  progress.begin_run("simulating: ");
+  sim_setup.options.progress = [&progress](const RunProgress& p) { progress.update(p); };
+  const RunResult sim = run_policy(sim_setup);
+  progress.finish();
+  const RunComparison c = compare_runs(meas, sim);
+  ValidationLabels l;
+  l.model = model_label(s);
+  l.gpu = meas_setup.gpu.name;
+  l.policy = policy;
+  l.measured_backend = measured.backend;
+  l.measured_simulated = measured_is_simulated;
+  l.measured_cost_model = measured.cost_model;
+  l.simulated_cost_model = simulated.cost_model;
+  l.workload = workload.from_trace ? fmt::format("trace {} ({} requests)", s.trace, workload.requests)
+                                   : fmt::format("{} requests at {:g} req/s, burstiness {:g}, seed {}",
+                                                 workload.requests, s.rate, s.burstiness, s.seed);
+  if (OutputFile* o = output_for(outs, "--json")) o->write(validation_json(c, l));
+  std::cout << validation_text(c, l);
+  return 0;
+}
+
 int cmd_rank(const std::string& record_path, const std::optional<std::string>& out) {
   std::vector<OutputFile> outs = prepare_outputs({{"--out", out}}, {{"record", record_path}});
   const RoutingRecord r = read_routing_record(record_path);
@@ -799,6 +1051,44 @@ int main(int argc, char** argv) {
   inspect->add_option("--max-model-len", in_max_len,
                       "limit on prompt + output tokens, in [16, 2^20] (default 2048)");
 
+  ScenarioFlags cal_flags;
+  std::optional<std::string> cal_out, cal_measured, cal_name;
+  std::string cal_policy = "static";
+  bool cal_quiet = false;
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate", "measure chosen step shapes on a backend and fit the simulator's cost model to them");
+  cal_flags.add_calibration_to(*calibrate);
+  calibrate->add_option("--out,-o", cal_out, "the fitted cost model (JSON, the cost-model file format)");
+  calibrate->add_option(
+      "--measured-cost-model", cal_measured,
+      "with --backend sim: the cost model the simulated GPU measures with (default: default)");
+  calibrate->add_option("--policy", cal_policy,
+                        "the policy the shapes run under (default static: every expert resident, no copies)");
+  calibrate->add_option("--name", cal_name, "the fitted model's name (default: the --out file's stem)");
+  calibrate->add_flag("--quiet", cal_quiet, "no progress on stderr");
+
+  ScenarioFlags val_flags;
+  std::optional<std::string> val_measured, val_json;
+  std::string val_policy = "elastic";
+  bool val_quiet = false;
+  CLI::App* validate = app.add_subcommand(
+      "validate", "one trace on a measured backend and on the simulator, compared step by step");
+  val_flags.add_to(*validate);
+  validate->get_option("--backend")
+      ->description(
+          "the measured side: cuda (an NVIDIA GPU, the default; needs a build with the CUDA backend) "
+          "or sim (the simulator against itself, with --measured-cost-model)");
+  validate->get_option("--cost-model")
+      ->description("the simulated side's cost model: default, or a .json file");
+  validate->get_option("--routing")
+      ->description("synthetic (the default) or a routing record: both sides route to the same experts");
+  validate->add_option("--policy", val_policy, "policy name (default elastic)");
+  validate->add_option("--measured-cost-model", val_measured,
+                       "with --backend sim: the cost model of the simulated GPU standing in for the measured "
+                       "one (default: default)");
+  validate->add_option("--json", val_json, "write the comparison as JSON");
+  validate->add_flag("--quiet", val_quiet, "no progress indicator");
+
   CLI::App* models = app.add_subcommand("models", "list the model catalog");
   CLI::App* gpus = app.add_subcommand("gpus", "list the GPU profiles");
   CLI::App* scenarios = app.add_subcommand("scenarios", "list the named scenarios (the paper's settings)");
@@ -825,6 +1115,10 @@ int main(int argc, char** argv) {
     if (run->parsed())
       return finish(cmd_run(run_flags, run_policy_name, run_json, run_csv, run_record, run_quiet));
     if (rank->parsed()) return finish(cmd_rank(rank_in, rank_out));
+    if (calibrate->parsed())
+      return finish(cmd_calibrate(cal_flags, cal_out, cal_measured, cal_policy, cal_name, cal_quiet));
+    if (validate->parsed())
+      return finish(cmd_validate(val_flags, val_policy, val_measured, val_json, val_quiet));
     if (generate->parsed())
       return finish(cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_teacher, gen_json));
     if (gen->parsed()) return finish(cmd_trace_generate(gen_flags));

@@ -395,6 +395,7 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
     err.push_back(e);
     abs_err.push_back(std::abs(e));
   }
+  out.errors = err;
   out.max_abs_rel_error = *std::max_element(abs_err.begin(), abs_err.end());
   const Percentiles a = percentiles(std::move(abs_err));
   out.median_abs_rel_error = a.p50;

@@ -1,6 +1,6 @@
 // Calibration of the simulator's cost model (sim_backend.hpp) from measured forwards, and the step-by-step
 // comparison of a measured and a simulated run of one trace (the core of `amoeba calibrate` / `validate`;
-// the GPU harness that takes the measurements is not built yet, docs/engine.md "Calibration").
+// calibration_harness.hpp takes the measurements, docs/engine.md "Calibration").
 //
 // A sample is one measured phase of a forward with the quantities the cost model prices it by, computed by
 // the simulator's own formulas (attention_work, moe_work, dense_ffn_work, lm_head_work in sim_backend.hpp),
@@ -101,6 +101,7 @@ struct RunComparison {
   // |simulated step_ms / measured step_ms - 1| over matched steps (count 0 when none matched), and the signed
   // median (simulated slower > 0).
   double median_abs_rel_error = 0, p90_abs_rel_error = 0, max_abs_rel_error = 0, median_rel_error = 0;
+  std::vector<double> errors;  // simulated step_ms / measured step_ms - 1 of each matched pair, in order
   EndToEnd measured, simulated;
 };
 

@@ -100,8 +100,10 @@ RunResult run_engine(const RunSetup& s) {
     ranker = ExpertRanker::from_probabilities(probs, "calibration sample");
   }
   std::unique_ptr<RoutingSource> source;
-  if (s.routing_record)
-    source = replay(*s.routing_record, layers, experts, sc.routing_source);
+  if (s.options.make_routing)
+    source = s.options.make_routing();
+  else if (s.routing_record)
+    source = replay(*s.routing_record, layers, experts, s.model.top_k, sc.routing_source);
   else if (s.routing == RoutingKind::kModel)
     source = std::make_unique<ModelRouting>(layers, experts);
   else
@@ -117,9 +119,13 @@ RunResult run_engine(const RunSetup& s) {
                                     make_backend<Backend>(s), std::move(source), *s.trace, eo);
   RunProgress progress;
   progress.total_requests = engine.sequences().size();
+  std::uint64_t forwards = 0;
   while (engine.step()) {
     if (s.options.recorder && engine.last_step().routed_layers() > 0)
       s.options.recorder->add(engine.last_plan().batch, engine.last_step());
+    if (s.options.observe_forward && engine.forward_steps() != forwards)
+      s.options.observe_forward(engine.last_plan().batch, engine.last_step());
+    forwards = engine.forward_steps();
     if (s.options.progress) {
       progress.finished_requests = engine.finished_requests();
       progress.forward_steps = engine.forward_steps();

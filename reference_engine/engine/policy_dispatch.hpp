@@ -70,6 +70,13 @@ struct RunOptions {
   bool check_conservation = true;       // run Engine::drain() at the end; a violation throws std::logic_error
   // Called after every step (cheap calls: the receiver decides how often to draw anything).
   std::function<void(const RunProgress&)> progress;
+  // Called after every forward step with its batch and result (the calibration harness turns them into
+  // samples: calibration_harness.hpp).
+  std::function<void(const StepBatch&, const StepResult&)> observe_forward;
+  // When set, makes the routing source instead of the scenario's (the calibration harness's chosen
+  // distinct-expert counts). Its shape must be the model's and its kind not kModel when the scenario's
+  // routing source names a synthetic or recorded one (the GPU backend reads the sets it hands out).
+  std::function<std::unique_ptr<RoutingSource>()> make_routing;
 };
 
 // Everything a run needs, resolved from a Scenario (names looked up, memory planned).

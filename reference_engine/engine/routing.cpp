@@ -28,6 +28,39 @@ PredictorKind predictor_from_string(const std::string& s) {
   throw ConfigError("predictor", s, "must be one of none, cross-layer, oracle");
 }
 
+RoutableRange routable_range(std::uint64_t tokens, std::uint32_t top_k, std::uint32_t experts) noexcept {
+  if (tokens == 0) return {};
+  const std::uint64_t e = experts, k = top_k;
+  // T k without overflow: any T k >= E is capped at E.
+  const std::uint64_t max = k == 0 ? 0 : (tokens >= (e + k - 1) / k ? e : tokens * k);
+  return {std::min(k, e), max};
+}
+
+void make_routable(std::vector<std::uint32_t>& set, std::uint64_t tokens, std::uint32_t top_k,
+                   std::span<const double> popularity) {
+  const auto experts = static_cast<std::uint32_t>(popularity.size());
+  const RoutableRange r = routable_range(tokens, top_k, experts);
+  if (set.size() >= r.min && set.size() <= r.max) return;
+  auto more_popular = [&](std::uint32_t a, std::uint32_t b) {
+    return popularity[a] > popularity[b] || (popularity[a] == popularity[b] && a < b);
+  };
+  if (set.size() > r.max) {  // keep the r.max most popular
+    std::partial_sort(set.begin(), set.begin() + std::ptrdiff_t(r.max), set.end(), more_popular);
+    set.resize(r.max);
+  } else {  // add the most popular experts the set lacks
+    std::vector<std::uint8_t> in(experts, 0);
+    for (std::uint32_t e : set) in[e] = 1;
+    std::vector<std::uint32_t> missing;
+    missing.reserve(experts - set.size());
+    for (std::uint32_t e = 0; e < experts; ++e)
+      if (!in[e]) missing.push_back(e);
+    const std::size_t add = r.min - set.size();
+    std::partial_sort(missing.begin(), missing.begin() + std::ptrdiff_t(add), missing.end(), more_popular);
+    set.insert(set.end(), missing.begin(), missing.begin() + std::ptrdiff_t(add));
+  }
+  std::sort(set.begin(), set.end());
+}
+
 namespace {
 void partial_shuffle(std::vector<std::uint32_t>& perm, double fraction, Rng& rng) {
   const auto n = perm.size();
@@ -73,6 +106,7 @@ RoutingModel::RoutingModel(std::uint32_t layers, std::uint32_t experts, std::uin
       live_w_(std::size_t(layers) * experts),
       x_(std::size_t(layers) * experts, 0.0),
       log_miss_(std::size_t(layers) * experts, 0.0),
+      live_p_(std::size_t(layers) * experts, 0.0),
       rng_(seed, 17),
       seed_(seed) {
   Rng setup(seed, 11), drift(seed, 13);      // drift has its own stream: the calibration ranking ignores it
@@ -165,6 +199,7 @@ void RoutingModel::refresh() {
     }
     for (std::uint32_t e = 0; e < experts_; ++e) {
       const double pe = w[e] / z;
+      live_p_[o + e] = pe;
       log_miss_[o + e] = pe >= 1.0 ? -1e300 : std::log1p(-pe);
     }
   }

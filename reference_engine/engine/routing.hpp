@@ -13,6 +13,15 @@
 // A step with T tokens touches expert e with probability 1 - (1 - p_e)^(T k), p_e the normalised live weight
 // (independent draws per expert; exact top-k draws are used for the offline sample).
 //
+// Routable sets: independent draws can touch fewer than k experts or more than T k, which no top-k router
+// produces (T tokens pick k distinct experts each). make_routable() brings a drawn set into
+// [min(k, E), min(T k, E)] by popularity: a set short of k gains the most popular experts it lacks, a set
+// above T k keeps its T k most popular; a set already within the bounds is left as it is. Equal popularity
+// goes to the lower expert id, and the rule draws nothing from a random stream, so every later draw of a
+// seed is what it was. The routing sources apply it (routing_source.hpp), so the
+// simulator and a GPU backend, which realises a set by giving token t experts set[(t k + j) mod |set|],
+// route to the same experts.
+//
 // Predictors for the next layer's experts (DESIGN §3.4): none; cross-layer with a given accuracy (each expert
 // the router will pick and that is not resident is predicted with probability `accuracy`; each one missed
 // costs one wrong, wasted prediction when a non-needed offloaded expert exists); oracle (exactly the needed
@@ -20,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,6 +56,20 @@ struct PredictorParams {
 std::string to_string(PredictorKind k);
 PredictorKind predictor_from_string(const std::string& s);  // throws ConfigError
 
+// The distinct-expert counts a top-k router can route `tokens` tokens to, among `experts` experts:
+// [min(k, E), min(T k, E)]; [0, 0] when tokens is 0 (nothing is routed).
+struct RoutableRange {
+  std::uint64_t min = 0, max = 0;
+};
+RoutableRange routable_range(std::uint64_t tokens, std::uint32_t top_k, std::uint32_t experts) noexcept;
+
+// Brings `set` (distinct expert ids below popularity.size(), ascending) into routable_range(tokens, top_k,
+// popularity.size()) by popularity (larger = more popular; ties: the lower id): adds the most popular
+// missing experts, or keeps the most popular ones. The identity on a set within the range; the result is
+// ascending.
+void make_routable(std::vector<std::uint32_t>& set, std::uint64_t tokens, std::uint32_t top_k,
+                   std::span<const double> popularity);
+
 class RoutingModel {
  public:
   RoutingModel(std::uint32_t layers, std::uint32_t experts, std::uint32_t top_k, const RoutingParams& p,
@@ -53,6 +77,7 @@ class RoutingModel {
 
   std::uint32_t layers() const noexcept { return layers_; }
   std::uint32_t experts() const noexcept { return experts_; }
+  std::uint32_t top_k() const noexcept { return top_k_; }
 
   // Offline sample: routed-token counts per [layer * experts + expert] over `tokens` tokens drawn (top-k
   // without replacement) from the calibration distribution (no drift, no temporal noise).
@@ -62,6 +87,12 @@ class RoutingModel {
   // touched[layer * experts + expert] = 1.
   void step(std::uint64_t tokens, std::vector<std::uint8_t>& touched);
 
+  // The live probability of each expert of `layer` at the last step() (one token's pick): the popularity
+  // make_routable() orders by. All zero before the first step().
+  std::span<const double> live_probability(std::uint32_t layer) const noexcept {
+    return std::span<const double>(live_p_).subspan(std::size_t(layer) * experts_, experts_);
+  }
+
  private:
   std::uint32_t layers_, experts_, top_k_;
   RoutingParams p_;
@@ -69,6 +100,7 @@ class RoutingModel {
   std::vector<double> live_w_;    // unnormalised base weights of the live (possibly drifted) ranking
   std::vector<double> x_;         // temporal AR state
   std::vector<double> log_miss_;  // log(1 - p_e) of the current live distribution
+  std::vector<double> live_p_;    // p_e of the current live distribution
   std::uint64_t steps_ = 0;
   void refresh();
   Rng rng_;

@@ -175,9 +175,9 @@ void check_record_shape(const RoutingRecord& r, std::uint32_t moe_layers, std::u
 }
 
 std::unique_ptr<RecordedRouting> replay(const RoutingRecord& r, std::uint32_t moe_layers,
-                                        std::uint32_t experts, const std::string& what) {
+                                        std::uint32_t experts, std::uint32_t top_k, const std::string& what) {
   check_record_shape(r, moe_layers, experts, what);
-  return std::make_unique<RecordedRouting>(moe_layers, experts, r.steps, /*wrap=*/true);
+  return std::make_unique<RecordedRouting>(moe_layers, experts, top_k, r.steps, /*wrap=*/true);
 }
 
 }  // namespace amoeba::engine

@@ -67,10 +67,11 @@ std::string expert_stats_json(const RoutingRecord& r, const std::string& source)
 // Throws ConfigError unless `r` was recorded for `moe_layers` x `experts`.
 void check_record_shape(const RoutingRecord& r, std::uint32_t moe_layers, std::uint32_t experts,
                         const std::string& what);
-// A RoutingSource replaying `r`; past its last step it starts again from the first (a run of another policy
-// may take more steps than the run that recorded it). Throws ConfigError when the record's shape is not the
-// model's.
+// A RoutingSource replaying `r` for a model of `top_k` experts per token (its sets are made routable for
+// each step's tokens: routing_source.hpp); past its last step it starts again from the first (a run of
+// another policy may take more steps than the run that recorded it). Throws ConfigError when the record's
+// shape is not the model's.
 std::unique_ptr<RecordedRouting> replay(const RoutingRecord& r, std::uint32_t moe_layers,
-                                        std::uint32_t experts, const std::string& what);
+                                        std::uint32_t experts, std::uint32_t top_k, const std::string& what);
 
 }  // namespace amoeba::engine

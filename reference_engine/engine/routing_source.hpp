@@ -3,6 +3,11 @@
 //                     T tokens touches, layer by layer; the same seed gives the same choices everywhere;
 //   RecordedRouting   a recorded routing trace replayed step by step (step i of the run reads record i); past
 //                     the record's end it either starts again (wrap) or refuses the step with the counts;
+// Both hand out routable sets only: every layer's set is brought into [min(k, E), min(T k, E)] for the
+// step's T tokens by make_routable (routing.hpp), ordered by the routing model's live popularity
+// (synthetic) or by how many of the record's steps route to each expert (recorded; a record made by
+// another run, or replayed in a run with other batches, can hold sets a top-k router cannot produce). So
+// the simulator and a GPU backend given the same source route to the same experts.
 //   ModelRouting      the model's own router, run by a GPU backend inside the forward: it only names the
 //                     shape (--routing model); it has no choices to read.
 #pragma once
@@ -31,7 +36,7 @@ class SyntheticRouting final : public RoutingSource {
  private:
   RoutingModel model_;
   std::vector<std::uint8_t> touched_;  // [layer * experts + expert]
-  std::vector<std::uint32_t> experts_, offsets_;
+  std::vector<std::uint32_t> experts_, offsets_, layer_;
 };
 
 // One recorded step: the distinct experts of every MoE layer.
@@ -40,9 +45,10 @@ using RecordedStep = std::vector<std::vector<std::uint32_t>>;
 class RecordedRouting final : public RoutingSource {
  public:
   // Throws ConfigError when there is no step, a step has the wrong number of layers or an expert id >=
-  // `experts`. `wrap`: after the last step, start again from the first.
-  RecordedRouting(std::uint32_t layers, std::uint32_t experts, std::vector<RecordedStep> steps,
-                  bool wrap = false);
+  // `experts`. `top_k`: the model's experts per token (sets are made routable for it). `wrap`: after the
+  // last step, start again from the first.
+  RecordedRouting(std::uint32_t layers, std::uint32_t experts, std::uint32_t top_k,
+                  std::vector<RecordedStep> steps, bool wrap = false);
 
   RoutingKind kind() const noexcept override { return RoutingKind::kRecorded; }
   std::uint32_t layers() const noexcept override { return layers_; }
@@ -53,10 +59,13 @@ class RecordedRouting final : public RoutingSource {
   std::size_t record_steps() const noexcept { return steps_.size(); }
 
  private:
-  std::uint32_t layers_, experts_;
+  std::uint32_t layers_, experts_, top_k_;
   std::vector<RecordedStep> steps_;
   bool wrap_;
   std::size_t replayed_ = 0, current_ = 0;
+  std::vector<double> popularity_;  // [layer * experts + expert]: steps of the record routing to it
+  // This step's sets where a recorded one had to be made routable (CSR, like SyntheticRouting's).
+  std::vector<std::uint32_t> experts_now_, offsets_now_;
 };
 
 // Routing decided by the checkpoint's router inside the forward (RoutingKind::kModel). A backend with a

@@ -508,3 +508,173 @@ TEST_CASE("backend cuda, routing model, --weights and --gpu-memory-gib on the co
   CHECK_THAT(o.err, Catch::Contains("--backend = tpu: unknown generation backend (known: reference, the host "
                                     "reference; cuda, the GPU)"));
 }
+
+namespace {
+
+// A cost-model file with every parameter given.
+std::string cost_model_file(const std::string& name, double scale_efficiency, double scale_overhead) {
+  nlohmann::json j;
+  j["name"] = name;
+  j["attention_memory_efficiency"] = 0.47 * scale_efficiency;
+  j["attention_compute_efficiency"] = 0.33 * scale_efficiency;
+  j["moe_memory_efficiency"] = 0.62 * scale_efficiency;
+  j["moe_compute_efficiency"] = 0.41 * scale_efficiency;
+  j["dense_memory_efficiency"] = 0.55 * scale_efficiency;
+  j["dense_compute_efficiency"] = 0.9 * scale_efficiency;
+  j["per_layer_overhead_us"] = 12.5 * scale_overhead;
+  j["step_overhead_us"] = 2300.0 * scale_overhead;
+  j["h2d_bandwidth_scale"] = 0.85;
+  return j.dump();
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  return nlohmann::json::parse(slurp(p));
+}
+
+}  // namespace
+
+TEST_CASE("calibrate: the simulator measured with a hidden cost model is fitted back; run loads the file",
+          "[cli][calibration]") {
+  TempDir t;
+  const std::string hidden = (t / "hidden.json").string(), fit = (t / "fit.json").string();
+  write(hidden, cost_model_file("hidden", 1.0, 1.0));
+  const std::string cmd = "calibrate --backend sim --gpu h200 --max-num-seqs 1024 --measured-cost-model " +
+                          hidden + " --quiet --out ";
+  const Outcome o = amoeba(t, cmd + fit);
+  REQUIRE(o.status == 0);
+  CHECK(o.err.empty());
+  CHECK_THAT(o.out, Catch::Contains("SIMULATED GPU (backend sim, cost model " + hidden));
+  CHECK_THAT(o.out, Catch::Contains("calibrated cost model \"fit\" for qwen1.5-moe-a2.7b on h200"));
+  const nlohmann::json j = read_json(fit);
+  CHECK(j["name"] == "fit");
+  CHECK(j["calibrated"] == true);
+  CHECK_THAT(j["source"].get<std::string>(),
+             Catch::Contains("fit_cost_model") && Catch::Contains("backend sim"));
+  const double grid = 0.0005;
+  CHECK(j["attention_memory_efficiency"].get<double>() == Approx(0.47).margin(grid));
+  CHECK(j["attention_compute_efficiency"].get<double>() == Approx(0.33).margin(grid));
+  CHECK(j["moe_memory_efficiency"].get<double>() == Approx(0.62).margin(grid));
+  CHECK(j["moe_compute_efficiency"].get<double>() == Approx(0.41).margin(grid));
+  CHECK(j["dense_memory_efficiency"].get<double>() == Approx(0.55).margin(grid));
+  CHECK(j["dense_compute_efficiency"].get<double>() == Approx(0.9).margin(grid));
+  CHECK(j["per_layer_overhead_us"].get<double>() == Approx(12.5).margin(0.05));
+  CHECK(j["step_overhead_us"].get<double>() == Approx(2300).epsilon(1e-9));
+  CHECK(j["h2d_bandwidth_scale"].get<double>() == Approx(0.85).epsilon(1e-9));
+  for (const char* phase : {"attention", "moe", "dense", "step", "copy"}) {
+    INFO(phase);
+    REQUIRE(j["residuals"].contains(phase));
+    CHECK(j["residuals"][phase]["samples"].get<int>() > 0);
+    CHECK(j["residuals"][phase]["p90_abs_rel_error"].get<double>() < 1e-6);
+  }
+  // Deterministic: the same command writes the same file.
+  const std::string again = (t / "again.json").string();
+  REQUIRE(amoeba(t, cmd + again + " --name fit").status == 0);
+  CHECK(slurp(again) == slurp(fit));
+  // The simulator loads it with --cost-model, and it prices a run as the hidden model does.
+  const std::string run = "run --policy elastic --gpu h200 --gpu-memory-gib 40 --requests 60 --quiet --json ";
+  REQUIRE(amoeba(t, run + (t / "a.json").string() + " --cost-model " + hidden).status == 0);
+  REQUIRE(amoeba(t, run + (t / "b.json").string() + " --cost-model " + fit).status == 0);
+  const nlohmann::json a = read_json(t / "a.json")["results"][0], b = read_json(t / "b.json")["results"][0];
+  CHECK(b["forward_steps"] == a["forward_steps"]);
+  CHECK(b["throughput_tok_s"].get<double>() == Approx(a["throughput_tok_s"].get<double>()).epsilon(1e-4));
+  // Against the default cost model the same run differs.
+  REQUIRE(amoeba(t, run + (t / "c.json").string()).status == 0);
+  const nlohmann::json c = read_json(t / "c.json")["results"][0];
+  CHECK(c["throughput_tok_s"].get<double>() != Approx(a["throughput_tok_s"].get<double>()).epsilon(1e-2));
+}
+
+TEST_CASE("validate: the simulator against itself: no error with one cost model, the expected with another",
+          "[cli][calibration]") {
+  TempDir t;
+  const std::string hidden = (t / "hidden.json").string(), slow = (t / "slow.json").string();
+  write(hidden, cost_model_file("hidden", 1.0, 1.0));
+  // Half the efficiencies and twice the overheads: every step of a run without copies takes twice as long.
+  write(slow, cost_model_file("slow", 0.5, 2.0));
+  // Every request at t = 0: the schedule does not depend on the clock, so both sides run the same steps.
+  std::string trace;
+  for (int i = 0; i < 40; ++i)
+    trace += "{\"arrival_s\": 0, \"prompt_tokens\": " + std::to_string(20 + 37 * i % 400) +
+             ", \"output_tokens\": " + std::to_string(5 + 11 * i % 60) + "}\n";
+  write(t / "t.jsonl", trace);
+  const std::string cmd = "validate --backend sim --policy static --quiet --trace " +
+                          (t / "t.jsonl").string() + " --measured-cost-model " + hidden + " --json ";
+  Outcome o = amoeba(t, cmd + (t / "same.json").string() + " --cost-model " + hidden);
+  REQUIRE(o.status == 0);
+  CHECK_THAT(o.out, Catch::Contains("validate: SIMULATED GPU (backend sim, cost model " + hidden));
+  CHECK_THAT(o.out, Catch::Contains("|error| median 0.00%, p90 0.00%, max 0.00%"));
+  nlohmann::json j = read_json(t / "same.json");
+  CHECK(j["steps"]["pairing"] == "by-index");
+  CHECK(j["steps"]["paired"].get<int>() > 10);
+  CHECK(j["steps"]["paired"] == j["steps"]["measured"]);
+  CHECK(j["steps"]["max_abs_rel_error"].get<double>() == 0.0);
+  CHECK(j["end_to_end"]["measured"] == j["end_to_end"]["simulated"]);
+
+  o = amoeba(t, cmd + (t / "slow_v.json").string() + " --cost-model " + slow);
+  REQUIRE(o.status == 0);
+  CHECK_THAT(o.out, Catch::Contains("signed median 100.00% (the simulator is slower)"));
+  j = read_json(t / "slow_v.json");
+  CHECK(j["steps"]["pairing"] == "by-index");
+  CHECK(j["steps"]["median_abs_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
+  CHECK(j["steps"]["max_abs_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
+  CHECK(j["steps"]["median_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
+  const nlohmann::json& buckets = j["steps"]["abs_error_buckets"];
+  CHECK(buckets.back()["below"].is_null());
+  CHECK(buckets.back()["steps"] == j["steps"]["paired"]);  // every step is off by 100%
+  CHECK(j["end_to_end"]["simulated"]["makespan_s"].get<double>() ==
+        Approx(2 * j["end_to_end"]["measured"]["makespan_s"].get<double>()).epsilon(1e-9));
+  CHECK(j["end_to_end"]["simulated"]["forward_steps"] == j["end_to_end"]["measured"]["forward_steps"]);
+}
+
+TEST_CASE("calibrate and validate: bad arguments name the flag and the value, and write nothing",
+          "[cli][calibration]") {
+  TempDir t;
+  const std::string out = (t / "x.json").string();
+  auto refused = [&](const std::string& args, const std::string& message) {
+    const Outcome o = amoeba(t, args);
+    INFO(args);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.err, Catch::Contains(message));
+    CHECK(o.out.empty());
+    CHECK_FALSE(fs::exists(out));
+    std::size_t files = 0;  // nothing left behind: no output, no temporary file
+    for (const auto& e : fs::directory_iterator(t.dir))
+      files += e.path().filename() != "stdout" && e.path().filename() != "stderr";
+    CHECK(files == 0);
+  };
+  refused("calibrate --backend sim", "--out = (none): calibrate writes the fitted cost model to a file");
+  refused("calibrate --backend sim --model gpt-5 --out " + out, "--model = gpt-5: unknown model");
+  refused("calibrate --backend sim --out " + (t / "no_such_dir" / "x.json").string(),
+          "--out = " + (t / "no_such_dir" / "x.json").string());
+  refused("calibrate --backend tpu --out " + out, "--backend = tpu: unknown backend (known: sim, cuda)");
+  refused("calibrate --backend sim --policy belady --out " + out, "--policy = belady: unknown policy");
+  refused("calibrate --backend sim --model qwen3.5-35b-a3b --out " + out,
+          "--model = qwen3.5-35b-a3b: calibration measures models whose every layer has full attention");
+  refused("calibrate --backend sim --gpu 2x-rtx5090 --out " + out,
+          "--gpu = 2x-rtx5090: calibration measures one GPU");
+  refused("calibrate --backend sim --measured-cost-model " + (t / "none.json").string() + " --out " + out,
+          "--measured-cost-model = ");
+  refused("calibrate --backend sim --cost-model fast --out " + out,
+          "--cost-model = fast: unknown cost model");
+  refused("validate --backend sim --routing model --requests 4",
+          "--routing = model: validate runs both backends on the same expert choices");
+  refused("validate --backend sim --predictor oracle --requests 4",
+          "--predictor = oracle: validate compares with a backend that prefetches no predicted experts");
+  refused("validate --backend sim --requests 4 --json " + (t / "no_such_dir" / "v.json").string(),
+          "--json = " + (t / "no_such_dir" / "v.json").string());
+#ifndef AMOEBA_HAS_CUDA_BACKEND
+  // cuda is the default of both commands; this build has none.
+  refused("calibrate --out " + out, "--backend = cuda: this build has no CUDA backend");
+  refused("calibrate --backend cuda --model qwen3-30b-a3b --out " + out,
+          "--backend = cuda: this build has no CUDA backend");
+  refused("validate --requests 4", "--backend = cuda: this build has no CUDA backend");
+#endif
+  refused("validate --backend sim --measured-cost-model default --cost-model nope --requests 4",
+          "--cost-model = nope: unknown cost model");
+#ifdef AMOEBA_HAS_CUDA_BACKEND
+  refused("validate --backend cuda --measured-cost-model default --requests 4",
+          "--measured-cost-model = default: only with --backend sim");
+#else
+  refused("validate --backend cuda --measured-cost-model default --requests 4",
+          "--backend = cuda: this build has no CUDA backend");
+#endif
+}

@@ -134,7 +134,7 @@ TEST_CASE("two all-reduces per layer over the profile's interconnect, only with 
   std::iota(some.begin(), some.end(), 0u);
   const std::vector<RecordedStep> steps(1, RecordedStep(m.moe_layers(), some));
   auto step = [&](SimBackend& b) {
-    RecordedRouting routing(m.moe_layers(), m.num_experts, steps);
+    RecordedRouting routing(m.moe_layers(), m.num_experts, m.top_k, steps);
     routing.begin_step(batch);
     StepResult r;
     REQUIRE_FALSE(b.forward(StepInput<MoePool>{batch, ChangeList{}, resident, pool, routing}, r));

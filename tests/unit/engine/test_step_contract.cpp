@@ -189,10 +189,10 @@ TEST_CASE("cost model over the plan: copy calls, misses stall the MoE, prefetch 
       REQUIRE(resident_all.mark_resident({l, e}, p));
       if (e >= 8) REQUIRE(resident_some.mark_resident({l, e}, p));
     }
-  const StepBatch batch = decode_batch(8, 100);
+  const StepBatch batch = decode_batch(15, 100);  // 15 tokens x top-4 can route to all 60 experts
   const ChangeList none;
   auto run = [&](SimBackend& backend, const ResidencyTable& table) {
-    RecordedRouting routing(layers, 60, steps);
+    RecordedRouting routing(layers, 60, m.top_k, steps);
     routing.begin_step(batch);
     StepResult r;
     REQUIRE_FALSE(backend.forward(StepInput<MoePool>{batch, none, table, pool, routing}, r));
@@ -242,17 +242,23 @@ TEST_CASE("backend names: known ones resolve, unknown ones list the known", "[en
 TEST_CASE("recorded routing: replayed in order, checked on load, refused past its end",
           "[engine][contract]") {
   std::vector<RecordedStep> steps{{{3, 1, 3}, {}}, {{0}, {2, 2}}};
-  RecordedRouting r(2, 4, steps);
-  const StepBatch b = decode_batch(1, 1);
+  RecordedRouting r(2, 4, /*top_k=*/1, steps);
+  const StepBatch b = decode_batch(2, 1);  // 2 tokens, top-1: 1 or 2 distinct experts are routable
+  auto at = [&](std::uint32_t l) {
+    return std::vector<std::uint32_t>(r.layer_experts(l).begin(), r.layer_experts(l).end());
+  };
   r.begin_step(b);
-  CHECK(std::vector<std::uint32_t>(r.layer_experts(0).begin(), r.layer_experts(0).end()) ==
-        std::vector<std::uint32_t>{1, 3});  // sorted, deduplicated
-  CHECK(r.layer_experts(1).empty());
+  CHECK(at(0) == std::vector<std::uint32_t>{1, 3});  // sorted, deduplicated
+  // An empty set is not routable: it gains the expert the record routes to most often in that layer.
+  CHECK(at(1) == std::vector<std::uint32_t>{2});
   r.begin_step(b);
-  CHECK(r.layer_experts(1).size() == 1);
+  CHECK(at(0) == std::vector<std::uint32_t>{0});
+  CHECK(at(1) == std::vector<std::uint32_t>{2});
   CHECK_THROWS_WITH(r.begin_step(b), Catch::Contains("routing.steps = 2: the recorded routing ends"));
-  CHECK_THROWS_WITH(RecordedRouting(2, 4, {{{5}, {}}}), Catch::Contains("routing.steps[0][0] = 5"));
-  CHECK_THROWS_WITH(RecordedRouting(3, 4, {{{1}, {}}}), Catch::Contains("must list 3 MoE layers"));
+  CHECK(at(1) == std::vector<std::uint32_t>{2});  // a refused step changes nothing
+  CHECK_THROWS_WITH(RecordedRouting(2, 4, 1, {{{5}, {}}}), Catch::Contains("routing.steps[0][0] = 5"));
+  CHECK_THROWS_WITH(RecordedRouting(3, 4, 1, {{{1}, {}}}), Catch::Contains("must list 3 MoE layers"));
+  CHECK_THROWS_WITH(RecordedRouting(2, 4, 0, {{{1}, {}}}), Catch::Contains("routing.top_k = 0"));
   // The simulator has no router: a model-routed source is refused by name.
   struct ModelRouting final : RoutingSource {
     RoutingKind kind() const noexcept override { return RoutingKind::kModel; }

@@ -1,0 +1,157 @@
+// The measuring side of `amoeba calibrate` and `amoeba validate` (docs/engine.md "Calibration"): short runs
+// of chosen step shapes through a backend, each measured forward turned into CalibrationSamples priced by
+// the simulator's own formulas (calibration.hpp fits them), and the pair of runs a validation compares.
+//
+// How the shapes are run: through the normal engine (policy_dispatch.hpp run_policy), so the same code
+// measures SimBackend on the CPU and CudaBackend on the GPU, with the backend set up once for every shape
+// (one process, one engine, one GPU setup). A shape is `requests` requests arriving together with `prompt`
+// prompt and `output` output tokens each: its first steps are prefill chunks up to the token budget, then
+// every step decodes all of them at contexts prompt .. prompt + output - 1. The shapes' requests arrive
+// kShapeGapS apart, so each shape runs alone and the engine's clock jumps over the gaps.
+//
+// Routing (CalibrationRouting): every MoE layer of a step routes to the same number of distinct experts d,
+// a routable count (routable_range, routing.hpp) chosen step by step from the plan's fractions of the
+// step's range [min(k, E), min(T k, E)]: the MoE is measured at several token and distinct-expert counts,
+// and one step's MoE time covers MoE layers of equal work.
+//
+// Pricing (forward_samples): per forward, from its StepBatch and StepResult:
+//   attention: attention_work(model, l, batch), one sample for all layers (they must do equal work: a
+//              hybrid model's layers do not, and give no attention sample), seconds = attention_s;
+//   MoE:       moe_work(model, T, d), one sample for all MoE layers when every layer routed to d experts,
+//              seconds = moe_s (which excludes the wait for copies on both backends);
+//   dense:     lm_head_work(model, sampled sequences), layers 1, seconds = dense_s, for models without
+//              dense FFN layers (one measured sum cannot be split between them and the LM head) and steps
+//              that sample (a GPU runs no LM head for a step that samples nothing);
+//   step:      seconds = step_s, phases_s = attention + MoE + dense + stall seconds (at most step_s);
+//   copy:      h2d_bytes, copy_calls, copy_s, where the backend times its copy engine (copy_s > 0: the
+//              simulator; the GPU backend reports 0 and its copies are measured by the copy probe below).
+// Copies: a CopyTimer measures `calls` host-to-device copies of `bytes_per_call` bytes each, for every
+// count in the plan, one expert page per call (a restore's copies) and one whole expert per call (a
+// buffered expert's): the simulator's copy_time, or CUDA events around cudaMemcpyAsync from pinned memory
+// (h2d_copy_probe.hpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "amoeba/engine/step.hpp"
+#include "engine/calibration.hpp"
+#include "engine/metrics.hpp"
+#include "engine/model.hpp"
+#include "engine/policy_dispatch.hpp"
+#include "engine/scenario.hpp"
+#include "engine/workload.hpp"
+
+namespace amoeba::engine {
+
+// `requests` requests arriving together, each with `prompt` prompt and `output` output tokens.
+struct CalibrationShape {
+  std::uint32_t requests = 1, prompt = 16, output = 8;
+  friend bool operator==(const CalibrationShape&, const CalibrationShape&) = default;
+};
+
+// Seconds between the arrivals of consecutive shapes: far longer than any shape runs, so shapes never meet.
+inline constexpr double kShapeGapS = 1e4;
+
+struct CalibrationPlan {
+  std::vector<CalibrationShape> shapes;  // run in this order
+  std::uint32_t warmup_shapes = 1;       // the first shapes give no samples (a GPU's first launches)
+  // Distinct experts per MoE layer at step i: min + round(f x (max - min)), f = distinct_fractions[i mod n],
+  // [min, max] = routable_range(step tokens, k, E).
+  std::vector<double> distinct_fractions{0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0};
+  std::vector<std::uint32_t> copy_calls{1, 2, 4, 8, 16, 32};  // copies per probe
+  std::uint32_t copy_repeats = 3;                             // each probe measured this often
+};
+
+// The default plan for a model under `sched` whose pool holds `kv_pages` KV pages (the memory plan's KV):
+// a warm-up shape; decode batches of 1, 4, 16, 64 and 256 sequences and of max_num_seqs at
+// prompts of 32, 256 and 1024 tokens (at most max_model_len - 16), 16 output tokens each; two long prompts
+// (one of max_model_len - 16 tokens, two of 3/4 of it) for prefill chunks. A shape is left out when its
+// requests x (prompt + output) exceed 65536 tokens (prefill time) or 90% of the KV pages, or its requests
+// exceed max_num_seqs. Throws ConfigError naming "memory" when not even one request of 64 tokens fits.
+CalibrationPlan default_calibration_plan(const ModelSpec& model, const SchedulerConfig& sched,
+                                         std::uint64_t kv_pages, std::uint32_t tokens_per_kv_page = 16);
+
+// The plan's requests: shape g's arrive at g x kShapeGapS, ids in order from 0.
+std::vector<Request> calibration_trace(const CalibrationPlan& plan);
+
+// Every MoE layer of a step routes to d distinct experts (see the header comment): consecutive expert ids
+// from an offset that moves by 7 per step and 13 per layer, so that the sets differ from step to step.
+class CalibrationRouting final : public RoutingSource {
+ public:
+  // Throws ConfigError when a count is 0, `fractions` is empty or a fraction is outside [0, 1].
+  CalibrationRouting(std::uint32_t layers, std::uint32_t experts, std::uint32_t top_k,
+                     std::vector<double> fractions);
+
+  RoutingKind kind() const noexcept override { return RoutingKind::kSynthetic; }
+  std::uint32_t layers() const noexcept override { return layers_; }
+  std::uint32_t experts() const noexcept override { return experts_; }
+  void begin_step(const StepBatch& batch) override;
+  std::span<const std::uint32_t> layer_experts(std::uint32_t layer) const override;
+  // Distinct experts of every layer at this step.
+  std::uint32_t distinct() const noexcept { return distinct_; }
+
+ private:
+  std::uint32_t layers_, experts_, top_k_;
+  std::vector<double> fractions_;
+  std::uint64_t steps_ = 0;
+  std::uint32_t distinct_ = 0;
+  std::vector<std::uint32_t> sets_;  // [layer * experts ...]: layer l's set at sets_[l * experts_]
+};
+
+// The samples of one measured forward, priced as the header comment says (none for a phase it cannot
+// price: unequal layers, no sampled sequence, a time of 0).
+std::vector<CalibrationSample> forward_samples(const ModelSpec& model, const StepBatch& batch,
+                                               const StepResult& result);
+
+// Seconds that `calls` host-to-device copies of `bytes_per_call` bytes each take.
+using CopyTimer = std::function<double(std::uint64_t calls, std::uint64_t bytes_per_call)>;
+
+struct CalibrationMeasurement {
+  std::vector<CalibrationSample> samples;
+  std::uint64_t forward_steps = 0;  // measured forwards, warm-up included
+  std::uint64_t warmup_steps = 0;   // of which gave no samples
+  std::size_t copy_probes = 0;
+  RunResult run;  // the engine run over every shape
+};
+
+// What a calibration run reports as it goes.
+struct CalibrationProgress {
+  std::function<void(const RunProgress&)> run;  // after every engine step
+};
+
+// Runs `plan` through the backend of `setup` (prepare_run of the scenario with calibration_trace(plan) as
+// its trace; its routing source is replaced by CalibrationRouting), then the copy probes through `copies`
+// (null: none). The samples of warm-up shapes are dropped.
+CalibrationMeasurement measure_for_calibration(RunSetup setup, const CalibrationPlan& plan,
+                                               const CopyTimer& copies, const CalibrationProgress& progress);
+
+// The copy timer of the simulated GPU of `setup` (SimBackend::copy_time with the setup's cost model).
+CopyTimer simulated_copy_timer(const RunSetup& setup);
+
+// ---- `amoeba validate`: one trace through a measured backend and through the simulator, compared step by
+// step (compare_runs, calibration.hpp)
+
+struct ValidationLabels {
+  std::string model, gpu, policy;
+  std::string measured_backend;     // "cuda"; "sim" for a check of the simulator against itself
+  bool measured_simulated = false;  // the measured side's times come from a cost model
+  std::string measured_cost_model;  // that cost model (measured_simulated only)
+  std::string simulated_cost_model;
+  std::string workload;  // one line: requests, rate or trace, seed
+};
+
+// Upper bounds of the |error| buckets the reports count steps in (the last bucket: the rest).
+inline constexpr double kErrorBuckets[] = {0.01, 0.02, 0.05, 0.10, 0.20};
+
+// The comparison as text: the step-time error distribution (median, p90, max, signed median, buckets) and
+// the end-to-end metrics side by side.
+std::string validation_text(const RunComparison& c, const ValidationLabels& labels);
+// The same as JSON (`validate --json`).
+std::string validation_json(const RunComparison& c, const ValidationLabels& labels);
+
+}  // namespace amoeba::engine

@@ -10,6 +10,7 @@
 #include "amoeba/pool/tiered_page_pool.hpp"
 #include "engine/embedded_data.hpp"
 #include "engine/json_fields.hpp"
+#include "moe/quant_layout.hpp"
 
 namespace amoeba::engine {
 
@@ -38,26 +39,28 @@ std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) {
 std::uint64_t round_up(std::uint64_t a, std::uint64_t b) {
   return ceil_div(a, b) * b;
 }
+
+// The quantized sizes are those of the packed layout the kernels read (moe/quant_layout.hpp).
+static_assert(ModelSpec::kQuantGroup == kernels::quant::kGroup);
+kernels::quant::ExpertLayout quant_layout(const ModelSpec& m) {
+  return kernels::quant::expert_layout(m.moe_intermediate_size, m.hidden_size,
+                                       m.expert_precision == ExpertPrecision::kInt8
+                                           ? kernels::quant::Bits::kInt8
+                                           : kernels::quant::Bits::kInt4);
+}
 }  // namespace
 
 std::uint64_t ModelSpec::expert_scale_bytes() const noexcept {
   if (expert_precision == ExpertPrecision::kBf16) return 0;
-  const std::uint64_t f = moe_intermediate_size, h = hidden_size;
   // W1, W3: F rows of K = H; W2: H rows of K = F. One bf16 scale per kQuantGroup values along K.
-  return 2 * std::max(f * ceil_div(h, kQuantGroup), h * ceil_div(f, kQuantGroup));
+  const kernels::quant::ExpertLayout l = quant_layout(*this);
+  return std::max(l.w13.scale_bytes(), l.w2.scale_bytes());
 }
 
 std::uint64_t ModelSpec::expert_page_payload_bytes() const noexcept {
-  const std::uint64_t values = std::uint64_t(moe_intermediate_size) * hidden_size;
-  switch (expert_precision) {
-    case ExpertPrecision::kBf16:
-      return values * 2;
-    case ExpertPrecision::kInt8:
-      return round_up(values + expert_scale_bytes(), 16);
-    case ExpertPrecision::kInt4:
-      return round_up(ceil_div(values, 2) + expert_scale_bytes(), 16);
-  }
-  return 0;
+  if (expert_precision == ExpertPrecision::kBf16)
+    return std::uint64_t(moe_intermediate_size) * hidden_size * 2;
+  return quant_layout(*this).matrix_bytes();
 }
 
 std::uint64_t ModelSpec::expert_page_bytes() const noexcept {

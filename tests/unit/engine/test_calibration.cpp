@@ -272,7 +272,7 @@ TEST_CASE("compare_runs: same schedule pairs by index", "[calibration]") {
   CHECK(c.max_abs_rel_error == Approx(0.5));
   CHECK(c.p90_abs_rel_error == Approx(0.38));
   CHECK(c.median_rel_error == Approx(0).margin(1e-12));  // signed: -0.5, 0, 0, 0.1
-  REQUIRE(c.errors.size() == 4);  // each pair's signed error, in order
+  REQUIRE(c.errors.size() == 4);                         // each pair's signed error, in order
   CHECK(c.errors[0] == Approx(0.1));
   CHECK(c.errors[1] == Approx(0).margin(1e-12));
   CHECK(c.errors[2] == Approx(-0.5));

@@ -1,4 +1,4 @@
-// Quantized routed experts (issue 15's host side): bf16 weights turned into int8 or int4 values with bf16
+// Quantized routed experts (the host side): bf16 weights turned into int8 or int4 values with bf16
 // scales per group of 128 values along K, packed in the layout the kernels read
 // (kernels/moe/quant_layout.hpp: weights [N][K x bits / 8], then scales [N][ceil(K / 128)]), and the
 // reference dequantizer the GPU kernel is checked against. Quantization happens once, when experts are loaded

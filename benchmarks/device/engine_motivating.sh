@@ -3,17 +3,23 @@
 # weights, real shapes) on the H200 capped at an RTX 5090's memory (scenario motivating-h200-capped),
 # ShareGPT-like requests, static / fixed / elastic in one `amoeba ablate --backend cuda` per rate; then one
 # uncapped static run at a high rate whose per-step timeline gives the overheads at batch 1 to 256.
-#   BIN=.gpu OUT=$OUT [RATES="10 7"] [REQUESTS=200] [OVERHEAD_REQUESTS=600] [TESTS="..."] \
-#     bash benchmarks/device/engine_motivating.sh
+#   BIN=.gpu OUT=$OUT [RATES="10 7"] [REQUESTS=200] [REPEATS=1] [ROUTING=model] [OVERHEAD_REQUESTS=600] \
+#     [TESTS="..."] bash benchmarks/device/engine_motivating.sh
+# REPEATS=3 serves each rate in 3 separate processes (measured_rate<R>_r<i>.json: mean ± sd over processes);
+# ROUTING=synthetic gives the GPU the simulator's expert sets (the comparison with a calibrated simulator).
 # TESTS: test binaries of $BIN to run first (their whole logs go to $OUT/tests.txt).
 source "$(dirname "$0")/device_common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$OUT/measured.txt"
 for r in ${RATES:-10 7}; do
-  start=$(date +%s)
-  "$BIN/amoeba" ablate --backend cuda --scenario motivating-h200-capped --rate "$r" \
-    --requests "${REQUESTS:-200}" --policies static,fixed,elastic --json "$OUT/measured_rate$r.json" \
-    >>"$OUT/measured.txt" 2>>"$OUT/stderr.txt"
-  lines+=("ablate rate $r rc=$? wall=$(($(date +%s) - start)) s")
+  for i in $(seq 1 "${REPEATS:-1}"); do
+    start=$(date +%s)
+    json="$OUT/measured_rate$r.json"
+    [[ ${REPEATS:-1} -gt 1 ]] && json="$OUT/measured_rate${r}_r$i.json"
+    "$BIN/amoeba" ablate --backend cuda --scenario motivating-h200-capped --rate "$r" \
+      --routing "${ROUTING:-model}" --requests "${REQUESTS:-200}" --policies static,fixed,elastic \
+      --json "$json" >>"$OUT/measured.txt" 2>>"$OUT/stderr.txt"
+    lines+=("ablate rate $r process $i rc=$? wall=$(($(date +%s) - start)) s")
+  done
 done
 if [[ "${OVERHEAD_REQUESTS:-600}" != 0 ]]; then
   start=$(date +%s)

@@ -342,7 +342,8 @@ std::vector<ForwardStep> forward_steps(const std::vector<TimelineRow>& timeline,
 }
 
 EndToEnd end_to_end(const RunResult& r) {
-  return {r.throughput_tok_s, r.ttft_ms.p50, r.tpot_ms.p50, r.makespan_s, r.forward_steps};
+  return {r.throughput_tok_s, r.ttft_ms.p50, r.tpot_ms.p50, r.makespan_s,  r.forward_steps,
+          r.expert_bytes_h2d, r.evictions,   r.restores,    r.preemptions, r.copy_stall_s};
 }
 
 bool same_key(const ForwardStep& a, const ForwardStep& b) noexcept {

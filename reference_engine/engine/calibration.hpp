@@ -92,6 +92,10 @@ inline constexpr std::size_t kAlignWindow = 64;
 struct EndToEnd {
   double throughput_tok_s = 0, ttft_p50_ms = 0, tpot_p50_ms = 0, makespan_s = 0;
   std::uint64_t forward_steps = 0;
+  // What the experts' movement cost: bytes over PCIe, evictions, restores, the compute stream's wait for
+  // copies; and the scheduler's preemptions (where two runs' copy-bound steps part ways, these say why).
+  std::uint64_t expert_bytes_h2d = 0, evictions = 0, restores = 0, preemptions = 0;
+  double copy_stall_s = 0;
 };
 
 struct RunComparison {

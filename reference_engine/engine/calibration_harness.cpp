@@ -261,6 +261,12 @@ std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
   row("TPOT p50 ms", c.measured.tpot_p50_ms, c.simulated.tpot_p50_ms, 2);
   row("makespan s", c.measured.makespan_s, c.simulated.makespan_s, 2);
   row("forward steps", double(c.measured.forward_steps), double(c.simulated.forward_steps), 0);
+  row("expert GB over PCIe", double(c.measured.expert_bytes_h2d) / 1e9,
+      double(c.simulated.expert_bytes_h2d) / 1e9, 2);
+  row("evictions", double(c.measured.evictions), double(c.simulated.evictions), 0);
+  row("restores", double(c.measured.restores), double(c.simulated.restores), 0);
+  row("copy stall s", c.measured.copy_stall_s, c.simulated.copy_stall_s, 3);
+  row("preemptions", double(c.measured.preemptions), double(c.simulated.preemptions), 0);
   return t;
 }
 
@@ -308,6 +314,11 @@ std::string validation_json(const RunComparison& c, const ValidationLabels& l) {
     o["tpot_p50_ms"] = e.tpot_p50_ms;
     o["makespan_s"] = e.makespan_s;
     o["forward_steps"] = e.forward_steps;
+    o["expert_bytes_h2d"] = e.expert_bytes_h2d;
+    o["evictions"] = e.evictions;
+    o["restores"] = e.restores;
+    o["copy_stall_s"] = e.copy_stall_s;
+    o["preemptions"] = e.preemptions;
     return o;
   };
   j["end_to_end"] = {{"measured", e2e(c.measured)}, {"simulated", e2e(c.simulated)}};

@@ -608,6 +608,20 @@ TEST_CASE("validate: the simulator against itself: no error with one cost model,
   CHECK(j["steps"]["paired"] == j["steps"]["measured"]);
   CHECK(j["steps"]["max_abs_rel_error"].get<double>() == 0.0);
   CHECK(j["end_to_end"]["measured"] == j["end_to_end"]["simulated"]);
+  CHECK(j["end_to_end"]["measured"]["expert_bytes_h2d"] == 0);  // static copies nothing
+
+  // A policy that copies experts: the movement's counters are reported on both sides, equal here.
+  const std::string fixed_cmd = "validate --backend sim --policy fixed --quiet --trace " +
+                                (t / "t.jsonl").string() + " --measured-cost-model " + hidden +
+                                " --cost-model " + hidden + " --json ";
+  o = amoeba(t, fixed_cmd + (t / "fixed.json").string());
+  REQUIRE(o.status == 0);
+  CHECK_THAT(o.out, Catch::Contains("expert GB over PCIe"));
+  CHECK_THAT(o.out, Catch::Contains("copy stall s"));
+  j = read_json(t / "fixed.json");
+  CHECK(j["end_to_end"]["measured"]["expert_bytes_h2d"].get<std::uint64_t>() > 0);
+  CHECK(j["end_to_end"]["measured"]["copy_stall_s"].get<double>() > 0);
+  CHECK(j["end_to_end"]["measured"] == j["end_to_end"]["simulated"]);
 
   o = amoeba(t, cmd + (t / "slow_v.json").string() + " --cost-model " + slow);
   REQUIRE(o.status == 0);

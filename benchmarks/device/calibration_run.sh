@@ -8,8 +8,10 @@
 # Qwen1.5-MoE-A2.7B is calibrated and validated on the H200 capped at an RTX 5090's 31.84 GiB. Qwen3-30B-A3B
 # (61 GB of bf16 weights) cannot keep every expert resident there, so it is calibrated uncapped and validated
 # capped with 80 of its 128 experts per layer offloadable (elastic) or offloaded (fixed); its static run is
-# uncapped. Writes $OUT/<model>.json (the fitted cost model), $OUT/validate_<model>_<policy>_<trace>.json and
-# one summary line per run; a run longer than its timeout is killed and reported.
+# uncapped. Writes $OUT/<model>.json (the fitted cost model), $OUT/validate_<model>_<policy>_<trace>.json, both
+# runs' per-step timelines (timeline_<model>_<policy>_<trace>_{measured,simulated}.csv) and
+# one summary line per run ($OUT/summary.txt), all of it packed into $OUT/calibration.tgz (a device call
+# returns few files); a run longer than its timeout is killed and reported.
 source "$(dirname "$0")/device_common.sh"
 requests=${REQUESTS:-60}
 for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
@@ -31,6 +33,8 @@ for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
       timeout 150 "$BIN/amoeba" validate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 $run_cap $offload \
         --cost-model "$OUT/$model.json" --policy "$policy" --requests "$requests" --rate "$rate" \
         --burstiness "$burst" --seed "$seed" --quiet --json "$OUT/validate_${model}_${policy}_$name.json" \
+        --csv-measured "$OUT/timeline_${model}_${policy}_${name}_measured.csv" \
+        --csv-simulated "$OUT/timeline_${model}_${policy}_${name}_simulated.csv" \
         >"$OUT/validate_${model}_${policy}_$name.txt" 2>&1
       rc=$?
       err=$(grep -E "\|error\| median" "$OUT/validate_${model}_${policy}_$name.txt" | sed 's/^ *//')
@@ -38,4 +42,7 @@ for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
     done
   done
 done
-printf '%s\n' "${lines[@]}"
+printf '%s\n' "${lines[@]}" | tee "$OUT/summary.txt"
+# Few files come back from a device call: everything else travels as one archive.
+(cd "$OUT" && tar czf calibration.tgz --exclude=calibration.tgz --exclude=summary.txt ./* &&
+  find . -maxdepth 1 -type f ! -name calibration.tgz ! -name summary.txt -delete)

@@ -721,7 +721,8 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
 
 int cmd_validate(const ScenarioFlags& given, const std::string& policy,
                  const std::optional<std::string>& measured_flag, const std::optional<std::string>& json_path,
-                 bool quiet) {
+                 const std::optional<std::string>& csv_measured,
+                 const std::optional<std::string>& csv_simulated, bool quiet) {
   ScenarioFlags flags = given;
   if (!flags.backend) flags.backend = "cuda";
   Scenario s = flags.resolve();
@@ -755,7 +756,8 @@ int cmd_validate(const ScenarioFlags& given, const std::string& policy,
   validate_scenario(simulated);
   std::vector<std::pair<std::string, std::string>> inputs = flags.inputs(s);
   if (is_file_name(measured.cost_model)) inputs.emplace_back("--measured-cost-model", measured.cost_model);
-  std::vector<OutputFile> outs = prepare_outputs({{"--json", json_path}}, inputs);
+  std::vector<OutputFile> outs = prepare_outputs(
+      {{"--json", json_path}, {"--csv-measured", csv_measured}, {"--csv-simulated", csv_simulated}}, inputs);
   const std::vector<Request> trace = requests_within_memory(s, true);
   const WorkloadReport workload = describe_workload(s, trace);
   RunOptions opt;
@@ -790,6 +792,8 @@ int cmd_validate(const ScenarioFlags& given, const std::string& policy,
                                    : fmt::format("{} requests at {:g} req/s, burstiness {:g}, seed {}",
                                                  workload.requests, s.rate, s.burstiness, s.seed);
   if (OutputFile* o = output_for(outs, "--json")) o->write(validation_json(c, l));
+  if (OutputFile* o = output_for(outs, "--csv-measured")) o->write(timeline_csv(meas));
+  if (OutputFile* o = output_for(outs, "--csv-simulated")) o->write(timeline_csv(sim));
   std::cout << validation_text(c, l);
   return 0;
 }
@@ -1068,7 +1072,7 @@ int main(int argc, char** argv) {
   calibrate->add_flag("--quiet", cal_quiet, "no progress on stderr");
 
   ScenarioFlags val_flags;
-  std::optional<std::string> val_measured, val_json;
+  std::optional<std::string> val_measured, val_json, val_csv_measured, val_csv_simulated;
   std::string val_policy = "elastic";
   bool val_quiet = false;
   CLI::App* validate = app.add_subcommand(
@@ -1087,6 +1091,10 @@ int main(int argc, char** argv) {
                        "with --backend sim: the cost model of the simulated GPU standing in for the measured "
                        "one (default: default)");
   validate->add_option("--json", val_json, "write the comparison as JSON");
+  validate->add_option("--csv-measured", val_csv_measured,
+                       "write the measured run's per-step timeline as CSV");
+  validate->add_option("--csv-simulated", val_csv_simulated,
+                       "write the simulated run's per-step timeline as CSV (the same columns)");
   validate->add_flag("--quiet", val_quiet, "no progress indicator");
 
   CLI::App* models = app.add_subcommand("models", "list the model catalog");
@@ -1118,7 +1126,8 @@ int main(int argc, char** argv) {
     if (calibrate->parsed())
       return finish(cmd_calibrate(cal_flags, cal_out, cal_measured, cal_policy, cal_name, cal_quiet));
     if (validate->parsed())
-      return finish(cmd_validate(val_flags, val_policy, val_measured, val_json, val_quiet));
+      return finish(cmd_validate(val_flags, val_policy, val_measured, val_json, val_csv_measured,
+                                 val_csv_simulated, val_quiet));
     if (generate->parsed())
       return finish(cmd_generate(gen_backend, gen_weights, gen_prompt, gen_new, gen_teacher, gen_json));
     if (gen->parsed()) return finish(cmd_trace_generate(gen_flags));

@@ -614,8 +614,13 @@ TEST_CASE("validate: the simulator against itself: no error with one cost model,
   const std::string fixed_cmd = "validate --backend sim --policy fixed --quiet --trace " +
                                 (t / "t.jsonl").string() + " --measured-cost-model " + hidden +
                                 " --cost-model " + hidden + " --json ";
-  o = amoeba(t, fixed_cmd + (t / "fixed.json").string());
+  o = amoeba(t, fixed_cmd + (t / "fixed.json").string() + " --csv-measured " + (t / "m.csv").string() +
+                    " --csv-simulated " + (t / "s.csv").string());
   REQUIRE(o.status == 0);
+  // Both timelines, the same columns; equal here (the same cost model on both sides).
+  const std::string mcsv = slurp(t / "m.csv"), scsv = slurp(t / "s.csv");
+  CHECK(mcsv.rfind("step,time_s,step_ms,", 0) == 0);
+  CHECK(mcsv == scsv);
   CHECK_THAT(o.out, Catch::Contains("expert GB over PCIe"));
   CHECK_THAT(o.out, Catch::Contains("copy stall s"));
   j = read_json(t / "fixed.json");

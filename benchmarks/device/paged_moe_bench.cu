@@ -10,8 +10,9 @@
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
-// case; --config default,t8,t32,w8: decode tiles to compare (one tile wherever it holds the expected
-// largest batch, else the default's), decode cases only, the first is the one reported.
+// case; --config default,t8,t32,w8,p256: decode tiles to compare (one tile wherever it holds the expected
+// largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint), decode
+// cases only, the first is the one reported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -160,7 +161,7 @@ struct Graph : GraphBase {
 
 // Configurations compared against the default (A/B): one decode tile wherever it holds the expected largest
 // batch and K allows its warps, the default's choice elsewhere.
-template <int kTile, int kWarps, int kUnroll>
+template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
 struct DecodeTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
@@ -168,7 +169,18 @@ struct DecodeTileConfig {
     const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
     const double room = kTile - 1.0 - mean;
     const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
-    if (room >= 0 && 9.0 * mean <= room * room && k_ok) c = {MoePath::kDecode, kTile, kWarps, kUnroll};
+    if (room >= 0 && 9.0 * mean <= room * room && k_ok)
+      c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
+    return c;
+  }
+};
+
+// The default table's choice with another L2 prefetch hint on the decode path.
+template <int kPrefetch>
+struct PrefetchConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    if (c.path == MoePath::kDecode) c.decode_prefetch = kPrefetch;
     return c;
   }
 };
@@ -291,8 +303,11 @@ int main(int argc, char** argv) {
           g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
         else if (c == "w8")
           g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "p256")  // the default's decode tile with the 256-byte L2 prefetch hint
+          g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else
-          throw std::runtime_error("--config: unknown configuration '" + c + "' (default, t8, t32, w8)");
+          throw std::runtime_error("--config: unknown configuration '" + c +
+                                   "' (default, t8, t32, w8, p256)");
         used.push_back(c);
         for (auto& x : g) graphs.push_back(std::move(x));
       }

@@ -27,9 +27,11 @@ inline constexpr int kDownRows = 32;    // output rows of W2 per block
 inline constexpr int kKStep = 32;       // k per (two-MMA) step
 
 // Compile-time shape of one decode launch: kTokTiles 8-token MMA tiles per work tile, K split over kWarps
-// warps, kUnroll k-steps of loads in flight per thread.
-template <int kTokTilesT, int kWarpsT, int kUnrollT>
+// warps, kUnroll k-steps of loads in flight per thread, an L2 prefetch hint of kPrefetch bytes on the
+// weights.
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128>
 struct Tile {
+  static constexpr int kPrefetch = kPrefetchT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
   static constexpr int kWarps = kWarpsT;
@@ -99,8 +101,8 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       const int k = min(s + u, steps - 1) * kKStep;
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        alo[u][r] = ptx::ld_stream_16(a_lo[r] + k);
-        ahi[u][r] = ptx::ld_stream_16(a_hi[r] + k);
+        alo[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_lo[r] + k);
+        ahi[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_hi[r] + k);
       }
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);

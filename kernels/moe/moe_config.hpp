@@ -17,9 +17,10 @@ enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
-  int tile_tokens = 8;    // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
-  int decode_warps = 4;   // decode: warps per block, splitting K
-  int decode_unroll = 2;  // decode: k-steps of weight loads each thread has in flight
+  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
+  int decode_warps = 4;       // decode: warps per block, splitting K
+  int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
+  int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -44,11 +45,13 @@ constexpr bool fits(double mean, double limit) {
 // H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians):
 //  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles, 4–12% faster than 32-token ones;
 //  - one or two routed slots on huge experts (Mixtral at 1 token): the down projection has only H/32 blocks
-//  per
-//    expert, so 8 warps split K: 6% faster, but 1.5–20% slower wherever there are more blocks;
+//    per expert, so 8 warps split K: 6% faster, but 1.5–20% slower wherever there are more blocks;
 //  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 16-token tiles
 //    were 1–6% faster on Qwen at 16 and 33 tokens but made the paged layer up to 3% slower than the
 //    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
+//  - the weights' L2 prefetch hint: 128 bytes everywhere. Against 256 (docs/results/paged_moe_h200.md, one
+//    process per hint): Qwen shapes 2.4–12.9% faster; Mixtral −2.3% … +4.1%, not yet measured over several
+//    processes, so its rows keep 128 until they are (the 256-byte tiles are instantiated for that).
 // Skewed routing stays correct on either path: an expert with more tokens than a tile gets several tiles.
 struct DefaultMoeConfig {
   struct DecodeRow {
@@ -56,13 +59,14 @@ struct DefaultMoeConfig {
     int min_intermediate, max_intermediate;
     int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
     int tile_tokens, warps, unroll;
+    int prefetch;  // L2 prefetch hint of the weight loads, bytes
   };
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll
-      {24,        0,      2048,    8,      8,   4,    2},
-      {2,         8192,   1 << 30, 32,     32,  8,    2},
-      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch
+      {24,        0,      2048,    8,      8,   4,    2,     128},
+      {2,         8192,   1 << 30, 32,     32,  8,    2,     128},
+      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128},
   };
   // clang-format on
   static constexpr int kDecodeTile = 32;  // the largest decode tile: decode while the batch fits it
@@ -79,7 +83,7 @@ struct DefaultMoeConfig {
       const bool k_ok = s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0;
       if (slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
           s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.max_expected_batch) && k_ok)
-        return {path, r.tile_tokens, r.warps, r.unroll};
+        return {path, r.tile_tokens, r.warps, r.unroll, r.prefetch};
     }
     return {path, kDecodeTile, 4, 1};
   }

@@ -151,8 +151,8 @@ class PagedMoe {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
         return Status::error("config.tile_tokens", c.tile_tokens,
-                             "with decode_warps and decode_unroll must name an instantiated decode tile "
-                             "(PagedMoe::DecodeTiles)");
+                             "with decode_warps, decode_unroll and decode_prefetch must name an instantiated "
+                             "decode tile (PagedMoe::DecodeTiles)");
       if (s.hidden % multiple != 0 || s.intermediate % multiple != 0)
         return Status::error("config.decode_warps", c.decode_warps,
                              "needs hidden and intermediate to be multiples of 32·decode_warps");
@@ -328,11 +328,16 @@ class PagedMoe {
   }
 
   // The decode tiles a configuration may name, one instantiation each.
-  using DecodeTiles = std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>>;
+  // Each with the 128- and the 256-byte L2 prefetch hint (docs/results/paged_moe_h200.md: Qwen's many small
+  // experts gain with 128 bytes, Mixtral's few big ones are mixed).
+  using DecodeTiles =
+      std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>,
+                 decode::Tile<1, 4, 2, 256>, decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
 
   template <class T>
   static constexpr bool names(const MoeConfig& c) {
-    return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll;
+    return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll &&
+           c.decode_prefetch == T::kPrefetch;
   }
   template <class T>
   static constexpr int k_multiple_of(const MoeConfig& c) {

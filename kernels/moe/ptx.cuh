@@ -47,11 +47,19 @@ __device__ __forceinline__ void cp_async_wait() {
 // whole model's experts streamed every step) Nsight Compute counted 1.3x (gate/up) and 1.5x (down) the
 // weights' bytes read from DRAM, and the MoE layer took 12% longer than with the 128-byte hint
 // (docs/results/engine_h200.md, "Decode at fixed batches"); no hint at all was 9% slower still.
+// kPrefetch: the hint's size, 128 or 256 bytes (a decode tile's choice, moe_config.hpp).
+template <int kPrefetch = 128>
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
+  static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (kPrefetch == 256)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
   return v;
 }
 

@@ -453,11 +453,11 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
 }
 
 // Every instantiated decode tile (PagedMoe::DecodeTiles) is checked, whichever shapes the table gives it.
-template <int kTile, int kWarps, int kUnroll>
+template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
 struct DecodeTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll};
+    if (c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
     return c;
   }
 };
@@ -470,6 +470,9 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
     check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<8, 4, 2, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<32, 4, 1, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
+    check_case<DecodeTileConfig<32, 8, 2, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
 }
 

@@ -101,11 +101,13 @@ __global__ void __launch_bounds__(kAddNormThreads)
   }
 }
 
-// Whether add_rms_norm_kernel takes rows of `dim` elements at these addresses (16-byte vectors).
-inline bool add_rms_norm_fits(int dim, const void* x, const void* y, const void* weight, const void* out) {
+// Whether add_rms_norm_kernel takes rows of `dim` elements (at these addresses: 16-byte vectors).
+inline constexpr int kAddNormMaxDim = 8 * kAddNormThreads * kAddNormChunks;
+inline bool add_rms_norm_fits(int dim, const void* x = nullptr, const void* y = nullptr,
+                              const void* weight = nullptr, const void* out = nullptr) {
   auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  return dim > 0 && dim % 8 == 0 && dim <= 8 * kAddNormThreads * kAddNormChunks && aligned(x) && aligned(y) &&
-         aligned(weight) && aligned(out);
+  return dim > 0 && dim % 8 == 0 && dim <= kAddNormMaxDim && aligned(x) && aligned(y) && aligned(weight) &&
+         aligned(out);
 }
 
 // In place over v [tokens][heads][head_dim]; one block per token, one thread per (head, pair j < head_dim /

@@ -237,7 +237,6 @@ struct CudaBackend::Impl {
   std::uint64_t pinned_bytes = 0;
   std::int32_t *h_tokens = nullptr, *h_positions = nullptr, *h_sample_rows = nullptr, *h_table = nullptr;
   std::int32_t *h_ids = nullptr, *h_argmax = nullptr;
-  float* h_w = nullptr;
   dbf16* h_logits = nullptr;
 
   // Timing events: per layer attention begin/end, MoE begin/end; the forward's begin/end.
@@ -323,10 +322,10 @@ void CudaBackend::Impl::setup() {
   matrix_bytes = std::uint64_t(F) * H * 2;
   if (hd != 128)
     throw_config_error("model.head_dim", hd, "the CUDA backend's attention is built for head_dim 128");
-  if (H % 8 != 0 || H > 8u * kd::kAddNormThreads * kd::kAddNormChunks)
-    throw_config_error("model.hidden_size", H,
-                       fmtx("the CUDA backend's RMSNorm needs a multiple of 8, at most {}",
-                            8 * kd::kAddNormThreads * kd::kAddNormChunks));
+  if (!kd::add_rms_norm_fits(int(H)))
+    throw_config_error(
+        "model.hidden_size", H,
+        fmtx("the CUDA backend's RMSNorm needs a multiple of 8, at most {}", kd::kAddNormMaxDim));
   if (cfg.geometry.expert_page_bytes != matrix_bytes)
     throw_config_error("geometry.expert_page_bytes", cfg.geometry.expert_page_bytes,
                        fmtx("must be one bf16 expert matrix, F x H x 2 = {} bytes", matrix_bytes));
@@ -451,7 +450,7 @@ void CudaBackend::Impl::setup() {
   };
   const std::uint64_t p_tok = ptake(4ull * T), p_pos = ptake(4ull * T), p_sr = ptake(4ull * Sl);
   const std::uint64_t p_tab = ptake(4ull * table_words_max), p_ids = ptake(4 * routing_elems);
-  const std::uint64_t p_w = ptake(4 * routing_elems), p_am = ptake(4ull * Sl);
+  const std::uint64_t p_am = ptake(4ull * Sl);
   const std::uint64_t p_lg = cfg.keep_logits ? ptake(2ull * Sl * V) : 0;
   const std::uint64_t p_attn = ptake(attn_bytes.pinned);
   pinned_bytes = align256(pin);
@@ -463,10 +462,17 @@ void CudaBackend::Impl::setup() {
   h_sample_rows = reinterpret_cast<std::int32_t*>(pinned + p_sr);
   h_table = reinterpret_cast<std::int32_t*>(pinned + p_tab);
   h_ids = reinterpret_cast<std::int32_t*>(pinned + p_ids);
-  h_w = reinterpret_cast<float*>(pinned + p_w);
   h_argmax = reinterpret_cast<std::int32_t*>(pinned + p_am);
   h_logits = cfg.keep_logits ? reinterpret_cast<dbf16*>(pinned + p_lg) : nullptr;
   attn_pin = pinned + p_attn;
+
+  // Synthetic or recorded routing gives every token's k experts the weight 1 / k, whatever the step: written
+  // once here (the model's router writes its own weights at every layer instead).
+  if (cfg.routing != RoutingKind::kModel) {
+    const std::vector<float> uniform(routing_elems, 1.0f / float(K));
+    check_cuda(cudaMemcpy(topk_w, uniform.data(), 4 * routing_elems, cudaMemcpyHostToDevice),
+               "routing weights");
+  }
 
   // RoPE's inverse frequencies, as transformers computes them (float32 on the host).
   std::vector<float> inv(hd / 2);
@@ -673,26 +679,33 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   const KvPageTableView dview = table.view(table_d);
   const kn::PoolKvCache kv{arena, cfg.geometry.kv_page_bytes, cfg.geometry.kTokensPerKvPage, hf.num_kv_heads,
                            hd};
+  // What QkvPrologue reads and writes, the same in every layer but for the layer and its norms.
+  kn::QkvPrologueArguments pa{};
+  pa.qkv = qkv;
+  pa.ld = qd + 2 * kvd;
+  pa.heads = hf.num_heads;
+  pa.q_out = q;
+  pa.eps = float(hf.rms_norm_eps);
+  pa.positions = positions_d;
+  pa.inv_freq = inv_freq;
+  pa.kv = kv;
+  pa.table = dview;
   check_status(attention.plan(kv, hf.num_heads, dview, table.host_view(), attn_dev, attn_bytes.device,
                               attn_pin, attn_bytes.pinned, q, att, stream),
                "attention plan");
 
   // Synthetic or recorded routing: each token takes k experts of the layer's set, round robin, so that the
-  // tokens together route to exactly the set when k <= |set| <= T x k (weights 1 / k).
+  // tokens together route to exactly the set when k <= |set| <= T x k (weights 1 / k, written at setup).
   if (synthetic) {
     for (std::uint32_t m = 0; m < moe_layers; ++m) {
       const auto set = routing.layer_experts(m);
       std::int32_t* ids = h_ids + std::size_t(m) * T * K;
-      float* w = h_w + std::size_t(m) * T * K;
-      for (std::uint32_t i = 0; i < T * K; ++i) {
+      for (std::uint32_t i = 0; i < T * K; ++i)
         ids[i] = set.empty() ? -1 : static_cast<std::int32_t>(set[i % set.size()]);
-        w[i] = 1.0f / float(K);
-      }
     }
-    const std::uint64_t n = std::uint64_t(moe_layers) * T * K;
     // Layer m's ids sit at [m][T][K] in both the host and the device buffers.
-    check_cuda(cudaMemcpyAsync(topk_ids, h_ids, 4 * n, cudaMemcpyHostToDevice, stream), "upload routing");
-    check_cuda(cudaMemcpyAsync(topk_w, h_w, 4 * n, cudaMemcpyHostToDevice, stream), "upload routing weights");
+    check_cuda(cudaMemcpyAsync(topk_ids, h_ids, 4ull * moe_layers * T * K, cudaMemcpyHostToDevice, stream),
+               "upload routing");
   }
 
   // ---- the layers
@@ -708,18 +721,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     // RMSNorm of x, with the previous layer's residual add (x += o) in the same kernel after the first layer.
     add_norm(T, l > 0 ? o : nullptr, w.in_norm);
     gemm_run(hn, Ti, int(H), w.q, int(qd + 2 * kvd), w.q_bias, qkv);  // q, k, v (and biases): one matrix
-    kn::QkvPrologueArguments pa{};
-    pa.qkv = qkv;
-    pa.ld = qd + 2 * kvd;
-    pa.heads = hf.num_heads;
-    pa.q_out = q;
     pa.q_norm = w.q_norm;
     pa.k_norm = w.k_norm;
-    pa.eps = float(hf.rms_norm_eps);
-    pa.positions = positions_d;
-    pa.inv_freq = inv_freq;
-    pa.kv = kv;
-    pa.table = dview;
     pa.layer = l;
     check_status(kn::QkvPrologue::run(pa, stream), "q/k norm, RoPE, K/V append");
     check_status(attention.run(l, stream), "paged attention");

@@ -121,9 +121,9 @@ class Scheduler {
           static_cast<std::uint32_t>(std::min<std::uint64_t>(s->num_tokens() - s->computed, budget));
       bool scheduled = true;
       for (;;) {
-        const std::uint64_t lack = grow(*s, s->computed + n);
-        if (lack == 0) break;
-        if (lack_bytes == 0 && !capped_) lack_bytes = lack;
+        const Growth g = grow(*s, s->computed + n);
+        if (g.ok) break;
+        if (lack_bytes == 0) lack_bytes = g.pool_lack_bytes;
         Sequence* victim = running_.back();
         running_.pop_back();
         preempt(*victim);
@@ -144,9 +144,9 @@ class Scheduler {
       while (!waiting_.empty() && budget > 0 && running_.size() < cfg_.max_num_seqs) {
         Sequence* s = waiting_.front();
         const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(s->num_tokens(), budget));
-        const std::uint64_t lack = grow(*s, n);
-        if (lack != 0) {
-          if (lack_bytes == 0 && !capped_) lack_bytes = lack;
+        const Growth g = grow(*s, n);
+        if (!g.ok) {
+          if (lack_bytes == 0) lack_bytes = g.pool_lack_bytes;
           break;
         }
         waiting_.pop_front();
@@ -205,31 +205,34 @@ class Scheduler {
  private:
   static constexpr std::uint32_t kBlock = PageGeometry::kTokensPerKvPage;
 
-  // Makes `s` hold KV for `tokens` tokens (and its state pages). Returns 0, or the bytes it lacked (nothing
-  // changed then); capped_ says whether the KV page limit, not the pool, refused it.
-  std::uint64_t grow(Sequence& s, std::uint32_t tokens) {
-    capped_ = false;
+  // What grow() did: ok, or refused (nothing changed) with the bytes the pool lacked — 0 when the KV page
+  // limit, not the pool, refused it (no shortfall: more pool pages would not help).
+  struct Growth {
+    bool ok = true;
+    std::uint64_t pool_lack_bytes = 0;
+  };
+  static Growth lacking(std::uint64_t bytes) { return {false, bytes}; }
+
+  // Makes `s` hold KV for `tokens` tokens (and its state pages).
+  Growth grow(Sequence& s, std::uint32_t tokens) {
     const std::uint32_t want = (tokens + kBlock - 1) / kBlock;
     const std::uint64_t new_blocks = want > s.blocks ? want - s.blocks : 0;
     const std::uint64_t kv_pages = new_blocks * attn_layers_;
     const bool need_state = kHybrid && s.state_pages.empty() && linear_layers_ > 0;
-    if (kv_pages == 0 && !need_state) return 0;
+    if (kv_pages == 0 && !need_state) return {};
     const std::uint64_t kv_avail = pool_->template available<KvPage>();
-    if (kv_avail < kv_pages) return (kv_pages - kv_avail) * kv_page_bytes_;
-    if (cfg_.kv_page_limit > 0 && kv_held_ + kv_pages > cfg_.kv_page_limit) {
-      capped_ = true;
-      return (kv_held_ + kv_pages - cfg_.kv_page_limit) * kv_page_bytes_;
-    }
+    if (kv_avail < kv_pages) return lacking((kv_pages - kv_avail) * kv_page_bytes_);
+    if (cfg_.kv_page_limit > 0 && kv_held_ + kv_pages > cfg_.kv_page_limit) return lacking(0);
     const OwnerId owner = s.id;
     if constexpr (kHybrid) {
       if (need_state) {
         const std::size_t before = s.state_pages.size();
         if (auto f = pool_->template allocate_n<SsmPage>(linear_layers_, owner, s.state_pages); f)
-          return (f->requested_pages - f->available_pages) * ssm_page_bytes_;
+          return lacking((f->requested_pages - f->available_pages) * ssm_page_bytes_);
         if (auto f = pool_->template allocate_n<ConvPage>(linear_layers_, owner, s.state_pages); f) {
           for (std::size_t i = before; i < s.state_pages.size(); ++i) (void)pool_->free(s.state_pages[i]);
           s.state_pages.resize(before);
-          return (f->requested_pages - f->available_pages) * conv_page_bytes_;
+          return lacking((f->requested_pages - f->available_pages) * conv_page_bytes_);
         }
       }
     }
@@ -243,12 +246,12 @@ class Scheduler {
       if (auto f = pool_->template allocate_n<KvPage>(kv_pages, owner, s.kv_pages, near); f) {
         const std::uint64_t lack = (f->requested_pages - f->available_pages) * kv_page_bytes_;
         if (need_state) release_state(s);  // all or nothing
-        return lack == 0 ? kv_page_bytes_ : lack;
+        return lacking(lack == 0 ? kv_page_bytes_ : lack);
       }
       s.blocks = want;
       kv_held_ += kv_pages;
     }
-    return 0;
+    return {};
   }
 
   void release_state(Sequence& s) {
@@ -283,7 +286,6 @@ class Scheduler {
   std::vector<Sequence*> running_;
   std::deque<Sequence*> waiting_;
   std::uint64_t kv_held_ = 0;  // KV pages held by running sequences
-  bool capped_ = false;        // the last grow() was refused by kv_page_limit
 };
 
 }  // namespace amoeba::engine

@@ -187,15 +187,7 @@ struct ScenarioFlags {
     app.add_option("--requests", requests, "number of generated requests, in [1, 10^7]");
     app.add_option("--seed", seed, "random seed, in [0, 2^64 - 1]");
     app.add_option("--trace", trace, "JSONL trace file instead of generated requests");
-    app.add_option("--memory-cap-gib", memory_cap_gib,
-                   "use at most this much GPU memory (GiB): 0 or [1/16, 1e6]");
-    app.add_option("--gpu-memory-gib", gpu_memory_gib, "--memory-cap-gib under another name");
-    app.add_option("--usable-fraction", usable_fraction,
-                   "fraction of GPU memory the engine may use, [0.05, 1]");
-    app.add_option("--expert-offload-limit", offload_limit, "elastic: most experts offloaded per layer");
-    app.add_option("--fixed-offload", fixed_offload, "fixed/lru/lfu: experts offloaded per layer");
-    app.add_option("--max-num-seqs", max_num_seqs, "cap on running sequences, in [1, 65536]");
-    app.add_option("--max-num-batched-tokens", max_batched_tokens, "token budget per step, in [16, 2^20]");
+    add_memory_flags(app);
     app.add_option("--drift", drift, "fraction of live routing ranks reshuffled vs the offline sample");
     app.add_option("--skew", skew, "routing popularity skew (Zipf exponent), in [0, 8]");
     app.add_option("--predictor", predictor, "prefetch predictor: none, cross-layer, oracle");
@@ -212,6 +204,20 @@ struct ScenarioFlags {
     app.add_option("--ranking", ranking, "expert statistics to rank experts by (e.g. from `amoeba rank`)");
   }
 
+  // The memory plan's and the scheduler's flags, which run, ablate, validate and calibrate all take.
+  void add_memory_flags(CLI::App& app) {
+    app.add_option("--memory-cap-gib", memory_cap_gib,
+                   "use at most this much GPU memory (GiB): 0 or [1/16, 1e6]");
+    app.add_option("--gpu-memory-gib", gpu_memory_gib, "--memory-cap-gib under another name");
+    app.add_option("--usable-fraction", usable_fraction,
+                   "fraction of GPU memory the engine may use, [0.05, 1]");
+    app.add_option("--expert-offload-limit", offload_limit,
+                   "elastic policies: most experts offloaded per layer");
+    app.add_option("--fixed-offload", fixed_offload, "fixed/lru/lfu: experts offloaded per layer");
+    app.add_option("--max-num-seqs", max_num_seqs, "cap on running sequences, in [1, 65536]");
+    app.add_option("--max-num-batched-tokens", max_batched_tokens, "token budget per step, in [16, 2^20]");
+  }
+
   // The flags `amoeba calibrate` takes: what sets up the backend and the memory plan. The workload, the
   // routing and the predictor are the calibration's own (calibration_harness.hpp); --cost-model is the fit's
   // starting point.
@@ -223,16 +229,7 @@ struct ScenarioFlags {
     app.add_option("--weights", weights, "Hugging Face checkpoint directory instead of --model");
     app.add_option("--gpu", gpu, "GPU profile (default: h200 with --backend cuda, rtx5090 with sim)");
     app.add_option("--seed", seed, "random seed (the GPU's random weights), in [0, 2^64 - 1]");
-    app.add_option("--memory-cap-gib", memory_cap_gib,
-                   "use at most this much GPU memory (GiB): 0 or [1/16, 1e6]");
-    app.add_option("--gpu-memory-gib", gpu_memory_gib, "--memory-cap-gib under another name");
-    app.add_option("--usable-fraction", usable_fraction,
-                   "fraction of GPU memory the engine may use, [0.05, 1]");
-    app.add_option("--expert-offload-limit", offload_limit,
-                   "elastic policies: most experts offloaded per layer");
-    app.add_option("--fixed-offload", fixed_offload, "fixed/lru/lfu: experts offloaded per layer");
-    app.add_option("--max-num-seqs", max_num_seqs, "cap on running sequences, in [1, 65536]");
-    app.add_option("--max-num-batched-tokens", max_batched_tokens, "token budget per step, in [16, 2^20]");
+    add_memory_flags(app);
     app.add_option("--cost-model", cost_model,
                    "the fit's starting point (default, or a .json file): the values kept for what the "
                    "measurements cannot see");

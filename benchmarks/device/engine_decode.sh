@@ -11,19 +11,10 @@
 #     bash benchmarks/device/engine_decode.sh
 source "$(dirname "$0")/device_common.sh"
 here=$(dirname "$0")
-trace() {  # trace B P -> file
-  python3 - "$1" "$2" "$OUT/trace_b$1.jsonl" <<'PY'
-import sys
-b, p, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-with open(path, "w") as f:
-    for _ in range(b):
-        f.write(f'{{"arrival_s": 0.0, "prompt_tokens": {p}, "output_tokens": 64}}\n')
-PY
-}
 for b in ${BATCHES:-1 32 256}; do
   p=512
   ((b > 64)) && p=256
-  trace "$b" "$p"
+  fixed_batch_trace "$b" "$p" "$OUT/trace_b$b.jsonl"
   for cap in ${CAPS:-0}; do
     for r in $(seq 1 "${REPEATS:-1}"); do
       start=$(date +%s)
@@ -37,7 +28,7 @@ for b in ${BATCHES:-1 32 256}; do
   done
 done
 if [[ ${NCU:-0} == 1 ]]; then
-  trace 32 512
+  fixed_batch_trace 32 512 "$OUT/trace_b32.jsonl"
   start=$(date +%s)
   timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
     --launch-skip "${NCU_SKIP:-9000}" --launch-count "${NCU_COUNT:-1100}" \

@@ -4,8 +4,8 @@
 # bytes and throughput of the engine's GEMV launches and of the benchmark's at T = 32.
 #   BIN=.gpu OUT=$OUT bash benchmarks/device/gemv_probe.sh
 source "$(dirname "$0")/device_common.sh"
-python3 -c "
-for _ in range(32): print('{\"arrival_s\": 0.0, \"prompt_tokens\": 512, \"output_tokens\": 64}')" >"$OUT/trace_b32.jsonl"
+here=$(dirname "$0")
+fixed_batch_trace 32 512 "$OUT/trace_b32.jsonl"
 "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b32.jsonl" --quiet \
   --record-routing "$OUT/rec.jsonl" >"$OUT/rec_run.txt" 2>&1
 lines+=("record rc=$?")
@@ -27,16 +27,6 @@ timeout 200 ncu --clock-control none --cache-control none --metrics $metrics --c
 lines+=("ncu bench rc=$?")
 for f in ncu_engine ncu_bench; do
   echo "== $f"
-  python3 - "$OUT/$f.csv" <<'PY'
-import csv, sys
-lines = open(sys.argv[1], errors="replace").read().splitlines()
-start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
-rows = list(csv.DictReader(lines[start:]))
-by = {}
-for r in rows:
-    by.setdefault((r["ID"], r["Kernel Name"][:60], r["Grid Size"]), {})[r["Metric Name"]] = r["Metric Value"] + " " + r["Metric Unit"]
-for k, v in by.items():
-    print(k[1], k[2], "; ".join(f"{m.split('__')[1]}={x}" for m, x in v.items()))
-PY
+  python3 "$here/kernel_breakdown.py" --per-launch "$OUT/$f.csv"
 done
 printf '%s\n' "${lines[@]}"

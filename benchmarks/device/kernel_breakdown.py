@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Sums an Nsight Compute CSV (`ncu --metrics gpu__time_duration.sum --csv ...`) per kernel: calls, total and
 mean µs, share of the total, in descending order of total time. Kernel names are cut at their template or
-parameter list. Used by benchmarks/device/engine_decode.sh (NCU=1).
-    python3 benchmarks/device/kernel_breakdown.py NCU.csv
+parameter list. Used by benchmarks/device/engine_decode.sh (NCU=1). With --per-launch: one line per launch
+with every metric the CSV holds (benchmarks/device/gemv_probe.sh).
+    python3 benchmarks/device/kernel_breakdown.py [--per-launch] NCU.csv
 """
 import collections
 import csv
@@ -16,12 +17,28 @@ def short(name):
     return name.split("::")[-1] if len(name) > 60 else name
 
 
-def main():
-    lines = open(sys.argv[1], errors="replace").read().splitlines()
+def rows(path):
+    lines = open(path, errors="replace").read().splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+    return list(csv.DictReader(lines[start:]))
+
+
+def per_launch(path):
+    launches = {}
+    for r in rows(path):
+        key = (r["ID"], short(r["Kernel Name"]), r["Grid Size"])
+        launches.setdefault(key, {})[r["Metric Name"]] = f'{r["Metric Value"]} {r["Metric Unit"]}'
+    for (_, name, grid), metrics in launches.items():
+        print(name, grid, "; ".join(f"{m}={v}" for m, v in metrics.items()))
+
+
+def main():
+    if sys.argv[1] == "--per-launch":
+        per_launch(sys.argv[2])
+        return
     total = collections.defaultdict(float)
     calls = collections.Counter()
-    for row in csv.DictReader(lines[start:]):
+    for row in rows(sys.argv[1]):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
         v = float(row["Metric Value"].replace(",", ""))

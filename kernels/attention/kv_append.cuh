@@ -8,7 +8,9 @@
 // p = context_after - new_tokens + j, in page layer_indices(layer)[kv_indptr[s] + p / tokens_per_page], slot
 // p % tokens_per_page. Pages are [K block][V block], each [token][kv head][dim] (PoolKvCache::k / ::v).
 // One block per sequence; 16-byte copies, so kv_heads x head_dim must be a multiple of 8 bf16. Nothing but
-// the new rows' K and V slots is written.
+// the new rows' K and V slots is written. The CUDA backend appends through QkvPrologue
+// (model/qkv_prologue.cuh: norm, RoPE and the append in one kernel, the same slots by the same rule,
+// check_kv_target shared); KvAppend is the stand-alone form, and the reference QkvPrologue is tested against.
 #pragma once
 
 #include <cuda_bf16.h>

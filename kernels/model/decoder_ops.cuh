@@ -2,8 +2,11 @@
 // host formulas they are tested against: reference_engine/engine/decoder_ops.hpp): RMSNorm per row,
 // rotate-half RoPE per head, SiLU(gate) x up, the residual add, the embedding gather and the greedy argmax
 // per row. bf16 in and out, float32 inside. The projections and the MoE are GEMMs (cuBLASLt, PagedMoe), not
-// here. The kernels are static: each translation unit that includes this header gets its own copy, where
-// plain __global__ definitions would be defined twice at link time.
+// here. The CUDA backend runs the fused forms (add_rms_norm_kernel, argmax_rows, model/qkv_prologue.cuh);
+// rope_kernel and argmax_kernel are the one-operation references the fused ones are tested against (the
+// tests/device_model and tests/device_attention suites). The kernels are static: each translation unit that
+// includes this header gets its own copy, where plain __global__ definitions would be defined twice at link
+// time.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -110,8 +113,9 @@ inline bool add_rms_norm_fits(int dim, const void* x = nullptr, const void* y = 
          aligned(out);
 }
 
-// In place over v [tokens][heads][head_dim]; one block per token, one thread per (head, pair j < head_dim /
-// 2). inv_freq [head_dim / 2]: float32, computed on the host as transformers does.
+// The reference RoPE (QkvPrologue does it in the backend). In place over v [tokens][heads][head_dim]; one
+// block per token, one thread per (head, pair j < head_dim / 2). inv_freq [head_dim / 2]: float32, computed
+// on the host as transformers does.
 static __global__ void rope_kernel(bf16* __restrict__ v, const std::int32_t* __restrict__ positions,
                                    const float* __restrict__ inv_freq, int heads, int head_dim) {
   const int half = head_dim / 2;
@@ -175,8 +179,9 @@ __device__ __forceinline__ void block_argmax(float& best, int& arg, int none) {
   }
 }
 
-// Greedy sampling: the index of each row's largest logit, the lowest index on a tie (as the host reference
-// and torch.argmax on a CPU); one block of 256 threads per row.
+// The reference argmax (argmax_rows runs in the backend). Greedy sampling: the index of each row's largest
+// logit, the lowest index on a tie (as the host reference and torch.argmax on a CPU); one block of 256
+// threads per row.
 static __global__ void argmax_kernel(const bf16* __restrict__ logits, int vocab,
                                      std::int32_t* __restrict__ out) {
   const bf16* row = logits + static_cast<std::int64_t>(blockIdx.x) * vocab;

@@ -31,27 +31,37 @@ struct KvAppendArguments {
   const bf16* v = nullptr;  // same shape
 };
 
+// Where query row `row` of the step, a new row of sequence s, lands in attention layer `layer`: its page and
+// the slot in it (the rule at the top of this file). Every kernel that writes new K/V rows uses it.
+struct KvSlot {
+  std::int32_t page;
+  std::uint32_t slot;
+};
+__device__ __forceinline__ KvSlot new_row_slot(const KvPageTableView& t, std::uint32_t layer, std::uint32_t s,
+                                               std::int32_t row) {
+  const std::int32_t q0 = t.qo_indptr[s], q1 = t.qo_indptr[s + 1];
+  const std::int32_t pg0 = t.kv_indptr[s], pg1 = t.kv_indptr[s + 1];
+  const std::int64_t context_after =
+      static_cast<std::int64_t>(pg1 - pg0 - 1) * t.tokens_per_page + t.kv_last_page_len[s];
+  const std::int64_t pos = context_after - (q1 - q0) + (row - q0);
+  return {t.layer_indices(layer)[pg0 + pos / t.tokens_per_page],
+          static_cast<std::uint32_t>(pos % t.tokens_per_page)};
+}
+
 namespace detail {
 // Static: each translation unit that includes this header gets its own copy.
 static __global__ void kv_append_kernel(const __grid_constant__ KvAppendArguments a) {
   const std::uint32_t s = blockIdx.x;
   const KvPageTableView& t = a.table;
   const std::int32_t q0 = t.qo_indptr[s], q1 = t.qo_indptr[s + 1];
-  const std::int32_t pg0 = t.kv_indptr[s], pg1 = t.kv_indptr[s + 1];
-  const std::int64_t context_after =
-      static_cast<std::int64_t>(pg1 - pg0 - 1) * t.tokens_per_page + t.kv_last_page_len[s];
-  const std::int64_t first = context_after - (q1 - q0);
-  const std::int32_t* pages = t.layer_indices(a.layer) + pg0;
   const std::uint32_t row_vecs = a.kv.kv_heads * a.kv.head_dim / 8;  // 16-byte vectors per token row
   const std::uint32_t total = static_cast<std::uint32_t>(q1 - q0) * row_vecs;
   for (std::uint32_t i = threadIdx.x; i < total; i += blockDim.x) {
     const std::uint32_t j = i / row_vecs, w = i % row_vecs;
-    const std::int64_t pos = first + j;
-    const std::int32_t page = pages[pos / t.tokens_per_page];
-    const auto slot = static_cast<std::uint32_t>(pos % t.tokens_per_page);
+    const KvSlot at = new_row_slot(t, a.layer, s, q0 + static_cast<std::int32_t>(j));
     const std::uint64_t src = (static_cast<std::uint64_t>(q0) + j) * row_vecs + w;
-    reinterpret_cast<uint4*>(a.kv.k(page, slot, 0))[w] = reinterpret_cast<const uint4*>(a.k)[src];
-    reinterpret_cast<uint4*>(a.kv.v(page, slot, 0))[w] = reinterpret_cast<const uint4*>(a.v)[src];
+    reinterpret_cast<uint4*>(a.kv.k(at.page, at.slot, 0))[w] = reinterpret_cast<const uint4*>(a.k)[src];
+    reinterpret_cast<uint4*>(a.kv.v(at.page, at.slot, 0))[w] = reinterpret_cast<const uint4*>(a.v)[src];
   }
 }
 }  // namespace detail

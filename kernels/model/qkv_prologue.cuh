@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "amoeba/engine/kv_page_table.hpp"
-#include "attention/kv_append.cuh"  // check_kv_target
+#include "attention/kv_append.cuh"  // check_kv_target, new_row_slot
 #include "attention/pool_kv_cache.cuh"
 #include "model/decoder_ops.cuh"
 
@@ -62,13 +62,7 @@ static __global__ void __launch_bounds__(kQkvPrologueWarps * 32)
     else
       hi = mid;
   }
-  const std::int32_t q0 = tb.qo_indptr[lo], q1 = tb.qo_indptr[lo + 1];
-  const std::int32_t pg0 = tb.kv_indptr[lo], pg1 = tb.kv_indptr[lo + 1];
-  const std::int64_t context_after =
-      static_cast<std::int64_t>(pg1 - pg0 - 1) * tb.tokens_per_page + tb.kv_last_page_len[lo];
-  const std::int64_t pos_kv = context_after - (q1 - q0) + (t - q0);
-  const std::int32_t page = tb.layer_indices(a.layer)[pg0 + pos_kv / tb.tokens_per_page];
-  const auto slot = static_cast<std::uint32_t>(pos_kv % tb.tokens_per_page);
+  const KvSlot at = new_row_slot(tb, a.layer, lo, t);
 
   const int hd = static_cast<int>(a.kv.head_dim), half = hd / 2, pairs = half / 32;
   const int heads = static_cast<int>(a.heads), kvh = static_cast<int>(a.kv.kv_heads);
@@ -85,7 +79,7 @@ static __global__ void __launch_bounds__(kQkvPrologueWarps * 32)
   for (int h = warp; h < heads + 2 * kvh; h += kQkvPrologueWarps) {
     const bf16* src = row + static_cast<std::int64_t>(h) * hd;
     if (h >= heads + kvh) {  // v: copied as is
-      bf16* dst = a.kv.v(page, slot, static_cast<std::uint32_t>(h - heads - kvh));
+      bf16* dst = a.kv.v(at.page, at.slot, static_cast<std::uint32_t>(h - heads - kvh));
       for (int d = lane; d < hd; d += 32) dst[d] = src[d];
       continue;
     }
@@ -114,7 +108,7 @@ static __global__ void __launch_bounds__(kQkvPrologueWarps * 32)
         }
     }
     bf16* dst = is_q ? a.q_out + (static_cast<std::int64_t>(t) * heads + h) * hd
-                     : a.kv.k(page, slot, static_cast<std::uint32_t>(h - heads));
+                     : a.kv.k(at.page, at.slot, static_cast<std::uint32_t>(h - heads));
 #pragma unroll
     for (int i = 0; i < kQkvMaxPairs; ++i)
       if (i < pairs) {

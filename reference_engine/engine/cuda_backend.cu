@@ -186,10 +186,11 @@ struct CudaBackend::Impl {
   // Device pointers of one decoder layer's non-expert weights (null where the architecture has none).
   struct LayerWeights {
     const dbf16 *in_norm = nullptr, *post_norm = nullptr;
-    const dbf16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
-    const dbf16 *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
+    // q: the fused [q | k | v] projection (and q_bias its bias); router: [router | shared gate]
+    // (weight_layout).
+    const dbf16 *q = nullptr, *o = nullptr, *q_bias = nullptr;
     const dbf16 *q_norm = nullptr, *k_norm = nullptr;
-    const dbf16 *router = nullptr, *shared_gate = nullptr;
+    const dbf16* router = nullptr;
     const dbf16 *gate = nullptr, *up = nullptr, *down = nullptr;  // dense MLP layers
     std::int32_t moe = -1;                                        // MoE layer index, -1 for a dense layer
   };
@@ -561,6 +562,12 @@ void CudaBackend::Impl::upload_weights(std::uint64_t weights_at, const WeightLay
     }
     return it->second;
   };
+  // The fused GEMMs read `next` right after `first`'s `rows` rows of `cols` (weight_layout put it there).
+  auto follows = [&](const dbf16* first, std::uint64_t rows, std::uint64_t cols, const std::string& next) {
+    const dbf16* n = get(next, first != nullptr);
+    if (n != nullptr && n != first + rows * cols)
+      throw std::logic_error("cuda backend: " + next + " does not follow the tensor before it in the arena");
+  };
   embed = get("model.embed_tokens.weight");
   final_norm = get("model.norm.weight");
   lm_head = hf.tie_word_embeddings ? embed : get("lm_head.weight");
@@ -572,18 +579,18 @@ void CudaBackend::Impl::upload_weights(std::uint64_t weights_at, const WeightLay
     w.in_norm = get(p + "input_layernorm.weight");
     w.post_norm = get(p + "post_attention_layernorm.weight");
     w.q = get(p + "self_attn.q_proj.weight");
-    w.k = get(p + "self_attn.k_proj.weight");
-    w.v = get(p + "self_attn.v_proj.weight");
+    follows(w.q, qd, H, p + "self_attn.k_proj.weight");
+    follows(w.q + std::uint64_t(qd) * H, kvd, H, p + "self_attn.v_proj.weight");
     w.o = get(p + "self_attn.o_proj.weight");
     w.q_bias = get(p + "self_attn.q_proj.bias", hf.qkv_bias);
-    w.k_bias = get(p + "self_attn.k_proj.bias", hf.qkv_bias);
-    w.v_bias = get(p + "self_attn.v_proj.bias", hf.qkv_bias);
+    follows(w.q_bias, qd, 1, p + "self_attn.k_proj.bias");
+    follows(w.q_bias ? w.q_bias + qd : nullptr, kvd, 1, p + "self_attn.v_proj.bias");
     w.q_norm = get(p + "self_attn.q_norm.weight", hf.qk_norm);
     w.k_norm = get(p + "self_attn.k_norm.weight", hf.qk_norm);
     if (hf.is_moe_layer(l)) {
       w.moe = m++;
       w.router = get(p + "mlp.gate.weight");
-      w.shared_gate = get(p + "mlp.shared_expert_gate.weight", chunks > 0);
+      if (chunks > 0) follows(w.router, E, H, p + "mlp.shared_expert_gate.weight");
     } else {
       w.gate = get(p + "mlp.gate_proj.weight");
       w.up = get(p + "mlp.up_proj.weight");

@@ -600,6 +600,19 @@ std::string measured_cost_model(const Scenario& s, const std::optional<std::stri
   return *flag;
 }
 
+// The scenario of calibrate's and validate's flags (their --backend already defaulted), its measured backend
+// and --policy checked before anything runs.
+Scenario resolve_measured(const ScenarioFlags& flags, const std::string& policy) {
+  Scenario s = flags.resolve();
+  check_measured_backend(s);
+  try {
+    (void)find_policy(policy);
+  } catch (const ConfigError& e) {
+    throw ConfigError("--policy", quote_text(policy), e.rule());
+  }
+  return s;
+}
+
 int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& out_path,
                   const std::optional<std::string>& measured_flag, const std::string& policy,
                   const std::optional<std::string>& name, bool quiet) {
@@ -614,13 +627,7 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
                       "the fitted model needs a name: give --name NAME");
   ScenarioFlags flags = given;
   if (!flags.backend) flags.backend = "cuda";
-  Scenario s = flags.resolve();
-  check_measured_backend(s);
-  try {
-    (void)find_policy(policy);
-  } catch (const ConfigError& e) {
-    throw ConfigError("--policy", quote_text(policy), e.rule());
-  }
+  Scenario s = resolve_measured(flags, policy);
   // The fit's start, and the cost model of a simulated measured side.
   const CostModelParams start = find_cost_model(s.cost_model);
   std::vector<std::pair<std::string, std::string>> inputs = flags.inputs(s);
@@ -722,13 +729,7 @@ int cmd_validate(const ScenarioFlags& given, const std::string& policy,
                  const std::optional<std::string>& csv_simulated, bool quiet) {
   ScenarioFlags flags = given;
   if (!flags.backend) flags.backend = "cuda";
-  Scenario s = flags.resolve();
-  check_measured_backend(s);
-  try {
-    (void)find_policy(policy);
-  } catch (const ConfigError& e) {
-    throw ConfigError("--policy", quote_text(policy), e.rule());
-  }
+  Scenario s = resolve_measured(flags, policy);
   // Both sides must see the same experts: the routing model (or a record), never a router.
   if (s.routing_source == "model") {
     if (s.routing_given)

@@ -3,7 +3,9 @@
 # (docs/results/calibration_h200.md). Per model: `amoeba calibrate` (static policy, every expert resident: the
 # compute phases and the copy probes), then `amoeba validate` for each policy on ShareGPT-like traces that the
 # calibration never saw (seed 1 at RATE; seed 2 bursty at BURST_RATE, gamma 0.5), under the memory cap.
-#   BIN=.gpu OUT=$OUT [MODELS="qwen1.5-moe-a2.7b qwen3-30b-a3b"] [REQUESTS=60] bash benchmarks/device/calibration_run.sh
+#   BIN=.gpu OUT=$OUT [MODELS="qwen1.5-moe-a2.7b qwen3-30b-a3b"] [POLICIES="static fixed elastic"] \
+#     [TRACES="poisson bursty"] [REQUESTS=60] [COST_MODEL=file.json] bash benchmarks/device/calibration_run.sh
+# COST_MODEL skips `amoeba calibrate` and validates that cost model instead (one model per call).
 # BACKEND=sim (with BIN=build/ci/reference_engine) runs the same flow on the CPU against the simulator: a dry run.
 # Qwen1.5-MoE-A2.7B is calibrated and validated on the H200 capped at an RTX 5090's 31.84 GiB. Qwen3-30B-A3B
 # (61 GB of bf16 weights) cannot keep every expert resident there, so it is calibrated uncapped and validated
@@ -19,19 +21,25 @@ for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
   if [[ $model == qwen3-30b-a3b ]]; then
     cal_cap="" offload="--expert-offload-limit 80 --fixed-offload 80"
   fi
-  start=$(date +%s)
-  timeout 240 "$BIN/amoeba" calibrate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 $cal_cap --out "$OUT/$model.json" \
-    >"$OUT/calibrate_$model.txt" 2>&1
-  lines+=("calibrate $model rc=$? wall=$(($(date +%s) - start)) s")
-  [[ -f "$OUT/$model.json" ]] || continue
-  for policy in static fixed elastic; do
+  cost_model="$OUT/$model.json"
+  if [[ -n "${COST_MODEL:-}" ]]; then
+    cost_model="$COST_MODEL"
+  else
+    start=$(date +%s)
+    timeout 240 "$BIN/amoeba" calibrate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 $cal_cap \
+      --out "$OUT/$model.json" >"$OUT/calibrate_$model.txt" 2>&1
+    lines+=("calibrate $model rc=$? wall=$(($(date +%s) - start)) s")
+  fi
+  [[ -f "$cost_model" ]] || continue
+  for policy in ${POLICIES:-static fixed elastic}; do
     run_cap="$cap"
     [[ $model == qwen3-30b-a3b && $policy == static ]] && run_cap=""
     for trace in "poisson:1:${RATE:-10}:1" "bursty:2:${BURST_RATE:-8}:0.5"; do
       IFS=: read -r name seed rate burst <<<"$trace"
+      [[ " ${TRACES:-poisson bursty} " == *" $name "* ]] || continue
       start=$(date +%s)
       timeout 150 "$BIN/amoeba" validate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 $run_cap $offload \
-        --cost-model "$OUT/$model.json" --policy "$policy" --requests "$requests" --rate "$rate" \
+        --cost-model "$cost_model" --policy "$policy" --requests "$requests" --rate "$rate" \
         --burstiness "$burst" --seed "$seed" --quiet --json "$OUT/validate_${model}_${policy}_$name.json" \
         --csv-measured "$OUT/timeline_${model}_${policy}_${name}_measured.csv" \
         --csv-simulated "$OUT/timeline_${model}_${policy}_${name}_simulated.csv" \

@@ -9,7 +9,9 @@
 //                            issued on error;
 //   prefetch(l, predicted)   copy stream: [wait computed(l-2) if l's buffer is reused] restores of l
 //                            into their reserved pages, then predicted experts into buffer l%2;
-//   prepare_layer(l, routed) copy stream: on-demand loads of misses, then records copied(l);
+//   prepare_layer(l, routed, routed_ready)
+//                            copy stream: [wait routed_ready: the GPU has computed l's routing] on-demand
+//                            loads of misses, then records copied(l);
 //                            compute stream: waits copied(l), then a tiny kernel writes l's page-table row
 //                            (restored experts flip to their pages here: after their copy, before l runs);
 //                            returns the pointers the MoE kernel of layer l takes;
@@ -158,12 +160,18 @@ class DoubleBufferLoader {
   }
 
   // Loads layer `layer`'s misses, makes the compute stream wait for every copy of the layer, and writes its
-  // page-table row. On error (too many misses) nothing is issued.
+  // page-table row. On error (too many misses) nothing is issued. `routed_ready`, when given, is an event the
+  // compute stream records once it has computed the layer's routing: the misses' copies wait for it. Without
+  // it they start as soon as the copy stream is free, which a caller that learnt `routed` from the GPU (after
+  // a readback) gets anyway, but a caller that knows the routing beforehand (synthetic routing) would turn
+  // into a perfect prefetch that no router allows.
   Expected<LayerWeights, LoaderError> prepare_layer(std::uint32_t layer,
-                                                    std::span<const std::uint32_t> routed) {
+                                                    std::span<const std::uint32_t> routed,
+                                                    cudaEvent_t routed_ready = nullptr) {
     if (auto e = check_order(layer)) return Unexpected{*e};
     auto plan = planner_.plan_demand(layer, routed);
     if (!plan) return Unexpected{plan.error()};
+    if (routed_ready && !plan->empty()) AMOEBA_CUDA_CHECK(cudaStreamWaitEvent(copy_, routed_ready, 0));
     issue(layer, *plan);
     AMOEBA_CUDA_CHECK(cudaEventRecord(copied_[layer], copy_));
     AMOEBA_CUDA_CHECK(cudaEventRecord(stall_begin_[layer], compute_));

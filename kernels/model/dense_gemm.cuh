@@ -6,8 +6,12 @@
 // results agree within one bf16 ulp except where cancellation leaves a result far smaller than its terms).
 //
 // No allocation on the device: the caller passes the workspace (kWorkspaceBytes, the size NVIDIA recommends
-// for Hopper). The handle is created once; cublasLtMatmulAlgoGetHeuristic runs once per (M, N, K, bias) and
-// its answer is cached with the descriptors, so a steady-state step only looks the shape up and launches.
+// for Hopper). The handle is created once; cublasLtMatmulAlgoGetHeuristic runs once per (plan_rows(M), N, K,
+// bias) and its answer is cached with the descriptors, so a step only looks the shape up and launches. The
+// query costs the host ~0.5 ms (measured on the H200 through the engine: a prefill step of a size not seen
+// before took 3 ms longer, the GPU waiting for the host), so rows above kExactRows share one algorithm per
+// bucket (plan_rows) and prepare() builds every plan of a projection up to the engine's largest step at
+// setup: no query is left on the step path.
 // A DenseGemm is not thread safe and its workspace serves one stream: use one per stream.
 #pragma once
 
@@ -35,6 +39,19 @@ class DenseGemm {
   // loop reuses a few, but steps of ever-new sizes would grow it without end. Past this bound it is cleared
   // and refills on the next calls (a miss costs a heuristic query on the host, no device work).
   static constexpr std::size_t kMaxCachedPlans = 4096;
+
+  // The rows an algorithm is chosen for: M itself up to kExactRows (decode batches), above it M rounded up
+  // to a multiple of 1/8 of the power of two below it (eight buckets per octave, at most 12.5% above M).
+  // cuBLASLt's algorithm for those rows serves every M of the bucket (cublasLtMatmul rejects an algorithm
+  // that cannot serve a size; run() then queries for M itself).
+  static constexpr int kExactRows = 64;
+  static constexpr int plan_rows(int M) {
+    if (M <= kExactRows) return M;
+    int p = kExactRows;
+    while (p <= M / 2) p *= 2;  // the largest power of two <= M
+    const int step = p / 8;
+    return (M + step - 1) / step * step;
+  }
 
   // `workspace`: device memory, 256-byte aligned (cudaMalloc's is), `workspace_bytes` of it (0 allowed: fewer
   // algorithms); it must outlive this object. Errors (handle creation) are kept and returned by run().
@@ -94,33 +111,46 @@ class DenseGemm {
     if (M == 0) return Status::success();
     if (!ready_) return ready_;
     Plan* plan = nullptr;
-    if (Status st = find_plan(M, N, K, bias, plan); !st) return st;
-    if (bias != nullptr) {
-      if (Status st = check(cublasLtMatmulDescSetAttribute(&plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                           &bias, sizeof(bias)),
-                            "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
-          !st)
-        return st;
+    if (Status st = find_plan(Key{plan_rows(M), N, K, bias != nullptr}, bias, plan); !st) return st;
+    cublasStatus_t s = matmul(*plan, x, M, K, w, N, bias, y, stream);
+    if ((s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) && plan->rows != M) {
+      // The bucket's algorithm cannot serve M: one chosen for M itself (cached under -M).
+      if (Status st = find_plan(Key{-M, N, K, bias != nullptr}, bias, plan); !st) return st;
+      ++exact_fallbacks_;
+      s = matmul(*plan, x, M, K, w, N, bias, y, stream);
     }
-    const float one = 1.0f, zero = 0.0f;
-    return check(cublasLtMatmul(handle_, &plan->desc, &one, w, &plan->a, x, &plan->b, &zero, y, &plan->d, y,
-                                &plan->d, &plan->algo, workspace_, workspace_bytes_, stream),
-                 "cublasLtMatmul");
+    return check(s, "cublasLtMatmul");
   }
 
-  // How many (M, N, K, bias) plans are cached.
+  // Builds, without launching anything, every plan that run() needs for M = 1 .. max_M with this (N, K,
+  // bias): run() then never queries the heuristic for these shapes. `bias` is only looked at for null and
+  // its alignment (the heuristic's view); the argument rules are run()'s.
+  Status prepare(int max_M, int N, int K, const bf16* bias) {
+    if (max_M < 1) return Status::error("max_M", max_M, "must be >= 1");
+    if (!ready_) return ready_;
+    for (int M = 1; M <= max_M; M = plan_rows(M) + 1) {
+      Plan* plan = nullptr;
+      if (Status st = find_plan(Key{plan_rows(M), N, K, bias != nullptr}, bias, plan); !st) return st;
+    }
+    return Status::success();
+  }
+
+  // How many plans are cached (one per (plan_rows(M), N, K, bias) seen), and how often a bucket's algorithm
+  // could not serve an M (run() then used one chosen for M).
   std::size_t cached_plans() const { return plans_.size(); }
+  std::uint64_t exact_fallbacks() const { return exact_fallbacks_; }
 
  private:
   // cuBLASLt is column-major: the row-major y[M][N] is D = N×M (ld N), w[N][K] is A = K×N (ld K) transposed,
   // x[M][K] is B = K×M (ld K). The descriptors live in the map's nodes, which never move.
   struct Plan {
     cublasLtMatmulDescOpaque_t desc;
-    cublasLtMatrixLayoutOpaque_t a, b, d;
+    cublasLtMatrixLayoutOpaque_t a, b, d;  // b and d for `rows` rows
     cublasLtMatmulAlgo_t algo;
+    int rows = 0;
   };
   struct Key {
-    int m, n, k;
+    int m, n, k;  // m: plan_rows(M), or -M for an algorithm chosen for M itself
     bool bias;
     bool operator==(const Key&) const = default;
   };
@@ -170,18 +200,40 @@ class DenseGemm {
     return Status::success();
   }
 
-  // The cached plan of (M, N, K, bias), built on a miss in its map node (cuBLASLt's descriptors are built in
-  // place, never copied). The heuristic sees the first call's bias pointer (it reads the pointer's alignment,
-  // not the data); every bias is 16-byte aligned, which the bias epilogue needs.
-  Status find_plan(int M, int N, int K, const bf16* bias, Plan*& out) {
-    const Key key{M, N, K, bias != nullptr};
+  // y = x w^T (+ bias) with `plan`'s algorithm; the layouts of x and y are the plan's when M is its rows,
+  // else made here for M (host only: no query).
+  cublasStatus_t matmul(Plan& plan, const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias,
+                        bf16* y, cudaStream_t stream) {
+    if (bias != nullptr) {
+      const cublasStatus_t s =
+          cublasLtMatmulDescSetAttribute(&plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+      if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
+    cublasLtMatrixLayoutOpaque_t b_m, d_m;
+    cublasLtMatrixLayoutOpaque_t *b = &plan.b, *d = &plan.d;
+    if (M != plan.rows) {
+      cublasStatus_t s = cublasLtMatrixLayoutInit(&b_m, CUDA_R_16BF, std::uint64_t(K), std::uint64_t(M), K);
+      if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatrixLayoutInit(&d_m, CUDA_R_16BF, std::uint64_t(N), std::uint64_t(M), N);
+      if (s != CUBLAS_STATUS_SUCCESS) return s;
+      b = &b_m, d = &d_m;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    return cublasLtMatmul(handle_, &plan.desc, &one, w, &plan.a, x, b, &zero, y, d, y, d, &plan.algo,
+                          workspace_, workspace_bytes_, stream);
+  }
+
+  // The cached plan of `key`, built on a miss in its map node (cuBLASLt's descriptors are built in place,
+  // never copied). The heuristic sees the first call's bias pointer (it reads the pointer's alignment, not
+  // the data); every bias is 16-byte aligned, which the bias epilogue needs.
+  Status find_plan(const Key& key, const bf16* bias, Plan*& out) {
     if (auto it = plans_.find(key); it != plans_.end()) {
       out = &it->second;
       return Status::success();
     }
     if (plans_.size() >= kMaxCachedPlans) plans_.clear();
     const auto it = plans_.try_emplace(key).first;
-    if (Status st = build_plan(M, N, K, bias, it->second); !st) {
+    if (Status st = build_plan(key.m < 0 ? -key.m : key.m, key.n, key.k, bias, it->second); !st) {
       plans_.erase(it);
       return st;
     }
@@ -227,6 +279,7 @@ class DenseGemm {
                            "no algorithm for M = " + std::to_string(M) + ", N = " + std::to_string(N) +
                                ", K = " + std::to_string(K) + (bias != nullptr ? " with bias" : ""));
     p.algo = result.algo;
+    p.rows = M;
     return Status::success();
   }
 
@@ -236,6 +289,7 @@ class DenseGemm {
   cublasLtMatmulPreferenceOpaque_t pref_{};
   Status ready_;
   std::unordered_map<Key, Plan, KeyHash> plans_;
+  std::uint64_t exact_fallbacks_ = 0;
 };
 
 }  // namespace amoeba::kernels::decoder

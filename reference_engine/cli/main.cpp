@@ -31,6 +31,7 @@
 #include <initializer_list>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -714,10 +715,27 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
   param("per-layer overhead", fitted.per_layer_overhead_s * 1e6, start.per_layer_overhead_s * 1e6, " us");
   param("step overhead", fitted.step_overhead_s * 1e6, start.step_overhead_s * 1e6, " us");
   param("h2d bandwidth scale", fitted.h2d_bandwidth_scale, start.h2d_bandwidth_scale);
+  param("h2d copy latency scale", fitted.h2d_copy_latency_scale, start.h2d_copy_latency_scale);
   std::cout << "\nresiduals |predicted / measured - 1| per phase:\n";
   for (const CostModelResidual& r : fitted.residuals)
     std::cout << fmt::format("  {:<10} {:>5} samples  median {:.2f}%  p90 {:.2f}%\n", r.phase, r.samples,
                              100 * r.median_abs_rel_error, 100 * r.p90_abs_rel_error);
+  // The copy probes one by one: what the copy fit saw and what it predicts.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::vector<double>> probes;  // (calls, bytes) -> s
+  for (const CalibrationSample& c : m.samples)
+    if (c.phase == CalibrationPhase::kCopy)
+      probes[{c.copy_calls, std::uint64_t(c.bytes)}].push_back(c.seconds);
+  if (!probes.empty()) {
+    std::cout << fmt::format("\ncopy probes (median of each)  {:>5} {:>10} {:>12} {:>8} {:>12}\n", "calls",
+                             "MB/call", "measured us", "GB/s", "fitted us");
+    for (auto& [key, secs] : probes) {
+      CalibrationSample c{CalibrationPhase::kCopy, double(key.second), 0, 1, key.first};
+      c.seconds = percentiles(secs).p50;
+      std::cout << fmt::format("{:<29} {:>5} {:>10.3f} {:>12.1f} {:>8.2f} {:>12.1f}\n", "", key.first,
+                               double(key.second) / double(key.first) / 1e6, c.seconds * 1e6,
+                               c.bytes / c.seconds / 1e9, predicted_seconds(c, setup.gpu, fitted) * 1e6);
+    }
+  }
   std::cout << fmt::format("\nuse it: amoeba run|ablate --cost-model {} (held-out check: amoeba validate)\n",
                            *out_path);
   return 0;

@@ -188,7 +188,7 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
     case CalibrationPhase::kStep:
       return params.step_overhead_s + s.phases_s;
     case CalibrationPhase::kCopy:
-      return double(s.copy_calls) * gpu.h2d_copy_latency_s +
+      return double(s.copy_calls) * gpu.h2d_copy_latency_s * params.h2d_copy_latency_scale +
              s.bytes / (gpu.h2d_bandwidth * params.h2d_bandwidth_scale);
     default: {
       const Efficiency e = efficiency_of(s.phase, params);
@@ -212,6 +212,37 @@ std::vector<CostModelResidual> cost_model_residuals(const std::vector<Calibratio
   }
   return out;
 }
+
+namespace {
+
+// Copies: seconds = a u + b x with a = calls x profile latency, b = bytes / profile bandwidth, u the latency
+// scale, x = 1 / bandwidth scale; least squares in relative error (both sides divided by seconds), in closed
+// form. Copies of one size only (a and b proportional) cannot tell latency from bandwidth: u stays as it is
+// and x alone is fitted. u is clamped to [0, 100] and 1 / x to [0.01, 2], the other refitted at the bound.
+void fit_copies(const std::vector<CalibrationSample>& samples, const GpuProfile& gpu, CostModelParams& out) {
+  double aa = 0, ab = 0, bb = 0, a1 = 0, b1 = 0;  // sums of a a, a b, b b, a, b (all over seconds)
+  std::size_t n = 0;
+  for (const CalibrationSample& s : samples) {
+    if (s.phase != CalibrationPhase::kCopy) continue;
+    const double a = double(s.copy_calls) * gpu.h2d_copy_latency_s / s.seconds;
+    const double b = s.bytes / gpu.h2d_bandwidth / s.seconds;
+    aa += a * a, ab += a * b, bb += b * b, a1 += a, b1 += b;
+    ++n;
+  }
+  if (n == 0 || bb <= 0) return;
+  auto x_for = [&](double u) { return std::clamp((b1 - u * ab) / bb, 0.5, 100.0); };  // 1/x in [0.01, 2]
+  double u = out.h2d_copy_latency_scale;
+  const double det = aa * bb - ab * ab;
+  if (aa > 0 && det > 1e-9 * aa * bb) {
+    u = std::clamp((a1 * bb - b1 * ab) / det, 0.0, 100.0);
+    const double x = x_for(u);
+    u = std::clamp((a1 - x * ab) / aa, 0.0, 100.0);  // refitted if x hit its bound; unchanged otherwise
+  }
+  out.h2d_copy_latency_scale = u;
+  out.h2d_bandwidth_scale = 1.0 / x_for(u);
+}
+
+}  // namespace
 
 CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, const ModelSpec& model,
                                const GpuProfile& gpu, const CostModelParams& start) {
@@ -292,16 +323,7 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     if (s.phase == CalibrationPhase::kStep) step_overheads.push_back(s.seconds - s.phases_s);
   if (!step_overheads.empty()) out.step_overhead_s = std::max(0.0, median(std::move(step_overheads)));
 
-  // seconds = a + b x with a = calls x latency, b = bytes / bandwidth, x = 1 / scale.
-  double num = 0, den = 0;
-  for (const CalibrationSample& s : samples) {
-    if (s.phase != CalibrationPhase::kCopy) continue;
-    const double a = double(s.copy_calls) * gpu.h2d_copy_latency_s / s.seconds;
-    const double b = s.bytes / gpu.h2d_bandwidth / s.seconds;
-    num += b * (1.0 - a);
-    den += b * b;
-  }
-  if (den > 0) out.h2d_bandwidth_scale = num > 0 ? std::clamp(den / num, 0.01, 2.0) : 2.0;
+  fit_copies(samples, gpu, out);
 
   out.residuals = cost_model_residuals(samples, gpu, out);
   std::size_t counts[5] = {};

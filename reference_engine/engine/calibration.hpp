@@ -18,8 +18,10 @@
 // memory-bound leaves its compute efficiency free above some value) is kept at `start`'s value when that
 // fits as well, else set to the grid point nearest it that does.
 //   step_overhead_s = median over whole-step samples of (step time - the step's measured phases), >= 0;
-//   h2d_bandwidth_scale = 1 / x, x the closed-form least-squares (relative error) solution of
-//     seconds = calls x profile copy latency + bytes / profile H2D bandwidth x x, clamped to [0.01, 2].
+//   h2d_copy_latency_scale = u and h2d_bandwidth_scale = 1 / x, (u, x) the closed-form least-squares
+//     (relative error) solution of seconds = calls x profile copy latency x u + bytes / profile H2D bandwidth
+//     x x, u clamped to [0, 100] and 1 / x to [0.01, 2]; copies of a single size cannot separate the two
+//     (u is then kept and x alone fitted).
 // A phase without samples keeps `start`'s parameters. The result carries the residuals per phase.
 #pragma once
 

@@ -242,6 +242,7 @@ struct CudaBackend::Impl {
 
   // Timing events: per layer attention begin/end, MoE begin/end; the forward's begin/end.
   std::vector<cudaEvent_t> ev_att0, ev_att1, ev_moe0, ev_moe1;
+  std::vector<cudaEvent_t> ev_routed;  // per layer: the router has run (a miss's copy may start)
   cudaEvent_t ev_begin = nullptr, ev_end = nullptr, ev_head0 = nullptr;
 
   bool gate_mode = false;
@@ -268,7 +269,7 @@ struct CudaBackend::Impl {
     store.reset();
     gemm.reset();
     if (stream) cudaStreamSynchronize(stream);
-    for (auto* v : {&ev_att0, &ev_att1, &ev_moe0, &ev_moe1})
+    for (auto* v : {&ev_att0, &ev_att1, &ev_moe0, &ev_moe1, &ev_routed})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
     for (cudaEvent_t e : {ev_begin, ev_end, ev_head0})
       if (e) cudaEventDestroy(e);
@@ -522,6 +523,9 @@ void CudaBackend::Impl::setup() {
   events(ev_att1);
   events(ev_moe0);
   events(ev_moe1);
+  ev_routed.resize(hf.num_layers);
+  for (cudaEvent_t& e : ev_routed)
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   check_cuda(cudaEventCreate(&ev_begin), "cudaEventCreate");
   check_cuda(cudaEventCreate(&ev_end), "cudaEventCreate");
   check_cuda(cudaEventCreate(&ev_head0), "cudaEventCreate");
@@ -534,6 +538,22 @@ void CudaBackend::Impl::setup() {
     check_cuda(cudaHostGetDevicePointer(&gd, gp, 0), "cudaHostGetDevicePointer(gate)");
     gate_dev = static_cast<int*>(gd);
     gate_mode = true;
+  }
+  // Every dense GEMM plan a step can need, so that no step waits for cuBLASLt's heuristic (DenseGemm).
+  {
+    const int Tm = static_cast<int>(T), Hi = static_cast<int>(H);
+    const LayerWeights& w0 = layers.front();
+    check_status(gemm->prepare(Tm, int(qd + 2 * kvd), Hi, w0.q_bias), "dense GEMM plans (q/k/v)");
+    check_status(gemm->prepare(Tm, Hi, int(qd), nullptr), "dense GEMM plans (o)");
+    if (moe_layers > 0)
+      check_status(gemm->prepare(Tm, int(router_ld), Hi, nullptr), "dense GEMM plans (router)");
+    if (dense_layers) {
+      const int Fd = static_cast<int>(hf.intermediate_size);
+      check_status(gemm->prepare(Tm, Fd, Hi, nullptr), "dense GEMM plans (MLP gate/up)");
+      check_status(gemm->prepare(Tm, Hi, Fd, nullptr), "dense GEMM plans (MLP down)");
+    }
+    check_status(gemm->prepare(static_cast<int>(cfg.max_seqs), int(V), Hi, nullptr),
+                 "dense GEMM plans (LM head)");
   }
   restored.assign(std::size_t(moe_layers) * E, 0);
   may_miss.assign(moe_layers, 0);
@@ -750,6 +770,10 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
         check_status(kd::shared_gate(router_logits, Ti, int(router_ld), int(E), shared_w, stream),
                      "shared expert gate");
       }
+      // A miss's copy starts no earlier than this point of the compute stream, whatever the routing source:
+      // synthetic routing is known on the host before the GPU gets here, and loading its misses earlier would
+      // be a perfect prefetch that no router allows (the simulator prices a miss from this point too).
+      check_cuda(cudaEventRecord(ev_routed[l], stream), "cudaEventRecord");
       // The routed set: known on the host for synthetic routing; from the router otherwise, and then read
       // back here only if the layer may miss (an expert neither resident nor restored this step).
       set_scratch.clear();
@@ -763,8 +787,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
         check_cuda(cudaStreamSynchronize(stream), "routing readback");
         distinct_experts(h_ids + std::size_t(m) * T * K, std::size_t(T) * K);
       }
-      auto lw =
-          loader->prepare_layer(m, std::span<const std::uint32_t>(set_scratch.data(), set_scratch.size()));
+      auto lw = loader->prepare_layer(
+          m, std::span<const std::uint32_t>(set_scratch.data(), set_scratch.size()), ev_routed[l]);
       if (!lw) throw std::logic_error("cuda backend: " + lw.error().message);
       check_cuda(cudaEventRecord(ev_moe0[l], stream), "cudaEventRecord");
       typename kn::PagedMoe<kn::Paged>::Arguments ma{};

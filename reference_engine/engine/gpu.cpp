@@ -123,7 +123,7 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   o.reject_unknown({"name", "calibrated", "source", "moe_memory_efficiency", "moe_compute_efficiency",
                     "dense_memory_efficiency", "dense_compute_efficiency", "attention_memory_efficiency",
                     "attention_compute_efficiency", "per_layer_overhead_us", "step_overhead_us",
-                    "h2d_bandwidth_scale", "int8_moe_memory_scale", "int8_moe_compute_scale",
+                    "h2d_bandwidth_scale", "h2d_copy_latency_scale", "int8_moe_memory_scale", "int8_moe_compute_scale",
                     "int4_moe_memory_scale", "int4_moe_compute_scale", "residuals"});
   CostModelParams p;
   p.name = o.get_string_or("name", "unnamed");
@@ -139,6 +139,8 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   p.per_layer_overhead_s = o.get_double("per_layer_overhead_us", 0.0, 1e6) * 1e-6;
   p.step_overhead_s = o.get_double("step_overhead_us", 0.0, 1e7) * 1e-6;
   p.h2d_bandwidth_scale = o.get_double_or("h2d_bandwidth_scale", 1.0, 0.01, 2.0);
+  // Optional (older files lack it): the per-copy latency relative to the GPU profile's.
+  p.h2d_copy_latency_scale = o.get_double_or("h2d_copy_latency_scale", 1.0, 0.0, 100.0);
   // Optional (older files lack them): the MoE kernel's efficiency on quantized experts relative to bf16.
   p.int8.memory = o.get_double_or("int8_moe_memory_scale", p.int8.memory, 0.05, 1.0);
   p.int8.compute = o.get_double_or("int8_moe_compute_scale", p.int8.compute, 0.05, 1.0);
@@ -193,6 +195,7 @@ std::string cost_model_to_json(const CostModelParams& p) {
   j["per_layer_overhead_us"] = p.per_layer_overhead_s * 1e6;
   j["step_overhead_us"] = p.step_overhead_s * 1e6;
   j["h2d_bandwidth_scale"] = p.h2d_bandwidth_scale;
+  j["h2d_copy_latency_scale"] = p.h2d_copy_latency_scale;
   j["int8_moe_memory_scale"] = p.int8.memory;
   j["int8_moe_compute_scale"] = p.int8.compute;
   j["int4_moe_memory_scale"] = p.int4.memory;

@@ -73,7 +73,8 @@ struct CostModelParams {
   double attention_memory_efficiency = 0.60, attention_compute_efficiency = 0.40;
   double per_layer_overhead_s = 30e-6;
   double step_overhead_s = 1e-3;
-  double h2d_bandwidth_scale = 1.0;  // measured / profile bandwidth, written by calibration
+  double h2d_bandwidth_scale = 1.0;     // measured / profile bandwidth, written by calibration
+  double h2d_copy_latency_scale = 1.0;  // measured / profile per-copy latency, written by calibration
   // The MoE kernel on quantized experts: multipliers on moe_{memory,compute}_efficiency (dequantisation in
   // the kernel's inner loop). bf16 is 1 by definition. Uncalibrated until measured from the kernel.
   struct PrecisionScale {

@@ -105,7 +105,7 @@ double SimBackend::gather_time(std::uint64_t experts) const noexcept {
 
 double SimBackend::copy_time(std::uint64_t calls, std::uint64_t bytes) const {
   if (calls == 0) return 0;
-  return double(calls) * gpu_.h2d_copy_latency_s +
+  return double(calls) * gpu_.h2d_copy_latency_s * cost_.h2d_copy_latency_scale +
          double(bytes) / (gpu_.h2d_bandwidth * cost_.h2d_bandwidth_scale);
 }
 

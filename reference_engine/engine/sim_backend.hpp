@@ -26,7 +26,8 @@
 //   compute stream (after attention, after the MoE or dense FFN), each latency + 2 (N-1)/N x bytes / busbw
 //   (GpuProfile::allreduce_time), counted in compute_s. On one GPU nothing is added.
 // Copies (one copy engine per GPU, FIFO, pinned host memory): each copy call pays the profile's per-copy
-//   latency and its bytes move at the H2D bandwidth x h2d_bandwidth_scale; each GPU moves its own shard of
+//   latency x h2d_copy_latency_scale and its bytes move at the H2D bandwidth x h2d_bandwidth_scale; each GPU
+//   moves its own shard of
 //   an expert over its own link, all at once, so one GPU's copies set the time. The planner's calls: a
 //   restore is 3 calls (one per reserved page), a buffered expert 1 (its matrices are contiguous in the host
 //   store and in the slot).

@@ -11,9 +11,11 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "amoeba/policies/stacks.hpp"
@@ -269,6 +271,41 @@ TEST_CASE("the hash detects a missing wait", "[gpu][loader]") {
   cudaFree(d_row);
   cudaFree(d_e);
   cudaFree(d_h);
+}
+
+TEST_CASE("a miss's copy waits for the routing event; without it the copy runs ahead of the compute stream",
+          "[gpu][loader]") {
+  // Synthetic routing is known on the host before the GPU computes the layer: the copy must still wait for
+  // the event the compute stream records after its router, or it would be a perfect prefetch.
+  Harness h;
+  const auto off = h.offload_in_layer0(1);
+  const std::vector<std::uint32_t> routed{off[0]};
+  for (const bool with_event : {true, false}) {
+    INFO("routed_ready given: " << with_event);
+    DoubleBufferLoader loader(LoaderShape{Harness::kLayers, Harness::kExperts, Harness::kLimit}, h.store,
+                              h.arena.span(), h.compute);
+    REQUIRE_FALSE(loader.begin_forward(ChangeList{}, h.adjuster.residency(), h.pool).has_value());
+    cudaEvent_t routed_ready;
+    REQUIRE(cudaEventCreateWithFlags(&routed_ready, cudaEventDisableTiming) == cudaSuccess);
+    // The compute stream is busy for 300 ms before it reaches the router.
+    amoeba::kernels::detail::spin_kernel<<<1, 1, 0, h.compute>>>(300'000'000ull);
+    REQUIRE(cudaEventRecord(routed_ready, h.compute) == cudaSuccess);
+    auto w = loader.prepare_layer(0, routed, with_event ? routed_ready : nullptr);
+    REQUIRE(w.has_value());
+    REQUIRE(loader.stats().on_demand_misses == 1);
+    // One expert takes well under 100 ms to copy; the spin has 200 ms left by then.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const bool compute_done = cudaStreamQuery(h.compute) == cudaSuccess;
+    const cudaError_t copy_state = cudaStreamQuery(loader.copy_stream());
+    REQUIRE_FALSE(compute_done);
+    if (with_event)
+      CHECK(copy_state == cudaErrorNotReady);
+    else
+      CHECK(copy_state == cudaSuccess);
+    loader.layer_done(0);
+    loader.end_forward();
+    REQUIRE(cudaEventDestroy(routed_ready) == cudaSuccess);
+  }
 }
 
 TEST_CASE("bad input: too many misses, unreserved restore pages, out-of-order layers", "[gpu][loader]") {

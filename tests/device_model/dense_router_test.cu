@@ -271,6 +271,55 @@ TEST_CASE("DenseGemm: bf16(x w^T + bias) within one bf16 ulp of the double refer
   CHECK(gemm.cached_plans() == plans);
 }
 
+TEST_CASE("DenseGemm: prepare() builds every bucket's plan; a bucket's algorithm serves each of its sizes",
+          "[gpu][decoder][dense]") {
+  using G = dec::DenseGemm;
+  STATIC_REQUIRE(G::plan_rows(1) == 1);
+  STATIC_REQUIRE(G::plan_rows(64) == 64);
+  STATIC_REQUIRE(G::plan_rows(65) == 72);  // eighths of 64
+  STATIC_REQUIRE(G::plan_rows(128) == 128);
+  STATIC_REQUIRE(G::plan_rows(300) == 320);    // eighths of 256
+  STATIC_REQUIRE(G::plan_rows(1025) == 1152);  // eighths of 1024
+  for (int M = 1; M <= 20000; ++M) {
+    const int r = G::plan_rows(M);
+    if (r < M || r > M + M / 8 || G::plan_rows(r) != r) FAIL("plan_rows(" << M << ") = " << r);
+  }
+  Dev<unsigned char> workspace(G::kWorkspaceBytes);
+  G gemm(workspace.p, workspace.n);
+  REQUIRE(gemm.status().ok);
+  const int K = 2048, N = 2048 + 2 * 256, max_m = 2048;  // Qwen1.5 q/k/v with biases, a 2048-token step
+  const auto x = random_bf16(std::size_t(max_m) * K, 2.0f, 31), w = random_bf16(std::size_t(N) * K, 0.1f, 32);
+  const auto b = random_bf16(N, 1.0f, 33);
+  Dev<bf16> dx(x.size()), dw(w.size()), db(b.size()), dy(std::size_t(max_m) * N);
+  dx.put(x);
+  dw.put(w);
+  db.put(b);
+  REQUIRE(gemm.prepare(max_m, N, K, dev(db)).ok);
+  std::size_t buckets = 0;
+  for (int M = 1; M <= max_m; M = G::plan_rows(M) + 1) ++buckets;
+  CHECK(buckets == 64 + 8 * 5);  // exact to 64, then eight per octave up to 2048
+  CHECK(gemm.cached_plans() == buckets);
+  CHECK(gemm.prepare(0, N, K, nullptr).field == "max_M");
+  const std::vector<double> dot = reference_dot(x, w, max_m, N, K);
+  // Sizes at both ends of buckets, and a full one: no new plan, results as exact as before.
+  for (const int M : {65, 71, 72, 100, 300, 513, 1000, 1025, 1152, 2047, 2048}) {
+    INFO("M " << M << " (plan rows " << G::plan_rows(M) << ")");
+    dy.poison();
+    const Status st = gemm.run(dev(dx), M, K, dev(dw), N, dev(db), dev(dy), nullptr);
+    INFO(st.message);
+    REQUIRE(st.ok);
+    check_cuda(cudaDeviceSynchronize());
+    const auto y = dy.get(std::size_t(M) * N);
+    const GemmErrors e = compare_gemm(y, dot, x, w, &b, M, N, K);
+    INFO(e.first_bad);
+    REQUIRE(e.first_bad.empty());
+    CHECK(e.beyond <= y.size() / 1000 + 2);
+  }
+  std::printf("DenseGemm buckets: %zu plans for M <= %d, %llu exact fallbacks\n", gemm.cached_plans(), max_m,
+              static_cast<unsigned long long>(gemm.exact_fallbacks()));
+  CHECK(gemm.cached_plans() == buckets + gemm.exact_fallbacks());
+}
+
 TEST_CASE("DenseGemm: a cached plan serves 16-byte (not 256-byte) aligned pointers; M = 0 does nothing",
           "[gpu][decoder][dense]") {
   Dev<unsigned char> workspace(dec::DenseGemm::kWorkspaceBytes);

@@ -524,6 +524,7 @@ std::string cost_model_file(const std::string& name, double scale_efficiency, do
   j["per_layer_overhead_us"] = 12.5 * scale_overhead;
   j["step_overhead_us"] = 2300.0 * scale_overhead;
   j["h2d_bandwidth_scale"] = 0.85;
+  j["h2d_copy_latency_scale"] = 1.7;
   return j.dump();
 }
 
@@ -560,6 +561,7 @@ TEST_CASE("calibrate: the simulator measured with a hidden cost model is fitted 
   CHECK(j["per_layer_overhead_us"].get<double>() == Approx(12.5).margin(0.05));
   CHECK(j["step_overhead_us"].get<double>() == Approx(2300).epsilon(1e-9));
   CHECK(j["h2d_bandwidth_scale"].get<double>() == Approx(0.85).epsilon(1e-9));
+  CHECK(j["h2d_copy_latency_scale"].get<double>() == Approx(1.7).epsilon(1e-6));
   for (const char* phase : {"attention", "moe", "dense", "step", "copy"}) {
     INFO(phase);
     REQUIRE(j["residuals"].contains(phase));

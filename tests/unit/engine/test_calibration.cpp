@@ -29,6 +29,7 @@ CostModelParams truth() {
   p.per_layer_overhead_s = 22e-6;
   p.step_overhead_s = 700e-6;
   p.h2d_bandwidth_scale = 0.8;
+  p.h2d_copy_latency_scale = 2.5;
   return p;
 }
 
@@ -64,12 +65,13 @@ std::vector<CalibrationSample> make_samples(const ModelSpec& m, const GpuProfile
     }
   for (std::uint64_t tokens : {1u, 16u, 128u, 1024u, 4096u, 16384u})
     for (std::uint64_t experts : {4u, 20u, 60u}) add(CalibrationPhase::kMoe, moe_work(m, tokens, experts), 3);
-  for (std::uint64_t calls : {1u, 3u, 30u, 300u}) {
-    CalibrationSample s{CalibrationPhase::kCopy, double(calls) * double(m.expert_transfer_bytes()), 0, 1,
-                        calls};
-    s.seconds = jitter(predicted_seconds(s, g, p));
-    out.push_back(s);
-  }
+  // Pages and whole experts, as the copy probe takes them: two sizes per call tell latency from bandwidth.
+  for (std::uint64_t calls : {1u, 3u, 30u, 300u})
+    for (std::uint64_t per_call : {m.expert_transfer_bytes() / 3, m.expert_transfer_bytes()}) {
+      CalibrationSample s{CalibrationPhase::kCopy, double(calls) * double(per_call), 0, 1, calls};
+      s.seconds = jitter(predicted_seconds(s, g, p));
+      out.push_back(s);
+    }
   for (double phases : {5e-3, 20e-3, 80e-3}) {
     CalibrationSample s{CalibrationPhase::kStep, 0, 0, 1, 0, phases};
     s.seconds = phases + jitter(p.step_overhead_s);
@@ -104,6 +106,7 @@ TEST_CASE("calibration: noise-free samples are fitted back to the grid's resolut
   CHECK(f.per_layer_overhead_s == Approx(t.per_layer_overhead_s).margin(0.1e-6));
   CHECK(f.step_overhead_s == Approx(t.step_overhead_s).epsilon(1e-9));
   CHECK(f.h2d_bandwidth_scale == Approx(t.h2d_bandwidth_scale).epsilon(1e-9));
+  CHECK(f.h2d_copy_latency_scale == Approx(t.h2d_copy_latency_scale).epsilon(1e-6));
   REQUIRE(f.residuals.size() == 5);
   for (const CostModelResidual& r : f.residuals) {
     INFO(r.phase);
@@ -132,6 +135,7 @@ TEST_CASE("calibration: 5% noise is fitted within tolerance; residuals report it
   CHECK(f.per_layer_overhead_s == Approx(t.per_layer_overhead_s).margin(8e-6));
   CHECK(f.step_overhead_s == Approx(t.step_overhead_s).epsilon(0.1));
   CHECK(f.h2d_bandwidth_scale == Approx(t.h2d_bandwidth_scale).epsilon(0.1));
+  CHECK(f.h2d_copy_latency_scale == Approx(t.h2d_copy_latency_scale).epsilon(0.5));
   for (const CostModelResidual& r : f.residuals) {
     INFO(r.phase);
     // The noise shows (median |N(0,1)| x 5% ~ 3.4%; a step's noise is on its overhead alone).
@@ -162,9 +166,41 @@ TEST_CASE("calibration: phases without samples keep the start's values; unseen b
   CHECK(f.dense_compute_efficiency == start.dense_compute_efficiency);
   CHECK(f.step_overhead_s == start.step_overhead_s);
   CHECK(f.h2d_bandwidth_scale == start.h2d_bandwidth_scale);
+  CHECK(f.h2d_copy_latency_scale == start.h2d_copy_latency_scale);
   REQUIRE(f.residuals.size() == 1);
   CHECK(f.residuals[0].phase == "moe");
   CHECK(f.residuals[0].samples == 4);
+}
+
+TEST_CASE("calibration: copies of one size fit the bandwidth alone; the latency is clamped at 0",
+          "[calibration]") {
+  const ModelSpec m = model_with_dense();
+  const GpuProfile g = find_gpu("h200");
+  CostModelParams t = truth();
+  auto copies = [&](const CostModelParams& p, std::initializer_list<std::uint64_t> sizes) {
+    std::vector<CalibrationSample> out;
+    for (std::uint64_t calls : {1u, 4u, 16u})
+      for (std::uint64_t per_call : sizes) {
+        CalibrationSample s{CalibrationPhase::kCopy, double(calls) * double(per_call), 0, 1, calls};
+        s.seconds = predicted_seconds(s, g, p);
+        out.push_back(s);
+      }
+    return out;
+  };
+  // One size: seconds per call are one number, which the start's latency and a fitted bandwidth reproduce.
+  CostModelParams start;
+  start.h2d_copy_latency_scale = 1.0;
+  CostModelParams f = fit_cost_model(copies(t, {m.expert_transfer_bytes()}), m, g, start);
+  CHECK(f.h2d_copy_latency_scale == start.h2d_copy_latency_scale);
+  REQUIRE(f.residuals.size() == 1);
+  CHECK(f.residuals[0].p90_abs_rel_error < 1e-9);
+  // Copies faster per call than any positive latency allows: the latency scale stops at 0.
+  t.h2d_copy_latency_scale = 0;
+  std::vector<CalibrationSample> s = copies(t, {1u << 20, 16u << 20});
+  for (CalibrationSample& c : s) c.seconds -= 0.5 * double(c.copy_calls) * g.h2d_copy_latency_s;
+  f = fit_cost_model(s, m, g, start);
+  CHECK(f.h2d_copy_latency_scale == 0.0);
+  CHECK(f.h2d_bandwidth_scale > t.h2d_bandwidth_scale);
 }
 
 TEST_CASE("calibration: bad samples are refused naming the index and the field", "[calibration]") {

@@ -35,6 +35,7 @@ CostModelParams hidden() {
   p.per_layer_overhead_s = 12.5e-6;
   p.step_overhead_s = 2.3e-3;
   p.h2d_bandwidth_scale = 0.85;
+  p.h2d_copy_latency_scale = 1.7;
   return p;
 }
 
@@ -124,6 +125,7 @@ TEST_CASE("calibration harness: a hidden cost model is recovered from the simula
   CHECK(f.per_layer_overhead_s == Approx(t.per_layer_overhead_s).margin(0.05e-6));
   CHECK(f.step_overhead_s == Approx(t.step_overhead_s).epsilon(1e-9));
   CHECK(f.h2d_bandwidth_scale == Approx(t.h2d_bandwidth_scale).epsilon(1e-9));
+  CHECK(f.h2d_copy_latency_scale == Approx(t.h2d_copy_latency_scale).epsilon(1e-6));
   REQUIRE(f.residuals.size() == 5);
   for (const CostModelResidual& x : f.residuals) {
     INFO(x.phase);

@@ -726,7 +726,7 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
     if (c.phase == CalibrationPhase::kCopy)
       probes[{c.copy_calls, std::uint64_t(c.bytes)}].push_back(c.seconds);
   if (!probes.empty()) {
-    std::cout << fmt::format("\ncopy probes (median of each)  {:>5} {:>10} {:>12} {:>8} {:>12}\n", "calls",
+    std::cout << fmt::format("\ncopy probes (fastest repeat)  {:>5} {:>10} {:>12} {:>8} {:>12}\n", "calls",
                              "MB/call", "measured us", "GB/s", "fitted us");
     for (auto& [key, secs] : probes) {
       CalibrationSample c{CalibrationPhase::kCopy, double(key.second), 0, 1, key.first};

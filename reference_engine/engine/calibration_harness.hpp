@@ -28,7 +28,8 @@
 // Copies: a CopyTimer measures `calls` host-to-device copies of `bytes_per_call` bytes each, for every
 // count in the plan, one expert page per call (a restore's copies) and one whole expert per call (a
 // buffered expert's): the simulator's copy_time, or CUDA events around cudaMemcpyAsync from pinned memory
-// (h2d_copy_probe.hpp).
+// (h2d_copy_probe.hpp). Each probe is timed copy_repeats times, the repeats of all probes interleaved, and
+// gives one sample, its fastest time.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +65,7 @@ struct CalibrationPlan {
   // [min, max] = routable_range(step tokens, k, E).
   std::vector<double> distinct_fractions{0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0};
   std::vector<std::uint32_t> copy_calls{1, 2, 4, 8, 16, 32};  // copies per probe
-  std::uint32_t copy_repeats = 3;                             // each probe measured this often
+  std::uint32_t copy_repeats = 3;  // each probe measured this often, interleaved; the fastest is the sample
 };
 
 // The default plan for a model under `sched` whose pool holds `kv_pages` KV pages (the memory plan's KV):
@@ -115,8 +116,8 @@ struct CalibrationMeasurement {
   std::vector<CalibrationSample> samples;
   std::uint64_t forward_steps = 0;  // measured forwards, warm-up included
   std::uint64_t warmup_steps = 0;   // of which gave no samples
-  std::size_t copy_probes = 0;
-  RunResult run;  // the engine run over every shape
+  std::size_t copy_probes = 0;      // copy probes timed (copy samples x copy_repeats)
+  RunResult run;                    // the engine run over every shape
 };
 
 // What a calibration run reports as it goes.

@@ -9,8 +9,9 @@
 # BACKEND=sim (with BIN=build/ci/reference_engine) runs the same flow on the CPU against the simulator: a dry run.
 # Qwen1.5-MoE-A2.7B is calibrated and validated on the H200 capped at an RTX 5090's 31.84 GiB. Qwen3-30B-A3B
 # (61 GB of bf16 weights) cannot keep every expert resident there, so it is calibrated uncapped and validated
-# capped with 80 of its 128 experts per layer offloadable (elastic) or offloaded (fixed); its static run is
-# uncapped. Writes $OUT/<model>.json (the fitted cost model), $OUT/validate_<model>_<policy>_<trace>.json, both
+# capped at QWEN3_GIB (31.84) with QWEN3_OFFLOAD (80) of its 128 experts per layer offloadable (elastic) or
+# offloaded (fixed); its static run is uncapped. (At 31.84 GiB every Qwen3 step streams gigabytes: a
+# 60-request trace runs ~220 s per policy; QWEN3_GIB=64 QWEN3_OFFLOAD=32 runs ~20-90 s.) Writes $OUT/<model>.json (the fitted cost model), $OUT/validate_<model>_<policy>_<trace>.json, both
 # runs' per-step timelines (timeline_<model>_<policy>_<trace>_{measured,simulated}.csv) and
 # one summary line per run ($OUT/summary.txt), all of it packed into $OUT/calibration.tgz (a device call
 # returns few files); a run longer than its timeout is killed and reported.
@@ -19,7 +20,8 @@ requests=${REQUESTS:-60}
 for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
   cap="--gpu-memory-gib 31.84" cal_cap="$cap" offload=""
   if [[ $model == qwen3-30b-a3b ]]; then
-    cal_cap="" offload="--expert-offload-limit 80 --fixed-offload 80"
+    cap="--gpu-memory-gib ${QWEN3_GIB:-31.84}" cal_cap=""
+    offload="--expert-offload-limit ${QWEN3_OFFLOAD:-80} --fixed-offload ${QWEN3_OFFLOAD:-80}"
   fi
   cost_model="$OUT/$model.json"
   if [[ -n "${COST_MODEL:-}" ]]; then

@@ -265,10 +265,14 @@ TEST_CASE("DenseGemm: bf16(x w^T + bias) within one bf16 ulp of the double refer
         CHECK(e.beyond <= y.size() / 1000 + 2);
       }
   }
-  // One plan per (M, N, K, bias) seen.
+  // One plan per (plan_rows(M), N, K, bias) seen (every M here is its own bucket), plus one per M whose
+  // bucket's algorithm could not serve it (measured on the H200: one, of 52 plans).
   std::size_t plans = 0;
   for (const Case& c : cases) plans += (c.N % 8 == 0 ? 2 : 1) * c.Ms.size();
-  CHECK(gemm.cached_plans() == plans);
+  std::printf("DenseGemm on the models' shapes: %zu plans, %llu exact fallbacks\n", gemm.cached_plans(),
+              static_cast<unsigned long long>(gemm.exact_fallbacks()));
+  CHECK(gemm.cached_plans() == plans + gemm.exact_fallbacks());
+  CHECK(gemm.exact_fallbacks() <= plans / 10);
 }
 
 TEST_CASE("DenseGemm: prepare() builds every bucket's plan; a bucket's algorithm serves each of its sizes",

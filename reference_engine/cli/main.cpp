@@ -664,8 +664,10 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
   } else {
     const std::uint64_t expert = setup.model.expert_transfer_bytes();
     auto probe_gpu = std::make_shared<std::unique_ptr<H2dCopyProbe>>();
-    copies = [probe_gpu, expert](std::uint64_t calls, std::uint64_t bytes_per_call) {
-      if (!*probe_gpu) *probe_gpu = std::make_unique<H2dCopyProbe>(expert);  // after the engine's run
+    const std::uint64_t max_calls = *std::max_element(plan.copy_calls.begin(), plan.copy_calls.end());
+    copies = [probe_gpu, expert, max_calls](std::uint64_t calls, std::uint64_t bytes_per_call) {
+      if (!*probe_gpu)
+        *probe_gpu = std::make_unique<H2dCopyProbe>(expert, max_calls);  // after the engine's run
       return (*probe_gpu)->time(calls, bytes_per_call);
     };
   }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -19,7 +20,7 @@ void check(cudaError_t e, const char* what) {
 }  // namespace
 
 struct H2dCopyProbe::Impl {
-  std::uint64_t max_bytes = 0;
+  std::uint64_t max_bytes = 0, max_calls = 0;
   void* host = nullptr;  // pinned
   void* device = nullptr;
   cudaStream_t stream = nullptr;
@@ -35,7 +36,8 @@ struct H2dCopyProbe::Impl {
   }
 };
 
-H2dCopyProbe::H2dCopyProbe(std::uint64_t max_bytes_per_call, int device) : impl_(std::make_unique<Impl>()) {
+H2dCopyProbe::H2dCopyProbe(std::uint64_t max_bytes_per_call, std::uint64_t max_calls, int device)
+    : impl_(std::make_unique<Impl>()) {
   int devices = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices <= device)
     throw ConfigError("--backend", "cuda",
@@ -43,18 +45,20 @@ H2dCopyProbe::H2dCopyProbe(std::uint64_t max_bytes_per_call, int device) : impl_
                                        : "device " + std::to_string(device) + " does not exist (" +
                                              std::to_string(devices) + " CUDA devices)");
   if (max_bytes_per_call == 0) throw std::logic_error("h2d copy probe: max_bytes_per_call is 0");
+  if (max_calls == 0) throw std::logic_error("h2d copy probe: max_calls is 0");
   Impl& d = *impl_;
   d.max_bytes = max_bytes_per_call;
+  d.max_calls = max_calls;
+  const std::uint64_t total = max_bytes_per_call * max_calls;
   check(cudaSetDevice(device), "cudaSetDevice");
-  check(cudaHostAlloc(&d.host, d.max_bytes, cudaHostAllocDefault), "cudaHostAlloc");
-  std::memset(d.host, 0x3c, d.max_bytes);  // touch every page before the copies are timed
-  check(cudaMalloc(&d.device, d.max_bytes), "cudaMalloc");
+  check(cudaHostAlloc(&d.host, total, cudaHostAllocDefault), "cudaHostAlloc");
+  std::memset(d.host, 0x3c, total);  // touch every page before the copies are timed
+  check(cudaMalloc(&d.device, total), "cudaMalloc");
   check(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaEventCreate(&d.begin), "cudaEventCreate");
   check(cudaEventCreate(&d.end), "cudaEventCreate");
-  for (int i = 0; i < 4; ++i)  // warm-up: the first copies pay for mappings the later ones do not
-    check(cudaMemcpyAsync(d.device, d.host, d.max_bytes, cudaMemcpyHostToDevice, d.stream),
-          "cudaMemcpyAsync");
+  // Warm-up: the first copies pay for mappings the later ones do not.
+  check(cudaMemcpyAsync(d.device, d.host, total, cudaMemcpyHostToDevice, d.stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(d.stream), "cudaStreamSynchronize");
 }
 
@@ -62,13 +66,17 @@ H2dCopyProbe::~H2dCopyProbe() = default;
 
 double H2dCopyProbe::time(std::uint64_t calls, std::uint64_t bytes_per_call) {
   Impl& d = *impl_;
-  if (calls == 0 || bytes_per_call == 0 || bytes_per_call > d.max_bytes)
+  if (calls == 0 || calls > d.max_calls || bytes_per_call == 0 || bytes_per_call > d.max_bytes)
     throw std::logic_error("h2d copy probe: " + std::to_string(calls) + " calls of " +
-                           std::to_string(bytes_per_call) + " bytes (at most " + std::to_string(d.max_bytes) +
-                           " per call)");
+                           std::to_string(bytes_per_call) + " bytes (at most " + std::to_string(d.max_calls) +
+                           " calls of " + std::to_string(d.max_bytes) + ")");
+  // Each call from its own source into its own destination, as the loader copies distinct experts.
+  auto* dst = static_cast<std::byte*>(d.device);
+  const auto* src = static_cast<const std::byte*>(d.host);
   check(cudaEventRecord(d.begin, d.stream), "cudaEventRecord");
   for (std::uint64_t i = 0; i < calls; ++i)
-    check(cudaMemcpyAsync(d.device, d.host, bytes_per_call, cudaMemcpyHostToDevice, d.stream),
+    check(cudaMemcpyAsync(dst + i * d.max_bytes, src + i * d.max_bytes, bytes_per_call,
+                          cudaMemcpyHostToDevice, d.stream),
           "cudaMemcpyAsync");
   check(cudaEventRecord(d.end, d.stream), "cudaEventRecord");
   check(cudaEventSynchronize(d.end), "cudaEventSynchronize");

@@ -9,7 +9,7 @@ namespace amoeba::engine {
 
 struct H2dCopyProbe::Impl {};
 
-H2dCopyProbe::H2dCopyProbe(std::uint64_t, int) {
+H2dCopyProbe::H2dCopyProbe(std::uint64_t, std::uint64_t, int) {
   throw ConfigError("--backend", "cuda",
                     "this build has no CUDA backend: configure with the gpu preset (cmake --preset gpu) on a "
                     "machine with nvcc and a GPU");

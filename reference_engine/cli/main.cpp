@@ -787,6 +787,9 @@ int cmd_validate(const ScenarioFlags& given, const std::string& policy,
   sim_setup.scenario = &simulated;
   sim_setup.backend = BackendKind::kSim;
   sim_setup.cost = find_cost_model(simulated.cost_model);
+  // The measured run's forwards are also priced one by one by the simulator under test (priced_ms).
+  meas_setup.options.price_with = sim_setup.cost;
+  sim_setup.options.price_with.reset();
   const bool measured_is_simulated = find_backend(measured.backend).simulated;
   Progress progress(quiet);
   progress.begin_run(

@@ -382,6 +382,27 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
   out.simulated_steps = s.size();
   out.measured = end_to_end(measured);
   out.simulated = end_to_end(simulated);
+  {
+    std::vector<double> abs_err, err;
+    for (const ForwardStep& f : m) {
+      const double p = measured.timeline[f.row].priced_ms;
+      if (!std::isfinite(p))
+        throw ConfigError("measured.timeline[" + std::to_string(f.row) + "].priced_ms", number(p),
+                          "must be finite (< 0: not priced)");
+      if (p < 0) continue;
+      err.push_back(p / f.step_ms - 1.0);
+      abs_err.push_back(std::abs(err.back()));
+    }
+    if (!err.empty()) {
+      out.priced.steps = err.size();
+      out.priced.errors = err;
+      out.priced.max_abs_rel_error = *std::max_element(abs_err.begin(), abs_err.end());
+      const Percentiles a = percentiles(std::move(abs_err));
+      out.priced.median_abs_rel_error = a.p50;
+      out.priced.p90_abs_rel_error = a.p90;
+      out.priced.median_rel_error = median(std::move(err));
+    }
+  }
 
   std::vector<std::pair<std::size_t, std::size_t>> pairs;
   bool by_index = m.size() == s.size();

@@ -108,13 +108,21 @@ struct RunComparison {
   // median (simulated slower > 0).
   double median_abs_rel_error = 0, p90_abs_rel_error = 0, max_abs_rel_error = 0, median_rel_error = 0;
   std::vector<double> errors;  // simulated step_ms / measured step_ms - 1 of each matched pair, in order
+  // Each measured forward step against the simulator's price of that very step (TimelineRow::priced_ms: the
+  // same batch, change list, residency and routing; RunOptions::price_with): the cost model's own error,
+  // apart from the two schedules' divergence. priced = 0 when the measured run was not priced.
+  struct Priced {
+    std::size_t steps = 0;
+    double median_abs_rel_error = 0, p90_abs_rel_error = 0, max_abs_rel_error = 0, median_rel_error = 0;
+    std::vector<double> errors;  // priced_ms / step_ms - 1 of each priced forward step, in order
+  } priced;
   EndToEnd measured, simulated;
 };
 
 // The matched step-time errors and the end-to-end metrics side by side. step_ms is the forward alone on
 // both sides (the measured engine's own host time, host_ms, is not priced by the simulator). Refuses
 // (ConfigError naming "measured.timeline[i].step_ms" or "simulated...") a step time that is not finite or
-// negative, and a measured forward step of 0 ms.
+// negative, a measured forward step of 0 ms, and a priced_ms that is not finite.
 RunComparison compare_runs(const RunResult& measured, const RunResult& simulated);
 
 }  // namespace amoeba::engine

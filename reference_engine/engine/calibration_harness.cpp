@@ -226,6 +226,47 @@ std::string percent(double x) {
 
 }  // namespace
 
+namespace {
+
+// Two lines: |error| median, p90, max and the signed median; the steps counted by |error| bucket.
+std::string error_lines(double median_abs, double p90_abs, double max_abs, double median_signed,
+                        const std::vector<double>& errors) {
+  std::string t = fmt::format("  |error| median {}, p90 {}, max {}; signed median {}{}\n",
+                              percent(median_abs), percent(p90_abs), percent(max_abs), percent(median_signed),
+                              median_signed >= 5e-4    ? " (the simulator is slower)"
+                              : median_signed <= -5e-4 ? " (the simulator is faster)"
+                                                       : "");
+  const std::vector<std::size_t> n = bucket_counts(errors);
+  t += "  steps by |error|:";
+  double lo = 0;
+  for (std::size_t b = 0; b < n.size(); ++b) {
+    const std::string range = b < std::size(kErrorBuckets)
+                                  ? fmt::format("{:g}-{:g}%", 100 * lo, 100 * kErrorBuckets[b])
+                                  : fmt::format(">= {:g}%", 100 * lo);
+    t += fmt::format(" {} {} ({:.0f}%){}", range, n[b], 100.0 * double(n[b]) / double(errors.size()),
+                     b + 1 < n.size() ? "," : "\n");
+    if (b < std::size(kErrorBuckets)) lo = kErrorBuckets[b];
+  }
+  return t;
+}
+
+nlohmann::ordered_json error_buckets_json(const std::vector<double>& errors) {
+  nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
+  const std::vector<std::size_t> n = bucket_counts(errors);
+  for (std::size_t b = 0; b < n.size(); ++b) {
+    nlohmann::ordered_json e;
+    if (b < std::size(kErrorBuckets))
+      e["below"] = kErrorBuckets[b];
+    else
+      e["below"] = nullptr;
+    e["steps"] = n[b];
+    buckets.push_back(e);
+  }
+  return buckets;
+}
+
+}  // namespace
+
 std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
   std::string t;
   t += fmt::format("validate: {} (backend {}{}) against the SIMULATED GPU with cost model {}\n",
@@ -243,23 +284,16 @@ std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
         "step time, simulated / measured - 1, over {} paired forward steps ({}; forward steps: measured {}, "
         "simulated {}):\n",
         c.matched, to_string(c.match), c.measured_steps, c.simulated_steps);
-    t += fmt::format("  |error| median {}, p90 {}, max {}; signed median {}{}\n",
-                     percent(c.median_abs_rel_error), percent(c.p90_abs_rel_error),
-                     percent(c.max_abs_rel_error), percent(c.median_rel_error),
-                     c.median_rel_error >= 5e-4    ? " (the simulator is slower)"
-                     : c.median_rel_error <= -5e-4 ? " (the simulator is faster)"
-                                                   : "");
-    const std::vector<std::size_t> n = bucket_counts(c.errors);
-    t += "  steps by |error|:";
-    double lo = 0;
-    for (std::size_t b = 0; b < n.size(); ++b) {
-      const std::string range = b < std::size(kErrorBuckets)
-                                    ? fmt::format("{:g}-{:g}%", 100 * lo, 100 * kErrorBuckets[b])
-                                    : fmt::format(">= {:g}%", 100 * lo);
-      t += fmt::format(" {} {} ({:.0f}%){}", range, n[b], 100.0 * double(n[b]) / double(c.matched),
-                       b + 1 < n.size() ? "," : "\n");
-      if (b < std::size(kErrorBuckets)) lo = kErrorBuckets[b];
-    }
+    t += error_lines(c.median_abs_rel_error, c.p90_abs_rel_error, c.max_abs_rel_error, c.median_rel_error,
+                     c.errors);
+  }
+  if (c.priced.steps > 0) {
+    t += fmt::format(
+        "step time, the simulator pricing each measured step itself (same batch, change list, residency, "
+        "routing) / measured - 1, over {} forward steps:\n",
+        c.priced.steps);
+    t += error_lines(c.priced.median_abs_rel_error, c.priced.p90_abs_rel_error, c.priced.max_abs_rel_error,
+                     c.priced.median_rel_error, c.priced.errors);
   }
   t += fmt::format("\n{:<18} {:>12} {:>12} {:>12}\n", "end to end", "measured", "simulated", "sim/measured");
   auto row = [&](const char* name, double m, double s, int decimals) {
@@ -303,20 +337,19 @@ std::string validation_json(const RunComparison& c, const ValidationLabels& l) {
     steps["p90_abs_rel_error"] = c.p90_abs_rel_error;
     steps["max_abs_rel_error"] = c.max_abs_rel_error;
     steps["median_rel_error"] = c.median_rel_error;
-    nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
-    const std::vector<std::size_t> n = bucket_counts(c.errors);
-    for (std::size_t b = 0; b < n.size(); ++b) {
-      nlohmann::ordered_json e;
-      if (b < std::size(kErrorBuckets))
-        e["below"] = kErrorBuckets[b];
-      else
-        e["below"] = nullptr;
-      e["steps"] = n[b];
-      buckets.push_back(e);
-    }
-    steps["abs_error_buckets"] = buckets;
+    steps["abs_error_buckets"] = error_buckets_json(c.errors);
   }
   j["steps"] = steps;
+  if (c.priced.steps > 0) {
+    nlohmann::ordered_json p;
+    p["steps"] = c.priced.steps;
+    p["median_abs_rel_error"] = c.priced.median_abs_rel_error;
+    p["p90_abs_rel_error"] = c.priced.p90_abs_rel_error;
+    p["max_abs_rel_error"] = c.priced.max_abs_rel_error;
+    p["median_rel_error"] = c.priced.median_rel_error;
+    p["abs_error_buckets"] = error_buckets_json(c.priced.errors);
+    j["priced_steps"] = p;
+  }
   auto e2e = [](const EndToEnd& e) {
     nlohmann::ordered_json o;
     o["throughput_tok_s"] = e.throughput_tok_s;

@@ -43,12 +43,18 @@
 #include "engine/metrics.hpp"
 #include "engine/model.hpp"
 #include "engine/scheduler.hpp"
+#include "engine/sim_backend.hpp"
 
 namespace amoeba::engine {
 
 struct EngineOptions {
   bool record_timeline = false;
   std::uint64_t max_steps = 50'000'000;  // a guard against a policy that never makes progress
+  // When set (with record_timeline), every forward is also priced by this simulator on the very same input
+  // (batch, change list, residency, pool, routing) and the price lands in the timeline (priced_ms): the
+  // cost model's error on each step of a measured run, apart from how two runs' schedules diverge. The
+  // routing source must know its choices (not kModel).
+  std::shared_ptr<SimBackend> price_with;
 };
 
 template <class Pool, class Adj, class Backend>
@@ -105,6 +111,7 @@ class Engine {
       commit(changes);
       now_ += backend_.idle_step_s();
       step_.clear();
+      priced_s_ = -1;
       record(plan, changes, step_);
       if constexpr (kMeasured) {
         const double host = host_seconds(started, Clock::now());
@@ -120,6 +127,13 @@ class Engine {
             backend_.forward(StepInput<Pool>{plan.batch, changes, adj_.residency(), pool_, *routing_}, step_))
       throw std::logic_error("engine: the backend refused the change list: " + e->message);
     const Clock::time_point forward_end = kMeasured ? Clock::now() : Clock::time_point{};
+    priced_s_ = -1;
+    if (options_.price_with && options_.record_timeline) {
+      if (auto e = options_.price_with->forward(
+              StepInput<Pool>{plan.batch, changes, adj_.residency(), pool_, *routing_}, priced_))
+        throw std::logic_error("engine: the pricing simulator refused the change list: " + e->message);
+      priced_s_ = priced_.step_s;
+    }
     now_ += step_.step_s;
     // The host time before the forward delays this step's tokens; the time after it, the next step.
     double host_before = 0;
@@ -256,9 +270,12 @@ class Engine {
     row.stall_ms = fs.stall_s * 1e3;
     row.compute_ms = fs.compute_s * 1e3;
     row.forward_host_ms = fs.host_s * 1e3;
+    row.priced_ms = priced_s_ < 0 ? -1 : priced_s_ * 1e3;
     result_.timeline.push_back(row);
   }
 
+  StepResult priced_;     // the pricing simulator's result of the last forward (EngineOptions::price_with)
+  double priced_s_ = -1;  // its step time; < 0: not priced
   Pool pool_;
   Adj adj_;
   Backend backend_;

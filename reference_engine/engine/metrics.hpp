@@ -40,6 +40,9 @@ struct TimelineRow {
   double compute_ms = 0;
   // The backend's host time in the forward until its final wait (StepCounters::host_s; 0 when simulated).
   double forward_host_ms = 0;
+  // The simulator's price of this very forward (EngineOptions::price_with: same batch, change list,
+  // residency and routing); < 0 when not priced (no pricing simulator, or a step without a forward).
+  double priced_ms = -1;
 };
 
 struct RunResult {

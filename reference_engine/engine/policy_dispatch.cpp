@@ -115,6 +115,14 @@ RunResult run_engine(const RunSetup& s) {
   Adj adj(std::move(*ranker), acfg, capacity_for<Adj>(s));
   EngineOptions eo;
   eo.record_timeline = s.options.record_timeline;
+  if (s.options.price_with) {
+    if (source->kind() == RoutingKind::kModel)
+      throw ConfigError("--routing", "model",
+                        "pricing each measured step with the simulator needs the routing known on the host "
+                        "(synthetic or recorded)");
+    eo.price_with = std::make_shared<SimBackend>(s.model, s.gpu, *s.options.price_with, s.scenario->predictor,
+                                                 s.offload_limit, s.scenario->seed, s.moe_kernel);
+  }
   Engine<Pool, Adj, Backend> engine(s.model, s.geometry, sc.scheduler, std::move(pool), std::move(adj),
                                     make_backend<Backend>(s), std::move(source), *s.trace, eo);
   RunProgress progress;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,6 +78,9 @@ struct RunOptions {
   // distinct-expert counts). Its shape must be the model's and its kind not kModel when the scenario's
   // routing source names a synthetic or recorded one (the GPU backend reads the sets it hands out).
   std::function<std::unique_ptr<RoutingSource>()> make_routing;
+  // When set (with record_timeline), the simulator with this cost model prices every forward of the run on
+  // its very input (EngineOptions::price_with; the timeline's priced_ms). Needs routing known on the host.
+  std::optional<CostModelParams> price_with;
 };
 
 // Everything a run needs, resolved from a Scenario (names looked up, memory planned).

@@ -609,6 +609,9 @@ TEST_CASE("validate: the simulator against itself: no error with one cost model,
   CHECK(j["steps"]["paired"].get<int>() > 10);
   CHECK(j["steps"]["paired"] == j["steps"]["measured"]);
   CHECK(j["steps"]["max_abs_rel_error"].get<double>() == 0.0);
+  // Every measured forward priced by the simulator on its own input: the same cost model, no error.
+  CHECK(j["priced_steps"]["steps"] == j["steps"]["measured"]);
+  CHECK(j["priced_steps"]["max_abs_rel_error"].get<double>() == 0.0);
   CHECK(j["end_to_end"]["measured"] == j["end_to_end"]["simulated"]);
   CHECK(j["end_to_end"]["measured"]["expert_bytes_h2d"] == 0);  // static copies nothing
 
@@ -619,10 +622,32 @@ TEST_CASE("validate: the simulator against itself: no error with one cost model,
   o = amoeba(t, fixed_cmd + (t / "fixed.json").string() + " --csv-measured " + (t / "m.csv").string() +
                     " --csv-simulated " + (t / "s.csv").string());
   REQUIRE(o.status == 0);
-  // Both timelines, the same columns; equal here (the same cost model on both sides).
+  // Both timelines, the same columns; equal here (the same cost model on both sides) but for the last,
+  // priced_ms: the measured forwards' price (here equal to their step_ms), empty on the simulated side.
   const std::string mcsv = slurp(t / "m.csv"), scsv = slurp(t / "s.csv");
   CHECK(mcsv.rfind("step,time_s,step_ms,", 0) == 0);
-  CHECK(mcsv == scsv);
+  auto split_last = [](const std::string& csv) {  // (every line without its last field, the last fields)
+    std::string rest;
+    std::vector<std::string> last;
+    std::istringstream in(csv);
+    for (std::string line; std::getline(in, line);) {
+      const std::size_t comma = line.rfind(',');
+      rest += line.substr(0, comma) + "\n";
+      last.push_back(line.substr(comma + 1));
+    }
+    return std::make_pair(rest, last);
+  };
+  const auto [m_rest, m_priced] = split_last(mcsv);
+  const auto [s_rest, s_priced] = split_last(scsv);
+  CHECK(m_rest == s_rest);
+  REQUIRE(m_priced.size() > 10);
+  CHECK(m_priced.front() == "priced_ms");
+  std::size_t priced_rows = 0;
+  for (std::size_t i = 1; i < s_priced.size(); ++i) {
+    CHECK(s_priced[i].empty());
+    priced_rows += !m_priced[i].empty();
+  }
+  CHECK(priced_rows == read_json(t / "fixed.json")["steps"]["measured"].get<std::size_t>());
   CHECK_THAT(o.out, Catch::Contains("expert GB over PCIe"));
   CHECK_THAT(o.out, Catch::Contains("copy stall s"));
   j = read_json(t / "fixed.json");
@@ -638,6 +663,9 @@ TEST_CASE("validate: the simulator against itself: no error with one cost model,
   CHECK(j["steps"]["median_abs_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
   CHECK(j["steps"]["max_abs_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
   CHECK(j["steps"]["median_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
+  CHECK(j["priced_steps"]["median_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
+  CHECK(j["priced_steps"]["max_abs_rel_error"].get<double>() == Approx(1.0).epsilon(1e-9));
+  CHECK_THAT(o.out, Catch::Contains("the simulator pricing each measured step itself"));
   const nlohmann::json& buckets = j["steps"]["abs_error_buckets"];
   CHECK(buckets.back()["below"].is_null());
   CHECK(buckets.back()["steps"] == j["steps"]["paired"]);  // every step is off by 100%

@@ -315,6 +315,29 @@ TEST_CASE("compare_runs: same schedule pairs by index", "[calibration]") {
   CHECK(c.errors[3] == Approx(0).margin(1e-12));
   CHECK(c.measured.throughput_tok_s == 100);
   CHECK(c.simulated.ttft_p50_ms == 6);
+  CHECK(c.priced.steps == 0);  // the measured run was not priced
+}
+
+TEST_CASE("compare_runs: each priced measured step against its own price", "[calibration]") {
+  RunResult meas = run_of({{512, 10}, {4, 2}, {0, 0}, {4, 4}, {3, 4}});
+  const RunResult sim = run_of({{9, 1}});  // no pair: the prices still compare
+  meas.timeline[0].priced_ms = 12;         // +20%
+  meas.timeline[1].priced_ms = 1;          // -50%
+  meas.timeline[2].priced_ms = 5;          // no forward: ignored
+  meas.timeline[3].priced_ms = 4;          // 0
+  // timeline[4]: not priced (-1)
+  const RunComparison c = compare_runs(meas, sim);
+  CHECK(c.match == StepMatch::kNone);
+  REQUIRE(c.priced.steps == 3);
+  REQUIRE(c.priced.errors.size() == 3);
+  CHECK(c.priced.errors[0] == Approx(0.2));
+  CHECK(c.priced.errors[1] == Approx(-0.5));
+  CHECK(c.priced.errors[2] == Approx(0).margin(1e-12));
+  CHECK(c.priced.median_abs_rel_error == Approx(0.2));
+  CHECK(c.priced.max_abs_rel_error == Approx(0.5));
+  CHECK(c.priced.median_rel_error == Approx(0).margin(1e-12));
+  meas.timeline[3].priced_ms = std::nan("");
+  CHECK_THROWS_WITH(compare_runs(meas, sim), Catch::Contains("measured.timeline[3].priced_ms"));
 }
 
 TEST_CASE("compare_runs: diverged schedules align on (batch tokens, running); none -> end to end only",

@@ -6,12 +6,14 @@
 #   BIN=.gpu OUT=$OUT [MODELS="qwen1.5-moe-a2.7b qwen3-30b-a3b"] [POLICIES="static fixed elastic"] \
 #     [TRACES="poisson bursty"] [REQUESTS=60] [COST_MODEL=file.json] bash benchmarks/device/calibration_run.sh
 # COST_MODEL skips `amoeba calibrate` and validates that cost model instead (one model per call).
-# BACKEND=sim (with BIN=build/ci/reference_engine) runs the same flow on the CPU against the simulator: a dry run.
+# BACKEND=sim (with BIN=build/ci/reference_engine) runs the same flow on the CPU against the simulator (a dry
+# run).
 # Qwen1.5-MoE-A2.7B is calibrated and validated on the H200 capped at an RTX 5090's 31.84 GiB. Qwen3-30B-A3B
 # (61 GB of bf16 weights) cannot keep every expert resident there, so it is calibrated uncapped and validated
 # capped at QWEN3_GIB (31.84) with QWEN3_OFFLOAD (80) of its 128 experts per layer offloadable (elastic) or
 # offloaded (fixed); its static run is uncapped. (At 31.84 GiB every Qwen3 step streams gigabytes: a
-# 60-request trace runs ~220 s per policy; QWEN3_GIB=64 QWEN3_OFFLOAD=32 runs ~20-90 s.) Writes $OUT/<model>.json (the fitted cost model), $OUT/validate_<model>_<policy>_<trace>.json, both
+# 60-request trace runs ~220 s per policy; QWEN3_GIB=64 QWEN3_OFFLOAD=32 runs ~20-90 s.) Writes
+# $OUT/<model>.json (the fitted cost model), $OUT/validate_<model>_<policy>_<trace>.json, both
 # runs' per-step timelines (timeline_<model>_<policy>_<trace>_{measured,simulated}.csv) and
 # one summary line per run ($OUT/summary.txt), all of it packed into $OUT/calibration.tgz (a device call
 # returns few files); a run longer than its timeout is killed and reported.
@@ -40,14 +42,17 @@ for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
       IFS=: read -r name seed rate burst <<<"$trace"
       [[ " ${TRACES:-poisson bursty} " == *" $name "* ]] || continue
       start=$(date +%s)
-      timeout 150 "$BIN/amoeba" validate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 $run_cap $offload \
+      timeout 150 "$BIN/amoeba" validate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 \
+        $run_cap $offload \
         --cost-model "$cost_model" --policy "$policy" --requests "$requests" --rate "$rate" \
         --burstiness "$burst" --seed "$seed" --quiet --json "$OUT/validate_${model}_${policy}_$name.json" \
         --csv-measured "$OUT/timeline_${model}_${policy}_${name}_measured.csv" \
         --csv-simulated "$OUT/timeline_${model}_${policy}_${name}_simulated.csv" \
         >"$OUT/validate_${model}_${policy}_$name.txt" 2>&1
       rc=$?
-      err=$(grep -E "\|error\| median" "$OUT/validate_${model}_${policy}_$name.txt" | sed 's/^ *//')
+      # The paired steps' error, then (where validate priced the measured steps) the priced steps'.
+      err=$(grep -E "\|error\| median" "$OUT/validate_${model}_${policy}_$name.txt" | sed 's/^ *//' |
+        paste -sd '#' - | sed 's/#/ || priced: /')
       lines+=("validate $model $policy $name rc=$rc wall=$(($(date +%s) - start)) s: $err")
     done
   done

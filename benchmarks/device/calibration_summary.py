@@ -65,7 +65,8 @@ def main():
             bold(f"{100 * p90:.2f}%", p90 <= TARGETS["p90"]) if p90 is not None else "-",
             bold(f"{100 * pr['median_abs_rel_error']:.2f}%", pr["median_abs_rel_error"] <= TARGETS["median"])
             if pr else "-",
-            bold(f"{100 * pr['p90_abs_rel_error']:.2f}%", pr["p90_abs_rel_error"] <= TARGETS["p90"]) if pr else "-",
+            bold(f"{100 * pr['p90_abs_rel_error']:.2f}%", pr["p90_abs_rel_error"] <= TARGETS["p90"])
+            if pr else "-",
             ratio("throughput_tok_s"), ratio("ttft_p50_ms"), ratio("tpot_p50_ms"),
         ]
         print("| " + " | ".join(str(c) for c in cells) + " |")

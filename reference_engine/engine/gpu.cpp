@@ -123,8 +123,9 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   o.reject_unknown({"name", "calibrated", "source", "moe_memory_efficiency", "moe_compute_efficiency",
                     "dense_memory_efficiency", "dense_compute_efficiency", "attention_memory_efficiency",
                     "attention_compute_efficiency", "per_layer_overhead_us", "step_overhead_us",
-                    "h2d_bandwidth_scale", "h2d_copy_latency_scale", "int8_moe_memory_scale", "int8_moe_compute_scale",
-                    "int4_moe_memory_scale", "int4_moe_compute_scale", "residuals"});
+                    "h2d_bandwidth_scale", "h2d_copy_latency_scale", "int8_moe_memory_scale",
+                    "int8_moe_compute_scale", "int4_moe_memory_scale", "int4_moe_compute_scale",
+                    "residuals"});
   CostModelParams p;
   p.name = o.get_string_or("name", "unnamed");
   p.source = o.get_string_or("source", "");

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One device call that runs every GPU test suite (paged MoE, loader, paged attention and K/V append, decoder
-# operations) and, unless SKIP_SANITIZER=1, compute-sanitizer memcheck on the quick ones; prints one line per
+# One device call that runs every GPU test suite (paged MoE on bf16 and on int8/int4 experts, loader, paged
+# attention and K/V append, decoder operations) and, unless SKIP_SANITIZER=1, compute-sanitizer memcheck on the quick ones; prints one line per
 # suite and exits non-zero if any failed. For an integration check after merging kernel work.
 #   BIN=/folder/with/binaries bash benchmarks/device/gpu_tests.sh
 # $BIN holds the test binaries as the ci or gpu preset builds them (build/ci/tests/*/...), copied into a carried
-# folder (e.g. .gpu/): paged_moe_device_test, device_loader_tests, device_attention_tests, device_model_tests,
-# device_engine_tests (the CUDA backend under the engine);
+# folder (e.g. .gpu/): paged_moe_device_test, quant_moe_device_test, device_loader_tests, device_attention_tests,
+# device_model_tests, device_engine_tests (the CUDA backend under the engine);
 # a missing one is reported, not fatal. Knobs: TIMEOUT (per suite, 300 s), SKIP_SANITIZER, LOG (a file that
 # receives every suite's whole output; otherwise only failing suites' last 30 lines are printed).
 set -uo pipefail
@@ -30,7 +30,7 @@ run() {  # run NAME ARGS...
   summary+=("$(printf '%-24s rc=%-3s %s' "$name" "$rc" "$last")")
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for t in paged_moe_device_test device_loader_tests device_attention_tests device_model_tests device_engine_tests; do
+for t in paged_moe_device_test quant_moe_device_test device_loader_tests device_attention_tests device_model_tests device_engine_tests; do
   run "$t" "$BIN/$t"
 done
 if [[ "${SKIP_SANITIZER:-0}" != 1 ]] && command -v compute-sanitizer >/dev/null; then

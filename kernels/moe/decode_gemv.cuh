@@ -12,9 +12,17 @@
 // {2q,2q+1,2q+8,2q+9} elements of two successive m16n8k16 MMAs; the token operand uses the same mapping, so
 // the dot products are exact and both operands come from single coalesced 16-byte loads with no shared-memory
 // staging.
+//
+// Quantized experts (the Precision policy, moe/precision.cuh): the same blocks, rows and fragments; a
+// thread's 16-byte load holds 16 int8 or 32 int4 values of one row, turned into 2 or 4 of the 8-value chunks
+// above (exact integers as bf16) right before their MMAs, with the token operand loaded to match. K is cut
+// into k-steps of 64 (int8) or 128 (int4) values, each inside one scale group, dealt to the warps round robin
+// (K need only be a multiple of the k-step); each step's MMAs go to fresh float partial sums, which are then
+// scaled by the two rows' group scales and added to the accumulators.
 #pragma once
 
 #include "moe/moe_params.cuh"
+#include "moe/precision.cuh"
 #include "moe/ptx.cuh"
 
 namespace amoeba::kernels::decode {
@@ -44,7 +52,77 @@ __device__ __forceinline__ float silu(float v) {
   return v / (1.0f + __expf(-v));
 }
 
-template <class Addressing, Stage kStage, class T>
+// The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles. `rows[r]`: the
+// first byte of row tile r's first row; `scales[r]`: its first row's first scale; `tok[nt]`: token row
+// (nt·8 + g)'s element 0 (the activations, bf16).
+template <class P, class T>
+__device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&rows)[kRowTiles],
+                                                   const bf16* const (&scales)[kRowTiles],
+                                                   const bf16* const (&tok)[T::kTokTiles], int K,
+                                                   std::int64_t row_bytes, int groups, int warp, int g, int q,
+                                                   float (&acc)[kRowTiles][T::kTokTiles][4]) {
+  constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
+  constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
+  constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
+  const int steps = K / kStep;
+  const int my_steps = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;
+  for (int i = 0; i < my_steps; i += kUnroll) {
+    uint4 wlo[kUnroll][kRowTiles], whi[kUnroll][kRowTiles], b[kUnroll][kTokTiles][kChunks];
+    float slo[kUnroll][kRowTiles], shi[kUnroll][kRowTiles];
+    // Every load of kUnroll steps first; steps past the warp's last reload its last one (an L2 hit) with
+    // zeroed tokens, so the loads stay unconditional.
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int s = warp + kWarps * min(i + u, my_steps - 1);
+      const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
+      const int group = s * kStep / static_cast<int>(quant::kGroup);
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) {
+        wlo[u][r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + g * row_bytes + byte);
+        whi[u][r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + (g + 8) * row_bytes + byte);
+        slo[u][r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
+        shi[u][r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
+      }
+      const int k = s * kStep + kValues * q;
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) b[u][nt][c] = ptx::ld_cached_16(tok[nt] + k + 8 * c);
+    }
+#pragma unroll
+    for (int u = 1; u < kUnroll; ++u)
+      if (i + u >= my_steps)
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) b[u][nt][c] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float part[kRowTiles][kTokTiles][4] = {};
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) {
+          const uint4 lo = dequant::chunk<P::kBits>(wlo[u][r], c),
+                      hi = dequant::chunk<P::kBits>(whi[u][r], c);
+#pragma unroll
+          for (int nt = 0; nt < kTokTiles; ++nt) {
+            ptx::mma_bf16_16816(part[r][nt], lo.x, hi.x, lo.y, hi.y, b[u][nt][c].x, b[u][nt][c].y);
+            ptx::mma_bf16_16816(part[r][nt], lo.z, hi.z, lo.w, hi.w, b[u][nt][c].z, b[u][nt][c].w);
+          }
+        }
+        // Element i of a fragment is row g + 8·(i/2): the low or the high row's scale.
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? slo[u][r] : shi[u][r]);
+    }
+  }
+}
+
+template <class Addressing, Stage kStage, class T, class P = Bf16>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
@@ -55,75 +133,106 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
-  // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
-  const bf16* rows[kRowTiles];
-  if constexpr (kGateUp) {
-    const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
-    rows[0] = tile.matrix[0] + n0 * K;
-    rows[1] = tile.matrix[1] + n0 * K;
-  } else {
-    const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
-    const bf16* base = tile.matrix[2];
-    rows[0] = base + h0 * K;
-    rows[1] = base + (h0 + 16) * K;
-  }
-  const int k_per_warp = K / kWarps;
-  const int k0 = warp * k_per_warp + 8 * q;
-  // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
-  // dropped).
-  const bf16* tok[kTokTiles];
-#pragma unroll
-  for (int nt = 0; nt < kTokTiles; ++nt) {
-    const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
-    if constexpr (kGateUp) {
-      const int slot = p.sorted_slot[tile.row_start + c];
-      tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + k0;
-    } else {
-      tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K + k0;
-    }
-  }
-  const bf16* a_lo[kRowTiles];
-  const bf16* a_hi[kRowTiles];
-#pragma unroll
-  for (int r = 0; r < kRowTiles; ++r) {
-    a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
-    a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
-  }
-
   float acc[kRowTiles][kTokTiles][4] = {};
-  const int steps = k_per_warp / kKStep;
-  for (int s = 0; s < steps; s += kUnroll) {
-    uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
-    // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
-    // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
+  if constexpr (P::kQuantized) {
+    // The matrix (packed, moe/quant_layout.hpp): N rows of K values, row_bytes each, then the scales.
+    const quant::MatrixLayout L =
+        kGateUp ? P::w13(p.intermediate, p.hidden) : P::w2(p.intermediate, p.hidden);
+    const std::int64_t row_bytes = static_cast<std::int64_t>(L.row_bytes());
+    const int groups = static_cast<int>(L.groups_per_row());
+    const unsigned char* rows[kRowTiles];
+    const bf16* scales[kRowTiles];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = min(s + u, steps - 1) * kKStep;
+    for (int r = 0; r < kRowTiles; ++r) {
+      const bf16* m = kGateUp ? tile.matrix[r] : tile.matrix[2];
+      const std::int64_t n0 = kGateUp ? static_cast<std::int64_t>(blockIdx.x) * kGateUpRows
+                                      : static_cast<std::int64_t>(blockIdx.x) * kDownRows + 16 * r;
+      const auto* base = reinterpret_cast<const unsigned char*>(m);
+      rows[r] = base + n0 * row_bytes;
+      scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
+    }
+    const bf16* tok[kTokTiles];
 #pragma unroll
-      for (int r = 0; r < kRowTiles; ++r) {
-        alo[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_lo[r] + k);
-        ahi[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_hi[r] + k);
+    for (int nt = 0; nt < kTokTiles; ++nt) {
+      const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
+      if constexpr (kGateUp) {
+        const int slot = p.sorted_slot[tile.row_start + c];
+        tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K;
+      } else {
+        tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K;
+      }
+    }
+    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc);
+  } else {
+    // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
+    const bf16* rows[kRowTiles];
+    if constexpr (kGateUp) {
+      const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
+      rows[0] = tile.matrix[0] + n0 * K;
+      rows[1] = tile.matrix[1] + n0 * K;
+    } else {
+      const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
+      const bf16* base = tile.matrix[2];
+      rows[0] = base + h0 * K;
+      rows[1] = base + (h0 + 16) * K;
+    }
+    const int k_per_warp = K / kWarps;
+    const int k0 = warp * k_per_warp + 8 * q;
+    // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
+    // dropped).
+    const bf16* tok[kTokTiles];
+#pragma unroll
+    for (int nt = 0; nt < kTokTiles; ++nt) {
+      const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
+      if constexpr (kGateUp) {
+        const int slot = p.sorted_slot[tile.row_start + c];
+        tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + k0;
+      } else {
+        tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K + k0;
+      }
+    }
+    const bf16* a_lo[kRowTiles];
+    const bf16* a_hi[kRowTiles];
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
+      a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
+    }
+
+    const int steps = k_per_warp / kKStep;
+    for (int s = 0; s < steps; s += kUnroll) {
+      uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
+      // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
+      // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = min(s + u, steps - 1) * kKStep;
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) {
+          alo[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_lo[r] + k);
+          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_hi[r] + k);
+        }
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
       }
 #pragma unroll
-      for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
+      for (int u = 1; u < kUnroll; ++u)
+        if (s + u >= steps)
+#pragma unroll
+          for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+          for (int nt = 0; nt < kTokTiles; ++nt) {
+            ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
+                                b[u][nt].y);
+            ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
+                                b[u][nt].w);
+          }
     }
-#pragma unroll
-    for (int u = 1; u < kUnroll; ++u)
-      if (s + u >= steps)
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt) {
-          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
-                              b[u][nt].y);
-          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
-                              b[u][nt].w);
-        }
-  }
+  }  // bf16
 
   // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
   __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];

@@ -1,4 +1,5 @@
-// PagedMoe<Addressing, Config>: the fused MoE layer the engine calls, as a CUTLASS-style device adapter.
+// PagedMoe<Addressing, Config, Precision>: the fused MoE layer the engine calls, as a CUTLASS-style device
+// adapter.
 //   Arguments → can_implement() (a Status naming the bad field) → workspace_size() → run(workspace, stream).
 // No hidden allocations: every scratch byte lives in the caller's workspace.
 //
@@ -6,7 +7,10 @@
 // sum in slot order, fp32, bf16 out). The gate/up and down stages use one of two collectives, chosen per call
 // by the shape through the configuration policy (moe/moe_config.hpp): decode (tensor-core GEMV streaming
 // weights, few tokens per expert) or grouped (tiled grouped GEMM, many tokens per expert). Both are templates
-// over the addressing policy, so Paged and Contiguous run the same code.
+// over the addressing policy, so Paged and Contiguous run the same code. Precision (moe/precision.cuh): bf16
+// experts (the default), or int8 / int4 experts packed as moe/quant_layout.hpp says, which run the decode
+// collective at every token count (its GEMV dequantises in the main loop; the grouped GEMM does not read
+// quantized experts yet) with K a multiple of the quantized k-step (64 int8, 128 int4).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +29,7 @@
 #include "moe/grouped_gemm_sm90.cuh"
 #include "moe/moe_config.hpp"
 #include "moe/moe_params.cuh"
+#include "moe/precision.cuh"
 #include "moe/routing.cuh"
 
 namespace amoeba::kernels {
@@ -113,7 +118,8 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
 
 }  // namespace detail
 
-template <expert_addressing Addressing, moe_config Config = DefaultMoeConfig>
+template <expert_addressing Addressing, moe_config Config = DefaultMoeConfig,
+          expert_precision Precision = Bf16>
 class PagedMoe {
  public:
   struct Arguments {
@@ -143,6 +149,9 @@ class PagedMoe {
                            "num_tokens*(top_k+num_shared_chunks) must be <= 2^30");
     if (max_tiles(s, 8) > 65535)
       return Status::error("shape.num_tokens", s.num_tokens, "too many work tiles for one grid (<= 65535)");
+    if (Precision::kQuantized && a.path != MoePath::kAuto && a.path != MoePath::kDecode)
+      return Status::error("path", static_cast<long long>(a.path),
+                           "quantized experts run the decode path only (kAuto or kDecode)");
     const MoeConfig c = config(a);
     if (c.path == MoePath::kAuto || (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM))
       return Status::error("config.tile_tokens", c.tile_tokens,
@@ -153,9 +162,20 @@ class PagedMoe {
         return Status::error("config.tile_tokens", c.tile_tokens,
                              "with decode_warps, decode_unroll and decode_prefetch must name an instantiated "
                              "decode tile (PagedMoe::DecodeTiles)");
-      if (s.hidden % multiple != 0 || s.intermediate % multiple != 0)
+      if constexpr (Precision::kQuantized) {
+        // K is dealt to the warps in whole k-steps, each inside one scale group.
+        if (s.hidden % Precision::kKStep != 0)
+          return Status::error("shape.hidden", s.hidden,
+                               "must be a multiple of " + std::to_string(Precision::kKStep) +
+                                   " (the quantized decode k-step)");
+        if (s.intermediate % Precision::kKStep != 0)
+          return Status::error("shape.intermediate", s.intermediate,
+                               "must be a multiple of " + std::to_string(Precision::kKStep) +
+                                   " (the quantized decode k-step)");
+      } else if (s.hidden % multiple != 0 || s.intermediate % multiple != 0) {
         return Status::error("config.decode_warps", c.decode_warps,
                              "needs hidden and intermediate to be multiples of 32·decode_warps");
+      }
     }
     if (s.num_tokens > 0) {
       if (a.input == nullptr) return Status::error("input", "must not be null");
@@ -173,7 +193,10 @@ class PagedMoe {
   static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 128 grouped).
-  static constexpr MoeConfig config(const Arguments& a) { return Config::select(a.shape, a.path); }
+  // Quantized experts: the decode path whatever the token count.
+  static constexpr MoeConfig config(const Arguments& a) {
+    return Config::select(a.shape, Precision::kQuantized ? MoePath::kDecode : a.path);
+  }
 
   Status run(const Arguments& a, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
     if (Status st = can_implement(a); !st) return st;
@@ -192,7 +215,7 @@ class PagedMoe {
 
     routing::RoutingParams<Addressing> r{};
     MoeParams<Addressing>& p = r.moe;
-    p.addr = Addressing::make_params(a.weights, s.matrix_elems());
+    p.addr = Addressing::make_params(a.weights, Precision::matrix_elems(s.intermediate, s.hidden));
     p.input = a.input;
     p.output = a.output;
     p.topk_ids = a.topk_ids;
@@ -239,7 +262,9 @@ class PagedMoe {
 
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
-    if (choice.path == MoePath::kGrouped && dev.major == 9) {
+    if constexpr (Precision::kQuantized) {
+      if (Status st = run_decode(p, s, choice, grid_tiles, stream); !st) return st;
+    } else if (choice.path == MoePath::kGrouped && dev.major == 9) {
       using grouped::gemm_wgmma_kernel;
       using grouped::Stage;
       constexpr int kSmem = grouped::kWgmmaSmemBytes;
@@ -365,13 +390,14 @@ class PagedMoe {
                                 cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
-    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, T>,
+    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, T, Precision>,
                            dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads, 0, stream, p,
                            "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
-    return launch(gemv_kernel<Addressing, Stage::kDown, T>, dim3(s.hidden / decode::kDownRows, grid_tiles),
-                  T::kThreads, 0, stream, p, "decode::gemv_kernel<kDown>");
+    return launch(gemv_kernel<Addressing, Stage::kDown, T, Precision>,
+                  dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, 0, stream, p,
+                  "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start

@@ -1,0 +1,115 @@
+// The experts' precision as a policy of PagedMoe and of the decode GEMV (moe/decode_gemv.cuh): `Bf16` (the
+// weights are bf16 matrices of F·H values) or `Quantized<Bits>` (int8 or int4 values with a bf16 scale per
+// group of 128 along K, packed as moe/quant_layout.hpp says). Activations stay bf16 either way.
+//
+// Addressing is unchanged: the addressing policies step from matrix to matrix in bf16 elements
+// (page p at pool_base + p · matrix_elems), so a quantized layer passes matrix_elems = the packed matrix's
+// bytes / 2 (the page stride; quant_layout makes it a multiple of 16 bytes) and the kernel reads the matrix
+// base as bytes.
+//
+// The quantized decode GEMV multiplies the integer values themselves (exact as bf16: |q| <= 127) with the
+// bf16 tokens on tensor cores, one k-step inside one scale group, and scales each step's float partial sums
+// by the group's scale: sum over groups of scale · (sum of q · x), the reference's value up to float
+// rounding, with no bf16 rounding of q · scale.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <concepts>
+#include <cstdint>
+
+#include "moe/quant_layout.hpp"
+
+namespace amoeba::kernels {
+
+struct Bf16 {
+  static constexpr bool kQuantized = false;
+  static constexpr long long matrix_elems(long long f, long long h) { return f * h; }
+};
+
+template <quant::Bits kBitsT>
+struct Quantized {
+  static constexpr bool kQuantized = true;
+  static constexpr quant::Bits kBits = kBitsT;
+  // Values of one row a thread reads per k-step with one 16-byte load (16 int8, 32 int4), and the k-step of
+  // a warp (4 threads side by side along K): 64 or 128 values, inside one scale group.
+  static constexpr int kValuesPerLoad = static_cast<int>(quant::values_per_load(kBitsT));
+  static constexpr int kKStep = 4 * kValuesPerLoad;
+  static_assert(quant::kGroup % kKStep == 0, "a k-step must lie inside one scale group");
+  static constexpr quant::MatrixLayout w13(long long f, long long h) {
+    return {static_cast<std::uint64_t>(f), static_cast<std::uint64_t>(h), kBitsT};
+  }
+  static constexpr quant::MatrixLayout w2(long long f, long long h) {
+    return {static_cast<std::uint64_t>(h), static_cast<std::uint64_t>(f), kBitsT};
+  }
+  // The page stride in bf16 elements: the packed matrix's bytes (the larger of W1/W3 and W2) / 2.
+  static constexpr long long matrix_elems(long long f, long long h) {
+    return static_cast<long long>(quant::expert_layout(f, h, kBitsT).matrix_bytes() / 2);
+  }
+};
+using Int8 = Quantized<quant::Bits::kInt8>;
+using Int4 = Quantized<quant::Bits::kInt4>;
+
+template <class P>
+concept expert_precision = requires {
+  { P::kQuantized } -> std::convertible_to<bool>;
+  { P::matrix_elems(1, 1) } -> std::convertible_to<long long>;
+};
+static_assert(expert_precision<Bf16> && expert_precision<Int8> && expert_precision<Int4>);
+
+namespace dequant {
+
+// 2^23 + v as a float has v in its low mantissa bits: the classic exact small-integer-to-float trick.
+inline constexpr float kMagic = 8388608.0f;  // 2^23
+
+// Four unsigned bytes of `u` (each v + bias, v the value) -> two bf16x2 words of the values, low k first.
+// Exact: the values are integers of at most 8 bits, so the float's upper 16 bits are the bf16.
+__device__ __forceinline__ void bytes_to_bf16x2(std::uint32_t u, float bias, std::uint32_t& lo,
+                                                std::uint32_t& hi) {
+  const std::uint32_t magic = 0x4B000000u;  // the bits of 2^23
+  float f[4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b)
+    f[b] = __uint_as_float(__byte_perm(u, magic, 0x7540 | b)) - (kMagic + bias);  // byte b, then 0, 0, 0x4B
+  lo = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632);
+  hi = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632);
+}
+
+// 4 int8 values (value k in byte k) -> bf16 pairs {v0,v1}, {v2,v3}.
+__device__ __forceinline__ void int8x4(std::uint32_t w, std::uint32_t (&out)[2]) {
+  bytes_to_bf16x2(w ^ 0x80808080u, 128.0f, out[0], out[1]);  // two's complement -> v + 128
+}
+
+// 8 int4 values (value k in nibble k: even k low) -> bf16 pairs {v0,v1}, {v2,v3}, {v4,v5}, {v6,v7}.
+__device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4]) {
+  const std::uint32_t u = w ^ 0x88888888u;           // each nibble v + 8
+  const std::uint32_t even = u & 0x0F0F0F0Fu;        // bytes: v0, v2, v4, v6
+  const std::uint32_t odd = (u >> 4) & 0x0F0F0F0Fu;  // bytes: v1, v3, v5, v7
+  // Interleave to k order: bytes v0 v1 v2 v3 and v4 v5 v6 v7.
+  const std::uint32_t first = __byte_perm(even, odd, 0x5140), second = __byte_perm(even, odd, 0x7362);
+  bytes_to_bf16x2(first, 8.0f, out[0], out[1]);
+  bytes_to_bf16x2(second, 8.0f, out[2], out[3]);
+}
+
+// Eight consecutive values (chunk c of a thread's 16-byte load) as the four bf16x2 words of one 8-value
+// operand chunk, the layout an 8-bf16 load has (x = {v0,v1}, y = {v2,v3}, z = {v4,v5}, w = {v6,v7}).
+template <quant::Bits kBits>
+__device__ __forceinline__ uint4 chunk(const uint4& raw, int c) {
+  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint4 out;
+  if constexpr (kBits == quant::Bits::kInt8) {  // 16 values: chunk c is words 2c, 2c + 1
+    std::uint32_t a[2], b[2];
+    int8x4(words[2 * c], a);
+    int8x4(words[2 * c + 1], b);
+    out = make_uint4(a[0], a[1], b[0], b[1]);
+  } else {  // 32 values: chunk c is word c
+    std::uint32_t a[4];
+    int4x8(words[c], a);
+    out = make_uint4(a[0], a[1], a[2], a[3]);
+  }
+  return out;
+}
+
+}  // namespace dequant
+
+}  // namespace amoeba::kernels

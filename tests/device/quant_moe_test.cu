@@ -1,0 +1,295 @@
+// Device tests of PagedMoe on int8 and int4 experts (moe/precision.cuh, moe/quant_layout.hpp): random packed
+// values and bf16 group scales, written straight into the packed layout; the layer through Contiguous and
+// through Paged (shuffled pages, some experts in a load buffer) must agree bit for bit, and both must match a
+// double CPU reference that dequantises the same packed bytes exactly (q x scale), with the kernel's bf16
+// roundings (SiLU(gate)·up, each slot's down projection, the output) mirrored.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "moe/paged_moe.cuh"
+#include "moe_device_fixture.cuh"
+#include "reference/moe_reference.hpp"
+
+namespace {
+
+using namespace amoeba;
+using namespace amoeba::testing;
+using kernels::MoePath;
+using kernels::PagedMoe;
+using kernels::quant::Bits;
+using kernels::quant::MatrixLayout;
+using reference::bf16_to_float;
+using reference::float_to_bf16;
+
+// E + m experts, each three packed matrices [W1 | W3 | W2] of `page` bytes (the pool's page size): host
+// bytes, a contiguous device copy, and a paged copy on shuffled pages of a pool (every 5th expert in a load
+// buffer).
+struct QuantStore {
+  ModelSpec spec;
+  Bits bits;
+  kernels::quant::ExpertLayout layout;
+  std::size_t page = 0;
+  std::vector<unsigned char> host;  // [E+m][3][page]
+  DeviceBuffer<unsigned char> contiguous, pool, buffer;
+  DeviceBuffer<ExpertLocation> table;
+
+  QuantStore(const ModelSpec& m, Bits b, std::uint64_t seed)
+      : spec(m), bits(b), layout(kernels::quant::expert_layout(m.intermediate, m.hidden, b)) {
+    page = layout.matrix_bytes();
+    const int experts = m.num_experts + m.shared_chunks;
+    host.assign(static_cast<std::size_t>(experts) * 3 * page, 0);
+    std::mt19937_64 rng(seed);
+    const int qmax = kernels::quant::qmax(b);
+    std::uniform_int_distribution<int> qdist(-qmax, qmax);
+    std::uniform_real_distribution<float> sdist(0.5f, 1.5f);
+    for (int e = 0; e < experts; ++e)
+      for (int j = 0; j < 3; ++j) {
+        const MatrixLayout& L = layout.matrix(j);
+        unsigned char* mat = host.data() + (static_cast<std::size_t>(e) * 3 + j) * page;
+        for (std::uint64_t n = 0; n < L.rows; ++n)
+          for (std::uint64_t k = 0; k < L.k; ++k) {
+            const int q = qdist(rng);
+            unsigned char& byte = mat[L.weight_byte(n, k)];
+            if (b == Bits::kInt8)
+              byte = static_cast<unsigned char>(static_cast<std::int8_t>(q));
+            else
+              byte = (k % 2 == 0) ? static_cast<unsigned char>((byte & 0xF0) | (q & 0xF))
+                                  : static_cast<unsigned char>((byte & 0x0F) | ((q & 0xF) << 4));
+          }
+        for (std::uint64_t n = 0; n < L.rows; ++n)
+          for (std::uint64_t g = 0; g < L.groups_per_row(); ++g) {
+            const std::uint16_t s = float_to_bf16(0.03f / static_cast<float>(qmax) * sdist(rng));
+            std::memcpy(mat + L.scale_byte(n, g * kernels::quant::kGroup), &s, 2);
+          }
+      }
+    contiguous = DeviceBuffer<unsigned char>(host.size());
+    contiguous.upload(host);
+    // The paged copy: 3 (E + m) + 7 pages, shuffled; the spare pages hold 0xFF bytes.
+    const int pages = 3 * experts + 7;
+    std::vector<int> perm(pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<unsigned char> pool_host(static_cast<std::size_t>(pages) * page, 0xFF);
+    std::vector<ExpertLocation> loc(experts);
+    int slots = 0;
+    for (int e = 0; e < experts; ++e) slots += e % 5 == 4;
+    std::vector<unsigned char> buffer_host(static_cast<std::size_t>(std::max(slots, 1)) * 3 * page, 0xFF);
+    int slot = 0;
+    for (int e = 0; e < experts; ++e)
+      for (int j = 0; j < 3; ++j) {
+        const unsigned char* src = host.data() + (static_cast<std::size_t>(e) * 3 + j) * page;
+        if (e % 5 == 4) {
+          loc[e].buffer_slot = slot;
+          std::memcpy(buffer_host.data() + (static_cast<std::size_t>(slot) * 3 + j) * page, src, page);
+          if (j == 2) ++slot;
+        } else {
+          loc[e].page[j] = perm[3 * e + j];
+          std::memcpy(pool_host.data() + static_cast<std::size_t>(perm[3 * e + j]) * page, src, page);
+        }
+      }
+    pool = DeviceBuffer<unsigned char>(pool_host.size());
+    pool.upload(pool_host);
+    buffer = DeviceBuffer<unsigned char>(buffer_host.size());
+    buffer.upload(buffer_host);
+    table = DeviceBuffer<ExpertLocation>(loc.size());
+    table.upload(loc);
+  }
+
+  kernels::Contiguous::Arguments contiguous_args() const {
+    return {reinterpret_cast<const bf16*>(contiguous.get())};
+  }
+  kernels::Paged::Arguments paged_args() const {
+    return {reinterpret_cast<const bf16*>(pool.get()), reinterpret_cast<const bf16*>(buffer.get()),
+            table.get()};
+  }
+  // Matrix j of expert e, dequantised exactly: q x scale as double, row-major rows x k.
+  std::vector<double> dequantized(int e, int j) const {
+    const MatrixLayout& L = layout.matrix(j);
+    const unsigned char* mat = host.data() + (static_cast<std::size_t>(e) * 3 + j) * page;
+    std::vector<double> w(L.rows * L.k);
+    for (std::uint64_t n = 0; n < L.rows; ++n)
+      for (std::uint64_t k = 0; k < L.k; ++k) {
+        const unsigned char byte = mat[L.weight_byte(n, k)];
+        const int q = bits == Bits::kInt8 ? static_cast<int>(static_cast<std::int8_t>(byte))
+                                          : kernels::quant::int4_at(byte, k);
+        std::uint16_t s;
+        std::memcpy(&s, mat + L.scale_byte(n, k), 2);
+        w[n * L.k + k] = static_cast<double>(q) * bf16_to_float(s);
+      }
+    return w;
+  }
+};
+
+// The layer in double over the exactly dequantised weights, rounding where the kernel stores bf16.
+std::vector<double> cpu_reference(const QuantStore& store, const RoutingSet& r, const MoeShape& s) {
+  const int H = s.hidden, F = s.intermediate, spt = s.slots_per_token();
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(s.num_tokens) * H);
+  AMOEBA_CUDA_CHECK(cudaMemcpy(x.data(), r.x.get(), x.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<std::vector<double>> w(static_cast<std::size_t>(s.total_experts()) * 3);
+  auto matrix = [&](int e, int j) -> const std::vector<double>& {
+    std::vector<double>& m = w[static_cast<std::size_t>(e) * 3 + j];
+    if (m.empty()) m = store.dequantized(e, j);
+    return m;
+  };
+  auto round_bf16 = [](double v) {
+    return static_cast<double>(bf16_to_float(float_to_bf16(static_cast<float>(v))));
+  };
+  std::vector<double> out(x.size()), act(F);
+  for (int t = 0; t < s.num_tokens; ++t) {
+    std::vector<double> acc(H, 0.0);
+    for (int j = 0; j < spt; ++j) {
+      const int e =
+          j < s.top_k ? r.ids_host[static_cast<std::size_t>(t) * s.top_k + j] : s.num_experts + j - s.top_k;
+      const double weight =
+          j < s.top_k ? r.weights_host[static_cast<std::size_t>(t) * s.top_k + j] : r.shared_host[t];
+      const std::vector<double>&w1 = matrix(e, 0), &w3 = matrix(e, 1), &w2 = matrix(e, 2);
+      for (int n = 0; n < F; ++n) {
+        double gate = 0, up = 0;
+        for (int k = 0; k < H; ++k) {
+          const double xv = bf16_to_float(x[static_cast<std::size_t>(t) * H + k]);
+          gate += w1[static_cast<std::size_t>(n) * H + k] * xv;
+          up += w3[static_cast<std::size_t>(n) * H + k] * xv;
+        }
+        act[n] = round_bf16(reference::silu(gate) * up);
+      }
+      for (int h = 0; h < H; ++h) {
+        double y = 0;
+        for (int n = 0; n < F; ++n) y += w2[static_cast<std::size_t>(h) * F + n] * act[n];
+        acc[h] += weight * round_bf16(y);
+      }
+    }
+    for (int h = 0; h < H; ++h) out[static_cast<std::size_t>(t) * H + h] = acc[h];
+  }
+  return out;
+}
+
+template <class Addressing, class Precision>
+std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
+                                     typename Addressing::Arguments weights, MoePath path) {
+  using Moe = PagedMoe<Addressing, kernels::DefaultMoeConfig, Precision>;
+  typename Moe::Arguments a{};
+  a.shape = shape;
+  a.input = r.x.get();
+  a.topk_ids = r.ids.get();
+  a.topk_weights = r.weights.get();
+  a.shared_weights = shape.num_shared_chunks > 0 ? r.shared.get() : nullptr;
+  a.weights = weights;
+  a.path = path;
+  DeviceBuffer<bf16> out(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
+  a.output = out.get();
+  const kernels::Status ok = Moe::can_implement(a);
+  INFO(ok.message);
+  REQUIRE(ok.ok);
+  CHECK(Moe::config(a).path == MoePath::kDecode);
+  const std::size_t bytes = Moe::workspace_size(a);
+  DeviceBuffer<unsigned char> ws(bytes);
+  AMOEBA_CUDA_CHECK(cudaMemset(ws.get(), 0xFF, bytes));
+  poison(out.get(), out.size());
+  const kernels::Status st = Moe{}.run(a, ws.get(), bytes, nullptr);
+  INFO(st.message);
+  REQUIRE(st.ok);
+  AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<std::uint16_t> h(out.size());
+  AMOEBA_CUDA_CHECK(cudaMemcpy(h.data(), out.get(), h.size() * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Per element: |out - ref| <= kAbs·rms(ref) + kRel·|ref| (the bf16 tests' tolerance, paged_moe_test.cu).
+constexpr double kAbs = 4e-2, kRel = 1e-2;
+
+template <class Precision>
+void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+  const MoeShape shape = shape_of(store.spec, tokens);
+  const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
+  const auto out_p = run_layer<kernels::Paged, Precision>(r, shape, store.paged_args(), MoePath::kAuto);
+  const auto out_c =
+      run_layer<kernels::Contiguous, Precision>(r, shape, store.contiguous_args(), MoePath::kAuto);
+  INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
+                       << (hot_expert >= 0 ? " skewed" : ""));
+  CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
+  const std::vector<double> ref = cpu_reference(store, r, shape);
+  double sq = 0, num = 0;
+  for (double v : ref) sq += v * v;
+  const double rms = std::sqrt(sq / static_cast<double>(ref.size()));
+  double worst = 0;
+  std::size_t nonfinite = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double a = bf16_to_float(out_p[i]);
+    nonfinite += !std::isfinite(a);
+    num += (a - ref[i]) * (a - ref[i]);
+    worst = std::max(worst, std::abs(a - ref[i]) / (kAbs * rms + kRel * std::abs(ref[i])));
+  }
+  const double rel = std::sqrt(num / sq);
+  std::printf("  %-26s int%u T=%-5d%s rel_err %.3e  worst element/tol %.3f\n", store.spec.name,
+              kernels::quant::bit_count(store.bits), tokens, hot_expert >= 0 ? " skewed" : "", rel, worst);
+  CHECK(nonfinite == 0);
+  CHECK(rel <= 1e-2);
+  CHECK(worst <= 1.0);
+}
+
+constexpr ModelSpec kSmall{"small E8 k2 m1 H256 F256", 8, 2, 256, 256, 1};
+
+}  // namespace
+
+TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, against the double reference",
+          "[gpu][small][quant]") {
+  const QuantStore s8(kSmall, Bits::kInt8, 11), s4(kSmall, Bits::kInt4, 12);
+  for (int tokens : {1, 3, 16, 40, 200}) {
+    check_quant_case<kernels::Int8>(s8, tokens, 100 + tokens);
+    check_quant_case<kernels::Int4>(s4, tokens, 200 + tokens);
+  }
+  // One hot expert with half the tokens: several 32-token tiles of one expert.
+  check_quant_case<kernels::Int8>(s8, 200, 7, 3);
+  check_quant_case<kernels::Int4>(s4, 200, 8, 3);
+}
+
+TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
+  for (const ModelSpec& m : {kQwen15, kQwen3}) {
+    const QuantStore s8(m, Bits::kInt8, 21), s4(m, Bits::kInt4, 22);
+    for (int tokens : {1, 3, 16}) {
+      check_quant_case<kernels::Int8>(s8, tokens, 300 + tokens);
+      check_quant_case<kernels::Int4>(s4, tokens, 400 + tokens);
+    }
+  }
+}
+
+TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant]") {
+  using Moe8 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int8>;
+  using Moe4 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int4>;
+  const bf16* fake = reinterpret_cast<const bf16*>(std::uintptr_t{256});
+  Moe8::Arguments a{};
+  a.shape = MoeShape{4, 256, 192, 8, 2, 0};  // F = 192: a multiple of 64, not of 128
+  a.input = fake;
+  a.output = const_cast<bf16*>(fake);
+  a.topk_ids = reinterpret_cast<const std::int32_t*>(fake);
+  a.topk_weights = reinterpret_cast<const float*>(fake);
+  a.weights = {fake};
+  // The bf16 rule (F a multiple of 128) holds for both precisions.
+  CHECK(Moe8::can_implement(a).field == "shape.intermediate");
+  a.shape.intermediate = 384;
+  a.shape.hidden = 320;  // a multiple of 64, not of 128
+  CHECK(Moe8::can_implement(a).field == "shape.hidden");
+  a.shape.hidden = 256;
+  CHECK(Moe8::can_implement(a).ok);
+  a.path = MoePath::kGrouped;
+  const kernels::Status grouped = Moe8::can_implement(a);
+  CHECK(grouped.field == "path");
+  CHECK_THAT(grouped.message, Catch::Contains("decode path only"));
+  Moe4::Arguments b{};
+  b.shape = MoeShape{4, 256, 384, 8, 2, 0};  // F = 384: a multiple of 128 (int4's k-step), fine
+  b.input = fake;
+  b.output = const_cast<bf16*>(fake);
+  b.topk_ids = reinterpret_cast<const std::int32_t*>(fake);
+  b.topk_weights = reinterpret_cast<const float*>(fake);
+  b.weights = {fake};
+  CHECK(Moe4::can_implement(b).ok);
+  b.shape.num_tokens = 100000;  // large T: still the decode path
+  CHECK(Moe4::config(b).path == MoePath::kDecode);
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that runs every GPU test suite (paged MoE on bf16 and on int8/int4 experts, loader, paged
 # attention and K/V append, decoder operations) and, unless SKIP_SANITIZER=1, compute-sanitizer memcheck on
-# the quick ones; prints one line per suite and exits non-zero if any failed. For an integration check after merging kernel work.
+# the quick ones; prints one line per suite and exits non-zero if any failed. For an integration check after
+# merging kernel work.
 #   BIN=/folder/with/binaries bash benchmarks/device/gpu_tests.sh
 # $BIN holds the test binaries as the ci or gpu preset builds them (build/ci/tests/*/...), copied into a carried
 # folder (e.g. .gpu/): paged_moe_device_test, quant_moe_device_test, device_loader_tests, device_attention_tests,

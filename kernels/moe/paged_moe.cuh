@@ -131,6 +131,10 @@ class PagedMoe {
     bf16* output = nullptr;                  // [T, H]
     typename Addressing::Arguments weights;  // where the E + m experts live
     MoePath path = MoePath::kAuto;           // kAuto: Config chooses by shape
+    // Bytes from one expert matrix to the next in `weights` (a pool page, a load-buffer slot's third, a
+    // contiguous matrix); 0: the tightest, Precision::matrix_bytes (F·H·2 for bf16). A pool whose pages are
+    // padded (quantized pages nesting KV pages) passes its page size.
+    long long matrix_stride_bytes = 0;
   };
 
   // Tiling limits. Paths need: H % 128 (down tiles, decode K split), F % 64 (gate/up tiles), F % 128 (decode
@@ -177,6 +181,13 @@ class PagedMoe {
                              "needs hidden and intermediate to be multiples of 32·decode_warps");
       }
     }
+    if (a.matrix_stride_bytes != 0) {
+      const long long tight = Precision::matrix_bytes(s.intermediate, s.hidden);
+      if (a.matrix_stride_bytes < tight || a.matrix_stride_bytes % 16 != 0)
+        return Status::error(
+            "matrix_stride_bytes", a.matrix_stride_bytes,
+            "must be 0 or a multiple of 16 >= one expert matrix's bytes (" + std::to_string(tight) + ")");
+    }
     if (s.num_tokens > 0) {
       if (a.input == nullptr) return Status::error("input", "must not be null");
       if (a.output == nullptr) return Status::error("output", "must not be null");
@@ -215,7 +226,9 @@ class PagedMoe {
 
     routing::RoutingParams<Addressing> r{};
     MoeParams<Addressing>& p = r.moe;
-    p.addr = Addressing::make_params(a.weights, Precision::matrix_elems(s.intermediate, s.hidden));
+    const long long stride = a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes
+                                                        : Precision::matrix_bytes(s.intermediate, s.hidden);
+    p.addr = Addressing::make_params(a.weights, stride / 2);
     p.input = a.input;
     p.output = a.output;
     p.topk_ids = a.topk_ids;

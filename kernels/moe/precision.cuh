@@ -3,9 +3,9 @@
 // group of 128 along K, packed as moe/quant_layout.hpp says). Activations stay bf16 either way.
 //
 // Addressing is unchanged: the addressing policies step from matrix to matrix in bf16 elements
-// (page p at pool_base + p · matrix_elems), so a quantized layer passes matrix_elems = the packed matrix's
-// bytes / 2 (the page stride; quant_layout makes it a multiple of 16 bytes) and the kernel reads the matrix
-// base as bytes.
+// (page p at pool_base + p · matrix_elems), so a quantized layer passes matrix_elems = its matrix stride in
+// bytes / 2 (the page size: at least the packed matrix's bytes, a multiple of 16) and the kernel reads the
+// matrix base as bytes.
 //
 // The quantized decode GEMV multiplies the integer values themselves (exact as bf16: |q| <= 127) with the
 // bf16 tokens on tensor cores, one k-step inside one scale group, and scales each step's float partial sums
@@ -24,7 +24,8 @@ namespace amoeba::kernels {
 
 struct Bf16 {
   static constexpr bool kQuantized = false;
-  static constexpr long long matrix_elems(long long f, long long h) { return f * h; }
+  // Bytes of one expert matrix (F·H values), the tightest matrix stride.
+  static constexpr long long matrix_bytes(long long f, long long h) { return 2 * f * h; }
 };
 
 template <quant::Bits kBitsT>
@@ -42,9 +43,9 @@ struct Quantized {
   static constexpr quant::MatrixLayout w2(long long f, long long h) {
     return {static_cast<std::uint64_t>(h), static_cast<std::uint64_t>(f), kBitsT};
   }
-  // The page stride in bf16 elements: the packed matrix's bytes (the larger of W1/W3 and W2) / 2.
-  static constexpr long long matrix_elems(long long f, long long h) {
-    return static_cast<long long>(quant::expert_layout(f, h, kBitsT).matrix_bytes() / 2);
+  // Bytes of one packed matrix (the larger of W1/W3 and W2), the tightest matrix stride.
+  static constexpr long long matrix_bytes(long long f, long long h) {
+    return static_cast<long long>(quant::expert_layout(f, h, kBitsT).matrix_bytes());
   }
 };
 using Int8 = Quantized<quant::Bits::kInt8>;
@@ -53,7 +54,7 @@ using Int4 = Quantized<quant::Bits::kInt4>;
 template <class P>
 concept expert_precision = requires {
   { P::kQuantized } -> std::convertible_to<bool>;
-  { P::matrix_elems(1, 1) } -> std::convertible_to<long long>;
+  { P::matrix_bytes(1, 1) } -> std::convertible_to<long long>;
 };
 static_assert(expert_precision<Bf16> && expert_precision<Int8> && expert_precision<Int4>);
 

@@ -28,9 +28,9 @@ using kernels::quant::MatrixLayout;
 using reference::bf16_to_float;
 using reference::float_to_bf16;
 
-// E + m experts, each three packed matrices [W1 | W3 | W2] of `page` bytes (the pool's page size): host
-// bytes, a contiguous device copy, and a paged copy on shuffled pages of a pool (every 5th expert in a load
-// buffer).
+// E + m experts, each three packed matrices [W1 | W3 | W2] of `page` bytes (the pool's page size: the packed
+// matrix plus `pad` bytes, as a pool that pads expert pages to nest KV pages has): host bytes, a contiguous
+// device copy, and a paged copy on shuffled pages of a pool (every 5th expert in a load buffer).
 struct QuantStore {
   ModelSpec spec;
   Bits bits;
@@ -40,9 +40,9 @@ struct QuantStore {
   DeviceBuffer<unsigned char> contiguous, pool, buffer;
   DeviceBuffer<ExpertLocation> table;
 
-  QuantStore(const ModelSpec& m, Bits b, std::uint64_t seed)
+  QuantStore(const ModelSpec& m, Bits b, std::uint64_t seed, std::size_t pad = 0)
       : spec(m), bits(b), layout(kernels::quant::expert_layout(m.intermediate, m.hidden, b)) {
-    page = layout.matrix_bytes();
+    page = layout.matrix_bytes() + pad;
     const int experts = m.num_experts + m.shared_chunks;
     host.assign(static_cast<std::size_t>(experts) * 3 * page, 0);
     std::mt19937_64 rng(seed);
@@ -172,7 +172,7 @@ std::vector<double> cpu_reference(const QuantStore& store, const RoutingSet& r, 
 
 template <class Addressing, class Precision>
 std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
-                                     typename Addressing::Arguments weights, MoePath path) {
+                                     typename Addressing::Arguments weights, MoePath path, long long stride) {
   using Moe = PagedMoe<Addressing, kernels::DefaultMoeConfig, Precision>;
   typename Moe::Arguments a{};
   a.shape = shape;
@@ -182,6 +182,7 @@ std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
   a.shared_weights = shape.num_shared_chunks > 0 ? r.shared.get() : nullptr;
   a.weights = weights;
   a.path = path;
+  a.matrix_stride_bytes = stride;
   DeviceBuffer<bf16> out(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
   a.output = out.get();
   const kernels::Status ok = Moe::can_implement(a);
@@ -208,11 +209,14 @@ template <class Precision>
 void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec, tokens);
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
-  const auto out_p = run_layer<kernels::Paged, Precision>(r, shape, store.paged_args(), MoePath::kAuto);
+  // The page size as the stride, or 0 (the tightest) when the pages are not padded.
+  const long long stride = store.page == store.layout.matrix_bytes() ? 0 : static_cast<long long>(store.page);
+  const auto out_p =
+      run_layer<kernels::Paged, Precision>(r, shape, store.paged_args(), MoePath::kAuto, stride);
   const auto out_c =
-      run_layer<kernels::Contiguous, Precision>(r, shape, store.contiguous_args(), MoePath::kAuto);
+      run_layer<kernels::Contiguous, Precision>(r, shape, store.contiguous_args(), MoePath::kAuto, stride);
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
-                       << (hot_expert >= 0 ? " skewed" : ""));
+                       << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
   const std::vector<double> ref = cpu_reference(store, r, shape);
   double sq = 0, num = 0;
@@ -227,8 +231,9 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
     worst = std::max(worst, std::abs(a - ref[i]) / (kAbs * rms + kRel * std::abs(ref[i])));
   }
   const double rel = std::sqrt(num / sq);
-  std::printf("  %-26s int%u T=%-5d%s rel_err %.3e  worst element/tol %.3f\n", store.spec.name,
-              kernels::quant::bit_count(store.bits), tokens, hot_expert >= 0 ? " skewed" : "", rel, worst);
+  std::printf("  %-26s int%u T=%-5d%s%s rel_err %.3e  worst element/tol %.3f\n", store.spec.name,
+              kernels::quant::bit_count(store.bits), tokens, hot_expert >= 0 ? " skewed" : "",
+              stride != 0 ? " padded pages" : "", rel, worst);
   CHECK(nonfinite == 0);
   CHECK(rel <= 1e-2);
   CHECK(worst <= 1.0);
@@ -248,6 +253,12 @@ TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, agai
   // One hot expert with half the tokens: several 32-token tiles of one expert.
   check_quant_case<kernels::Int8>(s8, 200, 7, 3);
   check_quant_case<kernels::Int4>(s4, 200, 8, 3);
+  // Pages padded past the packed matrix (matrix_stride_bytes = the page).
+  const QuantStore p8(kSmall, Bits::kInt8, 13, 48), p4(kSmall, Bits::kInt4, 14, 4096);
+  for (int tokens : {3, 40}) {
+    check_quant_case<kernels::Int8>(p8, tokens, 500 + tokens);
+    check_quant_case<kernels::Int4>(p4, tokens, 600 + tokens);
+  }
 }
 
 TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
@@ -278,6 +289,15 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   CHECK(Moe8::can_implement(a).field == "shape.hidden");
   a.shape.hidden = 256;
   CHECK(Moe8::can_implement(a).ok);
+  // A matrix stride below the packed matrix, or not a multiple of 16.
+  const long long tight = kernels::Int8::matrix_bytes(384, 256);
+  a.matrix_stride_bytes = tight - 16;
+  CHECK(Moe8::can_implement(a).field == "matrix_stride_bytes");
+  a.matrix_stride_bytes = tight + 8;
+  CHECK(Moe8::can_implement(a).field == "matrix_stride_bytes");
+  a.matrix_stride_bytes = tight + 16;
+  CHECK(Moe8::can_implement(a).ok);
+  a.matrix_stride_bytes = 0;
   a.path = MoePath::kGrouped;
   const kernels::Status grouped = Moe8::can_implement(a);
   CHECK(grouped.field == "path");

@@ -40,6 +40,7 @@
 #include "engine/cuda_attention.hpp"
 #include "engine/decoder_ops.hpp"
 #include "engine/model_weights.hpp"
+#include "engine/quantize.hpp"
 #include "loader/device_memory.cuh"
 #include "loader/double_buffer_loader.cuh"
 #include "model/decoder_ops.cuh"
@@ -94,7 +95,8 @@ constexpr std::uint64_t align256(std::uint64_t v) {
 // lifetime and handed to the next backend of the same weights (it is read-only once filled).
 std::shared_ptr<const kn::PinnedExpertStore> expert_store(const std::string& key, const ModelWeights& weights,
                                                           std::uint32_t layers, std::uint32_t experts,
-                                                          std::uint64_t matrix_bytes) {
+                                                          std::uint64_t matrix_bytes,
+                                                          ExpertPrecision precision) {
   static std::mutex mutex;
   static std::string last_key;
   static std::shared_ptr<const kn::PinnedExpertStore> last;
@@ -105,7 +107,10 @@ std::shared_ptr<const kn::PinnedExpertStore> expert_store(const std::string& key
   last.reset();  // free the previous store before taking another
   auto store = std::make_shared<kn::PinnedExpertStore>(layers, experts, matrix_bytes);
   store->fill([&](ExpertKey k, std::byte* dst, std::uint64_t bytes) {
-    weights.read_expert(k.layer, k.expert, std::span<std::byte>(dst, bytes));
+    if (precision == ExpertPrecision::kBf16)
+      weights.read_expert(k.layer, k.expert, std::span<std::byte>(dst, bytes));
+    else  // quantized once, here: [W1 | W3 | W2] packed one matrix per page (engine/quantize.hpp)
+      read_expert_packed(weights, k.layer, k.expert, precision, std::span<std::byte>(dst, bytes));
   });
   last_key = key;
   last = store;
@@ -301,6 +306,23 @@ struct CudaBackend::Impl {
       kd::add_rms_norm_kernel<false>
           <<<rows, kd::kAddNormThreads, 0, stream>>>(x, nullptr, weight, hn, int(H), float(hf.rms_norm_eps));
   }
+  // The layer's MoE in the experts' precision (the arguments and the workspace are the same for all three).
+  kn::Status run_moe(const kn::PagedMoe<kn::Paged>::Arguments& a) {
+    auto with = [&]<class P>() {
+      using Moe = kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, P>;
+      typename Moe::Arguments b{a.shape,  a.input,   a.topk_ids, a.topk_weights,       a.shared_weights,
+                                a.output, a.weights, a.path,     a.matrix_stride_bytes};
+      return Moe{}.run(b, moe_ws, moe_ws_bytes, stream);
+    };
+    switch (cfg.expert_precision) {
+      case ExpertPrecision::kInt8:
+        return with.template operator()<kn::Int8>();
+      case ExpertPrecision::kInt4:
+        return with.template operator()<kn::Int4>();
+      default:
+        return moe.run(a, moe_ws, moe_ws_bytes, stream);
+    }
+  }
   void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
   }
@@ -321,16 +343,35 @@ void CudaBackend::Impl::setup() {
   V = hf.vocab_size;
   moe_layers = hf.moe_layers();
   chunks = weights->shared_chunks();
-  matrix_bytes = std::uint64_t(F) * H * 2;
+  // One expert matrix as the pool pages hold it: bf16 F x H, or packed (at most the page: padded pages nest
+  // KV pages).
+  const std::uint64_t payload =
+      cfg.expert_precision == ExpertPrecision::kBf16
+          ? std::uint64_t(F) * H * 2
+          : expert_quant_layout(F, H, cfg.expert_precision, "expert_precision").matrix_bytes();
+  matrix_bytes = cfg.expert_precision == ExpertPrecision::kBf16 ? payload : cfg.geometry.expert_page_bytes;
   if (hd != 128)
     throw_config_error("model.head_dim", hd, "the CUDA backend's attention is built for head_dim 128");
   if (!kd::add_rms_norm_fits(int(H)))
     throw_config_error(
         "model.hidden_size", H,
         fmtx("the CUDA backend's RMSNorm needs a multiple of 8, at most {}", kd::kAddNormMaxDim));
-  if (cfg.geometry.expert_page_bytes != matrix_bytes)
+  if (cfg.expert_precision == ExpertPrecision::kBf16 && cfg.geometry.expert_page_bytes != matrix_bytes)
     throw_config_error("geometry.expert_page_bytes", cfg.geometry.expert_page_bytes,
                        fmtx("must be one bf16 expert matrix, F x H x 2 = {} bytes", matrix_bytes));
+  if (cfg.expert_precision != ExpertPrecision::kBf16) {
+    if (matrix_bytes < payload || matrix_bytes % 16 != 0)
+      throw_config_error("geometry.expert_page_bytes", matrix_bytes,
+                         fmtx("must be a multiple of 16 holding one packed {} expert matrix ({} bytes)",
+                              to_string(cfg.expert_precision), payload));
+    // The quantized decode GEMV deals K out in whole k-steps (moe/precision.cuh).
+    const std::uint32_t step =
+        cfg.expert_precision == ExpertPrecision::kInt8 ? kn::Int8::kKStep : kn::Int4::kKStep;
+    if (H % step != 0 || F % step != 0)
+      throw_config_error(
+          "expert_precision", std::string(to_string(cfg.expert_precision)),
+          fmtx("needs hidden_size ({}) and moe_intermediate_size ({}) to be multiples of {}", H, F, step));
+  }
   if (cfg.max_batched_tokens == 0 || cfg.max_seqs == 0)
     throw_config_error("max_batched_tokens", cfg.max_batched_tokens, "and max_seqs must be >= 1");
   if (cfg.load_buffer_experts > E)
@@ -483,16 +524,25 @@ void CudaBackend::Impl::setup() {
 
   // ---- weights: the master copy of every routed expert in pinned memory, the rest on the device
   store =
-      expert_store(cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
-                                              : "checkpoint:" + cfg.checkpoint_dir,
-                   *weights, moe_layers, E, matrix_bytes);
+      expert_store((cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
+                                               : "checkpoint:" + cfg.checkpoint_dir) +
+                       ":" + std::string(to_string(cfg.expert_precision)),
+                   *weights, moe_layers, E, matrix_bytes, cfg.expert_precision);
   mem.pinned_host_bytes = store->bytes() + pinned_bytes;
   upload_weights(weights_at, layout);
   if (chunks > 0) {
-    std::vector<std::byte> buf(3 * matrix_bytes);
+    // The shared expert's chunks, in the routed experts' precision (one kernel reads both).
+    const bool quantized = cfg.expert_precision != ExpertPrecision::kBf16;
+    std::vector<std::byte> chunk(quantized ? 3ull * F * H * 2 : 0), buf(3 * matrix_bytes);
     for (std::uint32_t m = 0; m < moe_layers; ++m)
       for (std::uint32_t ch = 0; ch < chunks; ++ch) {
-        weights->read_shared_chunk(m, ch, buf);
+        if (quantized) {
+          weights->read_shared_chunk(m, ch, chunk);
+          quantize_expert(chunk, F, H, cfg.expert_precision, buf,
+                          fmtx("shared expert chunk {} of MoE layer {}", ch, m));
+        } else {
+          weights->read_shared_chunk(m, ch, buf);
+        }
         const std::uint64_t page = shared_base_page + (std::uint64_t(m) * chunks + ch) * 3;
         check_cuda(cudaMemcpy(arena + page * matrix_bytes, buf.data(), buf.size(), cudaMemcpyHostToDevice),
                    "upload shared expert");
@@ -799,7 +849,8 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
       ma.shared_weights = chunks > 0 ? shared_w : nullptr;
       ma.output = o;
       ma.weights = kn::Paged::Arguments{lw->pool_base, lw->load_buffer, lw->locations};
-      check_status(moe.run(ma, moe_ws, moe_ws_bytes, stream), "paged MoE");
+      ma.matrix_stride_bytes = static_cast<long long>(matrix_bytes);
+      check_status(run_moe(ma), "paged MoE");
       loader->layer_done(m);
     } else {
       check_cuda(cudaEventRecord(ev_moe0[l], stream), "cudaEventRecord");

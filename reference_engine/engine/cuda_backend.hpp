@@ -54,6 +54,10 @@ struct CudaBackendConfig {
   RoutingKind routing = RoutingKind::kModel;  // kModel: the router; otherwise the routing source's sets
   bool keep_logits = false;  // copy each sampled row's logits to the host (generate, oracle tests)
   bool keep_tokens = false;  // keep finished requests' tokens (release() forgets nothing): tests read them
+  // The routed experts' and the shared expert's precision: bf16, or int8 / int4 quantized when the store is
+  // filled (engine/quantize.hpp) and read by the paged kernel's decode path (moe/precision.cuh). The pool's
+  // expert page (geometry.expert_page_bytes) must hold one packed matrix.
+  ExpertPrecision expert_precision = ExpertPrecision::kBf16;
   int device = 0;
 };
 

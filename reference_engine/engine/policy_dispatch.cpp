@@ -70,6 +70,7 @@ CudaBackend make_backend<CudaBackend>(const RunSetup& s) {
   c.max_batched_tokens = sc.scheduler.max_num_batched_tokens;
   c.max_seqs = sc.scheduler.max_num_seqs;
   c.routing = s.routing;
+  c.expert_precision = s.model.expert_precision;
   const std::uint64_t seed = sc.seed;
   const std::uint32_t vocab = c.model.vocab_size;
   return CudaBackend(c, [seed, vocab](std::uint64_t request, std::uint32_t position) {
@@ -280,15 +281,12 @@ ModelSpec resolve_model(const Scenario& sc, const BackendEntry& backend, const R
   return hf->to_model_spec(m.name);
 }
 
-// What the cuda backend runs: one GPU, bf16 experts, the paged MoE kernel, a model without linear attention.
+// What the cuda backend runs: one GPU, the paged MoE kernel, a model without linear attention.
 void check_cuda_setup(const Scenario& sc, const RunVariant& run, const RunSetup& s, const ModelSpec& model) {
   if (s.gpu.gpus != 1)
     throw ConfigError(
         "--gpu", sc.gpu,
         "the cuda backend runs on one GPU; this profile describes " + std::to_string(s.gpu.gpus));
-  if (sc.expert_precision != ExpertPrecision::kBf16)
-    throw ConfigError("--expert-precision", std::string(to_string(sc.expert_precision)),
-                      "the cuda backend serves bf16 experts only");
   if (s.moe_kernel != MoeKernel::kPaged)
     throw ConfigError(run.moe_kernel ? "config.runs (" + run.label + ").moe_kernel" : "--moe-kernel",
                       std::string(to_string(s.moe_kernel)),

@@ -24,6 +24,7 @@
 #include "engine/decoder_reference.hpp"
 #include "engine/generate_driver.hpp"
 #include "engine/model_weights.hpp"
+#include "engine/quantize.hpp"
 #include "engine/safetensors.hpp"
 #include "small_models.hpp"
 
@@ -72,10 +73,82 @@ fs::path write_model(const std::string& name, const std::string& config, std::ui
   return dir;
 }
 
-void matches_reference(const std::string& name, const std::string& config) {
+// A copy of checkpoint `src` whose routed experts and shared expert are what `p` keeps of them: each expert
+// matrix (and each expert-sized chunk of the shared expert) quantized as the CUDA backend's store does
+// (quantize_expert) and dequantized to bf16 (dequantize_matrix), every other tensor as it is. The host
+// reference decoder on it computes what the GPU computes on quantized experts, up to the bf16 rounding of
+// q x scale (the kernel multiplies the exact product).
+fs::path write_dequantized(const fs::path& src, const std::string& config, ExpertPrecision p) {
+  const HfMoeConfig c = parse_hf_moe_config(config, "config.json");
+  const auto w = checkpoint_weights(open_checkpoint(src.string()));
+  const fs::path dir = src.string() + "_dq_" + std::string(to_string(p));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << config;
+  const std::uint64_t F = c.moe_intermediate_size, H = c.hidden_size, fh = F * H;
+  const kernels::quant::ExpertLayout L = expert_quant_layout(std::uint32_t(F), std::uint32_t(H), p, "p");
+  const std::uint64_t page = L.matrix_bytes();
+  // [W1 | W3 | W2] bf16 bytes -> the same, quantized and dequantized.
+  auto round_trip = [&](std::span<const std::byte> expert) {
+    std::vector<std::byte> packed(3 * page);
+    quantize_expert(expert, std::uint32_t(F), std::uint32_t(H), p, packed);
+    std::vector<bf16> out(3 * fh);
+    for (int j = 0; j < 3; ++j)
+      dequantize_matrix(std::span<const std::byte>(packed).subspan(j * page, L.matrix(j).total_bytes()),
+                        L.matrix(j), std::span<bf16>(out).subspan(j * fh, fh));
+    return out;
+  };
+  std::vector<TensorInfo> t;
+  for (const ExpectedTensor& e : expected_tensors(c, ExpertLayout::kPerExpert))
+    t.push_back(TensorInfo{e.name, TensorDtype::kBF16, e.shape, 0, 0});
+  std::string out = SafetensorsFile::make_header(t);
+  std::vector<std::byte> expert(3 * fh * 2);
+  for (const TensorInfo& x : t) {
+    std::vector<bf16> v(x.elements());
+    const int m = x.name.find("gate_proj") != std::string::npos ? 0
+                  : x.name.find("up_proj") != std::string::npos ? 1
+                                                                : 2;
+    const auto at = x.name.find(".mlp.experts.");
+    const bool shared = x.name.find(".mlp.shared_expert.") != std::string::npos &&
+                        x.name.find("shared_expert_gate") == std::string::npos;
+    // model.layers.L...: every layer of these models is a MoE layer, so L is the MoE layer too.
+    const std::uint32_t layer =
+        at != std::string::npos || shared ? static_cast<std::uint32_t>(std::stoul(x.name.substr(13))) : 0;
+    if (at != std::string::npos) {  // model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
+      w->read_expert(layer, static_cast<std::uint32_t>(std::stoul(x.name.substr(at + 13))), expert);
+      const std::vector<bf16> rt = round_trip(expert);
+      std::copy(rt.begin() + m * fh, rt.begin() + (m + 1) * fh, v.begin());
+    } else if (shared) {  // cut into expert-sized chunks as the backend does: W1/W3 rows, W2 columns
+      const std::uint64_t Fs = c.shared_expert_intermediate_size;
+      for (std::uint32_t ch = 0; ch < Fs / F; ++ch) {
+        w->read_shared_chunk(layer, ch, expert);
+        const std::vector<bf16> rt = round_trip(expert);
+        for (std::uint64_t r = 0; r < (m < 2 ? F : H); ++r)
+          for (std::uint64_t k = 0; k < (m < 2 ? H : F); ++k) {
+            const bf16 value = rt[m * fh + r * (m < 2 ? H : F) + k];
+            if (m < 2)
+              v[(ch * F + r) * H + k] = value;  // rows [ch F, (ch + 1) F) of the Fs x H matrix
+            else
+              v[r * Fs + ch * F + k] = value;  // columns [ch F, (ch + 1) F) of the H x Fs matrix
+          }
+      }
+    } else {
+      w->read(x.name, v);
+    }
+    for (const bf16& b : v) out.append(reinterpret_cast<const char*>(&b.bits), 2);
+  }
+  std::ofstream(dir / "model.safetensors", std::ios::binary) << out;
+  return dir;
+}
+
+// The GPU on `dir` with experts in `precision` against the host reference decoder on `ref_dir`.
+void matches_reference(const std::string& name, const std::string& config,
+                       ExpertPrecision precision = ExpertPrecision::kBf16) {
   const fs::path dir = write_model(name, config, 3);
+  const fs::path ref_dir =
+      precision == ExpertPrecision::kBf16 ? dir : write_dequantized(dir, config, precision);
   const Checkpoint ck = open_checkpoint(dir.string());
-  DecoderReference ref(ck);
+  DecoderReference ref(open_checkpoint(ref_dir.string()));
   std::vector<std::int32_t> prompt;
   for (int i = 0; i < 37; ++i) prompt.push_back((i * 97 + 11) % int(ck.config.vocab_size));
   const auto free_run = ref.generate(prompt, 12);
@@ -83,7 +156,8 @@ void matches_reference(const std::string& name, const std::string& config) {
   for (const auto& s : free_run) teacher.push_back(s.token);
   const auto ref_steps = ref.generate_forced(prompt, teacher);
 
-  const ModelSpec model = ck.config.to_model_spec(name);
+  ModelSpec model = ck.config.to_model_spec(name);
+  model.expert_precision = precision;
   const PageGeometry g = page_geometry(model);
   const std::uint64_t pool = generate_pool_bytes(model, g, std::uint32_t(prompt.size() + teacher.size()));
   CudaBackendConfig cfg;
@@ -94,6 +168,7 @@ void matches_reference(const std::string& name, const std::string& config) {
   cfg.max_batched_tokens = 64;
   cfg.max_seqs = 4;
   cfg.keep_logits = true;
+  cfg.expert_precision = precision;
   CudaBackend backend(cfg, [&](std::uint64_t, std::uint32_t p) { return prompt.at(p); });
   const auto gpu = generate_greedy(backend, model, g, pool, prompt, 0, teacher);
   REQUIRE(gpu.size() == ref_steps.size());
@@ -114,8 +189,10 @@ void matches_reference(const std::string& name, const std::string& config) {
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
     if (sorted[0] - sorted[1] > 2 * (0.08 * scale + 0.01)) CHECK(gpu[s].token == ref_steps[s].token);
   }
-  WARN(name << ": worst max |dlogit| / max |logit| over " << gpu.size() << " steps: " << worst);
+  WARN(name << " (" << to_string(precision) << " experts): worst max |dlogit| / max |logit| over "
+            << gpu.size() << " steps: " << worst);
   fs::remove_all(dir);
+  if (ref_dir != dir) fs::remove_all(ref_dir);
 }
 
 }  // namespace
@@ -126,5 +203,16 @@ TEST_CASE("cuda backend: teacher-forced logits match the host reference decoder"
   }
   SECTION("qwen3-moe: q/k RMSNorm, 8 query heads per KV head, top-4 renormalised") {
     matches_reference("qwen3", test::small_qwen3_json(2));
+  }
+}
+
+TEST_CASE(
+    "cuda backend on int8 and int4 experts: logits match the reference decoder on the same experts "
+    "dequantized",
+    "[reference][quant]") {
+  for (const ExpertPrecision p : {ExpertPrecision::kInt8, ExpertPrecision::kInt4}) {
+    INFO(to_string(p));
+    matches_reference("qwen2_" + std::string(to_string(p)), test::small_qwen2_json(2), p);
+    matches_reference("qwen3_" + std::string(to_string(p)), test::small_qwen3_json(2), p);
   }
 }

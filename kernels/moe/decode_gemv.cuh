@@ -133,6 +133,19 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
+  // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
+  // dropped), at element 0.
+  const bf16* tok[kTokTiles];
+#pragma unroll
+  for (int nt = 0; nt < kTokTiles; ++nt) {
+    const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
+    if constexpr (kGateUp) {
+      const int slot = p.sorted_slot[tile.row_start + c];
+      tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K;
+    } else {
+      tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K;
+    }
+  }
   float acc[kRowTiles][kTokTiles][4] = {};
   if constexpr (P::kQuantized) {
     // The matrix (packed, moe/quant_layout.hpp): N rows of K values, row_bytes each, then the scales.
@@ -151,17 +164,6 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[r] = base + n0 * row_bytes;
       scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
     }
-    const bf16* tok[kTokTiles];
-#pragma unroll
-    for (int nt = 0; nt < kTokTiles; ++nt) {
-      const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
-      if constexpr (kGateUp) {
-        const int slot = p.sorted_slot[tile.row_start + c];
-        tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K;
-      } else {
-        tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K;
-      }
-    }
     quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc);
   } else {
     // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
@@ -178,19 +180,8 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     }
     const int k_per_warp = K / kWarps;
     const int k0 = warp * k_per_warp + 8 * q;
-    // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
-    // dropped).
-    const bf16* tok[kTokTiles];
 #pragma unroll
-    for (int nt = 0; nt < kTokTiles; ++nt) {
-      const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
-      if constexpr (kGateUp) {
-        const int slot = p.sorted_slot[tile.row_start + c];
-        tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + k0;
-      } else {
-        tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K + k0;
-      }
-    }
+    for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
     const bf16* a_lo[kRowTiles];
     const bf16* a_hi[kRowTiles];
 #pragma unroll

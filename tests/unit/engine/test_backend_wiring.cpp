@@ -289,9 +289,15 @@ TEST_CASE("cuda setups refuse what the GPU backend does not run, naming the flag
   multi.gpu = "2x-rtx5090";
   CHECK_THROWS_WITH(prepare_runs(multi, trace, {}),
                     Catch::StartsWith("--gpu = 2x-rtx5090: the cuda backend runs on one GPU"));
+  // Quantized experts are served: the setup carries the precision and the packed page.
   Scenario q = s;
   q.expert_precision = ExpertPrecision::kInt8;
-  CHECK_THROWS_WITH(prepare_runs(q, trace, {}), Catch::StartsWith("--expert-precision = int8"));
+  const auto quantized = prepare_runs(q, trace, {});
+  REQUIRE(quantized.size() == 1);
+  CHECK(quantized[0].model.expert_precision == ExpertPrecision::kInt8);
+  CHECK(quantized[0].geometry.expert_page_bytes == quantized[0].model.expert_page_bytes());
+  CHECK(quantized[0].geometry.expert_page_bytes <
+        2ull * quantized[0].model.moe_intermediate_size * quantized[0].model.hidden_size);
   Scenario g = s;
   g.moe_kernel = MoeKernel::kGather;
   CHECK_THROWS_WITH(prepare_runs(g, trace, {}), Catch::StartsWith("--moe-kernel = gather"));

@@ -670,7 +670,7 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
     const std::uint64_t max_calls = *std::max_element(plan.copy_calls.begin(), plan.copy_calls.end());
     copies = [probe_gpu, expert, max_calls](std::uint64_t calls, std::uint64_t bytes_per_call) {
       if (!*probe_gpu)
-        *probe_gpu = std::make_unique<H2dCopyProbe>(expert, max_calls);  // after the engine's run
+        *probe_gpu = std::make_unique<H2dCopyProbe>(expert, max_calls);  // before the engine's run
       return (*probe_gpu)->time(calls, bytes_per_call);
     };
   }
@@ -680,7 +680,7 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
         "calibrate: {} shapes ({} requests, the first {} a warm-up) on {} ({}), then {} "
         "copy probes\n",
         plan.shapes.size(), trace.size(), plan.warmup_shapes, s.backend, setup.gpu.name,
-        plan.copy_calls.size() * 2 * plan.copy_repeats);
+        plan.copy_calls.size() * 2 * plan.copy_repeats * 2);
   progress.begin_run(fmt::format("{} shapes: ", simulated ? "simulating" : "measuring"));
   CalibrationProgress cp;
   cp.run = [&progress](const RunProgress& p) { progress.update(p); };

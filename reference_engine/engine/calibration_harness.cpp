@@ -176,27 +176,32 @@ CalibrationMeasurement measure_for_calibration(RunSetup setup, const Calibration
     m.samples.insert(m.samples.end(), s.begin(), s.end());
   };
   setup.options.progress = progress.run;
-  m.run = run_policy(setup);
+  // Each copy probe is measured copy_repeats times before the engine's run and as often after it, the
+  // repeats of all probes interleaved, and the fastest time kept: whatever else slows the link only adds
+  // (measured on the H200: stretches of ~30 GB/s instead of 54 over consecutive probes, in runs after an
+  // uncapped engine had freed its pinned store), and interleaving keeps one stretch from taking every repeat.
+  std::vector<CalibrationSample> probes;
   if (copies && plan.copy_repeats > 0) {
-    // Each probe is measured copy_repeats times, the repeats of all probes interleaved, and the fastest
-    // time kept: whatever else slows the link (measured on the H200: a stretch of ~30 GB/s instead of 54,
-    // over consecutive probes) only adds, and interleaving keeps one stretch from taking every repeat.
     const std::uint64_t expert = model.expert_transfer_bytes();
-    const std::size_t first = m.samples.size();
     for (std::uint32_t calls : plan.copy_calls)
       for (const std::uint64_t per_call : {expert / 3, expert}) {  // one expert page, one whole expert
         CalibrationSample s{CalibrationPhase::kCopy, double(calls) * double(per_call), 0, 1, calls};
         s.seconds = std::numeric_limits<double>::infinity();
-        m.samples.push_back(s);
+        probes.push_back(s);
       }
+  }
+  auto probe_pass = [&] {
     for (std::uint32_t rep = 0; rep < plan.copy_repeats; ++rep)
-      for (std::size_t i = first; i < m.samples.size(); ++i) {
-        CalibrationSample& s = m.samples[i];
+      for (CalibrationSample& s : probes) {
         const std::uint64_t calls = s.copy_calls, per_call = std::uint64_t(s.bytes) / calls;
         s.seconds = std::min(s.seconds, copies(calls, per_call));
         ++m.copy_probes;
       }
-  }
+  };
+  probe_pass();
+  m.run = run_policy(setup);
+  probe_pass();
+  m.samples.insert(m.samples.end(), probes.begin(), probes.end());
   return m;
 }
 

@@ -28,8 +28,8 @@
 // Copies: a CopyTimer measures `calls` host-to-device copies of `bytes_per_call` bytes each, for every
 // count in the plan, one expert page per call (a restore's copies) and one whole expert per call (a
 // buffered expert's): the simulator's copy_time, or CUDA events around cudaMemcpyAsync from pinned memory
-// (h2d_copy_probe.hpp). Each probe is timed copy_repeats times, the repeats of all probes interleaved, and
-// gives one sample, its fastest time.
+// (h2d_copy_probe.hpp). Each probe is timed copy_repeats times before the engine's run and as often after it,
+// the repeats of all probes interleaved, and gives one sample, its fastest time.
 #pragma once
 
 #include <cstdint>
@@ -116,7 +116,7 @@ struct CalibrationMeasurement {
   std::vector<CalibrationSample> samples;
   std::uint64_t forward_steps = 0;  // measured forwards, warm-up included
   std::uint64_t warmup_steps = 0;   // of which gave no samples
-  std::size_t copy_probes = 0;      // copy probes timed (copy samples x copy_repeats)
+  std::size_t copy_probes = 0;      // copy probes timed (copy samples x copy_repeats x 2)
   RunResult run;                    // the engine run over every shape
 };
 

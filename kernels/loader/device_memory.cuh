@@ -49,12 +49,22 @@ class PinnedExpertStore {
   // Fills the bytes of one expert ([W1 | W3 | W2], 3 * matrix_bytes) for `key`.
   using WeightSource = std::function<void(ExpertKey key, std::byte* dst, std::uint64_t bytes)>;
 
-  PinnedExpertStore(std::uint32_t layers, std::uint32_t experts, std::uint64_t matrix_bytes)
-      : layers_(layers), experts_(experts), matrix_bytes_(matrix_bytes) {
+  // `payload_bytes` (0: matrix_bytes): the leading bytes of each matrix that hold data; a store laid out in
+  // padded pool pages (quantized experts) has the rest as padding, which the loader does not copy.
+  PinnedExpertStore(std::uint32_t layers, std::uint32_t experts, std::uint64_t matrix_bytes,
+                    std::uint64_t payload_bytes = 0)
+      : layers_(layers),
+        experts_(experts),
+        matrix_bytes_(matrix_bytes),
+        payload_bytes_(payload_bytes == 0 ? matrix_bytes : payload_bytes) {
     if (layers == 0) throw_config_error("expert_store.layers", layers, "must be greater than zero");
     if (experts == 0) throw_config_error("expert_store.experts", experts, "must be greater than zero");
     if (matrix_bytes == 0 || matrix_bytes % 16 != 0)
       throw_config_error("expert_store.matrix_bytes", matrix_bytes, "must be a positive multiple of 16");
+    if (payload_bytes_ > matrix_bytes_ || payload_bytes_ % 16 != 0)
+      throw_config_error(
+          "expert_store.payload_bytes", payload_bytes,
+          "must be 0 or a multiple of 16 <= matrix_bytes (" + std::to_string(matrix_bytes) + ")");
     void* p = nullptr;
     AMOEBA_CUDA_CHECK(cudaHostAlloc(&p, bytes(), cudaHostAllocDefault));
     data_ = static_cast<std::byte*>(p);
@@ -68,6 +78,7 @@ class PinnedExpertStore {
   std::uint32_t layers() const noexcept { return layers_; }
   std::uint32_t experts() const noexcept { return experts_; }
   std::uint64_t matrix_bytes() const noexcept { return matrix_bytes_; }
+  std::uint64_t payload_bytes() const noexcept { return payload_bytes_; }
   std::uint64_t expert_bytes() const noexcept { return 3 * matrix_bytes_; }
   std::uint64_t bytes() const noexcept { return std::uint64_t(layers_) * experts_ * expert_bytes(); }
   const std::byte* expert(ExpertKey k) const noexcept {
@@ -112,7 +123,7 @@ class PinnedExpertStore {
 
  private:
   std::uint32_t layers_, experts_;
-  std::uint64_t matrix_bytes_;
+  std::uint64_t matrix_bytes_, payload_bytes_;
   std::byte* data_ = nullptr;
 };
 

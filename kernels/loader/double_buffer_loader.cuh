@@ -246,14 +246,16 @@ class DoubleBufferLoader {
       detail::spin_kernel<<<1, 1, 0, copy_>>>(std::uint64_t(options_.copy_delay_us) * 1000);
       AMOEBA_CUDA_CHECK(cudaGetLastError());
     }
-    const std::uint64_t mb = store_.matrix_bytes();
+    // Only the matrices' payload crosses PCIe: a padded page's tail is never read.
+    const std::uint64_t mb = store_.matrix_bytes(), payload = store_.payload_bytes();
     for (const ExpertCopy& c : copies) {
       if (c.target == CopyTarget::kBufferSlot) {
         std::byte* dst = buffers_[c.buffer] + std::uint64_t(c.slot) * 3 * mb;
-        copy(dst, store_.expert(c.expert), 3 * mb);  // W1, W3, W2 contiguous on both sides: one copy
+        copy(dst, store_.expert(c.expert),
+             2 * mb + payload);  // W1, W3, W2 contiguous on both sides: one copy
       } else {
         for (ExpertMatrix m : kExpertMatrices)
-          copy(pool_.base + std::uint64_t(c.pages[m].index) * mb, store_.matrix(c.expert, m), mb);
+          copy(pool_.base + std::uint64_t(c.pages[m].index) * mb, store_.matrix(c.expert, m), payload);
       }
     }
   }

@@ -95,17 +95,17 @@ constexpr std::uint64_t align256(std::uint64_t v) {
 // lifetime and handed to the next backend of the same weights (it is read-only once filled).
 std::shared_ptr<const kn::PinnedExpertStore> expert_store(const std::string& key, const ModelWeights& weights,
                                                           std::uint32_t layers, std::uint32_t experts,
-                                                          std::uint64_t matrix_bytes,
+                                                          std::uint64_t matrix_bytes, std::uint64_t payload,
                                                           ExpertPrecision precision) {
   static std::mutex mutex;
   static std::string last_key;
   static std::shared_ptr<const kn::PinnedExpertStore> last;
   const std::lock_guard<std::mutex> lock(mutex);
   if (last && last_key == key && last->layers() == layers && last->experts() == experts &&
-      last->matrix_bytes() == matrix_bytes)
+      last->matrix_bytes() == matrix_bytes && last->payload_bytes() == payload)
     return last;
   last.reset();  // free the previous store before taking another
-  auto store = std::make_shared<kn::PinnedExpertStore>(layers, experts, matrix_bytes);
+  auto store = std::make_shared<kn::PinnedExpertStore>(layers, experts, matrix_bytes, payload);
   store->fill([&](ExpertKey k, std::byte* dst, std::uint64_t bytes) {
     if (precision == ExpertPrecision::kBf16)
       weights.read_expert(k.layer, k.expert, std::span<std::byte>(dst, bytes));
@@ -534,7 +534,7 @@ void CudaBackend::Impl::setup() {
       expert_store((cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
                                                : "checkpoint:" + cfg.checkpoint_dir) +
                        ":" + std::string(to_string(cfg.expert_precision)),
-                   *weights, moe_layers, E, matrix_bytes, cfg.expert_precision);
+                   *weights, moe_layers, E, matrix_bytes, payload, cfg.expert_precision);
   mem.pinned_host_bytes = store->bytes() + pinned_bytes;
   upload_weights(weights_at, layout);
   if (chunks > 0) {

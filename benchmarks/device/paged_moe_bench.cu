@@ -127,14 +127,7 @@ struct Graph : GraphBase {
   Graph(const std::vector<RoutingSet>& sets, const MoeShape& shape, typename Addressing::Arguments w,
         bf16* out, cudaStream_t stream) {
     for (const RoutingSet& r : sets) {
-      typename Moe::Arguments a{};
-      a.shape = shape;
-      a.input = r.x.get();
-      a.topk_ids = r.ids.get();
-      a.topk_weights = r.weights.get();
-      a.shared_weights = shape.num_shared_chunks > 0 ? r.shared.get() : nullptr;
-      a.output = out;
-      a.weights = w;
+      const auto a = layer_arguments<typename Moe::Arguments>(r, shape, w, out);
       const kernels::Status st = Moe::can_implement(a);
       if (!st) throw std::runtime_error(st.message);
       workspace_bytes = std::max(workspace_bytes, Moe::workspace_size(a));

@@ -309,4 +309,20 @@ inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t see
   return r;
 }
 
+// A PagedMoe::Arguments of any addressing, configuration and precision for one layer call on `r`: its tokens,
+// routing and (when the shape has shared chunks and `shared_weights`) its per-token shared weights.
+template <class Arguments>
+Arguments layer_arguments(const RoutingSet& r, const MoeShape& shape, decltype(Arguments{}.weights) weights,
+                          bf16* output, bool shared_weights = true) {
+  Arguments a{};
+  a.shape = shape;
+  a.input = r.x.get();
+  a.topk_ids = r.ids.get();
+  a.topk_weights = r.weights.get();
+  a.shared_weights = shared_weights && shape.num_shared_chunks > 0 ? r.shared.get() : nullptr;
+  a.output = output;
+  a.weights = weights;
+  return a;
+}
+
 }  // namespace amoeba::testing

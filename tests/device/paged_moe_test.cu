@@ -32,15 +32,9 @@ struct Runner {
 
   std::vector<std::uint16_t> run(const RoutingSet& r, const MoeShape& shape, typename Addressing::Arguments w,
                                  MoePath path, bool with_shared_weights) {
-    args.shape = shape;
-    args.input = r.x.get();
-    args.topk_ids = r.ids.get();
-    args.topk_weights = r.weights.get();
-    args.shared_weights = with_shared_weights ? r.shared.get() : nullptr;
-    args.weights = w;
-    args.path = path;
     out = DeviceBuffer<bf16>(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
-    args.output = out.get();
+    args = layer_arguments<typename Moe::Arguments>(r, shape, w, out.get(), with_shared_weights);
+    args.path = path;
     const kernels::Status ok = Moe::can_implement(args);
     INFO(ok.message);
     REQUIRE(ok.ok);

@@ -174,17 +174,10 @@ template <class Addressing, class Precision>
 std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
                                      typename Addressing::Arguments weights, MoePath path, long long stride) {
   using Moe = PagedMoe<Addressing, kernels::DefaultMoeConfig, Precision>;
-  typename Moe::Arguments a{};
-  a.shape = shape;
-  a.input = r.x.get();
-  a.topk_ids = r.ids.get();
-  a.topk_weights = r.weights.get();
-  a.shared_weights = shape.num_shared_chunks > 0 ? r.shared.get() : nullptr;
-  a.weights = weights;
+  DeviceBuffer<bf16> out(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
+  auto a = layer_arguments<typename Moe::Arguments>(r, shape, weights, out.get());
   a.path = path;
   a.matrix_stride_bytes = stride;
-  DeviceBuffer<bf16> out(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
-  a.output = out.get();
   const kernels::Status ok = Moe::can_implement(a);
   INFO(ok.message);
   REQUIRE(ok.ok);

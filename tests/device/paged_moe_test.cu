@@ -12,6 +12,7 @@
 
 #include "moe/paged_moe.cuh"
 #include "moe_device_fixture.cuh"
+#include "moe_runner.cuh"
 #include "reference/moe_reference.hpp"
 #include "reference/moe_reference_kernel.cuh"
 
@@ -22,36 +23,6 @@ using namespace amoeba::testing;
 using kernels::MoePath;
 using kernels::PagedMoe;
 using reference::bf16_to_float;
-
-template <class Addressing, class Config = kernels::DefaultMoeConfig>
-struct Runner {
-  using Moe = PagedMoe<Addressing, Config>;
-  typename Moe::Arguments args{};
-  DeviceBuffer<unsigned char> workspace;
-  DeviceBuffer<bf16> out;
-
-  std::vector<std::uint16_t> run(const RoutingSet& r, const MoeShape& shape, typename Addressing::Arguments w,
-                                 MoePath path, bool with_shared_weights) {
-    out = DeviceBuffer<bf16>(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
-    args = layer_arguments<typename Moe::Arguments>(r, shape, w, out.get(), with_shared_weights);
-    args.path = path;
-    const kernels::Status ok = Moe::can_implement(args);
-    INFO(ok.message);
-    REQUIRE(ok.ok);
-    const std::size_t bytes = Moe::workspace_size(args);
-    workspace = DeviceBuffer<unsigned char>(bytes);
-    poison(out.get(), out.size());
-    // Poison the workspace too: nothing may read scratch that this call did not write.
-    AMOEBA_CUDA_CHECK(cudaMemset(workspace.get(), 0xFF, bytes));
-    const kernels::Status st = Moe{}.run(args, workspace.get(), bytes, nullptr);
-    INFO(st.message);
-    REQUIRE(st.ok);
-    AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<std::uint16_t> h(out.size());
-    AMOEBA_CUDA_CHECK(cudaMemcpy(h.data(), out.get(), h.size() * 2, cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 std::size_t count_nonfinite(const std::vector<std::uint16_t>& v) {
   std::size_t n = 0;

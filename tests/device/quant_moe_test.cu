@@ -15,6 +15,7 @@
 
 #include "moe/paged_moe.cuh"
 #include "moe_device_fixture.cuh"
+#include "moe_runner.cuh"
 #include "reference/moe_reference.hpp"
 
 namespace {
@@ -172,27 +173,11 @@ std::vector<double> cpu_reference(const QuantStore& store, const RoutingSet& r, 
 
 template <class Addressing, class Precision>
 std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
-                                     typename Addressing::Arguments weights, MoePath path, long long stride) {
-  using Moe = PagedMoe<Addressing, kernels::DefaultMoeConfig, Precision>;
-  DeviceBuffer<bf16> out(static_cast<std::size_t>(shape.num_tokens) * shape.hidden);
-  auto a = layer_arguments<typename Moe::Arguments>(r, shape, weights, out.get());
-  a.path = path;
-  a.matrix_stride_bytes = stride;
-  const kernels::Status ok = Moe::can_implement(a);
-  INFO(ok.message);
-  REQUIRE(ok.ok);
-  CHECK(Moe::config(a).path == MoePath::kDecode);
-  const std::size_t bytes = Moe::workspace_size(a);
-  DeviceBuffer<unsigned char> ws(bytes);
-  AMOEBA_CUDA_CHECK(cudaMemset(ws.get(), 0xFF, bytes));
-  poison(out.get(), out.size());
-  const kernels::Status st = Moe{}.run(a, ws.get(), bytes, nullptr);
-  INFO(st.message);
-  REQUIRE(st.ok);
-  AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<std::uint16_t> h(out.size());
-  AMOEBA_CUDA_CHECK(cudaMemcpy(h.data(), out.get(), h.size() * 2, cudaMemcpyDeviceToHost));
-  return h;
+                                     typename Addressing::Arguments weights, long long stride) {
+  Runner<Addressing, kernels::DefaultMoeConfig, Precision> runner;
+  const std::vector<std::uint16_t> out = runner.run(r, shape, weights, MoePath::kAuto, true, stride);
+  CHECK(decltype(runner)::Moe::config(runner.args).path == MoePath::kDecode);
+  return out;
 }
 
 // Per element: |out - ref| <= kAbs·rms(ref) + kRel·|ref| (the bf16 tests' tolerance, paged_moe_test.cu).
@@ -204,10 +189,8 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
   // The page size as the stride, or 0 (the tightest) when the pages are not padded.
   const long long stride = store.page == store.layout.matrix_bytes() ? 0 : static_cast<long long>(store.page);
-  const auto out_p =
-      run_layer<kernels::Paged, Precision>(r, shape, store.paged_args(), MoePath::kAuto, stride);
-  const auto out_c =
-      run_layer<kernels::Contiguous, Precision>(r, shape, store.contiguous_args(), MoePath::kAuto, stride);
+  const auto out_p = run_layer<kernels::Paged, Precision>(r, shape, store.paged_args(), stride);
+  const auto out_c = run_layer<kernels::Contiguous, Precision>(r, shape, store.contiguous_args(), stride);
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
                        << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);

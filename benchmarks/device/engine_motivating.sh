@@ -8,6 +8,8 @@
 # REPEATS=3 serves each rate in 3 separate processes (measured_rate<R>_r<i>.json: mean ± sd over processes);
 # ROUTING=synthetic gives the GPU the simulator's expert sets (the comparison with a calibrated simulator).
 # TESTS: test binaries of $BIN to run first (their whole logs go to $OUT/tests.txt).
+# Beside the simulator (on the CPU, afterwards): python3 benchmarks/device/motivating_compare.py
+#   --amoeba build/ci/reference_engine/amoeba --measured <the fetched $OUT> [--cost-models default,h200-qwen1.5]
 source "$(dirname "$0")/device_common.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$OUT/measured.txt"
 for r in ${RATES:-10 7}; do

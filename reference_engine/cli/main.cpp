@@ -230,6 +230,9 @@ struct ScenarioFlags {
     app.add_option("--weights", weights, "Hugging Face checkpoint directory instead of --model");
     app.add_option("--gpu", gpu, "GPU profile (default: h200 with --backend cuda, rtx5090 with sim)");
     app.add_option("--seed", seed, "random seed (the GPU's random weights), in [0, 2^64 - 1]");
+    app.add_option("--expert-precision", expert_precision,
+                   "bf16 (default), int8 or int4: quantized experts fit that precision's MoE scales "
+                   "against --cost-model's bf16 efficiencies");
     add_memory_flags(app);
     app.add_option("--cost-model", cost_model,
                    "the fit's starting point (default, or a .json file): the values kept for what the "
@@ -721,6 +724,12 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
   param("step overhead", fitted.step_overhead_s * 1e6, start.step_overhead_s * 1e6, " us");
   param("h2d bandwidth scale", fitted.h2d_bandwidth_scale, start.h2d_bandwidth_scale);
   param("h2d copy latency scale", fitted.h2d_copy_latency_scale, start.h2d_copy_latency_scale);
+  if (s.expert_precision != ExpertPrecision::kBf16) {
+    const bool i8 = s.expert_precision == ExpertPrecision::kInt8;
+    const auto &f = i8 ? fitted.int8 : fitted.int4, &st = i8 ? start.int8 : start.int4;
+    param(i8 ? "int8 moe memory scale" : "int4 moe memory scale", f.memory, st.memory);
+    param(i8 ? "int8 moe compute scale" : "int4 moe compute scale", f.compute, st.compute);
+  }
   std::cout << "\nresiduals |predicted / measured - 1| per phase:\n";
   for (const CostModelResidual& r : fitted.residuals)
     std::cout << fmt::format("  {:<10} {:>5} samples  median {:.2f}%  p90 {:.2f}%\n", r.phase, r.samples,

@@ -183,7 +183,8 @@ void check_samples(const std::vector<CalibrationSample>& samples) {
   }
 }
 
-double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, const CostModelParams& params) {
+double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, const CostModelParams& params,
+                         ExpertPrecision precision) {
   switch (s.phase) {
     case CalibrationPhase::kStep:
       return params.step_overhead_s + s.phases_s;
@@ -191,7 +192,12 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
       return double(s.copy_calls) * gpu.h2d_copy_latency_s * params.h2d_copy_latency_scale +
              s.bytes / (gpu.h2d_bandwidth * params.h2d_bandwidth_scale);
     default: {
-      const Efficiency e = efficiency_of(s.phase, params);
+      Efficiency e = efficiency_of(s.phase, params);
+      if (s.phase == CalibrationPhase::kMoe && precision != ExpertPrecision::kBf16) {
+        const auto& scale = precision == ExpertPrecision::kInt8 ? params.int8 : params.int4;
+        e.memory *= scale.memory;
+        e.compute *= scale.compute;
+      }
       return double(s.layers) * roofline_time(RooflineWork{s.bytes, s.flops}, gpu, e.memory, e.compute,
                                               params.per_layer_overhead_s);
     }
@@ -199,13 +205,15 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
 }
 
 std::vector<CostModelResidual> cost_model_residuals(const std::vector<CalibrationSample>& samples,
-                                                    const GpuProfile& gpu, const CostModelParams& params) {
+                                                    const GpuProfile& gpu, const CostModelParams& params,
+                                                    ExpertPrecision precision) {
   std::vector<CostModelResidual> out;
   for (CalibrationPhase p : {CalibrationPhase::kAttention, CalibrationPhase::kMoe, CalibrationPhase::kDense,
                              CalibrationPhase::kStep, CalibrationPhase::kCopy}) {
     std::vector<double> err;
     for (const CalibrationSample& s : samples)
-      if (s.phase == p) err.push_back(std::abs(predicted_seconds(s, gpu, params) / s.seconds - 1.0));
+      if (s.phase == p)
+        err.push_back(std::abs(predicted_seconds(s, gpu, params, precision) / s.seconds - 1.0));
     if (err.empty()) continue;
     const Percentiles q = percentiles(std::move(err));
     out.push_back(CostModelResidual{std::string(to_string(p)), q.count, q.p50, q.p90});
@@ -247,14 +255,20 @@ void fit_copies(const std::vector<CalibrationSample>& samples, const GpuProfile&
 CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, const ModelSpec& model,
                                const GpuProfile& gpu, const CostModelParams& start) {
   check_samples(samples);
-  if (model.expert_precision != ExpertPrecision::kBf16)
-    throw ConfigError("model.expert_precision", std::string(to_string(model.expert_precision)),
-                      "calibration fits bf16 experts (the int8/int4 scales are not measured yet)");
   if (gpu.gpus != 1)
     throw ConfigError(
         "gpu.gpus", std::to_string(gpu.gpus),
         "calibration fits one GPU (the all-reduces of tensor parallelism are not measured yet)");
   CostModelParams out = start;
+  // The roofline fit starts from (and keeps unseen efficiencies at) start's values at the model's precision:
+  // a quantized MoE from start's bf16 efficiencies times start's scales for that precision.
+  const ExpertPrecision precision = model.expert_precision;
+  CostModelParams base = start;
+  if (precision != ExpertPrecision::kBf16) {
+    const auto& scale = precision == ExpertPrecision::kInt8 ? start.int8 : start.int4;
+    base.moe_memory_efficiency = std::clamp(start.moe_memory_efficiency * scale.memory, 0.01, 1.0);
+    base.moe_compute_efficiency = std::clamp(start.moe_compute_efficiency * scale.compute, 0.01, 1.0);
+  }
   out.calibrated = true;
 
   constexpr std::array<CalibrationPhase, 3> kRoofline{CalibrationPhase::kAttention, CalibrationPhase::kMoe,
@@ -273,17 +287,17 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     ++roofline_samples;
   }
   std::array<Efficiency, 3> eff;
-  for (std::size_t p = 0; p < 3; ++p) eff[p] = efficiency_of(kRoofline[p], start);
+  for (std::size_t p = 0; p < 3; ++p) eff[p] = efficiency_of(kRoofline[p], base);
 
   if (roofline_samples > 0) {
     // The profile objective of the overhead: every phase's best efficiencies for it.
     auto fit_at = [&](double o, std::array<Efficiency, 3>& e) {
       double total = 0;
       for (std::size_t p = 0; p < 3; ++p) {
-        e[p] = efficiency_of(kRoofline[p], start);
+        e[p] = efficiency_of(kRoofline[p], base);
         if (phases[p].seconds.empty()) continue;
         double obj = 0;
-        e[p] = search_efficiency(phases[p], o, efficiency_of(kRoofline[p], start), &obj);
+        e[p] = search_efficiency(phases[p], o, efficiency_of(kRoofline[p], base), &obj);
         total += obj;
       }
       return total;
@@ -325,7 +339,21 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
 
   fit_copies(samples, gpu, out);
 
-  out.residuals = cost_model_residuals(samples, gpu, out);
+  // Quantized experts: the MoE efficiencies just fitted are the quantized kernel's; keep start's bf16 ones and
+  // store the ratio as the precision's scales (the simulator's moe efficiency x scale gives them back).
+  if (precision != ExpertPrecision::kBf16) {
+    auto& scale = precision == ExpertPrecision::kInt8 ? out.int8 : out.int4;
+    const bool seen = std::any_of(samples.begin(), samples.end(),
+                                  [](const CalibrationSample& s) { return s.phase == CalibrationPhase::kMoe; });
+    if (seen) {
+      scale.memory = std::clamp(out.moe_memory_efficiency / start.moe_memory_efficiency, 0.05, 2.0);
+      scale.compute = std::clamp(out.moe_compute_efficiency / start.moe_compute_efficiency, 0.05, 2.0);
+    }
+    out.moe_memory_efficiency = start.moe_memory_efficiency;
+    out.moe_compute_efficiency = start.moe_compute_efficiency;
+  }
+
+  out.residuals = cost_model_residuals(samples, gpu, out, precision);
   std::size_t counts[5] = {};
   for (const CalibrationSample& s : samples) ++counts[std::size_t(s.phase)];
   std::ostringstream src;

@@ -64,18 +64,24 @@ struct CalibrationSample {
 void check_samples(const std::vector<CalibrationSample>& samples);
 
 // The fitted parameters (calibrated = true, `source` describing the fit, residuals filled); `start` gives
-// the name, the int8/int4 scales, and every parameter whose phase has no samples. Refuses (ConfigError)
-// bad samples, models with int8/int4 experts and GPU profiles of several GPUs (neither is measured by the
-// GPU backend yet).
+// the name, the scales of the precisions not measured, and every parameter whose phase has no samples.
+// Quantized experts (model.expert_precision int8 or int4): the MoE samples are of the quantized kernel, so
+// what their fit finds is that precision's efficiency; the file keeps start's bf16 MoE efficiencies and
+// stores the ratio as int8_ / int4_moe_{memory,compute}_scale (what the simulator multiplies them by), so a
+// bf16 profile (e.g. h200-qwen1.5 as --cost-model) gains the quantized kernel's costs and keeps its own.
+// Refuses (ConfigError) bad samples and GPU profiles of several GPUs (not measured by the GPU backend yet).
 CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, const ModelSpec& model,
                                const GpuProfile& gpu, const CostModelParams& start);
 
-// What `params` predicts for one sample (the formulas above; kStep: params.step_overhead_s + phases_s).
-double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, const CostModelParams& params);
+// What `params` predicts for one sample (the formulas above; kStep: params.step_overhead_s + phases_s); the
+// MoE of a quantized `precision` at params' efficiencies times that precision's scales.
+double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, const CostModelParams& params,
+                         ExpertPrecision precision = ExpertPrecision::kBf16);
 
 // Median, p90 and count of |predicted / measured - 1| per phase that has samples, in CalibrationPhase order.
 std::vector<CostModelResidual> cost_model_residuals(const std::vector<CalibrationSample>& samples,
-                                                    const GpuProfile& gpu, const CostModelParams& params);
+                                                    const GpuProfile& gpu, const CostModelParams& params,
+                                                    ExpertPrecision precision = ExpertPrecision::kBf16);
 
 // ---- step-by-step comparison of a measured and a simulated run of one trace
 

@@ -143,10 +143,10 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   // Optional (older files lack it): the per-copy latency relative to the GPU profile's.
   p.h2d_copy_latency_scale = o.get_double_or("h2d_copy_latency_scale", 1.0, 0.0, 100.0);
   // Optional (older files lack them): the MoE kernel's efficiency on quantized experts relative to bf16.
-  p.int8.memory = o.get_double_or("int8_moe_memory_scale", p.int8.memory, 0.05, 1.0);
-  p.int8.compute = o.get_double_or("int8_moe_compute_scale", p.int8.compute, 0.05, 1.0);
-  p.int4.memory = o.get_double_or("int4_moe_memory_scale", p.int4.memory, 0.05, 1.0);
-  p.int4.compute = o.get_double_or("int4_moe_compute_scale", p.int4.compute, 0.05, 1.0);
+  p.int8.memory = o.get_double_or("int8_moe_memory_scale", p.int8.memory, 0.05, 2.0);
+  p.int8.compute = o.get_double_or("int8_moe_compute_scale", p.int8.compute, 0.05, 2.0);
+  p.int4.memory = o.get_double_or("int4_moe_memory_scale", p.int4.memory, 0.05, 2.0);
+  p.int4.compute = o.get_double_or("int4_moe_compute_scale", p.int4.compute, 0.05, 2.0);
   // Optional: a calibration's residuals per phase, {"moe": {"samples": n, "median_abs_rel_error": x,
   // "p90_abs_rel_error": y}, ...}; informative only.
   if (o.has("residuals")) {

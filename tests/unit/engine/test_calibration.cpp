@@ -53,7 +53,7 @@ std::vector<CalibrationSample> make_samples(const ModelSpec& m, const GpuProfile
   std::vector<CalibrationSample> out;
   auto add = [&](CalibrationPhase phase, RooflineWork w, std::uint32_t layers) {
     CalibrationSample s{phase, w.bytes, w.flops, layers};
-    s.seconds = jitter(predicted_seconds(s, g, p));
+    s.seconds = jitter(predicted_seconds(s, g, p, m.expert_precision));
     out.push_back(s);
   };
   for (std::uint32_t decodes : {1u, 8u, 64u, 256u})
@@ -236,10 +236,40 @@ TEST_CASE("calibration: bad samples are refused naming the index and the field",
   s = {CalibrationPhase::kStep, 0, 0, 1, 0, 2e-3, 1e-3};
   refused(s, "phases_s");
 
-  ModelSpec q = m;
-  q.expert_precision = ExpertPrecision::kInt4;
-  CHECK_THROWS_AS(fit_cost_model({good}, q, g, CostModelParams{}), ConfigError);
   CHECK_THROWS_AS(fit_cost_model({good}, m, find_gpu("2x-rtx5090"), CostModelParams{}), ConfigError);
+}
+
+TEST_CASE("calibration on quantized experts: the MoE fit becomes the precision's scales, start's bf16 kept",
+          "[calibration]") {
+  const GpuProfile g = find_gpu("h200");
+  for (const ExpertPrecision p : {ExpertPrecision::kInt8, ExpertPrecision::kInt4}) {
+    INFO(to_string(p));
+    ModelSpec m = model_with_dense();
+    m.expert_precision = p;
+    CostModelParams t = truth();
+    auto& ts = p == ExpertPrecision::kInt8 ? t.int8 : t.int4;
+    ts = {0.62, 0.7};  // the quantized kernel: 0.72 x 0.62 of the bandwidth, 0.45 x 0.7 of the FLOP rate
+    const std::vector<CalibrationSample> samples = make_samples(m, g, t, 0.0, 1);
+    // Start from the truth's bf16 efficiencies with the default scales: a bf16 profile being extended.
+    CostModelParams start = t;
+    start.int8 = CostModelParams{}.int8;
+    start.int4 = CostModelParams{}.int4;
+    const CostModelParams f = fit_cost_model(samples, m, g, start);
+    CHECK(f.moe_memory_efficiency == t.moe_memory_efficiency);  // start's bf16 values, untouched
+    CHECK(f.moe_compute_efficiency == t.moe_compute_efficiency);
+    const auto& fs = p == ExpertPrecision::kInt8 ? f.int8 : f.int4;
+    const auto& other = p == ExpertPrecision::kInt8 ? f.int4 : f.int8;
+    const auto& other_start = p == ExpertPrecision::kInt8 ? start.int4 : start.int8;
+    // The grid's resolution (0.0005 in efficiency) over the bf16 efficiency.
+    CHECK(fs.memory == Approx(ts.memory).margin(0.0005 / t.moe_memory_efficiency + 1e-9));
+    CHECK(fs.compute == Approx(ts.compute).margin(0.0005 / t.moe_compute_efficiency + 1e-9));
+    CHECK(other.memory == other_start.memory);  // the other precision is not measured
+    CHECK(other.compute == other_start.compute);
+    for (const CostModelResidual& r : f.residuals) {
+      INFO(r.phase);
+      CHECK(r.p90_abs_rel_error < 2e-3);
+    }
+  }
 }
 
 TEST_CASE("cost model JSON: residuals round trip; files without them parse", "[calibration]") {

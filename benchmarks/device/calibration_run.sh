@@ -6,6 +6,8 @@
 #   BIN=.gpu OUT=$OUT [MODELS="qwen1.5-moe-a2.7b qwen3-30b-a3b"] [POLICIES="static fixed elastic"] \
 #     [TRACES="poisson bursty"] [REQUESTS=60] [COST_MODEL=file.json] bash benchmarks/device/calibration_run.sh
 # COST_MODEL skips `amoeba calibrate` and validates that cost model instead (one model per call).
+# PRECISION=int8|int4 serves quantized experts on both sides; START names calibrate's starting cost model
+# (default `default`; for a quantized fit the bf16 profile it extends, e.g. START=h200-qwen1.5).
 # BACKEND=sim (with BIN=build/ci/reference_engine) runs the same flow on the CPU against the simulator (a dry
 # run).
 # Qwen1.5-MoE-A2.7B is calibrated and validated on the H200 capped at an RTX 5090's 31.84 GiB. Qwen3-30B-A3B
@@ -19,6 +21,7 @@
 # returns few files); a run longer than its timeout is killed and reported.
 source "$(dirname "$0")/device_common.sh"
 requests=${REQUESTS:-60}
+precision="--expert-precision ${PRECISION:-bf16}"
 for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
   cap="--gpu-memory-gib 31.84" cal_cap="$cap" offload=""
   if [[ $model == qwen3-30b-a3b ]]; then
@@ -31,7 +34,7 @@ for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
   else
     start=$(date +%s)
     timeout 240 "$BIN/amoeba" calibrate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 $cal_cap \
-      --out "$OUT/$model.json" >"$OUT/calibrate_$model.txt" 2>&1
+      $precision --cost-model "${START:-default}" --out "$OUT/$model.json" >"$OUT/calibrate_$model.txt" 2>&1
     lines+=("calibrate $model rc=$? wall=$(($(date +%s) - start)) s")
   fi
   [[ -f "$cost_model" ]] || continue
@@ -43,7 +46,7 @@ for model in ${MODELS:-qwen1.5-moe-a2.7b qwen3-30b-a3b}; do
       [[ " ${TRACES:-poisson bursty} " == *" $name "* ]] || continue
       start=$(date +%s)
       timeout 150 "$BIN/amoeba" validate --backend "${BACKEND:-cuda}" --model "$model" --gpu h200 \
-        $run_cap $offload \
+        $run_cap $offload $precision \
         --cost-model "$cost_model" --policy "$policy" --requests "$requests" --rate "$rate" \
         --burstiness "$burst" --seed "$seed" --quiet --json "$OUT/validate_${model}_${policy}_$name.json" \
         --csv-measured "$OUT/timeline_${model}_${policy}_${name}_measured.csv" \

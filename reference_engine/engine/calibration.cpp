@@ -339,12 +339,13 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
 
   fit_copies(samples, gpu, out);
 
-  // Quantized experts: the MoE efficiencies just fitted are the quantized kernel's; keep start's bf16 ones and
-  // store the ratio as the precision's scales (the simulator's moe efficiency x scale gives them back).
+  // Quantized experts: the MoE efficiencies just fitted are the quantized kernel's; keep start's bf16 ones
+  // and store the ratio as the precision's scales (the simulator's moe efficiency x scale gives them back).
   if (precision != ExpertPrecision::kBf16) {
     auto& scale = precision == ExpertPrecision::kInt8 ? out.int8 : out.int4;
-    const bool seen = std::any_of(samples.begin(), samples.end(),
-                                  [](const CalibrationSample& s) { return s.phase == CalibrationPhase::kMoe; });
+    const bool seen = std::any_of(samples.begin(), samples.end(), [](const CalibrationSample& s) {
+      return s.phase == CalibrationPhase::kMoe;
+    });
     if (seen) {
       scale.memory = std::clamp(out.moe_memory_efficiency / start.moe_memory_efficiency, 0.05, 2.0);
       scale.compute = std::clamp(out.moe_compute_efficiency / start.moe_compute_efficiency, 0.05, 2.0);
@@ -372,6 +373,7 @@ struct ForwardStep {
   std::uint64_t tokens;
   std::uint32_t running;
   double step_ms;
+  std::uint32_t decode_seqs;
 };
 
 std::vector<ForwardStep> forward_steps(const std::vector<TimelineRow>& timeline, const std::string& which,
@@ -386,7 +388,7 @@ std::vector<ForwardStep> forward_steps(const std::vector<TimelineRow>& timeline,
     if (measured && r.step_ms == 0)
       throw ConfigError(which + ".timeline[" + std::to_string(i) + "].step_ms", "0",
                         "a measured forward step must take > 0 ms (the relative error divides by it)");
-    out.push_back({i, r.batch_tokens, r.running, r.step_ms});
+    out.push_back({i, r.batch_tokens, r.running, r.step_ms, r.decode_seqs});
   }
   return out;
 }
@@ -412,6 +414,8 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
   out.simulated = end_to_end(simulated);
   {
     std::vector<double> abs_err, err;
+    // Kinds of step, from the timeline's decode_seqs (sequences adding one token): all, some, none.
+    std::vector<std::vector<double>> kind_err(3);
     for (const ForwardStep& f : m) {
       const double p = measured.timeline[f.row].priced_ms;
       if (!std::isfinite(p))
@@ -420,6 +424,22 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
       if (p < 0) continue;
       err.push_back(p / f.step_ms - 1.0);
       abs_err.push_back(std::abs(err.back()));
+      const std::size_t kind = f.decode_seqs == f.running ? 0 : (f.decode_seqs > 0 ? 1 : 2);
+      kind_err[kind].push_back(err.back());
+    }
+    static constexpr const char* kKinds[] = {"decode", "mixed", "prefill"};
+    for (std::size_t k = 0; k < 3; ++k) {
+      if (kind_err[k].empty()) continue;
+      RunComparison::Priced::Kind e;
+      e.kind = kKinds[k];
+      e.steps = kind_err[k].size();
+      std::vector<double> a;
+      for (double x : kind_err[k]) a.push_back(std::abs(x));
+      const Percentiles q = percentiles(std::move(a));
+      e.median_abs_rel_error = q.p50;
+      e.p90_abs_rel_error = q.p90;
+      e.median_rel_error = median(std::move(kind_err[k]));
+      out.priced.by_kind.push_back(e);
     }
     if (!err.empty()) {
       out.priced.steps = err.size();

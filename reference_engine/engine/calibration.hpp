@@ -121,6 +121,14 @@ struct RunComparison {
     std::size_t steps = 0;
     double median_abs_rel_error = 0, p90_abs_rel_error = 0, max_abs_rel_error = 0, median_rel_error = 0;
     std::vector<double> errors;  // priced_ms / step_ms - 1 of each priced forward step, in order
+    // The same by kind of step (TimelineRow::decode_seqs): "decode" (every sequence adds one token), "mixed"
+    // (decodes beside prefill chunks), "prefill" (prefill chunks only); kinds without priced steps left out.
+    struct Kind {
+      std::string kind;
+      std::size_t steps = 0;
+      double median_abs_rel_error = 0, p90_abs_rel_error = 0, median_rel_error = 0;
+    };
+    std::vector<Kind> by_kind;
   } priced;
   EndToEnd measured, simulated;
 };

@@ -299,6 +299,10 @@ std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
         c.priced.steps);
     t += error_lines(c.priced.median_abs_rel_error, c.priced.p90_abs_rel_error, c.priced.max_abs_rel_error,
                      c.priced.median_rel_error, c.priced.errors);
+    for (const auto& k : c.priced.by_kind)
+      t += fmt::format("  {:<8} {:>6} steps: |error| median {}, p90 {}; signed median {}\n", k.kind, k.steps,
+                       percent(k.median_abs_rel_error), percent(k.p90_abs_rel_error),
+                       percent(k.median_rel_error));
   }
   t += fmt::format("\n{:<18} {:>12} {:>12} {:>12}\n", "end to end", "measured", "simulated", "sim/measured");
   auto row = [&](const char* name, double m, double s, int decimals) {
@@ -353,6 +357,13 @@ std::string validation_json(const RunComparison& c, const ValidationLabels& l) {
     p["max_abs_rel_error"] = c.priced.max_abs_rel_error;
     p["median_rel_error"] = c.priced.median_rel_error;
     p["abs_error_buckets"] = error_buckets_json(c.priced.errors);
+    nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
+    for (const auto& k : c.priced.by_kind)
+      kinds[k.kind] = {{"steps", k.steps},
+                       {"median_abs_rel_error", k.median_abs_rel_error},
+                       {"p90_abs_rel_error", k.p90_abs_rel_error},
+                       {"median_rel_error", k.median_rel_error}};
+    p["by_kind"] = kinds;
     j["priced_steps"] = p;
   }
   auto e2e = [](const EndToEnd& e) {

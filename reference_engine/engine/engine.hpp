@@ -271,6 +271,7 @@ class Engine {
     row.compute_ms = fs.compute_s * 1e3;
     row.forward_host_ms = fs.host_s * 1e3;
     row.priced_ms = priced_s_ < 0 ? -1 : priced_s_ * 1e3;
+    for (const SequenceStep& s : plan.batch.seqs) row.decode_seqs += s.new_tokens == 1;
     result_.timeline.push_back(row);
   }
 

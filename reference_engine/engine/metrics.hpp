@@ -43,6 +43,8 @@ struct TimelineRow {
   // The simulator's price of this very forward (EngineOptions::price_with: same batch, change list,
   // residency and routing); < 0 when not priced (no pricing simulator, or a step without a forward).
   double priced_ms = -1;
+  // Sequences of the step that add one token (decodes; the rest add prefill chunks).
+  std::uint32_t decode_seqs = 0;
 };
 
 struct RunResult {

@@ -622,18 +622,18 @@ TEST_CASE("validate: the simulator against itself: no error with one cost model,
   o = amoeba(t, fixed_cmd + (t / "fixed.json").string() + " --csv-measured " + (t / "m.csv").string() +
                     " --csv-simulated " + (t / "s.csv").string());
   REQUIRE(o.status == 0);
-  // Both timelines, the same columns; equal here (the same cost model on both sides) but for the last,
-  // priced_ms: the measured forwards' price (here equal to their step_ms), empty on the simulated side.
+  // Both timelines, the same columns; equal here (the same cost model on both sides) but for the next to
+  // last, priced_ms: the measured forwards' price (here equal to their step_ms), empty on the simulated side.
   const std::string mcsv = slurp(t / "m.csv"), scsv = slurp(t / "s.csv");
   CHECK(mcsv.rfind("step,time_s,step_ms,", 0) == 0);
-  auto split_last = [](const std::string& csv) {  // (every line without its last field, the last fields)
+  auto split_last = [](const std::string& csv) {  // (every line without priced_ms, the priced_ms fields)
     std::string rest;
     std::vector<std::string> last;
     std::istringstream in(csv);
     for (std::string line; std::getline(in, line);) {
-      const std::size_t comma = line.rfind(',');
-      rest += line.substr(0, comma) + "\n";
-      last.push_back(line.substr(comma + 1));
+      const std::size_t end = line.rfind(','), comma = line.rfind(',', end - 1);
+      rest += line.substr(0, comma) + line.substr(end) + "\n";
+      last.push_back(line.substr(comma + 1, end - comma - 1));
     }
     return std::make_pair(rest, last);
   };

@@ -366,6 +366,18 @@ TEST_CASE("compare_runs: each priced measured step against its own price", "[cal
   CHECK(c.priced.median_abs_rel_error == Approx(0.2));
   CHECK(c.priced.max_abs_rel_error == Approx(0.5));
   CHECK(c.priced.median_rel_error == Approx(0).margin(1e-12));
+  // By kind (decode_seqs of running): step 0 has 4 running and 1 decode (mixed), steps 1 and 3 are decodes.
+  meas.timeline[0].decode_seqs = 1;
+  meas.timeline[1].decode_seqs = 4;
+  meas.timeline[3].decode_seqs = 4;
+  const RunComparison k = compare_runs(meas, sim);
+  REQUIRE(k.priced.by_kind.size() == 2);
+  CHECK(k.priced.by_kind[0].kind == "decode");
+  CHECK(k.priced.by_kind[0].steps == 2);
+  CHECK(k.priced.by_kind[0].median_abs_rel_error == Approx(0.25));  // |-0.5| and 0
+  CHECK(k.priced.by_kind[1].kind == "mixed");
+  CHECK(k.priced.by_kind[1].steps == 1);
+  CHECK(k.priced.by_kind[1].median_rel_error == Approx(0.2));
   meas.timeline[3].priced_ms = std::nan("");
   CHECK_THROWS_WITH(compare_runs(meas, sim), Catch::Contains("measured.timeline[3].priced_ms"));
 }

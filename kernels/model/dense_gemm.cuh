@@ -24,6 +24,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "moe/moe_shape.hpp"
 
@@ -133,6 +134,13 @@ class DenseGemm {
       if (Status st = find_plan(Key{plan_rows(M), N, K, bias != nullptr}, bias, plan); !st) return st;
     }
     return Status::success();
+  }
+
+  // The distinct plan_rows() values of M = 1 .. max_M, ascending: the row counts prepare() plans for.
+  static std::vector<int> bucket_rows(int max_M) {
+    std::vector<int> rows;
+    for (int M = 1; M <= max_M; M = plan_rows(M) + 1) rows.push_back(plan_rows(M));
+    return rows;
   }
 
   // How many plans are cached (one per (plan_rows(M), N, K, bias) seen), and how often a bucket's algorithm

@@ -613,6 +613,28 @@ void CudaBackend::Impl::setup() {
     }
     check_status(gemm->prepare(static_cast<int>(cfg.max_seqs), int(V), Hi, nullptr),
                  "dense GEMM plans (LM head)");
+    // Warm-up: every prepared plan runs once, so that no step is the first launch of an algorithm's kernels
+    // (in a 60-request trace on the H200, steps of a size not seen before took 2-8 ms longer with the host
+    // blocked, docs/results/calibration_h200.md; a first launch that loads code is one suspect). The inputs
+    // are whatever the activation buffers hold; the first forward overwrites every output before reading it.
+    const dbf16* router = nullptr;
+    const LayerWeights* dense = nullptr;
+    for (const LayerWeights& w : layers) {
+      if (w.moe >= 0 && router == nullptr) router = w.router;
+      if (w.moe < 0 && dense == nullptr) dense = &w;
+    }
+    for (const int M : kd::DenseGemm::bucket_rows(Tm)) {
+      gemm_run(hn, M, Hi, w0.q, int(qd + 2 * kvd), w0.q_bias, qkv);
+      gemm_run(att, M, int(qd), w0.o, Hi, nullptr, o);
+      if (router != nullptr) gemm_run(hn, M, Hi, router, int(router_ld), nullptr, router_logits);
+      if (dense != nullptr) {
+        const int Fd = static_cast<int>(hf.intermediate_size);
+        gemm_run(hn, M, Hi, dense->gate, Fd, nullptr, mlp_a);
+        gemm_run(mlp_a, M, Fd, dense->down, Hi, nullptr, o);
+      }
+    }
+    for (const int M : kd::DenseGemm::bucket_rows(static_cast<int>(std::min(cfg.max_seqs, T))))
+      gemm_run(xn, M, Hi, lm_head, int(V), nullptr, logits);
   }
   restored.assign(std::size_t(moe_layers) * E, 0);
   may_miss.assign(moe_layers, 0);

@@ -302,6 +302,11 @@ TEST_CASE("DenseGemm: prepare() builds every bucket's plan; a bucket's algorithm
   std::size_t buckets = 0;
   for (int M = 1; M <= max_m; M = G::plan_rows(M) + 1) ++buckets;
   CHECK(buckets == 64 + 8 * 5);  // exact to 64, then eight per octave up to 2048
+  const std::vector<int> rows = G::bucket_rows(max_m);
+  CHECK(rows.size() == buckets);
+  CHECK(rows.front() == 1);
+  CHECK(rows.back() == 2048);
+  CHECK(std::is_sorted(rows.begin(), rows.end()));
   CHECK(gemm.cached_plans() == buckets);
   CHECK(gemm.prepare(0, N, K, nullptr).field == "max_M");
   const std::vector<double> dot = reference_dot(x, w, max_m, N, K);

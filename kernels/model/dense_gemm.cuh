@@ -36,10 +36,11 @@ class DenseGemm {
  public:
   // NVIDIA's recommended cuBLASLt workspace for Hopper (the cublasSetWorkspace notes).
   static constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
-  // M is the step's token count, so the cache holds one plan per distinct (M, projection shape): a decode
-  // loop reuses a few, but steps of ever-new sizes would grow it without end. Past this bound it is cleared
-  // and refills on the next calls (a miss costs a heuristic query on the host, no device work).
-  static constexpr std::size_t kMaxCachedPlans = 4096;
+  // One plan per (plan_rows(M), projection shape), plus one per M whose bucket's algorithm could not serve it
+  // (an exact fallback): a few thousand for an engine that prepares and warms every M up to its token budget.
+  // Past this bound the cache is cleared and refills on the next calls (a miss costs a heuristic query on the
+  // host, no device work).
+  static constexpr std::size_t kMaxCachedPlans = std::size_t(1) << 15;
 
   // The rows an algorithm is chosen for: M itself up to kExactRows (decode batches), above it M rounded up
   // to a multiple of 1/8 of the power of two below it (eight buckets per octave, at most 12.5% above M).

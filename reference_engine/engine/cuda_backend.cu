@@ -613,9 +613,10 @@ void CudaBackend::Impl::setup() {
     }
     check_status(gemm->prepare(static_cast<int>(cfg.max_seqs), int(V), Hi, nullptr),
                  "dense GEMM plans (LM head)");
-    // Warm-up: every prepared plan runs once, so that no step is the first launch of an algorithm's kernels
-    // (in a 60-request trace on the H200, steps of a size not seen before took 2-8 ms longer with the host
-    // blocked, docs/results/calibration_h200.md; a first launch that loads code is one suspect). The inputs
+    // Warm-up: every projection runs once at every row count a step can have, so that no step pays a plan
+    // (an exact fallback's heuristic query) or the first launch of an algorithm's kernels (in a 60-request
+    // trace on the H200, steps of a size not seen before took 2-8 ms longer with the host blocked,
+    // docs/results/calibration_h200.md). ~5 GEMMs per row count, tiny ones: well under a second. The inputs
     // are whatever the activation buffers hold; the first forward overwrites every output before reading it.
     const dbf16* router = nullptr;
     const LayerWeights* dense = nullptr;
@@ -623,7 +624,7 @@ void CudaBackend::Impl::setup() {
       if (w.moe >= 0 && router == nullptr) router = w.router;
       if (w.moe < 0 && dense == nullptr) dense = &w;
     }
-    for (const int M : kd::DenseGemm::bucket_rows(Tm)) {
+    for (int M = 1; M <= Tm; ++M) {
       gemm_run(hn, M, Hi, w0.q, int(qd + 2 * kvd), w0.q_bias, qkv);
       gemm_run(att, M, int(qd), w0.o, Hi, nullptr, o);
       if (router != nullptr) gemm_run(hn, M, Hi, router, int(router_ld), nullptr, router_logits);
@@ -633,7 +634,7 @@ void CudaBackend::Impl::setup() {
         gemm_run(mlp_a, M, Fd, dense->down, Hi, nullptr, o);
       }
     }
-    for (const int M : kd::DenseGemm::bucket_rows(static_cast<int>(std::min(cfg.max_seqs, T))))
+    for (int M = 1; M <= static_cast<int>(std::min(cfg.max_seqs, T)); ++M)
       gemm_run(xn, M, Hi, lm_head, int(V), nullptr, logits);
   }
   restored.assign(std::size_t(moe_layers) * E, 0);

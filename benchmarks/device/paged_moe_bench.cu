@@ -10,9 +10,11 @@
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
-// case; --config default,t8,t32,w8,p256: decode tiles to compare (one tile wherever it holds the expected
-// largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint), decode
-// cases only, the first is the one reported.
+// case; --config default,t8,t32,w8,p256,int8,int4: decode tiles to compare (one tile wherever it holds the
+// expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
+// int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
+// not matter to the time), their expert bytes the packed ones), decode cases only, the first is the one
+// reported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -116,10 +118,10 @@ struct GraphBase {
   }
 };
 
-// One addressing and configuration of the layer: a CUDA graph of one call per routing set.
-template <class Addressing, class Config>
+// One addressing, configuration and precision of the layer: a CUDA graph of one call per routing set.
+template <class Addressing, class Config, class Precision = kernels::Bf16>
 struct Graph : GraphBase {
-  using Moe = PagedMoe<Addressing, Config>;
+  using Moe = PagedMoe<Addressing, Config, Precision>;
   std::vector<typename Moe::Arguments> args;
   DeviceBuffer<unsigned char> workspace;
   std::size_t workspace_bytes = 0;
@@ -190,6 +192,24 @@ std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet
   for (const auto& v : views)
     g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, v.args(), out, stream));
   return g;
+}
+
+// The layer on quantized experts in one contiguous [E+m][3][packed matrix] array of random bytes.
+struct QuantWeights {
+  DeviceBuffer<bf16> data;  // bytes / 2 elements: fill_uniform writes finite bf16, so the scales are finite
+  long long matrix_bytes = 0;
+  QuantWeights(const ModelSpec& spec, long long matrix) : matrix_bytes(matrix) {
+    const std::size_t bytes = static_cast<std::size_t>(spec.num_experts + spec.shared_chunks) * 3 * matrix;
+    data = DeviceBuffer<bf16>(bytes / 2);
+    fill_uniform(data.get(), data.size(), 4242, 0.05f);
+  }
+};
+
+template <class Precision>
+std::unique_ptr<GraphBase> make_quant_graph(const std::vector<RoutingSet>& sets, const MoeShape& shape,
+                                            const QuantWeights& w, bf16* out, cudaStream_t stream) {
+  return std::make_unique<Graph<kernels::Contiguous, kernels::DefaultMoeConfig, Precision>>(
+      sets, shape, kernels::Contiguous::Arguments{w.data.get()}, out, stream);
 }
 
 const char* path_name(MoePath p) {
@@ -263,6 +283,14 @@ int main(int argc, char** argv) {
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
     ExpertStore store(spec, 42, 0, /*aliased=*/true);
+    std::map<std::string, std::unique_ptr<QuantWeights>> quant;  // per quantized config named
+    for (const std::string& c : configs)
+      if (c == "int8")
+        quant[c] =
+            std::make_unique<QuantWeights>(spec, kernels::Int8::matrix_bytes(spec.intermediate, spec.hidden));
+      else if (c == "int4")
+        quant[c] =
+            std::make_unique<QuantWeights>(spec, kernels::Int4::matrix_bytes(spec.intermediate, spec.hidden));
     std::vector<std::pair<std::string, int>> view_names;
     std::vector<ExpertStore::AliasedView> views;
     for (const std::string& pl : placements)
@@ -284,11 +312,19 @@ int main(int argc, char** argv) {
       // Per configuration: graph 0 contiguous, graphs 1.. the paged views. Other configurations only where
       // they differ (decode).
       std::vector<std::string> used;
+      std::vector<int> first_graph, graph_count;  // per used configuration
+      std::vector<double> matrix_bytes;           // per used configuration: the experts' matrix bytes
       std::vector<std::unique_ptr<GraphBase>> graphs;
       for (const std::string& c : configs) {
         if (c != configs[0] && config.path != MoePath::kDecode) continue;
         std::vector<std::unique_ptr<GraphBase>> g;
-        if (c == "default")
+        double mb = static_cast<double>(shape.matrix_bytes());
+        if (c == "int8" || c == "int4") {
+          const QuantWeights& w = *quant.at(c);
+          g.push_back(c == "int8" ? make_quant_graph<kernels::Int8>(sets, shape, w, out.get(), stream)
+                                  : make_quant_graph<kernels::Int4>(sets, shape, w, out.get(), stream));
+          mb = static_cast<double>(w.matrix_bytes);
+        } else if (c == "default")
           g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
         else if (c == "t8")
           g = make_graphs<DecodeTileConfig<8, 4, 2>>(sets, shape, store, views, out.get(), stream);
@@ -300,11 +336,13 @@ int main(int argc, char** argv) {
           g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else
           throw std::runtime_error("--config: unknown configuration '" + c +
-                                   "' (default, t8, t32, w8, p256)");
+                                   "' (default, t8, t32, w8, p256, int8, int4)");
         used.push_back(c);
+        first_graph.push_back(static_cast<int>(graphs.size()));
+        graph_count.push_back(static_cast<int>(g.size()));
+        matrix_bytes.push_back(mb);
         for (auto& x : g) graphs.push_back(std::move(x));
       }
-      const int per_config = 1 + static_cast<int>(views.size());
       const int n = static_cast<int>(graphs.size());
       auto launch = [&](int g) { AMOEBA_CUDA_CHECK(cudaGraphLaunch(graphs[g]->exec, stream)); };
       for (int i = 0; i < 2; ++i)
@@ -347,14 +385,19 @@ int main(int argc, char** argv) {
           first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
           spec.shared_chunks, path_name(config.path), config.tile_tokens, distinct, bytes, flops, reps);
       for (std::size_t ci = 0; ci < used.size(); ++ci) {
-        const int base = static_cast<int>(ci) * per_config;
+        const int base = first_graph[ci];
         const float mc = median(us[base]);
-        std::printf("%-14s T=%-6d %-8s tile=%-4d %-9s contiguous %9.2f us  paged", name.c_str(), t,
-                    path_name(config.path), config.tile_tokens, used[ci].c_str(), mc);
-        std::fprintf(js, "%s{\"config\": \"%s\", \"contiguous_us\": %.3f, \"paged\": [", ci ? ", " : "",
-                     used[ci].c_str(), mc);
-        for (std::size_t v = 0; v < views.size(); ++v) {
-          const float mp = median(us[base + 1 + static_cast<int>(v)]);
+        // The floor of this configuration's bytes: routed experts touched plus the shared chunks.
+        const double cfg_bytes = (distinct + shape.num_shared_chunks) * 3.0 * matrix_bytes[ci];
+        std::printf("%-14s T=%-6d %-8s tile=%-4d %-9s contiguous %9.2f us (%.2fx the read floor)  paged",
+                    name.c_str(), t, path_name(config.path), config.tile_tokens, used[ci].c_str(), mc,
+                    mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
+        std::fprintf(js,
+                     "%s{\"config\": \"%s\", \"expert_bytes\": %.0f, \"contiguous_us\": %.3f, "
+                     "\"paged\": [",
+                     ci ? ", " : "", used[ci].c_str(), cfg_bytes, mc);
+        for (int v = 0; v + 1 < graph_count[ci]; ++v) {
+          const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,
                       100.0 * (mp - mc) / mc);
           std::fprintf(js, "%s{\"placement\": \"%s\", \"seed\": %d, \"us\": %.3f}", v ? ", " : "",

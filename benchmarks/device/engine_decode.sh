@@ -6,8 +6,9 @@
 # 32 run is also profiled with Nsight Compute (each kernel's duration over about two decode steps; clocks and
 # caches left alone), and benchmarks/device/kernel_breakdown.py sums it per kernel.
 # CAPS="0 40" serves each batch under each memory cap in GiB (0: uncapped, the default), to see whether the
-# arena's size (the pages' spread over the device) changes the step.
-#   BIN=.gpu OUT=$OUT [BATCHES="1 32 256"] [CAPS="0"] [REPEATS=1] [NCU=1] [TESTS="..."] \
+# arena's size (the pages' spread over the device) changes the step. PRECISIONS="bf16 int8 int4" serves each
+# batch with the experts in each precision (--expert-precision; the floor then counts the packed bytes).
+#   BIN=.gpu OUT=$OUT [BATCHES="1 32 256"] [CAPS="0"] [PRECISIONS="bf16"] [REPEATS=1] [NCU=1] [TESTS="..."] \
 #     bash benchmarks/device/engine_decode.sh
 source "$(dirname "$0")/device_common.sh"
 here=$(dirname "$0")
@@ -16,14 +17,18 @@ for b in ${BATCHES:-1 32 256}; do
   ((b > 64)) && p=256
   fixed_batch_trace "$b" "$p" "$OUT/trace_b$b.jsonl"
   for cap in ${CAPS:-0}; do
-    for r in $(seq 1 "${REPEATS:-1}"); do
-      start=$(date +%s)
-      name=decode_b${b}_cap${cap}_r$r
-      "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
-        --gpu-memory-gib "$cap" --csv "$OUT/$name.csv" --quiet >>"$OUT/decode.txt" 2>&1
-      lines+=("decode b=$b p=$p cap=$cap run $r rc=$? wall=$(($(date +%s) - start)) s")
-      echo "# $name" >>"$OUT/decode_table.txt"
-      python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) >>"$OUT/decode_table.txt" 2>&1
+    for prec in ${PRECISIONS:-bf16}; do
+      for r in $(seq 1 "${REPEATS:-1}"); do
+        start=$(date +%s)
+        name=decode_b${b}_cap${cap}_r$r
+        [[ $prec != bf16 ]] && name=decode_b${b}_cap${cap}_${prec}_r$r
+        "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
+          --gpu-memory-gib "$cap" --expert-precision "$prec" --csv "$OUT/$name.csv" --quiet >>"$OUT/decode.txt" 2>&1
+        lines+=("decode b=$b p=$p cap=$cap $prec run $r rc=$? wall=$(($(date +%s) - start)) s")
+        echo "# $name" >>"$OUT/decode_table.txt"
+        python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) \
+          >>"$OUT/decode_table.txt" 2>&1
+      done
     done
   done
 done

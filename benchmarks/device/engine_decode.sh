@@ -27,7 +27,7 @@ for b in ${BATCHES:-1 32 256}; do
         lines+=("decode b=$b p=$p cap=$cap $prec run $r rc=$? wall=$(($(date +%s) - start)) s")
         echo "# $name" >>"$OUT/decode_table.txt"
         python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) \
-          >>"$OUT/decode_table.txt" 2>&1
+          --precision "$prec" >>"$OUT/decode_table.txt" 2>&1
       done
     done
   done

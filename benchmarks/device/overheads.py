@@ -9,7 +9,10 @@ time (schedule, adjust, commit, complete), the GPU time without launch gaps (gat
 floor: every byte the step must read once at the measured read bandwidth (attention and router weights,
 the routed experts a uniform router touches, E x (1 - (1 - k/E)^B) per layer, the shared expert, the LM
 head, and the KV cache of the running sequences, from the timeline's used KV pages).
-    python3 benchmarks/device/overheads.py PLAIN.csv [GATED.csv] [--targets 1,32,256] [--json OUT.json]
+    python3 benchmarks/device/overheads.py PLAIN.csv [GATED.csv] [--targets 1,32,256] [--precision int8]
+        [--json OUT.json]
+--precision: the experts' precision of the run (the floor then counts the packed expert and shared-expert
+bytes: docs/kernel.md, "Quantized expert pages"; the CUDA backend packs the shared expert's chunks too).
 Without GATED.csv the gated column stays empty (benchmarks/device/engine_decode.sh: fixed batches).
 """
 import argparse
@@ -21,8 +24,10 @@ import statistics as st
 LAYERS, H, E, K, F, SHARED_F, VOCAB = 24, 2048, 60, 4, 1408, 5632, 151936
 ATTN_BYTES = LAYERS * (4 * H * H + 3 * H) * 2
 ROUTER_BYTES = LAYERS * (E + 1) * H * 2
-EXPERT_BYTES = 3 * F * H * 2
-SHARED_BYTES = LAYERS * 3 * SHARED_F * H * 2
+# Bytes of one expert matrix as its page holds it (docs/kernel.md: packed weights + bf16 scales for int8/int4).
+MATRIX_BYTES = {"bf16": F * H * 2, "int8": 2_928_640, "int4": 1_486_848}
+EXPERT_BYTES = 3 * MATRIX_BYTES["bf16"]
+SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES["bf16"]
 HEAD_BYTES = VOCAB * H * 2
 KV_PAGE = 131072  # 16 tokens of one layer's K and V
 READ_BW = 4.25e12  # bytes/s, measured device copy on the project's H200 (reference_engine/data/gpus/h200.json)
@@ -76,8 +81,13 @@ def main():
     ap.add_argument("--targets", default="1,8,32,64,128,256", help="batches to report (comma-separated)")
     ap.add_argument("--context", type=int, help="every decode step's context length (fixed-batch runs); "
                     "otherwise the KV read is taken from the timeline's used KV pages")
+    ap.add_argument("--precision", default="bf16", choices=sorted(MATRIX_BYTES),
+                    help="the experts' precision of the run (the floor's expert and shared-expert bytes)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    global EXPERT_BYTES, SHARED_BYTES
+    EXPERT_BYTES = 3 * MATRIX_BYTES[a.precision]
+    SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES[a.precision]
     t = table(a.plain, a.gated, [int(x) for x in a.targets.split(",")], a.context)
     print(f"{'batch':>5} {'steps':>5} {'step ms':>8} {'GPU ms':>7} {'gated GPU':>9} {'fwd host':>8} {'eng host':>8} "
           f"{'unhidden':>8} {'attn':>6} {'MoE':>6} {'head':>5} {'floor':>6} {'step/floor':>10}")

@@ -118,24 +118,30 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
 
 }  // namespace detail
 
+// What one layer call takes (PagedMoe<Addressing, ...>::Arguments).
+template <expert_addressing Addressing>
+struct MoeArguments {
+  MoeShape shape;
+  const bf16* input = nullptr;             // [T, H]
+  const std::int32_t* topk_ids = nullptr;  // [T, k]; ids outside [0, E) contribute nothing
+  const float* topk_weights = nullptr;     // [T, k]
+  const float* shared_weights = nullptr;   // [T] or null: weight 1 for every shared chunk
+  bf16* output = nullptr;                  // [T, H]
+  typename Addressing::Arguments weights;  // where the E + m experts live
+  MoePath path = MoePath::kAuto;           // kAuto: Config chooses by shape
+  // Bytes from one expert matrix to the next in `weights` (a pool page, a load-buffer slot's third, a
+  // contiguous matrix); 0: the tightest, Precision::matrix_bytes (F·H·2 for bf16). A pool whose pages are
+  // padded (quantized pages nesting KV pages) passes its page size.
+  long long matrix_stride_bytes = 0;
+};
+
 template <expert_addressing Addressing, moe_config Config = DefaultMoeConfig,
           expert_precision Precision = Bf16>
 class PagedMoe {
  public:
-  struct Arguments {
-    MoeShape shape;
-    const bf16* input = nullptr;             // [T, H]
-    const std::int32_t* topk_ids = nullptr;  // [T, k]; ids outside [0, E) contribute nothing
-    const float* topk_weights = nullptr;     // [T, k]
-    const float* shared_weights = nullptr;   // [T] or null: weight 1 for every shared chunk
-    bf16* output = nullptr;                  // [T, H]
-    typename Addressing::Arguments weights;  // where the E + m experts live
-    MoePath path = MoePath::kAuto;           // kAuto: Config chooses by shape
-    // Bytes from one expert matrix to the next in `weights` (a pool page, a load-buffer slot's third, a
-    // contiguous matrix); 0: the tightest, Precision::matrix_bytes (F·H·2 for bf16). A pool whose pages are
-    // padded (quantized pages nesting KV pages) passes its page size.
-    long long matrix_stride_bytes = 0;
-  };
+  // One type per addressing, whatever the configuration and precision: a caller that picks the precision at
+  // run time builds one Arguments.
+  using Arguments = MoeArguments<Addressing>;
 
   // Tiling limits. Paths need: H % 128 (down tiles, decode K split), F % 64 (gate/up tiles), F % 128 (decode
   // K split of the down stage); total experts <= 1024 (one per routing thread).

@@ -307,22 +307,17 @@ struct CudaBackend::Impl {
           <<<rows, kd::kAddNormThreads, 0, stream>>>(x, nullptr, weight, hn, int(H), float(hf.rms_norm_eps));
   }
   // The layer's MoE in the experts' precision (the arguments and the workspace are the same for all three).
-  kn::Status run_moe(const kn::PagedMoe<kn::Paged>::Arguments& a) {
-    auto with = [&]<class P>() {
-      using Moe = kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, P>;
-      typename Moe::Arguments b{a.shape,  a.input,   a.topk_ids, a.topk_weights,       a.shared_weights,
-                                a.output, a.weights, a.path,     a.matrix_stride_bytes};
-      return Moe{}.run(b, moe_ws, moe_ws_bytes, stream);
-    };
+  kn::Status run_moe(const kn::MoeArguments<kn::Paged>& a) {
     switch (cfg.expert_precision) {
       case ExpertPrecision::kInt8:
-        return with.template operator()<kn::Int8>();
+        return kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, kn::Int8>{}.run(a, moe_ws, moe_ws_bytes, stream);
       case ExpertPrecision::kInt4:
-        return with.template operator()<kn::Int4>();
+        return kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, kn::Int4>{}.run(a, moe_ws, moe_ws_bytes, stream);
       default:
         return moe.run(a, moe_ws, moe_ws_bytes, stream);
     }
   }
+
   // The per-layer phase events (attention, MoE or dense FFN, LM head): on unless AMOEBA_PHASE_EVENTS=0, an
   // experiment's switch: 4 event records per layer fewer in the launch queue, and the phases then read 0
   // (the step's time, stalls and compute_s stay measured). Not for calibrate, which needs the phases.

@@ -60,6 +60,7 @@
 #include "engine/report.hpp"
 #include "engine/routing_record.hpp"
 #include "engine/scenario.hpp"
+#include "engine/sim_backend.hpp"
 #include "engine/workload.hpp"
 
 namespace {
@@ -725,10 +726,11 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
   param("h2d bandwidth scale", fitted.h2d_bandwidth_scale, start.h2d_bandwidth_scale);
   param("h2d copy latency scale", fitted.h2d_copy_latency_scale, start.h2d_copy_latency_scale);
   if (s.expert_precision != ExpertPrecision::kBf16) {
-    const bool i8 = s.expert_precision == ExpertPrecision::kInt8;
-    const auto &f = i8 ? fitted.int8 : fitted.int4, &st = i8 ? start.int8 : start.int4;
-    param(i8 ? "int8 moe memory scale" : "int4 moe memory scale", f.memory, st.memory);
-    param(i8 ? "int8 moe compute scale" : "int4 moe compute scale", f.compute, st.compute);
+    const auto f = moe_precision_scale(fitted, s.expert_precision),
+               st = moe_precision_scale(start, s.expert_precision);
+    const std::string p(to_string(s.expert_precision));
+    param((p + " moe memory scale").c_str(), f.memory, st.memory);
+    param((p + " moe compute scale").c_str(), f.compute, st.compute);
   }
   std::cout << "\nresiduals |predicted / measured - 1| per phase:\n";
   for (const CostModelResidual& r : fitted.residuals)

@@ -189,12 +189,11 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
     case CalibrationPhase::kStep:
       return params.step_overhead_s + s.phases_s;
     case CalibrationPhase::kCopy:
-      return double(s.copy_calls) * gpu.h2d_copy_latency_s * params.h2d_copy_latency_scale +
-             s.bytes / (gpu.h2d_bandwidth * params.h2d_bandwidth_scale);
+      return copy_time(gpu, params, double(s.copy_calls), s.bytes);
     default: {
       Efficiency e = efficiency_of(s.phase, params);
-      if (s.phase == CalibrationPhase::kMoe && precision != ExpertPrecision::kBf16) {
-        const auto& scale = precision == ExpertPrecision::kInt8 ? params.int8 : params.int4;
+      if (s.phase == CalibrationPhase::kMoe) {
+        const CostModelParams::PrecisionScale scale = moe_precision_scale(params, precision);
         e.memory *= scale.memory;
         e.compute *= scale.compute;
       }
@@ -264,11 +263,9 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
   // a quantized MoE from start's bf16 efficiencies times start's scales for that precision.
   const ExpertPrecision precision = model.expert_precision;
   CostModelParams base = start;
-  if (precision != ExpertPrecision::kBf16) {
-    const auto& scale = precision == ExpertPrecision::kInt8 ? start.int8 : start.int4;
-    base.moe_memory_efficiency = std::clamp(start.moe_memory_efficiency * scale.memory, 0.01, 1.0);
-    base.moe_compute_efficiency = std::clamp(start.moe_compute_efficiency * scale.compute, 0.01, 1.0);
-  }
+  const CostModelParams::PrecisionScale start_scale = moe_precision_scale(start, precision);
+  base.moe_memory_efficiency = std::clamp(start.moe_memory_efficiency * start_scale.memory, 0.01, 1.0);
+  base.moe_compute_efficiency = std::clamp(start.moe_compute_efficiency * start_scale.compute, 0.01, 1.0);
   out.calibrated = true;
 
   constexpr std::array<CalibrationPhase, 3> kRoofline{CalibrationPhase::kAttention, CalibrationPhase::kMoe,

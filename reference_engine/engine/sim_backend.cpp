@@ -24,11 +24,9 @@ SimBackend::SimBackend(const ModelSpec& model, const GpuProfile& gpu, const Cost
       resident_(model.num_experts),
       predicted_flags_(model.num_experts),
       routed_flags_(model.num_experts) {
-  if (model.expert_precision != ExpertPrecision::kBf16) {
-    const auto& scale = model.expert_precision == ExpertPrecision::kInt8 ? cost.int8 : cost.int4;
-    moe_memory_efficiency_ *= scale.memory;
-    moe_compute_efficiency_ *= scale.compute;
-  }
+  const CostModelParams::PrecisionScale scale = moe_precision_scale(cost, model.expert_precision);
+  moe_memory_efficiency_ *= scale.memory;
+  moe_compute_efficiency_ *= scale.compute;
 }
 
 RooflineWork attention_work(const ModelSpec& model, std::uint32_t layer, const StepBatch& batch) {
@@ -78,6 +76,17 @@ double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, doub
   return std::max(w.bytes / (gpu.hbm_bandwidth * mem_eff), w.flops / (gpu.bf16_flops * comp_eff)) + overhead;
 }
 
+double copy_time(const GpuProfile& gpu, const CostModelParams& cost, double calls, double bytes) noexcept {
+  return calls * gpu.h2d_copy_latency_s * cost.h2d_copy_latency_scale +
+         bytes / (gpu.h2d_bandwidth * cost.h2d_bandwidth_scale);
+}
+
+CostModelParams::PrecisionScale moe_precision_scale(const CostModelParams& cost, ExpertPrecision p) noexcept {
+  if (p == ExpertPrecision::kInt8) return cost.int8;
+  if (p == ExpertPrecision::kInt4) return cost.int4;
+  return {};
+}
+
 double SimBackend::roofline(RooflineWork w, double mem_eff, double comp_eff) const noexcept {
   return roofline_time(w, gpu_, mem_eff, comp_eff, cost_.per_layer_overhead_s);
 }
@@ -105,8 +114,7 @@ double SimBackend::gather_time(std::uint64_t experts) const noexcept {
 
 double SimBackend::copy_time(std::uint64_t calls, std::uint64_t bytes) const {
   if (calls == 0) return 0;
-  return double(calls) * gpu_.h2d_copy_latency_s * cost_.h2d_copy_latency_scale +
-         double(bytes) / (gpu_.h2d_bandwidth * cost_.h2d_bandwidth_scale);
+  return engine::copy_time(gpu_, cost_, double(calls), double(bytes));
 }
 
 void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residency, RoutingSource& routing,

@@ -74,6 +74,11 @@ RooflineWork lm_head_work(const ModelSpec& model, std::uint64_t sampling_seqs);
 // max(bytes / (HBM bandwidth x mem_eff), FLOPs / (bf16 rate x comp_eff)) + overhead.
 double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, double comp_eff,
                      double overhead) noexcept;
+// `calls` host-to-device copies of `bytes` in all: calls x latency x h2d_copy_latency_scale + bytes /
+// (H2D bandwidth x h2d_bandwidth_scale).
+double copy_time(const GpuProfile& gpu, const CostModelParams& cost, double calls, double bytes) noexcept;
+// The factors of the MoE efficiencies for experts in `p`: cost.int8 / cost.int4, {1, 1} for bf16.
+CostModelParams::PrecisionScale moe_precision_scale(const CostModelParams& cost, ExpertPrecision p) noexcept;
 
 class SimBackend {
  public:

@@ -395,6 +395,22 @@ EndToEnd end_to_end(const RunResult& r) {
           r.expert_bytes_h2d, r.evictions,   r.restores,    r.preemptions, r.copy_stall_s};
 }
 
+// Median, p90 and max of |e| and the median of e, over non-empty signed relative errors e.
+struct ErrorSummary {
+  double median_abs = 0, p90_abs = 0, max_abs = 0, median = 0;
+};
+ErrorSummary summarize(const std::vector<double>& err) {
+  std::vector<double> abs_err;
+  for (double e : err) abs_err.push_back(std::abs(e));
+  ErrorSummary out;
+  out.max_abs = *std::max_element(abs_err.begin(), abs_err.end());
+  const Percentiles a = percentiles(std::move(abs_err));
+  out.median_abs = a.p50;
+  out.p90_abs = a.p90;
+  out.median = median(err);
+  return out;
+}
+
 bool same_key(const ForwardStep& a, const ForwardStep& b) noexcept {
   return a.tokens == b.tokens && a.running == b.running;
 }
@@ -410,7 +426,7 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
   out.measured = end_to_end(measured);
   out.simulated = end_to_end(simulated);
   {
-    std::vector<double> abs_err, err;
+    std::vector<double> err;
     // Kinds of step, from the timeline's decode_seqs (sequences adding one token): all, some, none.
     std::vector<std::vector<double>> kind_err(3);
     for (const ForwardStep& f : m) {
@@ -420,32 +436,23 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
                           "must be finite (< 0: not priced)");
       if (p < 0) continue;
       err.push_back(p / f.step_ms - 1.0);
-      abs_err.push_back(std::abs(err.back()));
       const std::size_t kind = f.decode_seqs == f.running ? 0 : (f.decode_seqs > 0 ? 1 : 2);
       kind_err[kind].push_back(err.back());
     }
     static constexpr const char* kKinds[] = {"decode", "mixed", "prefill"};
     for (std::size_t k = 0; k < 3; ++k) {
       if (kind_err[k].empty()) continue;
-      RunComparison::Priced::Kind e;
-      e.kind = kKinds[k];
-      e.steps = kind_err[k].size();
-      std::vector<double> a;
-      for (double x : kind_err[k]) a.push_back(std::abs(x));
-      const Percentiles q = percentiles(std::move(a));
-      e.median_abs_rel_error = q.p50;
-      e.p90_abs_rel_error = q.p90;
-      e.median_rel_error = median(std::move(kind_err[k]));
-      out.priced.by_kind.push_back(e);
+      const ErrorSummary e = summarize(kind_err[k]);
+      out.priced.by_kind.push_back({kKinds[k], kind_err[k].size(), e.median_abs, e.p90_abs, e.median});
     }
     if (!err.empty()) {
+      const ErrorSummary e = summarize(err);
       out.priced.steps = err.size();
-      out.priced.errors = err;
-      out.priced.max_abs_rel_error = *std::max_element(abs_err.begin(), abs_err.end());
-      const Percentiles a = percentiles(std::move(abs_err));
-      out.priced.median_abs_rel_error = a.p50;
-      out.priced.p90_abs_rel_error = a.p90;
-      out.priced.median_rel_error = median(std::move(err));
+      out.priced.median_abs_rel_error = e.median_abs;
+      out.priced.p90_abs_rel_error = e.p90_abs;
+      out.priced.max_abs_rel_error = e.max_abs;
+      out.priced.median_rel_error = e.median;
+      out.priced.errors = std::move(err);
     }
   }
 
@@ -478,18 +485,12 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
   }
   out.match = by_index ? StepMatch::kByIndex : StepMatch::kAligned;
   out.matched = pairs.size();
-  std::vector<double> abs_err, err;
-  for (auto [i, j] : pairs) {
-    const double e = s[j].step_ms / m[i].step_ms - 1.0;
-    err.push_back(e);
-    abs_err.push_back(std::abs(e));
-  }
-  out.errors = err;
-  out.max_abs_rel_error = *std::max_element(abs_err.begin(), abs_err.end());
-  const Percentiles a = percentiles(std::move(abs_err));
-  out.median_abs_rel_error = a.p50;
-  out.p90_abs_rel_error = a.p90;
-  out.median_rel_error = median(std::move(err));
+  for (auto [i, j] : pairs) out.errors.push_back(s[j].step_ms / m[i].step_ms - 1.0);
+  const ErrorSummary e = summarize(out.errors);
+  out.median_abs_rel_error = e.median_abs;
+  out.p90_abs_rel_error = e.p90_abs;
+  out.max_abs_rel_error = e.max_abs;
+  out.median_rel_error = e.median;
   return out;
 }
 

@@ -24,8 +24,16 @@ import statistics as st
 LAYERS, H, E, K, F, SHARED_F, VOCAB = 24, 2048, 60, 4, 1408, 5632, 151936
 ATTN_BYTES = LAYERS * (4 * H * H + 3 * H) * 2
 ROUTER_BYTES = LAYERS * (E + 1) * H * 2
-# Bytes of one expert matrix as its page holds it (docs/kernel.md: packed weights + bf16 scales for int8/int4).
-MATRIX_BYTES = {"bf16": F * H * 2, "int8": 2_928_640, "int4": 1_486_848}
+def packed_matrix_bytes(bits):
+    """The larger of W1/W3 (F rows of K = H) and W2 (H rows of K = F) packed: weights, then bf16 scales per 128
+    values along K, each part on 16 bytes (kernels/moe/quant_layout.hpp, ExpertLayout::matrix_bytes)."""
+    up16 = lambda x: -(-x // 16) * 16
+    total = lambda rows, k: up16(up16(rows * -(-k * bits // 8)) + 2 * rows * -(-k // 128))
+    return max(total(F, H), total(H, F))
+
+
+# Bytes of one expert matrix as its page holds it (int8: 2,928,640; int4: 1,486,848 for Qwen1.5).
+MATRIX_BYTES = {"bf16": F * H * 2, "int8": packed_matrix_bytes(8), "int4": packed_matrix_bytes(4)}
 EXPERT_BYTES = 3 * MATRIX_BYTES["bf16"]
 SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES["bf16"]
 HEAD_BYTES = VOCAB * H * 2

@@ -8,10 +8,11 @@
 // No allocation on the device: the caller passes the workspace (kWorkspaceBytes, the size NVIDIA recommends
 // for Hopper). The handle is created once; cublasLtMatmulAlgoGetHeuristic runs once per (plan_rows(M), N, K,
 // bias) and its answer is cached with the descriptors, so a step only looks the shape up and launches. The
-// query costs the host ~0.5 ms (measured on the H200 through the engine: a prefill step of a size not seen
-// before took 3 ms longer, the GPU waiting for the host), so rows above kExactRows share one algorithm per
-// bucket (plan_rows) and prepare() builds every plan of a projection up to the engine's largest step at
-// setup: no query is left on the step path.
+// query is host work the GPU waits for when it falls in a step (steps of a size the engine had not had
+// before are the slow ones on the H200: docs/results/calibration_h200.md), so rows above kExactRows share one
+// algorithm per bucket (plan_rows), and prepare() builds every bucket's plan of a projection up to the
+// engine's largest step without launching; an M its bucket's algorithm cannot serve still queries once
+// (exact_fallbacks()).
 // A DenseGemm is not thread safe and its workspace serves one stream: use one per stream.
 #pragma once
 

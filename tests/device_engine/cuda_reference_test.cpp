@@ -34,12 +34,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A checkpoint of `config` holding random_weights(config, seed) (std 0.1 instead of 0.02: scaled by 5 so
-// that two layers move the logits visibly), per-expert layout.
-fs::path write_model(const std::string& name, const std::string& config, std::uint64_t seed) {
+// model.layers.L.mlp.{experts.E,shared_expert}.{gate,up,down}_proj.weight: L (every layer of these models is
+// a MoE layer, so also the MoE layer), E, and the matrix (0 gate, 1 up, 2 down).
+std::uint32_t layer_of(const std::string& name) {
+  return static_cast<std::uint32_t>(std::stoul(name.substr(13)));
+}
+int matrix_of(const std::string& name) {
+  return name.find("gate_proj") != std::string::npos ? 0 : name.find("up_proj") != std::string::npos ? 1 : 2;
+}
+
+// Writes `config` and a checkpoint of its tensors (per-expert layout) into `dir`, replacing it; fill(name,
+// values) gives each tensor's values (`values` already has the tensor's size).
+fs::path write_checkpoint(const fs::path& dir, const std::string& config,
+                          const std::function<void(const std::string&, std::vector<bf16>&)>& fill) {
   const HfMoeConfig c = parse_hf_moe_config(config, "config.json");
-  const auto w = random_weights(c, seed);
-  const fs::path dir = fs::temp_directory_path() / ("amoeba_cuda_ref_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << config;
@@ -47,30 +55,35 @@ fs::path write_model(const std::string& name, const std::string& config, std::ui
   for (const ExpectedTensor& e : expected_tensors(c, ExpertLayout::kPerExpert))
     t.push_back(TensorInfo{e.name, TensorDtype::kBF16, e.shape, 0, 0});
   std::string out = SafetensorsFile::make_header(t);
-  const std::uint64_t fh = std::uint64_t(c.moe_intermediate_size) * c.hidden_size;
-  std::vector<std::byte> expert(3 * fh * 2);
   for (const TensorInfo& x : t) {
     std::vector<bf16> v(x.elements());
-    const auto at = x.name.find(".mlp.experts.");
-    if (at != std::string::npos) {  // model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
-      const std::uint32_t layer = static_cast<std::uint32_t>(std::stoul(x.name.substr(13)));
-      const std::uint32_t e = static_cast<std::uint32_t>(std::stoul(x.name.substr(at + 13)));
-      w->read_expert(layer, e, expert);
-      const int m = x.name.find("gate_proj") != std::string::npos ? 0
-                    : x.name.find("up_proj") != std::string::npos ? 1
-                                                                  : 2;
-      std::memcpy(v.data(), expert.data() + m * fh * 2, fh * 2);
-    } else {
-      w->read(x.name, v);
-    }
-    const bool norm = x.name.find("norm.weight") != std::string::npos;
-    for (bf16& b : v) {
-      const bf16 s = norm ? b : bf16::from_float(b.to_float() * 5.0f);
-      out.append(reinterpret_cast<const char*>(&s.bits), 2);
-    }
+    fill(x.name, v);
+    for (const bf16& b : v) out.append(reinterpret_cast<const char*>(&b.bits), 2);
   }
   std::ofstream(dir / "model.safetensors", std::ios::binary) << out;
   return dir;
+}
+
+// A checkpoint of `config` holding random_weights(config, seed) (std 0.1 instead of 0.02: scaled by 5 so
+// that two layers move the logits visibly), per-expert layout.
+fs::path write_model(const std::string& name, const std::string& config, std::uint64_t seed) {
+  const HfMoeConfig c = parse_hf_moe_config(config, "config.json");
+  const auto w = random_weights(c, seed);
+  const std::uint64_t fh = std::uint64_t(c.moe_intermediate_size) * c.hidden_size;
+  std::vector<std::byte> expert(3 * fh * 2);
+  return write_checkpoint(
+      fs::temp_directory_path() / ("amoeba_cuda_ref_" + name), config,
+      [&](const std::string& n, std::vector<bf16>& v) {
+        const auto at = n.find(".mlp.experts.");
+        if (at != std::string::npos) {
+          w->read_expert(layer_of(n), static_cast<std::uint32_t>(std::stoul(n.substr(at + 13))), expert);
+          std::memcpy(v.data(), expert.data() + matrix_of(n) * fh * 2, fh * 2);
+        } else {
+          w->read(n, v);
+        }
+        if (n.find("norm.weight") == std::string::npos)
+          for (bf16& b : v) b = bf16::from_float(b.to_float() * 5.0f);
+      });
 }
 
 // A copy of checkpoint `src` whose routed experts and shared expert are what `p` keeps of them: each expert
@@ -81,64 +94,41 @@ fs::path write_model(const std::string& name, const std::string& config, std::ui
 fs::path write_dequantized(const fs::path& src, const std::string& config, ExpertPrecision p) {
   const HfMoeConfig c = parse_hf_moe_config(config, "config.json");
   const auto w = checkpoint_weights(open_checkpoint(src.string()));
-  const fs::path dir = src.string() + "_dq_" + std::string(to_string(p));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << config;
   const std::uint64_t F = c.moe_intermediate_size, H = c.hidden_size, fh = F * H;
+  const std::uint64_t Fs = c.shared_expert_intermediate_size;
   const kernels::quant::ExpertLayout L = expert_quant_layout(std::uint32_t(F), std::uint32_t(H), p, "p");
   const std::uint64_t page = L.matrix_bytes();
-  // [W1 | W3 | W2] bf16 bytes -> the same, quantized and dequantized.
-  auto round_trip = [&](std::span<const std::byte> expert) {
-    std::vector<std::byte> packed(3 * page);
+  std::vector<std::byte> expert(3 * fh * 2), packed(3 * page);
+  std::vector<bf16> rt(3 * fh);
+  // expert ([W1 | W3 | W2] bf16 bytes) -> rt, the same quantized and dequantized.
+  auto round_trip = [&] {
     quantize_expert(expert, std::uint32_t(F), std::uint32_t(H), p, packed);
-    std::vector<bf16> out(3 * fh);
     for (int j = 0; j < 3; ++j)
       dequantize_matrix(std::span<const std::byte>(packed).subspan(j * page, L.matrix(j).total_bytes()),
-                        L.matrix(j), std::span<bf16>(out).subspan(j * fh, fh));
-    return out;
+                        L.matrix(j), std::span<bf16>(rt).subspan(j * fh, fh));
   };
-  std::vector<TensorInfo> t;
-  for (const ExpectedTensor& e : expected_tensors(c, ExpertLayout::kPerExpert))
-    t.push_back(TensorInfo{e.name, TensorDtype::kBF16, e.shape, 0, 0});
-  std::string out = SafetensorsFile::make_header(t);
-  std::vector<std::byte> expert(3 * fh * 2);
-  for (const TensorInfo& x : t) {
-    std::vector<bf16> v(x.elements());
-    const int m = x.name.find("gate_proj") != std::string::npos ? 0
-                  : x.name.find("up_proj") != std::string::npos ? 1
-                                                                : 2;
-    const auto at = x.name.find(".mlp.experts.");
-    const bool shared = x.name.find(".mlp.shared_expert.") != std::string::npos &&
-                        x.name.find("shared_expert_gate") == std::string::npos;
-    // model.layers.L...: every layer of these models is a MoE layer, so L is the MoE layer too.
-    const std::uint32_t layer =
-        at != std::string::npos || shared ? static_cast<std::uint32_t>(std::stoul(x.name.substr(13))) : 0;
-    if (at != std::string::npos) {  // model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
-      w->read_expert(layer, static_cast<std::uint32_t>(std::stoul(x.name.substr(at + 13))), expert);
-      const std::vector<bf16> rt = round_trip(expert);
-      std::copy(rt.begin() + m * fh, rt.begin() + (m + 1) * fh, v.begin());
-    } else if (shared) {  // cut into expert-sized chunks as the backend does: W1/W3 rows, W2 columns
-      const std::uint64_t Fs = c.shared_expert_intermediate_size;
-      for (std::uint32_t ch = 0; ch < Fs / F; ++ch) {
-        w->read_shared_chunk(layer, ch, expert);
-        const std::vector<bf16> rt = round_trip(expert);
-        for (std::uint64_t r = 0; r < (m < 2 ? F : H); ++r)
-          for (std::uint64_t k = 0; k < (m < 2 ? H : F); ++k) {
-            const bf16 value = rt[m * fh + r * (m < 2 ? H : F) + k];
-            if (m < 2)
-              v[(ch * F + r) * H + k] = value;  // rows [ch F, (ch + 1) F) of the Fs x H matrix
-            else
-              v[r * Fs + ch * F + k] = value;  // columns [ch F, (ch + 1) F) of the H x Fs matrix
+  return write_checkpoint(
+      src.string() + "_dq_" + std::string(to_string(p)), config,
+      [&](const std::string& n, std::vector<bf16>& v) {
+        const int m = matrix_of(n);
+        if (const auto at = n.find(".mlp.experts."); at != std::string::npos) {
+          w->read_expert(layer_of(n), static_cast<std::uint32_t>(std::stoul(n.substr(at + 13))), expert);
+          round_trip();
+          std::copy(rt.begin() + m * fh, rt.begin() + (m + 1) * fh, v.begin());
+        } else if (n.find(".mlp.shared_expert.") != std::string::npos) {
+          // Cut into expert-sized chunks as the backend does: W1/W3 rows, W2 columns [ch F, (ch + 1) F).
+          for (std::uint32_t ch = 0; ch < Fs / F; ++ch) {
+            w->read_shared_chunk(layer_of(n), ch, expert);
+            round_trip();
+            for (std::uint64_t r = 0; r < (m < 2 ? F : H); ++r)
+              for (std::uint64_t k = 0; k < (m < 2 ? H : F); ++k)
+                (m < 2 ? v[(ch * F + r) * H + k] : v[r * Fs + ch * F + k]) =
+                    rt[m * fh + r * (m < 2 ? H : F) + k];
           }
-      }
-    } else {
-      w->read(x.name, v);
-    }
-    for (const bf16& b : v) out.append(reinterpret_cast<const char*>(&b.bits), 2);
-  }
-  std::ofstream(dir / "model.safetensors", std::ios::binary) << out;
-  return dir;
+        } else {
+          w->read(n, v);
+        }
+      });
 }
 
 // The GPU on `dir` with experts in `precision` against the host reference decoder on `ref_dir`.

@@ -10,9 +10,9 @@
 // bias) and its answer is cached with the descriptors, so a step only looks the shape up and launches. The
 // query is host work the GPU waits for when it falls in a step (steps of a size the engine had not had
 // before are the slow ones on the H200: docs/results/calibration_h200.md), so rows above kExactRows share one
-// algorithm per bucket (plan_rows), and prepare() builds every bucket's plan of a projection up to the
-// engine's largest step without launching; an M its bucket's algorithm cannot serve still queries once
-// (exact_fallbacks()).
+// algorithm per bucket (plan_rows); prepare() builds every bucket's plan of a projection up to a largest M
+// without launching, and a run at every M (the CUDA backend's warm-up at setup) also meets the Ms a bucket's
+// algorithm cannot serve, which query once for themselves (exact_fallbacks()).
 // A DenseGemm is not thread safe and its workspace serves one stream: use one per stream.
 #pragma once
 
@@ -131,9 +131,9 @@ class DenseGemm {
   Status prepare(int max_M, int N, int K, const bf16* bias) {
     if (max_M < 1) return Status::error("max_M", max_M, "must be >= 1");
     if (!ready_) return ready_;
-    for (int M = 1; M <= max_M; M = plan_rows(M) + 1) {
+    for (const int rows : bucket_rows(max_M)) {
       Plan* plan = nullptr;
-      if (Status st = find_plan(Key{plan_rows(M), N, K, bias != nullptr}, bias, plan); !st) return st;
+      if (Status st = find_plan(Key{rows, N, K, bias != nullptr}, bias, plan); !st) return st;
     }
     return Status::success();
   }

@@ -597,23 +597,12 @@ void CudaBackend::Impl::setup() {
   {
     const int Tm = static_cast<int>(T), Hi = static_cast<int>(H);
     const LayerWeights& w0 = layers.front();
-    check_status(gemm->prepare(Tm, int(qd + 2 * kvd), Hi, w0.q_bias), "dense GEMM plans (q/k/v)");
-    check_status(gemm->prepare(Tm, Hi, int(qd), nullptr), "dense GEMM plans (o)");
-    if (moe_layers > 0)
-      check_status(gemm->prepare(Tm, int(router_ld), Hi, nullptr), "dense GEMM plans (router)");
-    if (dense_layers) {
-      const int Fd = static_cast<int>(hf.intermediate_size);
-      check_status(gemm->prepare(Tm, Fd, Hi, nullptr), "dense GEMM plans (MLP gate/up)");
-      check_status(gemm->prepare(Tm, Hi, Fd, nullptr), "dense GEMM plans (MLP down)");
-    }
-    check_status(gemm->prepare(static_cast<int>(cfg.max_seqs), int(V), Hi, nullptr),
-                 "dense GEMM plans (LM head)");
-    // Warm-up: every projection runs once at every row count a step can have, so that no step pays a plan
-    // (an exact fallback's heuristic query) or the first launch of an algorithm's kernels (in a 60-request
-    // trace on the H200, steps with a prefill of a size not seen before took 4.0 ms of attention, 1.6 ms for
-    // seen sizes, with the host blocked: docs/results/calibration_h200.md). ~5 GEMMs per row count. The
-    // inputs are whatever the activation buffers hold; the first forward overwrites every output before
-    // reading it.
+    // Warm-up (it also builds every plan, exact fallbacks included): every projection runs once at every row
+    // count a step can have, so that no step pays a plan (an exact fallback's heuristic query) or the first
+    // launch of an algorithm's kernels (in a 60-request trace on the H200, steps with a prefill of a size not
+    // seen before took 4.0 ms of attention, 1.6 ms for seen sizes, with the host blocked:
+    // docs/results/calibration_h200.md). ~5 GEMMs per row count. The inputs are whatever the activation
+    // buffers hold; the first forward overwrites every output before reading it.
     const dbf16* router = nullptr;
     const LayerWeights* dense = nullptr;
     for (const LayerWeights& w : layers) {

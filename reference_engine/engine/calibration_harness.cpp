@@ -206,8 +206,7 @@ CalibrationMeasurement measure_for_calibration(RunSetup setup, const Calibration
 }
 
 CopyTimer simulated_copy_timer(const RunSetup& setup) {
-  auto backend = std::make_shared<SimBackend>(setup.model, setup.gpu, setup.cost, setup.scenario->predictor,
-                                              setup.offload_limit, setup.scenario->seed, setup.moe_kernel);
+  auto backend = std::make_shared<SimBackend>(make_simulator(setup, setup.cost));
   return [backend](std::uint64_t calls, std::uint64_t bytes_per_call) {
     return backend->copy_time(calls, calls * bytes_per_call);
   };

@@ -48,12 +48,20 @@ typename Adj::capacity_rule_type capacity_for(const RunSetup& s) {
   }
 }
 
+}  // namespace
+
+SimBackend make_simulator(const RunSetup& s, const CostModelParams& cost) {
+  return SimBackend(s.model, s.gpu, cost, s.scenario->predictor, s.offload_limit, s.scenario->seed,
+                    s.moe_kernel);
+}
+
+namespace {
+
 template <class Backend>
 Backend make_backend(const RunSetup& s);
 template <>
 SimBackend make_backend<SimBackend>(const RunSetup& s) {
-  return SimBackend(s.model, s.gpu, s.cost, s.scenario->predictor, s.offload_limit, s.scenario->seed,
-                    s.moe_kernel);
+  return make_simulator(s, s.cost);
 }
 // The GPU: the setup's model, pool and limits; the checkpoint's weights, or random ones from the seed; prompt
 // tokens drawn from the seed (a trace has lengths, not tokens).
@@ -121,8 +129,7 @@ RunResult run_engine(const RunSetup& s) {
       throw ConfigError("--routing", "model",
                         "pricing each measured step with the simulator needs the routing known on the host "
                         "(synthetic or recorded)");
-    eo.price_with = std::make_shared<SimBackend>(s.model, s.gpu, *s.options.price_with, s.scenario->predictor,
-                                                 s.offload_limit, s.scenario->seed, s.moe_kernel);
+    eo.price_with = std::make_shared<SimBackend>(make_simulator(s, *s.options.price_with));
   }
   Engine<Pool, Adj, Backend> engine(s.model, s.geometry, sc.scheduler, std::move(pool), std::move(adj),
                                     make_backend<Backend>(s), std::move(source), *s.trace, eo);

@@ -33,6 +33,7 @@
 #include "engine/memory_plan.hpp"
 #include "engine/metrics.hpp"
 #include "engine/model.hpp"
+#include "engine/sim_backend.hpp"
 #include "engine/workload.hpp"
 
 namespace amoeba::engine {
@@ -132,6 +133,11 @@ RunSetup prepare_run(const Scenario& s, const RunVariant& run, const std::vector
 std::vector<RunSetup> prepare_runs(const Scenario& s, const std::vector<Request>& trace,
                                    const RunOptions& options);
 RunResult run_policy(const RunSetup& setup);
+
+// The simulator of `setup` (its model, GPU, predictor, offload limit, seed and MoE kernel) pricing with
+// `cost`: the simulated backend itself (cost = setup.cost), a measured run's pricer (RunOptions::price_with),
+// the calibration's simulated copy probes.
+SimBackend make_simulator(const RunSetup& setup, const CostModelParams& cost);
 
 // The requests a scenario runs: its trace file, or ShareGPT-like requests from its seed.
 std::vector<Request> scenario_requests(const Scenario& s);

@@ -632,7 +632,7 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
                       "the fitted model needs a name: give --name NAME");
   ScenarioFlags flags = given;
   if (!flags.backend) flags.backend = "cuda";
-  if (const char* pe = std::getenv("AMOEBA_PHASE_EVENTS"); pe != nullptr && std::string(pe) == "0")
+  if (!phase_events_from_environment())
     throw ConfigError("AMOEBA_PHASE_EVENTS", "0",
                       "calibrate fits the per-layer phase times, which this setting turns off: unset it");
   Scenario s = resolve_measured(flags, policy);

@@ -581,8 +581,7 @@ void CudaBackend::Impl::setup() {
   check_cuda(cudaEventCreate(&ev_begin), "cudaEventCreate");
   check_cuda(cudaEventCreate(&ev_end), "cudaEventCreate");
   check_cuda(cudaEventCreate(&ev_head0), "cudaEventCreate");
-  if (const char* pe = std::getenv("AMOEBA_PHASE_EVENTS"); pe != nullptr && std::string(pe) == "0")
-    phase_events = false;
+  phase_events = phase_events_from_environment();
   if (const char* g = std::getenv("AMOEBA_GATE_FORWARD"); g != nullptr && std::string(g) == "1") {
     void* gp = nullptr;
     check_cuda(cudaHostAlloc(&gp, 2 * sizeof(int), cudaHostAllocMapped), "cudaHostAlloc(gate)");

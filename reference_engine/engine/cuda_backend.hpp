@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -60,6 +61,13 @@ struct CudaBackendConfig {
   ExpertPrecision expert_precision = ExpertPrecision::kBf16;
   int device = 0;
 };
+
+// AMOEBA_PHASE_EVENTS=0 in the environment: the backend records no per-layer phase events (an experiment's
+// switch; its timelines' attention, MoE and dense times then read 0, which `calibrate` cannot fit).
+inline bool phase_events_from_environment() {
+  const char* v = std::getenv("AMOEBA_PHASE_EVENTS");
+  return v == nullptr || std::string_view(v) != "0";
+}
 
 // What the backend took from the GPU, for reports and the "nothing allocated in the step loop" check.
 struct CudaMemoryReport {

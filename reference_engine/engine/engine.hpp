@@ -126,13 +126,16 @@ class Engine {
     if (auto e =
             backend_.forward(StepInput<Pool>{plan.batch, changes, adj_.residency(), pool_, *routing_}, step_))
       throw std::logic_error("engine: the backend refused the change list: " + e->message);
-    const Clock::time_point forward_end = kMeasured ? Clock::now() : Clock::time_point{};
+    // The engine's own host time after the forward counts from here.
+    Clock::time_point after_forward = kMeasured ? Clock::now() : Clock::time_point{};
     priced_s_ = -1;
     if (options_.price_with && options_.record_timeline) {
       if (auto e = options_.price_with->forward(
               StepInput<Pool>{plan.batch, changes, adj_.residency(), pool_, *routing_}, priced_))
         throw std::logic_error("engine: the pricing simulator refused the change list: " + e->message);
       priced_s_ = priced_.step_s;
+      // The pricing is the validation's work, not the engine's: kept off the measured clock.
+      if constexpr (kMeasured) after_forward = Clock::now();
     }
     now_ += step_.step_s;
     // The host time before the forward delays this step's tokens; the time after it, the next step.
@@ -160,7 +163,7 @@ class Engine {
       for (const Sequence* s : plan.seqs)
         if (s->status == SeqStatus::kFinished) backend_.release(s->id);
     if constexpr (kMeasured) {
-      const double host_after = host_seconds(forward_end, Clock::now());
+      const double host_after = host_seconds(after_forward, Clock::now());
       now_ += host_after;
       count_host_time(host_before + host_after);
     }

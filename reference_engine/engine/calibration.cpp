@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "amoeba/core/errors.hpp"
 #include "engine/sim_backend.hpp"
@@ -91,13 +92,15 @@ constexpr double kCoarseStep = 0.01, kFineStep = 0.0005;
 struct PhaseSamples {
   std::vector<double> mem_s, comp_s;  // bytes / HBM bw, FLOPs / bf16 rate (efficiency 1, overhead 0)
   std::vector<double> layers, seconds;
+  std::vector<double> scale;  // a token-scale table's factor held fixed during the search (1 unless given)
+  std::vector<double> tokens;
 };
 
 // Sum of squared relative errors of one phase for efficiencies e and per-layer overhead o.
 double phase_objective(const PhaseSamples& s, Efficiency e, double o) noexcept {
   double sum = 0;
   for (std::size_t i = 0; i < s.seconds.size(); ++i) {
-    const double r = std::max(s.mem_s[i] / e.memory, s.comp_s[i] / e.compute);
+    const double r = std::max(s.mem_s[i] / e.memory, s.comp_s[i] / e.compute) * s.scale[i];
     const double err = s.layers[i] * (r + o) / s.seconds[i] - 1.0;
     sum += err * err;
   }
@@ -142,7 +145,7 @@ double closed_form_overhead(const std::array<PhaseSamples, 3>& phases, const std
   for (std::size_t p = 0; p < phases.size(); ++p) {
     const PhaseSamples& s = phases[p];
     for (std::size_t i = 0; i < s.seconds.size(); ++i) {
-      const double r = std::max(s.mem_s[i] / eff[p].memory, s.comp_s[i] / eff[p].compute);
+      const double r = std::max(s.mem_s[i] / eff[p].memory, s.comp_s[i] / eff[p].compute) * s.scale[i];
       const double a = s.layers[i] * r / s.seconds[i], b = s.layers[i] / s.seconds[i];
       num += b * (1.0 - a);
       den += b * b;
@@ -153,6 +156,31 @@ double closed_form_overhead(const std::array<PhaseSamples, 3>& phases, const std
 
 double median(std::vector<double> v) {
   return percentiles(std::move(v)).p50;
+}
+
+// The token-scale table of one phase (calibration.hpp): knots from half-octave groups of the samples with
+// tokens >= 1.
+std::vector<CostModelParams::TokenScale> fit_token_scale(const PhaseSamples& s, Efficiency e, double o) {
+  std::vector<std::pair<long, std::size_t>> order;  // (half-octave group, sample)
+  for (std::size_t i = 0; i < s.seconds.size(); ++i)
+    if (s.tokens[i] >= 1) order.emplace_back(std::lround(2.0 * std::log2(s.tokens[i])), i);
+  std::sort(order.begin(), order.end());
+  std::vector<CostModelParams::TokenScale> out;
+  for (std::size_t a = 0; a < order.size();) {
+    std::size_t b = a;
+    std::vector<double> ratio, tokens;
+    for (; b < order.size() && order[b].first == order[a].first; ++b) {
+      const std::size_t i = order[b].second;
+      const double core = std::max(s.mem_s[i] / e.memory, s.comp_s[i] / e.compute);
+      const double r = core > 0 ? (s.seconds[i] / s.layers[i] - o) / core : 1.0;
+      ratio.push_back(std::clamp(r, kMinTokenScale, kMaxTokenScale));
+      tokens.push_back(s.tokens[i]);
+    }
+    if (ratio.size() >= kMinTokenScaleSamples)
+      out.push_back({median(std::move(tokens)), median(std::move(ratio))});
+    a = b;
+  }
+  return out;
 }
 
 }  // namespace
@@ -167,6 +195,8 @@ void check_samples(const std::vector<CalibrationSample>& samples) {
       throw ConfigError(at + ".bytes", number(s.bytes), "must be finite and >= 0");
     if (!std::isfinite(s.flops) || s.flops < 0)
       throw ConfigError(at + ".flops", number(s.flops), "must be finite and >= 0");
+    if (!std::isfinite(s.tokens) || s.tokens < 0)
+      throw ConfigError(at + ".tokens", number(s.tokens), "must be finite and >= 0");
     if (roofline_phase(s.phase)) {
       if (s.layers == 0) throw ConfigError(at + ".layers", "0", "must be >= 1 (the layers the time covers)");
       if (s.bytes == 0 && s.flops == 0)
@@ -192,13 +222,17 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
       return copy_time(gpu, params, double(s.copy_calls), s.bytes);
     default: {
       Efficiency e = efficiency_of(s.phase, params);
+      double tokens_scale = 1.0;
       if (s.phase == CalibrationPhase::kMoe) {
         const CostModelParams::PrecisionScale scale = moe_precision_scale(params, precision);
         e.memory *= scale.memory;
         e.compute *= scale.compute;
+        tokens_scale = token_scale_at(params.moe_token_scale, s.tokens);
+      } else if (s.phase == CalibrationPhase::kAttention) {
+        tokens_scale = token_scale_at(params.attention_prefill_scale, s.tokens);
       }
       return double(s.layers) * roofline_time(RooflineWork{s.bytes, s.flops}, gpu, e.memory, e.compute,
-                                              params.per_layer_overhead_s);
+                                              params.per_layer_overhead_s, tokens_scale);
     }
   }
 }
@@ -280,6 +314,10 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     p.comp_s.push_back(s.flops / gpu.bf16_flops);
     p.layers.push_back(double(s.layers));
     p.seconds.push_back(s.seconds);
+    p.tokens.push_back(s.tokens);
+    // A quantized fit keeps start's MoE table and fits its efficiencies with it applied.
+    const bool kept_table = s.phase == CalibrationPhase::kMoe && precision != ExpertPrecision::kBf16;
+    p.scale.push_back(kept_table ? token_scale_at(start.moe_token_scale, s.tokens) : 1.0);
     overhead_hi = std::min(overhead_hi, s.seconds / double(s.layers));
     ++roofline_samples;
   }
@@ -327,6 +365,13 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     if (const double fp = fit_at(polished, ep); fp <= best) best = fp, o = polished, eff = ep;
     out.per_layer_overhead_s = o;
     for (std::size_t p = 0; p < 3; ++p) set_efficiency(kRoofline[p], eff[p], out);
+    // The token-scale tables on what the roofline leaves: attention's always (its samples are this run's),
+    // the MoE's for bf16 (a quantized fit keeps start's, above).
+    const std::size_t att = std::size_t(CalibrationPhase::kAttention),
+                      moe = std::size_t(CalibrationPhase::kMoe);
+    if (!phases[att].seconds.empty()) out.attention_prefill_scale = fit_token_scale(phases[att], eff[att], o);
+    if (!phases[moe].seconds.empty() && precision == ExpertPrecision::kBf16)
+      out.moe_token_scale = fit_token_scale(phases[moe], eff[moe], o);
   }
 
   std::vector<double> step_overheads;

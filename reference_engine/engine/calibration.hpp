@@ -22,6 +22,12 @@
 //     (relative error) solution of seconds = calls x profile copy latency x u + bytes / profile H2D bandwidth
 //     x x, u clamped to [0, 100] and 1 / x to [0.01, 2]; copies of a single size cannot separate the two
 //     (u is then kept and x alone fitted).
+// Then the token-scale tables (CostModelParams): for each MoE sample r = (seconds / layers - overhead) /
+// max(...) at the fitted efficiencies, clamped to [kMinTokenScale, kMaxTokenScale]; samples grouped by
+// round(2 log2(tokens)) (half octaves); a group of >= kMinTokenScaleSamples samples gives a knot at its
+// median tokens with its median r (a group with fewer gives none: the neighbours' line covers it). The same
+// for attention over the samples with prefill tokens (decode steps stay at 1). A table with no knot is empty.
+// The efficiencies are searched without the tables (the roofline first, the tables on what it leaves).
 // A phase without samples keeps `start`'s parameters. The result carries the residuals per phase.
 #pragma once
 
@@ -55,6 +61,9 @@ struct CalibrationSample {
   // kStep: the step's measured attention + MoE + dense + stall seconds (what is not step overhead).
   double phases_s = 0;
   double seconds = 0;  // measured, > 0
+  // The key of the phase's token-scale table (CostModelParams): kMoe the step's tokens, kAttention its
+  // prefill tokens (0 in a decode step); 0 elsewhere.
+  double tokens = 0;
 };
 
 // Throws ConfigError naming "samples[i].field", its value and the rule for the first bad sample: seconds
@@ -67,8 +76,9 @@ void check_samples(const std::vector<CalibrationSample>& samples);
 // the name, the scales of the precisions not measured, and every parameter whose phase has no samples.
 // Quantized experts (model.expert_precision int8 or int4): the MoE samples are of the quantized kernel, so
 // what their fit finds is that precision's efficiency; the file keeps start's bf16 MoE efficiencies and
-// stores the ratio as int8_ / int4_moe_{memory,compute}_scale (what the simulator multiplies them by), so a
-// bf16 profile (e.g. h200-qwen1.5 as --cost-model) gains the quantized kernel's costs and keeps its own.
+// MoE token-scale table, and stores the ratio as int8_ / int4_moe_{memory,compute}_scale (what the simulator
+// multiplies them by; fitted with start's table applied), so a bf16 profile (e.g. h200-qwen1.5 as
+// --cost-model) gains the quantized kernel's costs and keeps its own.
 // Refuses (ConfigError) bad samples and GPU profiles of several GPUs (not measured by the GPU backend yet).
 CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, const ModelSpec& model,
                                const GpuProfile& gpu, const CostModelParams& start);
@@ -77,6 +87,8 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
 // MoE of a quantized `precision` at params' efficiencies times that precision's scales.
 double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, const CostModelParams& params,
                          ExpertPrecision precision = ExpertPrecision::kBf16);
+
+inline constexpr std::size_t kMinTokenScaleSamples = 2;
 
 // Median, p90 and count of |predicted / measured - 1| per phase that has samples, in CalibrationPhase order.
 std::vector<CostModelResidual> cost_model_residuals(const std::vector<CalibrationSample>& samples,

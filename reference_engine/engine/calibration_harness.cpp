@@ -68,6 +68,13 @@ CalibrationPlan default_calibration_plan(const ModelSpec& model, const Scheduler
         CalibrationShape{2, std::max<std::uint32_t>(1, longest / 4 * 3), kOutputTokens}})
     if (fits(s) && std::find(plan.shapes.begin() + 1, plan.shapes.end(), s) == plan.shapes.end())
       plan.shapes.push_back(s);
+  // The ladder of mixed steps.
+  for (int i = 1;; ++i) {
+    const auto prompt = static_cast<std::uint32_t>(std::lround(16.0 * std::exp2(0.5 * i)));
+    if (std::uint64_t(prompt) + kLadderOutputTokens > sched.max_model_len) break;
+    if (const CalibrationShape s{kLadderRequests, prompt, kLadderOutputTokens, kLadderSpacingS}; fits(s))
+      plan.shapes.push_back(s);
+  }
   return plan;
 }
 
@@ -75,8 +82,8 @@ std::vector<Request> calibration_trace(const CalibrationPlan& plan) {
   std::vector<Request> out;
   for (std::size_t g = 0; g < plan.shapes.size(); ++g)
     for (std::uint32_t i = 0; i < plan.shapes[g].requests; ++i)
-      out.push_back(
-          Request{out.size(), double(g) * kShapeGapS, plan.shapes[g].prompt, plan.shapes[g].output});
+      out.push_back(Request{out.size(), double(g) * kShapeGapS + double(i) * plan.shapes[g].spacing_s,
+                            plan.shapes[g].prompt, plan.shapes[g].output});
   return out;
 }
 
@@ -125,7 +132,8 @@ std::vector<CalibrationSample> forward_samples(const ModelSpec& model, const Ste
     equal = w.bytes == a.bytes && w.flops == a.flops;
   }
   if (equal && positive(r.attention_s))
-    out.push_back({CalibrationPhase::kAttention, a.bytes, a.flops, model.num_layers, 0, 0, r.attention_s});
+    out.push_back({CalibrationPhase::kAttention, a.bytes, a.flops, model.num_layers, 0, 0, r.attention_s,
+                   double(prefill_tokens(batch))});
   // MoE: one sample when every MoE layer routed to the same number of experts.
   const std::uint32_t moe_layers = r.routed_layers();
   if (moe_layers > 0 && moe_layers == model.moe_layers() && positive(r.moe_s)) {
@@ -134,7 +142,8 @@ std::vector<CalibrationSample> forward_samples(const ModelSpec& model, const Ste
     for (std::uint32_t m = 1; m < moe_layers && same; ++m) same = r.routed_at(m).size() == d;
     if (same) {
       const RooflineWork w = moe_work(model, batch.tokens, d);
-      out.push_back({CalibrationPhase::kMoe, w.bytes, w.flops, moe_layers, 0, 0, r.moe_s});
+      out.push_back(
+          {CalibrationPhase::kMoe, w.bytes, w.flops, moe_layers, 0, 0, r.moe_s, double(batch.tokens)});
     }
   }
   // Dense: the LM head alone (no dense FFN layer shares the measured sum), in steps that sample.

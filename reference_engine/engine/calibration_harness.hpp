@@ -49,9 +49,11 @@
 
 namespace amoeba::engine {
 
-// `requests` requests arriving together, each with `prompt` prompt and `output` output tokens.
+// `requests` requests, each with `prompt` prompt and `output` output tokens, arriving `spacing_s` seconds
+// apart (0: together; > 0: each one's prefill meets the decodes of those before it, as in a served trace).
 struct CalibrationShape {
   std::uint32_t requests = 1, prompt = 16, output = 8;
+  double spacing_s = 0;
   friend bool operator==(const CalibrationShape&, const CalibrationShape&) = default;
 };
 
@@ -73,11 +75,17 @@ struct CalibrationPlan {
 // prompts of 32, 256 and 1024 tokens (at most max_model_len - 16), 16 output tokens each; two long prompts
 // (one of max_model_len - 16 tokens, two of 3/4 of it) for prefill chunks. A shape is left out when its
 // requests x (prompt + output) exceed 65536 tokens (prefill time) or 90% of the KV pages, or its requests
-// exceed max_num_seqs. Throws ConfigError naming "memory" when not even one request of 64 tokens fits.
+// exceed max_num_seqs. Then a ladder of steps that mix a prefill chunk with decodes: for prompts of
+// round(16 x 2^(i/2)) tokens, i = 1, 2, ... while prompt + output fits max_model_len (half octaves from 23),
+// kLadderRequests requests of kLadderOutputTokens output tokens each, kLadderSpacingS apart.
+// Throws ConfigError naming "memory" when not even one request of 64 tokens fits.
 CalibrationPlan default_calibration_plan(const ModelSpec& model, const SchedulerConfig& sched,
                                          std::uint64_t kv_pages, std::uint32_t tokens_per_kv_page = 16);
 
-// The plan's requests: shape g's arrive at g x kShapeGapS, ids in order from 0.
+inline constexpr std::uint32_t kLadderRequests = 6, kLadderOutputTokens = 32;
+inline constexpr double kLadderSpacingS = 0.02;
+
+// The plan's requests: request i of shape g arrives at g x kShapeGapS + i x spacing_s, ids in order from 0.
 std::vector<Request> calibration_trace(const CalibrationPlan& plan);
 
 // Every MoE layer of a step routes to d distinct experts (see the header comment): consecutive expert ids

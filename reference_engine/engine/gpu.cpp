@@ -2,6 +2,7 @@
 #include "engine/gpu.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -117,14 +118,71 @@ GpuProfile find_gpu(const std::string& name_or_path) {
                     "unknown GPU (known: " + known + ", or a path to a .json file)");
 }
 
+namespace {
+
+std::vector<CostModelParams::TokenScale> token_scale_table(const JsonObject& o, std::string_view key) {
+  std::vector<CostModelParams::TokenScale> out;
+  if (!o.has(key)) return out;
+  const std::string path = o.path() + "." + std::string(key);
+  const nlohmann::json& a = o.raw().at(std::string(key));
+  if (!a.is_array())
+    throw ConfigError(path, quote_json(a), "must be an array of {\"tokens\": t, \"scale\": f} knots");
+  if (a.size() > kMaxTokenScaleKnots)
+    throw ConfigError(path, std::to_string(a.size()) + " knots",
+                      "must hold at most " + std::to_string(kMaxTokenScaleKnots) + " knots");
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    if (!a[i].is_object()) throw ConfigError(at, quote_json(a[i]), "must be an object {tokens, scale}");
+    const JsonObject k(a[i], at);
+    k.reject_unknown({"tokens", "scale"});
+    CostModelParams::TokenScale t;
+    t.tokens = k.get_double("tokens", 1.0, 1e9);
+    t.scale = k.get_double("scale", kMinTokenScale, kMaxTokenScale);
+    if (!out.empty() && !(t.tokens > out.back().tokens))
+      throw ConfigError(k.path() + ".tokens", std::to_string(t.tokens),
+                        "must exceed the previous knot's tokens (" + std::to_string(out.back().tokens) +
+                            "): knots in increasing order");
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+double token_scale_at(const std::vector<CostModelParams::TokenScale>& table, double tokens) noexcept {
+  if (table.empty() || !(tokens > 0)) return 1.0;
+  if (tokens <= table.front().tokens) return table.front().scale;
+  if (tokens >= table.back().tokens) return table.back().scale;
+  const auto hi =
+      std::upper_bound(table.begin(), table.end(), tokens,
+                       [](double t, const CostModelParams::TokenScale& k) { return t < k.tokens; });
+  const auto lo = hi - 1;
+  const double f = std::log2(tokens / lo->tokens) / std::log2(hi->tokens / lo->tokens);
+  return lo->scale + f * (hi->scale - lo->scale);
+}
+
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what) {
   const nlohmann::json j = parse_json_text(json_text, what);
   const JsonObject o(j, what);
-  o.reject_unknown({"name", "calibrated", "source", "moe_memory_efficiency", "moe_compute_efficiency",
-                    "dense_memory_efficiency", "dense_compute_efficiency", "attention_memory_efficiency",
-                    "attention_compute_efficiency", "per_layer_overhead_us", "step_overhead_us",
-                    "h2d_bandwidth_scale", "h2d_copy_latency_scale", "int8_moe_memory_scale",
-                    "int8_moe_compute_scale", "int4_moe_memory_scale", "int4_moe_compute_scale",
+  o.reject_unknown({"name",
+                    "calibrated",
+                    "source",
+                    "moe_memory_efficiency",
+                    "moe_compute_efficiency",
+                    "dense_memory_efficiency",
+                    "dense_compute_efficiency",
+                    "attention_memory_efficiency",
+                    "attention_compute_efficiency",
+                    "per_layer_overhead_us",
+                    "step_overhead_us",
+                    "h2d_bandwidth_scale",
+                    "h2d_copy_latency_scale",
+                    "int8_moe_memory_scale",
+                    "int8_moe_compute_scale",
+                    "int4_moe_memory_scale",
+                    "int4_moe_compute_scale",
+                    "moe_token_scale",
+                    "attention_prefill_scale",
                     "residuals"});
   CostModelParams p;
   p.name = o.get_string_or("name", "unnamed");
@@ -147,6 +205,9 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   p.int8.compute = o.get_double_or("int8_moe_compute_scale", p.int8.compute, 0.05, 2.0);
   p.int4.memory = o.get_double_or("int4_moe_memory_scale", p.int4.memory, 0.05, 2.0);
   p.int4.compute = o.get_double_or("int4_moe_compute_scale", p.int4.compute, 0.05, 2.0);
+  // Optional: the token-scale tables, [{"tokens": t, "scale": f}, ...].
+  p.moe_token_scale = token_scale_table(o, "moe_token_scale");
+  p.attention_prefill_scale = token_scale_table(o, "attention_prefill_scale");
   // Optional: a calibration's residuals per phase, {"moe": {"samples": n, "median_abs_rel_error": x,
   // "p90_abs_rel_error": y}, ...}; informative only.
   if (o.has("residuals")) {
@@ -201,6 +262,13 @@ std::string cost_model_to_json(const CostModelParams& p) {
   j["int8_moe_compute_scale"] = p.int8.compute;
   j["int4_moe_memory_scale"] = p.int4.memory;
   j["int4_moe_compute_scale"] = p.int4.compute;
+  auto table = [](const std::vector<CostModelParams::TokenScale>& t) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const CostModelParams::TokenScale& k : t) a.push_back({{"tokens", k.tokens}, {"scale", k.scale}});
+    return a;
+  };
+  if (!p.moe_token_scale.empty()) j["moe_token_scale"] = table(p.moe_token_scale);
+  if (!p.attention_prefill_scale.empty()) j["attention_prefill_scale"] = table(p.attention_prefill_scale);
   if (!p.residuals.empty()) {
     nlohmann::ordered_json r = nlohmann::ordered_json::object();
     for (const CostModelResidual& e : p.residuals)

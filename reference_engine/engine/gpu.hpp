@@ -81,8 +81,28 @@ struct CostModelParams {
     double memory = 1.0, compute = 1.0;
   };
   PrecisionScale int8{0.95, 0.85}, int4{0.90, 0.75};
+  // What a roofline cannot say about a kernel at a given size (a path switch, tile occupancy, extra
+  // launches): a factor on a phase's roofline time (not on the per-layer overhead), piecewise linear in
+  // log2(tokens) between knots and constant beyond the first and last (token_scale_at). Empty: 1 everywhere.
+  // Fitted by a calibration (calibration.hpp), optional in the file.
+  //   moe_token_scale          keyed by the step's tokens (every precision: a quantized fit's scales are
+  //                            fitted on top of it);
+  //   attention_prefill_scale  keyed by the step's prefill tokens (sequences adding more than one token);
+  //                            a step without prefill is not scaled.
+  struct TokenScale {
+    double tokens = 1, scale = 1;
+    friend bool operator==(const TokenScale&, const TokenScale&) = default;
+  };
+  std::vector<TokenScale> moe_token_scale, attention_prefill_scale;
   std::vector<CostModelResidual> residuals;  // empty unless calibrated (optional in the file)
 };
+
+// The factor of a token-scale table at `tokens` (see CostModelParams): 1 for an empty table or tokens <= 0.
+double token_scale_at(const std::vector<CostModelParams::TokenScale>& table, double tokens) noexcept;
+// Limits of a table in a cost-model file: at most kMaxTokenScaleKnots knots, tokens >= 1 strictly increasing,
+// scales in [kMinTokenScale, kMaxTokenScale].
+inline constexpr std::size_t kMaxTokenScaleKnots = 64;
+inline constexpr double kMinTokenScale = 0.05, kMaxTokenScale = 20.0;
 
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what);
 // The built-in default, or a path to a cost-model JSON file.

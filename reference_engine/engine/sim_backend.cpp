@@ -71,9 +71,17 @@ RooflineWork lm_head_work(const ModelSpec& model, std::uint64_t sampling_seqs) {
   return {2.0 * lm, 2.0 * double(sampling_seqs) * lm};
 }
 
-double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, double comp_eff,
-                     double overhead) noexcept {
-  return std::max(w.bytes / (gpu.hbm_bandwidth * mem_eff), w.flops / (gpu.bf16_flops * comp_eff)) + overhead;
+std::uint64_t prefill_tokens(const StepBatch& batch) noexcept {
+  std::uint64_t n = 0;
+  for (const SequenceStep& b : batch.seqs)
+    if (b.new_tokens > 1) n += b.new_tokens;
+  return n;
+}
+
+double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, double comp_eff, double overhead,
+                     double scale) noexcept {
+  return std::max(w.bytes / (gpu.hbm_bandwidth * mem_eff), w.flops / (gpu.bf16_flops * comp_eff)) * scale +
+         overhead;
 }
 
 double copy_time(const GpuProfile& gpu, const CostModelParams& cost, double calls, double bytes) noexcept {
@@ -87,18 +95,19 @@ CostModelParams::PrecisionScale moe_precision_scale(const CostModelParams& cost,
   return {};
 }
 
-double SimBackend::roofline(RooflineWork w, double mem_eff, double comp_eff) const noexcept {
-  return roofline_time(w, gpu_, mem_eff, comp_eff, cost_.per_layer_overhead_s);
+double SimBackend::roofline(RooflineWork w, double mem_eff, double comp_eff, double scale) const noexcept {
+  return roofline_time(w, gpu_, mem_eff, comp_eff, cost_.per_layer_overhead_s, scale);
 }
 
 double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) const {
   return roofline(attention_work(model_, layer, batch), cost_.attention_memory_efficiency,
-                  cost_.attention_compute_efficiency);
+                  cost_.attention_compute_efficiency,
+                  token_scale_at(cost_.attention_prefill_scale, double(prefill_tokens(batch))));
 }
 
 double SimBackend::moe_time(std::uint64_t tokens, std::uint64_t distinct_experts) const {
-  return roofline(moe_work(model_, tokens, distinct_experts), moe_memory_efficiency_,
-                  moe_compute_efficiency_);
+  return roofline(moe_work(model_, tokens, distinct_experts), moe_memory_efficiency_, moe_compute_efficiency_,
+                  token_scale_at(cost_.moe_token_scale, double(tokens)));
 }
 
 double SimBackend::allreduce_time(std::uint64_t tokens) const noexcept {

@@ -21,6 +21,10 @@
 //        + 2 x routed experts x transfer bytes / (HBM bandwidth x dense memory efficiency) +
 //        per_layer_overhead;
 //   dense FFN layers and the LM head (sampled sequences only) as dense GEMMs; plus step_overhead per step.
+//   A calibrated cost model may carry token-scale tables (CostModelParams): the MoE's max(...) term times
+//   moe_token_scale at the step's tokens, the attention's times attention_prefill_scale at the step's prefill
+//   tokens (prefill_tokens; steps without prefill unscaled): what one roofline cannot say about a kernel at a
+//   given size.
 // Tensor parallelism over N GPUs (GpuProfile::gpus > 1): the model is one GPU's shard (model.hpp,
 //   shard_model), so every size above is per GPU; each layer adds two all-reduces of T x hidden x 2 B on the
 //   compute stream (after attention, after the MoE or dense FFN), each latency + 2 (N-1)/N x bytes / busbw
@@ -71,9 +75,11 @@ RooflineWork moe_work(const ModelSpec& model, std::uint64_t tokens, std::uint64_
 RooflineWork dense_ffn_work(const ModelSpec& model, std::uint64_t tokens);
 // The LM head for `sampling_seqs` sampled sequences.
 RooflineWork lm_head_work(const ModelSpec& model, std::uint64_t sampling_seqs);
-// max(bytes / (HBM bandwidth x mem_eff), FLOPs / (bf16 rate x comp_eff)) + overhead.
-double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, double comp_eff,
-                     double overhead) noexcept;
+// Tokens of the sequences that add more than one token in `batch` (prefill chunks); 0 in a decode step.
+std::uint64_t prefill_tokens(const StepBatch& batch) noexcept;
+// max(bytes / (HBM bandwidth x mem_eff), FLOPs / (bf16 rate x comp_eff)) x scale + overhead.
+double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, double comp_eff, double overhead,
+                     double scale = 1.0) noexcept;
 // `calls` host-to-device copies of `bytes` in all: calls x latency x h2d_copy_latency_scale + bytes /
 // (H2D bandwidth x h2d_bandwidth_scale).
 double copy_time(const GpuProfile& gpu, const CostModelParams& cost, double calls, double bytes) noexcept;
@@ -126,7 +132,7 @@ class SimBackend {
  private:
   void simulate(const StepBatch& batch, const ResidencyTable& residency, RoutingSource& routing,
                 StepResult& out);
-  double roofline(RooflineWork w, double mem_eff, double comp_eff) const noexcept;
+  double roofline(RooflineWork w, double mem_eff, double comp_eff, double scale = 1.0) const noexcept;
 
   ModelSpec model_;
   GpuProfile gpu_;

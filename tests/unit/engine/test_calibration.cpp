@@ -254,7 +254,9 @@ TEST_CASE("calibration on quantized experts: the MoE fit becomes the precision's
     CostModelParams start = t;
     start.int8 = CostModelParams{}.int8;
     start.int4 = CostModelParams{}.int4;
+    start.moe_token_scale = {{1, 1.0}, {4096, 1.0}};  // neutral: the bf16 profile's table, kept as it is
     const CostModelParams f = fit_cost_model(samples, m, g, start);
+    CHECK(f.moe_token_scale == start.moe_token_scale);
     CHECK(f.moe_memory_efficiency == t.moe_memory_efficiency);  // start's bf16 values, untouched
     CHECK(f.moe_compute_efficiency == t.moe_compute_efficiency);
     const auto& fs = p == ExpertPrecision::kInt8 ? f.int8 : f.int4;
@@ -304,6 +306,48 @@ TEST_CASE("cost model JSON: residuals round trip; files without them parse", "[c
                                                "p90_abs_rel_error": 0.2}})"),
                                      "f"),
                     Catch::Contains("p90_abs_rel_error") && Catch::Contains("median_abs_rel_error"));
+}
+
+TEST_CASE("cost model token-scale tables: interpolation in log2(tokens), JSON round trip, bad knots refused",
+          "[calibration]") {
+  using K = CostModelParams::TokenScale;
+  const std::vector<K> t{{1, 2.0}, {4, 1.0}, {64, 1.5}};
+  CHECK(token_scale_at({}, 100) == 1.0);
+  CHECK(token_scale_at(t, 0) == 1.0);    // no tokens: not scaled
+  CHECK(token_scale_at(t, 0.5) == 2.0);  // below the first knot: the first
+  CHECK(token_scale_at(t, 1) == 2.0);
+  CHECK(token_scale_at(t, 2) == Approx(1.5));  // half way between 1 and 4 in log2
+  CHECK(token_scale_at(t, 4) == 1.0);
+  CHECK(token_scale_at(t, 8) == Approx(1.125));  // a quarter of the way from 4 to 64
+  CHECK(token_scale_at(t, 64) == 1.5);
+  CHECK(token_scale_at(t, 1e6) == 1.5);  // beyond the last: the last
+
+  CostModelParams p = find_cost_model("default");
+  CHECK(p.moe_token_scale.empty());
+  CHECK(cost_model_to_json(p).find("token_scale") == std::string::npos);
+  p.moe_token_scale = t;
+  p.attention_prefill_scale = {{32, 1.25}};
+  const std::string text = cost_model_to_json(p);
+  const CostModelParams back = parse_cost_model(text, "tables");
+  CHECK(back.moe_token_scale == t);
+  CHECK(back.attention_prefill_scale == p.attention_prefill_scale);
+  CHECK(parse_cost_model(cost_model_to_json(back), "again").moe_token_scale == t);
+
+  auto with = [&](const std::string& table) {
+    std::string x = cost_model_to_json(find_cost_model("default"));
+    x.insert(x.rfind('}'), ", \"moe_token_scale\": " + table);
+    return x;
+  };
+  CHECK_THROWS_WITH(parse_cost_model(with(R"([{"tokens": 4, "scale": 1}, {"tokens": 4, "scale": 2}])"), "f"),
+                    Catch::Contains("moe_token_scale[1].tokens") && Catch::Contains("increasing"));
+  CHECK_THROWS_WITH(parse_cost_model(with(R"([{"tokens": 4, "scale": 0.01}])"), "f"),
+                    Catch::Contains("moe_token_scale[0].scale"));
+  CHECK_THROWS_WITH(parse_cost_model(with(R"([{"tokens": 0.5, "scale": 1}])"), "f"),
+                    Catch::Contains("moe_token_scale[0].tokens"));
+  CHECK_THROWS_WITH(parse_cost_model(with(R"([{"tokens": 4, "scale": 1, "x": 1}])"), "f"),
+                    Catch::Contains("x"));
+  CHECK_THROWS_WITH(parse_cost_model(with(R"({"tokens": 4})"), "f"), Catch::Contains("must be an array"));
+  CHECK_THROWS_WITH(parse_cost_model(with(R"([4])"), "f"), Catch::Contains("moe_token_scale[0]"));
 }
 
 namespace {

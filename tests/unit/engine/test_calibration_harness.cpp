@@ -141,6 +141,46 @@ TEST_CASE("calibration harness: a hidden cost model is recovered from the simula
   CHECK(h.dense_compute_efficiency > start.dense_compute_efficiency);
 }
 
+TEST_CASE("calibration harness: hidden token-scale tables are learnt; without them the fit misses",
+          "[calibration][harness]") {
+  CostModelParams t = hidden();
+  // A kernel slower than its roofline in the middle (a path switch) and attention with prefill slower still.
+  t.moe_token_scale = {{1, 0.9}, {16, 1.0}, {200, 1.6}, {300, 1.1}, {2048, 1.3}};
+  t.attention_prefill_scale = {{23, 1.1}, {512, 1.4}, {4096, 1.2}};
+  const Measured r = measure(h200_scenario(256), t);
+  const CostModelParams start = find_cost_model("default");
+  const CostModelParams f = fit_cost_model(r.m.samples, r.setup.model, r.setup.gpu, start);
+  CHECK(f.moe_token_scale.size() >= 10);
+  CHECK(f.attention_prefill_scale.size() >= 8);
+  auto residual = [](const CostModelParams& c, const char* phase) {
+    for (const CostModelResidual& x : c.residuals)
+      if (x.phase == phase) return x;
+    FAIL("no residual for " << phase);
+    return CostModelResidual{};
+  };
+  for (const char* phase : {"moe", "attention"}) {
+    INFO(phase);
+    CHECK(residual(f, phase).median_abs_rel_error < 0.01);
+    CHECK(residual(f, phase).p90_abs_rel_error < 0.05);
+  }
+  // The same samples priced without the tables: the roofline alone cannot follow the hidden kernel.
+  CostModelParams bare = f;
+  bare.moe_token_scale.clear();
+  bare.attention_prefill_scale.clear();
+  const auto without = cost_model_residuals(r.m.samples, r.setup.gpu, bare);
+  for (const CostModelResidual& x : without)
+    if (x.phase == "moe" || x.phase == "attention") {
+      INFO(x.phase);
+      CHECK(x.p90_abs_rel_error > 0.10);
+    }
+  // Decode steps' attention is not scaled: a sample without prefill tokens is priced by the roofline alone.
+  for (const CalibrationSample& s : r.m.samples)
+    if (s.phase == CalibrationPhase::kAttention && s.tokens == 0) {
+      CHECK(predicted_seconds(s, r.setup.gpu, f) == predicted_seconds(s, r.setup.gpu, bare));
+      break;
+    }
+}
+
 TEST_CASE("calibration routing: every layer routes to the same routable number of experts, cycling",
           "[calibration][harness]") {
   CalibrationRouting r(24, 60, 4, {0.0, 0.5, 1.0});
@@ -198,6 +238,21 @@ TEST_CASE("calibration plan: shapes within the sequence cap, the token cap and t
   const CalibrationPlan small = default_calibration_plan(m, sched, 2000);  // ~1300 tokens of KV
   check_plan(small, 2000);
   CHECK(small.shapes.size() < big.shapes.size());
+  // The ladder of mixed steps: staggered requests at prompts of half octaves from 23 tokens.
+  std::vector<std::uint32_t> ladder;
+  for (const CalibrationShape& s : big.shapes)
+    if (s.spacing_s > 0) {
+      CHECK(s.requests == kLadderRequests);
+      CHECK(s.output == kLadderOutputTokens);
+      CHECK(s.spacing_s == kLadderSpacingS);
+      ladder.push_back(s.prompt);
+    }
+  REQUIRE(ladder.size() >= 8);
+  CHECK(std::vector<std::uint32_t>(ladder.begin(), ladder.begin() + 8) ==
+        std::vector<std::uint32_t>{23, 32, 45, 64, 91, 128, 181, 256});
+  CHECK(ladder.back() + kLadderOutputTokens <= sched.max_model_len);
+  const double next = std::round(16.0 * std::exp2(0.5 * double(ladder.size() + 1)));  // the first left out
+  CHECK(next + kLadderOutputTokens > double(sched.max_model_len));
   CHECK_THROWS_WITH(default_calibration_plan(m, sched, 10), Catch::Contains("memory = 10 KV pages"));
 
   const std::vector<Request> trace = calibration_trace(big);
@@ -206,7 +261,7 @@ TEST_CASE("calibration plan: shapes within the sequence cap, the token cap and t
     for (std::uint32_t k = 0; k < big.shapes[g].requests; ++k, ++i) {
       REQUIRE(i < trace.size());
       CHECK(trace[i].id == i);
-      CHECK(trace[i].arrival_s == double(g) * kShapeGapS);
+      CHECK(trace[i].arrival_s == double(g) * kShapeGapS + double(k) * big.shapes[g].spacing_s);
       CHECK(trace[i].prompt_tokens == big.shapes[g].prompt);
     }
   CHECK(i == trace.size());

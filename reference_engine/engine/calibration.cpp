@@ -94,6 +94,7 @@ struct PhaseSamples {
   std::vector<double> layers, seconds;
   std::vector<double> scale;  // a token-scale table's factor held fixed during the search (1 unless given)
   std::vector<double> tokens;
+  std::vector<char> in_table;  // the sample may set the phase's token-scale table
 };
 
 // Sum of squared relative errors of one phase for efficiencies e and per-layer overhead o.
@@ -163,7 +164,7 @@ double median(std::vector<double> v) {
 std::vector<CostModelParams::TokenScale> fit_token_scale(const PhaseSamples& s, Efficiency e, double o) {
   std::vector<std::pair<long, std::size_t>> order;  // (half-octave group, sample)
   for (std::size_t i = 0; i < s.seconds.size(); ++i)
-    if (s.tokens[i] >= 1) order.emplace_back(std::lround(2.0 * std::log2(s.tokens[i])), i);
+    if (s.tokens[i] >= 1 && s.in_table[i]) order.emplace_back(std::lround(2.0 * std::log2(s.tokens[i])), i);
   std::sort(order.begin(), order.end());
   std::vector<CostModelParams::TokenScale> out;
   for (std::size_t a = 0; a < order.size();) {
@@ -197,6 +198,8 @@ void check_samples(const std::vector<CalibrationSample>& samples) {
       throw ConfigError(at + ".flops", number(s.flops), "must be finite and >= 0");
     if (!std::isfinite(s.tokens) || s.tokens < 0)
       throw ConfigError(at + ".tokens", number(s.tokens), "must be finite and >= 0");
+    if (!std::isfinite(s.distinct) || s.distinct < 0)
+      throw ConfigError(at + ".distinct", number(s.distinct), "must be finite and >= 0");
     if (roofline_phase(s.phase)) {
       if (s.layers == 0) throw ConfigError(at + ".layers", "0", "must be >= 1 (the layers the time covers)");
       if (s.bytes == 0 && s.flops == 0)
@@ -315,6 +318,8 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     p.layers.push_back(double(s.layers));
     p.seconds.push_back(s.seconds);
     p.tokens.push_back(s.tokens);
+    const double routable = std::min(s.tokens * double(model.top_k), double(model.num_experts));
+    p.in_table.push_back(s.phase != CalibrationPhase::kMoe || s.distinct == 0 || s.distinct >= routable);
     // A quantized fit keeps start's MoE table and fits its efficiencies with it applied.
     const bool kept_table = s.phase == CalibrationPhase::kMoe && precision != ExpertPrecision::kBf16;
     p.scale.push_back(kept_table ? token_scale_at(start.moe_token_scale, s.tokens) : 1.0);

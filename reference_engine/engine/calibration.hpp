@@ -22,8 +22,11 @@
 //     (relative error) solution of seconds = calls x profile copy latency x u + bytes / profile H2D bandwidth
 //     x x, u clamped to [0, 100] and 1 / x to [0.01, 2]; copies of a single size cannot separate the two
 //     (u is then kept and x alone fitted).
-// Then the token-scale tables (CostModelParams): for each MoE sample r = (seconds / layers - overhead) /
-// max(...) at the fitted efficiencies, clamped to [kMinTokenScale, kMaxTokenScale]; samples grouped by
+// Then the token-scale tables (CostModelParams): for each MoE sample at the routable maximum of distinct
+// experts (a near-uniform router's; skewed routing stays with the roofline, whose bytes follow the distinct
+// experts, since one table keyed by tokens cannot hold both: on the H200 the decode tiles with 4 experts for
+// 200 tokens run ~3x their roofline, with 60 ~1.2x) r = (seconds / layers - overhead) / max(...) at the
+// fitted efficiencies, clamped to [kMinTokenScale, kMaxTokenScale]; samples grouped by
 // round(2 log2(tokens)) (half octaves); a group of >= kMinTokenScaleSamples samples gives a knot at its
 // median tokens with its median r (a group with fewer gives none: the neighbours' line covers it). The same
 // for attention over the samples with prefill tokens (decode steps stay at 1). A table with no knot is empty.
@@ -64,6 +67,9 @@ struct CalibrationSample {
   // The key of the phase's token-scale table (CostModelParams): kMoe the step's tokens, kAttention its
   // prefill tokens (0 in a decode step); 0 elsewhere.
   double tokens = 0;
+  // kMoe: the distinct experts each layer routed to (0: not known). The MoE table is fitted from the samples
+  // at the routable maximum min(tokens x top_k, experts) only (or of unknown count).
+  double distinct = 0;
 };
 
 // Throws ConfigError naming "samples[i].field", its value and the rule for the first bad sample: seconds

@@ -142,8 +142,8 @@ std::vector<CalibrationSample> forward_samples(const ModelSpec& model, const Ste
     for (std::uint32_t m = 1; m < moe_layers && same; ++m) same = r.routed_at(m).size() == d;
     if (same) {
       const RooflineWork w = moe_work(model, batch.tokens, d);
-      out.push_back(
-          {CalibrationPhase::kMoe, w.bytes, w.flops, moe_layers, 0, 0, r.moe_s, double(batch.tokens)});
+      out.push_back({CalibrationPhase::kMoe, w.bytes, w.flops, moe_layers, 0, 0, r.moe_s,
+                     double(batch.tokens), double(d)});
     }
   }
   // Dense: the LM head alone (no dense FFN layer shares the measured sum), in steps that sample.

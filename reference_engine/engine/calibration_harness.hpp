@@ -65,7 +65,9 @@ struct CalibrationPlan {
   std::uint32_t warmup_shapes = 1;       // the first shapes give no samples (a GPU's first launches)
   // Distinct experts per MoE layer at step i: min + round(f x (max - min)), f = distinct_fractions[i mod n],
   // [min, max] = routable_range(step tokens, k, E).
-  std::vector<double> distinct_fractions{0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0};
+  // Every other step at the whole range (what a near-uniform router touches; the MoE token-scale table is
+  // fitted from those alone), the others at 0, 1/3 and 2/3 of it (skewed routing, for the efficiencies).
+  std::vector<double> distinct_fractions{1.0, 0.0, 1.0, 1.0 / 3.0, 1.0, 2.0 / 3.0};
   std::vector<std::uint32_t> copy_calls{1, 2, 4, 8, 16, 32};  // copies per probe
   std::uint32_t copy_repeats = 3;  // each probe measured this often, interleaved; the fastest is the sample
 };

@@ -350,6 +350,39 @@ TEST_CASE("cost model token-scale tables: interpolation in log2(tokens), JSON ro
   CHECK_THROWS_WITH(parse_cost_model(with(R"([4])"), "f"), Catch::Contains("moe_token_scale[0]"));
 }
 
+TEST_CASE("calibration: the MoE token-scale table is fitted from samples at the routable maximum of experts",
+          "[calibration]") {
+  const ModelSpec m = model_with_dense();  // 60 experts, top-4
+  const GpuProfile g = find_gpu("h200");
+  std::vector<CalibrationSample> samples = make_samples(m, g, truth(), 0.0, 1);  // tokens 0: no table
+  // 200 tokens: spread over all 60 experts 1.25x the roofline, crowded on 4 (a skewed router) 3x.
+  for (const double distinct : {60.0, 4.0})
+    for (int rep = 0; rep < 3; ++rep) {
+      const RooflineWork w = moe_work(m, 200, std::uint64_t(distinct));
+      CalibrationSample s{CalibrationPhase::kMoe, w.bytes, w.flops, 3};
+      s.tokens = 200, s.distinct = distinct;
+      const double core = std::max(w.bytes / (g.hbm_bandwidth * truth().moe_memory_efficiency),
+                                   w.flops / (g.bf16_flops * truth().moe_compute_efficiency));
+      s.seconds = 3 * (core * (distinct == 60 ? 1.25 : 3.0) + truth().per_layer_overhead_s);
+      samples.push_back(s);
+    }
+  const CostModelParams f = fit_cost_model(samples, m, g, CostModelParams{});
+  REQUIRE(f.moe_token_scale.size() == 1);  // one group of >= 2 samples: the spread ones at 200 tokens
+  CHECK(f.moe_token_scale[0].tokens == 200);
+  for (const CalibrationSample& s : samples)
+    if (s.tokens == 200) {
+      INFO("distinct " << s.distinct);
+      const double err = predicted_seconds(s, g, f) / s.seconds - 1.0;
+      if (s.distinct == 60)
+        CHECK(std::abs(err) < 1e-3);  // learnt
+      else
+        CHECK(err < -0.4);  // not learnt: the skewed samples are left to the roofline
+    }
+  CalibrationSample bad = samples.front();
+  bad.distinct = -1;
+  CHECK_THROWS_WITH(fit_cost_model({bad}, m, g, CostModelParams{}), Catch::Contains("samples[0].distinct"));
+}
+
 namespace {
 
 RunResult run_of(const std::vector<std::pair<std::uint64_t, double>>& steps) {  // (batch tokens, step ms)

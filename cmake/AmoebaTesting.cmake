@@ -16,7 +16,9 @@ function(amoeba_add_cpu_test name)
   cmake_parse_arguments(ARG "" "" "LABELS;LIBS;SOURCES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
   target_link_libraries(${name} PRIVATE amoeba::amoeba amoeba_catch_main amoeba_warnings ${ARG_LIBS})
-  catch_discover_tests(${name} TEST_PREFIX "${name}: " TEST_LIST ${name}_TESTS)
+  # --warn NoTests: a registered name that matches no test case fails instead of passing with nothing run
+  # (catch_discover_tests splits names at ';', so such a name would silently test nothing).
+  catch_discover_tests(${name} TEST_PREFIX "${name}: " TEST_LIST ${name}_TESTS EXTRA_ARGS --warn NoTests)
   # Labels are set by a second ctest include that runs after discovery (a list value does not survive being
   # passed through catch_discover_tests' PROPERTIES).
   set(_labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)

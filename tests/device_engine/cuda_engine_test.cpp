@@ -157,7 +157,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("cuda backend: a KV cache too small for the batch forces preemptions; every request is served",
+TEST_CASE("cuda backend: a KV cache too small for the batch forces preemptions, every request is served",
           "[engine]") {
   const HfMoeConfig hf = small_qwen2();
   const ModelSpec model = hf.to_model_spec("test");

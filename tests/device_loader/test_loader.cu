@@ -273,7 +273,7 @@ TEST_CASE("the hash detects a missing wait", "[gpu][loader]") {
   cudaFree(d_h);
 }
 
-TEST_CASE("a miss's copy waits for the routing event; without it the copy runs ahead of the compute stream",
+TEST_CASE("a miss's copy waits for the routing event, without it the copy runs ahead of the compute stream",
           "[gpu][loader]") {
   // Synthetic routing is known on the host before the GPU computes the layer: the copy must still wait for
   // the event the compute stream records after its router, or it would be a perfect prefetch.

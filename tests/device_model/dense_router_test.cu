@@ -275,7 +275,7 @@ TEST_CASE("DenseGemm: bf16(x w^T + bias) within one bf16 ulp of the double refer
   CHECK(gemm.exact_fallbacks() <= plans / 10);
 }
 
-TEST_CASE("DenseGemm: prepare() builds every bucket's plan; a bucket's algorithm serves each of its sizes",
+TEST_CASE("DenseGemm: prepare() builds every bucket's plan, a bucket's algorithm serves each of its sizes",
           "[gpu][decoder][dense]") {
   using G = dec::DenseGemm;
   STATIC_REQUIRE(G::plan_rows(1) == 1);
@@ -329,7 +329,7 @@ TEST_CASE("DenseGemm: prepare() builds every bucket's plan; a bucket's algorithm
   CHECK(gemm.cached_plans() == buckets + gemm.exact_fallbacks());
 }
 
-TEST_CASE("DenseGemm: a cached plan serves 16-byte (not 256-byte) aligned pointers; M = 0 does nothing",
+TEST_CASE("DenseGemm: a cached plan serves 16-byte (not 256-byte) aligned pointers, M = 0 does nothing",
           "[gpu][decoder][dense]") {
   Dev<unsigned char> workspace(dec::DenseGemm::kWorkspaceBytes);
   dec::DenseGemm gemm(workspace.p, workspace.n);

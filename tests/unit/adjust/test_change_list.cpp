@@ -32,7 +32,7 @@ struct Fixture {
 };
 }  // namespace
 
-TEST_CASE("adjuster: evicted pages return only at commit; restores are reserved at decision time",
+TEST_CASE("adjuster: evicted pages return only at commit, restores are reserved at decision time",
           "[adjust]") {
   Fixture f;
   ChangeList c = f.a.adjust(2, 0, f.pool);  // ceil(3/3) = 1

@@ -534,7 +534,7 @@ nlohmann::json read_json(const fs::path& p) {
 
 }  // namespace
 
-TEST_CASE("calibrate: the simulator measured with a hidden cost model is fitted back; run loads the file",
+TEST_CASE("calibrate: the simulator measured with a hidden cost model is fitted back, run loads the file",
           "[cli][calibration]") {
   TempDir t;
   const std::string hidden = (t / "hidden.json").string(), fit = (t / "fit.json").string();

@@ -145,7 +145,7 @@ TEST_CASE("without the CUDA backend, --backend cuda is refused by the stub, nami
   CHECK_THROWS_WITH(generate_on_cuda(ck, prompt, 4, {}), kStubRule);
 }
 
-TEST_CASE("routing model: refused by the simulator, the default of cuda; ModelRouting has no choices",
+TEST_CASE("routing model: refused by the simulator, the default of cuda, ModelRouting has no choices",
           "[engine][cuda]") {
   Scenario s;
   s.routing_source = "model";
@@ -179,7 +179,7 @@ TEST_CASE("routing model: refused by the simulator, the default of cuda; ModelRo
   CHECK_THROWS_WITH(ModelRouting(0, 8), Catch::StartsWith("routing.layers = 0"));
 }
 
-TEST_CASE("a measured backend's clock adds the engine's host time; a simulated one's does not",
+TEST_CASE("a measured backend's clock adds the engine's host time, a simulated one's does not",
           "[engine][cuda][clock]") {
   const std::vector<Request> one{{0, 0.0, 40, 5}};
   ClockRun<false> sim(one);
@@ -415,7 +415,7 @@ TEST_CASE("generate driver: every expert resident, KV pages block-major as the s
 }
 
 TEST_CASE(
-    "kv_page_limit: runs whose pools differ schedule alike; past the limit the scheduler preempts and "
+    "kv_page_limit: runs whose pools differ schedule alike, past the limit the scheduler preempts and "
     "reports no shortfall",
     "[engine][scheduler]") {
   using Backend = ClockBackend<false>;

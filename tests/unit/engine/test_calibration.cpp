@@ -116,7 +116,7 @@ TEST_CASE("calibration: noise-free samples are fitted back to the grid's resolut
   }
 }
 
-TEST_CASE("calibration: 5% noise is fitted within tolerance; residuals report it", "[calibration]") {
+TEST_CASE("calibration: 5% noise is fitted within tolerance, residuals report it", "[calibration]") {
   const ModelSpec m = model_with_dense();
   const GpuProfile g = find_gpu("h200");
   const CostModelParams t = truth();
@@ -145,7 +145,7 @@ TEST_CASE("calibration: 5% noise is fitted within tolerance; residuals report it
   }
 }
 
-TEST_CASE("calibration: phases without samples keep the start's values; unseen bounds stay at start",
+TEST_CASE("calibration: phases without samples keep the start's values, unseen bounds stay at start",
           "[calibration]") {
   const ModelSpec m = model_with_dense();
   const GpuProfile g = find_gpu("h200");
@@ -172,7 +172,7 @@ TEST_CASE("calibration: phases without samples keep the start's values; unseen b
   CHECK(f.residuals[0].samples == 4);
 }
 
-TEST_CASE("calibration: copies of one size fit the bandwidth alone; the latency is clamped at 0",
+TEST_CASE("calibration: copies of one size fit the bandwidth alone, the latency is clamped at 0",
           "[calibration]") {
   const ModelSpec m = model_with_dense();
   const GpuProfile g = find_gpu("h200");
@@ -274,7 +274,7 @@ TEST_CASE("calibration on quantized experts: the MoE fit becomes the precision's
   }
 }
 
-TEST_CASE("cost model JSON: residuals round trip; files without them parse", "[calibration]") {
+TEST_CASE("cost model JSON: residuals round trip, files without them parse", "[calibration]") {
   const ModelSpec m = model_with_dense();
   const GpuProfile g = find_gpu("h200");
   const CostModelParams f = fit_cost_model(make_samples(m, g, truth(), 0.05, 3), m, g, CostModelParams{});
@@ -459,7 +459,7 @@ TEST_CASE("compare_runs: each priced measured step against its own price", "[cal
   CHECK_THROWS_WITH(compare_runs(meas, sim), Catch::Contains("measured.timeline[3].priced_ms"));
 }
 
-TEST_CASE("compare_runs: diverged schedules align on (batch tokens, running); none -> end to end only",
+TEST_CASE("compare_runs: diverged schedules align on (batch tokens, running), none -> end to end only",
           "[calibration]") {
   // The measured run splits a prefill differently: steps 1-2 have no counterpart.
   const RunResult meas = run_of({{512, 10}, {300, 8}, {212, 6}, {4, 2}, {4, 2}});

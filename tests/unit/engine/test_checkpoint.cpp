@@ -219,7 +219,7 @@ TEST_CASE("safetensors headers: every rule of the format is checked", "[checkpoi
   fs::remove(p);
 }
 
-TEST_CASE("RoPE settings: top-level rope_theta or transformers 5's rope_parameters; scaled RoPE refused",
+TEST_CASE("RoPE settings: top-level rope_theta or transformers 5's rope_parameters, scaled RoPE refused",
           "[checkpoint]") {
   std::string cfg = kQwen3Config;
   cfg.insert(cfg.rfind('}'), R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})");
@@ -235,7 +235,7 @@ TEST_CASE("RoPE settings: top-level rope_theta or transformers 5's rope_paramete
   CHECK(parse_hf_moe_config(local, "c").num_experts == 8);
 }
 
-TEST_CASE("read_expert: W1, W3, W2 back to back from either layout; MoE layers after a dense prefix",
+TEST_CASE("read_expert: W1, W3, W2 back to back from either layout, MoE layers after a dense prefix",
           "[checkpoint]") {
   // Every byte of every tensor is a function of (tensor name, position): compare against the per-expert
   // files.

@@ -173,7 +173,7 @@ TEST_CASE("synthetic routing at one token of a top-4 model: exactly 4 experts, t
   CHECK(kept > 0);
 }
 
-TEST_CASE("recorded routing replays routable sets for each step's tokens; routable ones as recorded",
+TEST_CASE("recorded routing replays routable sets for each step's tokens, routable ones as recorded",
           "[engine][routing]") {
   // 8 experts, top-2. Layer 0 routes to all 8 at step 0 (a large batch's set), to {6} at step 1.
   std::vector<RecordedStep> steps{{{0, 1, 2, 3, 4, 5, 6, 7}}, {{6}}, {{1, 6}}};

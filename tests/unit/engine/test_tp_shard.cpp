@@ -536,7 +536,7 @@ TEST_CASE("sharded weights: the ranks' partial outputs sum to the whole model's"
   CHECK(q_cat == q_ref);  // each row is the same dot product in the same order
 }
 
-TEST_CASE("tp rank bytes: experts over PCIe halve at tp 2; KV and non-expert bytes as shard_model's",
+TEST_CASE("tp rank bytes: experts over PCIe halve at tp 2, KV and non-expert bytes as shard_model's",
           "[tp]") {
   for (const char* name : {"qwen1.5-moe-a2.7b", "qwen3-30b-a3b"}) {
     const ModelSpec catalog = find_model(name);
@@ -585,7 +585,7 @@ TEST_CASE("tp rank bytes: the sharded weights hold what the plan counts", "[tp]"
     }
 }
 
-TEST_CASE("change_list_digest: equal lists agree; order, one page, one field or the section differ", "[tp]") {
+TEST_CASE("change_list_digest: equal lists agree, order, one page, one field or the section differ", "[tp]") {
   ChangeList a;
   a.evictions = {eviction(3, 7, 30), eviction(3, 9, 60, EvictionCause::kSwap)};
   a.restores = {restore(5, 1, 90)};

@@ -90,7 +90,7 @@ TEST_CASE("KvPageTable reads only the blocks the context needs", "[kv_page_table
   CHECK(span_of(v.kv_last_page_len, 2) == std::vector<std::int32_t>{9, 3});
 }
 
-TEST_CASE("KvPageTable: an all-prefill step has no decode run; reuse keeps nothing stale",
+TEST_CASE("KvPageTable: an all-prefill step has no decode run, reuse keeps nothing stale",
           "[kv_page_table]") {
   KvPageTable t;
   Batch big(4, {{0, 300}, {100, 1}, {5, 7}});

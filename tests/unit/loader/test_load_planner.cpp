@@ -91,7 +91,7 @@ TEST_CASE("predictions beyond the buffer are dropped and counted", "[loader]") {
   CHECK(f.planner.stats().predictions_dropped == 2);
 }
 
-TEST_CASE("on-demand loads: free slots first, then unrouted predictions; too many misses changes nothing",
+TEST_CASE("on-demand loads: free slots first, then unrouted predictions, too many misses changes nothing",
           "[loader]") {
   Fixture f;
   REQUIRE_FALSE(f.planner.begin_forward(ChangeList{}, f.table, f.pool).has_value());

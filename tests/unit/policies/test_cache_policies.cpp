@@ -54,7 +54,7 @@ TEST_CASE("static: every expert resident, nothing moves under any pressure", "[p
   }
 }
 
-TEST_CASE("fixed cache (Fate): a resident prefix per layer; nothing moves", "[policies][fixed]") {
+TEST_CASE("fixed cache (Fate): a resident prefix per layer, nothing moves", "[policies][fixed]") {
   PoolFixture f(64);
   const auto ranker = ExpertRanker::from_probabilities({{0.1, 0.4, 0.3, 0.2}, {0.4, 0.3, 0.2, 0.1}});
   FixedCacheAdjuster a(ranker, {}, FixedCapacity{.resident_per_layer = 2, .per_layer = {1, 3}});
@@ -91,7 +91,7 @@ TEST_CASE("LRU cache: a miss is admitted and the least recently used expert of i
   CHECK(resident_experts(a.residency(), 0) == std::vector<std::uint32_t>{0, 2});
 }
 
-TEST_CASE("LFU cache: the least frequently used expert leaves; ties by recency", "[policies][lfu]") {
+TEST_CASE("LFU cache: the least frequently used expert leaves, ties by recency", "[policies][lfu]") {
   PoolFixture f(48);
   LfuCacheAdjuster a(ExpertRanker::uniform(1, 4), {}, FixedCapacity{.resident_per_layer = 2});
   REQUIRE_FALSE(a.populate(f.pool).has_value());
@@ -109,7 +109,7 @@ TEST_CASE("LFU cache: the least frequently used expert leaves; ties by recency",
   CHECK(a.evict_policy().count(a.view(), {0, 1}) == 2);
 }
 
-TEST_CASE("caches: misses admitted in order, per layer; several in one step", "[policies][lru]") {
+TEST_CASE("caches: misses admitted in order, per layer, several in one step", "[policies][lru]") {
   PoolFixture f(64);
   LruCacheAdjuster a(ExpertRanker::uniform(2, 4), {}, FixedCapacity{.resident_per_layer = 2});
   REQUIRE_FALSE(a.populate(f.pool).has_value());

@@ -44,7 +44,7 @@ TEST_CASE("elastic: short 8 pages evicts the 3 rank-coldest experts across layer
   CHECK(a.residency().resident_total() == 9);
 }
 
-TEST_CASE("elastic: F_b = 1 evicts one; F_b = 20 restores 3; F_b = 40 restores 5", "[policies][elastic]") {
+TEST_CASE("elastic: F_b = 1 evicts one, F_b = 20 restores 3, F_b = 40 restores 5", "[policies][elastic]") {
   PoolFixture f(64);
   ElasticAdjuster a(hand_ranking(), {}, ElasticHysteresis{.initial_resident_per_layer = 0});
   REQUIRE_FALSE(a.populate(f.pool).has_value());

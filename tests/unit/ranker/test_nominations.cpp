@@ -75,7 +75,7 @@ TEST_CASE("nominations: a layer at the offload limit does not nominate", "[nomin
   }
 }
 
-TEST_CASE("nominations: a resident prefix; taking one exposes the layer's next", "[nominations]") {
+TEST_CASE("nominations: a resident prefix, taking one exposes the layer's next", "[nominations]") {
   const auto ranker = hand_ranking();
   ResidencyTable table(ranker);
   // layer 0 keeps ranks 0-1, layer 1 ranks 0-2, layer 2 rank 0

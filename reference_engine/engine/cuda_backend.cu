@@ -202,7 +202,7 @@ struct CudaBackend::Impl {
 
   CudaBackendConfig cfg;
   HfMoeConfig hf;
-  std::unique_ptr<ModelWeights> weights;
+  std::shared_ptr<const ModelWeights> weights;  // the rank's (the whole model's at tp 1)
   TokenSource prompts;
   std::uint32_t moe_layers = 0, chunks = 0, H = 0, F = 0, E = 0, K = 0, qd = 0, kvd = 0, hd = 0, V = 0;
   std::uint32_t router_ld = 0;  // E, or E + 1 where the shared expert's gate is the router GEMM's last column
@@ -325,6 +325,10 @@ struct CudaBackend::Impl {
   void record_phase(cudaEvent_t e) {
     if (phase_events) check_cuda(cudaEventRecord(e, stream), "cudaEventRecord");
   }
+  // Tensor parallelism: sums this rank's partial output with the other ranks' (nothing at tp 1).
+  void all_reduce(dbf16* buf, std::uint64_t count) {
+    if (cfg.shard.tp > 1) cfg.collective->all_reduce_sum_bf16(buf, count, stream);
+  }
   void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
   }
@@ -332,8 +336,22 @@ struct CudaBackend::Impl {
 
 void CudaBackend::Impl::setup() {
   // ---- shapes and host-side checks (nothing on the GPU yet)
-  weights = cfg.checkpoint_dir.empty() ? random_weights(hf, cfg.seed)
-                                       : checkpoint_weights(open_checkpoint(cfg.checkpoint_dir));
+  std::shared_ptr<const ModelWeights> full = cfg.full_weights;
+  if (!full)
+    full = cfg.checkpoint_dir.empty() ? random_weights(hf, cfg.seed)
+                                      : checkpoint_weights(open_checkpoint(cfg.checkpoint_dir));
+  if (cfg.shard.tp > 1) {
+    if (!cfg.collective)
+      throw_config_error("--tp", cfg.shard.tp,
+                         "a tensor-parallel rank needs a collective to sum its outputs");
+    if (cfg.collective->tp() != cfg.shard.tp || cfg.collective->rank() != cfg.shard.rank)
+      throw ConfigError("--tp", std::to_string(cfg.shard.tp),
+                        fmtx("rank {}'s collective is rank {} of {}", cfg.shard.rank, cfg.collective->rank(),
+                             cfg.collective->tp()));
+    weights = sharded_weights(full, cfg.shard);
+  } else {
+    weights = full;
+  }
   hf = weights->config();
   H = hf.hidden_size;
   F = hf.moe_intermediate_size;
@@ -525,11 +543,14 @@ void CudaBackend::Impl::setup() {
   check_cuda(cudaMemcpy(inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice), "upload inv_freq");
 
   // ---- weights: the master copy of every routed expert in pinned memory, the rest on the device
-  store =
-      expert_store((cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
-                                               : "checkpoint:" + cfg.checkpoint_dir) +
-                       ":" + std::string(to_string(cfg.expert_precision)),
-                   *weights, moe_layers, E, matrix_bytes, payload, cfg.expert_precision);
+  store = expert_store(
+      (cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
+                                  : "checkpoint:" + cfg.checkpoint_dir) +
+          ":" + std::string(to_string(cfg.expert_precision)) +
+          (cfg.full_weights ? fmtx(":weights@{}", static_cast<const void*>(cfg.full_weights.get()))
+                            : std::string()) +
+          (cfg.shard.tp > 1 ? fmtx(":tp{}/{}", cfg.shard.rank, cfg.shard.tp) : std::string()),
+      *weights, moe_layers, E, matrix_bytes, payload, cfg.expert_precision);
   mem.pinned_host_bytes = store->bytes() + pinned_bytes;
   upload_weights(weights_at, layout);
   if (chunks > 0) {
@@ -715,6 +736,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   out.clear();
+  if (cfg.shard.tp > 1) check_cuda(cudaSetDevice(cfg.device), "cudaSetDevice");  // the rank's thread
   if (cfg.routing == RoutingKind::kModel && routing.kind() != RoutingKind::kModel)
     throw std::logic_error("cuda backend: configured for the model's router, given a non-model source");
   if (batch.tokens > cfg.max_batched_tokens || batch.size() > cfg.max_seqs)
@@ -820,6 +842,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     check_status(kn::QkvPrologue::run(pa, stream), "q/k norm, RoPE, K/V append");
     check_status(attention.run(l, stream), "paged attention");
     gemm_run(att, Ti, int(qd), w.o, int(H), nullptr, o);
+    all_reduce(o, std::uint64_t(T) * H);  // o_proj is row-parallel: the ranks' partial sums
     add_norm(T, o, w.post_norm);
     record_phase(ev_att1[l]);
     if (w.moe >= 0) {
@@ -876,6 +899,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
       kd::silu_mul_kernel<<<ew_blocks, 256, 0, stream>>>(mlp_a, mlp_b, mlp_a, std::int64_t(T) * Fd);
       gemm_run(mlp_a, Ti, Fd, w.down, int(H), nullptr, o);
     }
+    all_reduce(o, std::uint64_t(T) * H);  // W2 / down_proj are row-parallel
     // The residual add x += o is the next layer's first kernel (add_norm); after the last layer, here.
     if (l + 1 == hf.num_layers) kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
     check_cuda(cudaGetLastError(), "layer epilogue kernels");
@@ -985,6 +1009,7 @@ std::optional<ChangeError> CudaBackend::forward_impl(const StepBatch& batch, con
 
 void CudaBackend::populate(const ResidencyTable& residency) {
   Impl& d = *impl_;
+  if (d.cfg.shard.tp > 1) check_cuda(cudaSetDevice(d.cfg.device), "cudaSetDevice");  // the rank's thread
   residency.for_each_resident([&](ExpertKey key, const ExpertPages& pages) {
     for (ExpertMatrix m : kExpertMatrices)
       check_cuda(cudaMemcpyAsync(d.arena + std::uint64_t(pages[m].index) * d.matrix_bytes,

@@ -37,6 +37,9 @@
 #include "amoeba/pool/page_kinds.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/model.hpp"
+#include "engine/model_weights.hpp"
+#include "engine/tp_collective.hpp"
+#include "engine/tp_shard.hpp"
 
 namespace amoeba::engine {
 
@@ -60,6 +63,18 @@ struct CudaBackendConfig {
   // expert page (geometry.expert_page_bytes) must hold one packed matrix.
   ExpertPrecision expert_precision = ExpertPrecision::kBf16;
   int device = 0;
+  // Tensor parallelism (engine/tp_shard.hpp, docs/engine.md "Tensor parallelism on GPUs"): this backend is
+  // rank shard.rank of shard.tp. `model` stays the whole model's config; the backend serves
+  // shard_config(model, shard)'s shapes over sharded_weights(the whole weights, shard) (geometry and
+  // pool_bytes are the rank's: page_geometry and the memory plan of tp_rank_model), and sums its partial
+  // attention output (after o_proj) and MoE / dense MLP output with the other ranks through `collective`
+  // (one per rank, its tp() and rank() those of `shard`; required when shard.tp > 1). Each forward first
+  // makes `device` current (a TpGroup calls it from the rank's thread). shard.tp = 1: none of this happens.
+  TpShard shard{};
+  std::shared_ptr<TpCollective> collective;
+  // The whole model's weights, shared by a group's ranks (one checkpoint read, one random model); null: from
+  // checkpoint_dir or seed as above.
+  std::shared_ptr<const ModelWeights> full_weights;
 };
 
 // AMOEBA_PHASE_EVENTS=0 in the environment: the backend records no per-layer phase events (an experiment's

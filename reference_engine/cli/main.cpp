@@ -168,9 +168,13 @@ struct ScenarioFlags {
       routing, ranking, expert_precision, moe_kernel;
   std::optional<std::string> rate, burstiness, memory_cap_gib, gpu_memory_gib, usable_fraction, drift,
       predictor_accuracy, skew;
-  std::optional<std::string> requests, seed, offload_limit, fixed_offload, max_num_seqs, max_batched_tokens;
+  std::optional<std::string> requests, seed, offload_limit, fixed_offload, max_num_seqs, max_batched_tokens,
+      tp;
 
   void add_to(CLI::App& app) {
+    app.add_option("--tp", tp,
+                   "--backend cuda: tensor parallelism over GPUs 0..tp-1 of this machine (NCCL), in [1, 8] "
+                   "(default 1: one GPU)");
     app.add_option("--scenario", scenario, "named scenario from `amoeba scenarios` (default: motivating)");
     app.add_option("--config", config, "JSON config file (see docs/engine.md)");
     app.add_option("--backend", backend,
@@ -329,6 +333,7 @@ struct ScenarioFlags {
     if (expert_precision)
       s.expert_precision = expert_precision_from_string(*expert_precision, "--expert-precision");
     if (moe_kernel) s.moe_kernel = moe_kernel_from_string(*moe_kernel, "--moe-kernel");
+    if (tp) s.tp = static_cast<std::uint32_t>(parse_count("--tp", *tp, ranges::kTp));
     apply_backend_defaults(s);  // the GPU and routing of the backend, where nothing above named them
     return s;
   }
@@ -764,6 +769,10 @@ int cmd_validate(const ScenarioFlags& given, const std::string& policy,
   ScenarioFlags flags = given;
   if (!flags.backend) flags.backend = "cuda";
   Scenario s = resolve_measured(flags, policy);
+  if (s.tp != 1)
+    throw_config_error("--tp", s.tp,
+                       "validate compares one GPU with the simulator: tensor-parallel runs are not validated "
+                       "yet");
   // Both sides must see the same experts: the routing model (or a record), never a router.
   if (s.routing_source == "model") {
     if (s.routing_given)

@@ -23,6 +23,9 @@
 #include "engine/routing_source.hpp"
 #include "engine/scenario.hpp"
 #include "engine/sim_backend.hpp"
+#include "engine/tp_collective.hpp"
+#include "engine/tp_group.hpp"
+#include "engine/tp_shard.hpp"
 
 namespace amoeba::engine {
 
@@ -65,10 +68,14 @@ SimBackend make_backend<SimBackend>(const RunSetup& s) {
 }
 // The GPU: the setup's model, pool and limits; the checkpoint's weights, or random ones from the seed; prompt
 // tokens drawn from the seed (a trace has lengths, not tokens).
-template <>
-CudaBackend make_backend<CudaBackend>(const RunSetup& s) {
+CudaBackend make_cuda_backend(const RunSetup& s, TpShard shard, std::shared_ptr<TpCollective> collective,
+                              std::shared_ptr<const ModelWeights> full) {
   const Scenario& sc = *s.scenario;
   CudaBackendConfig c;
+  c.shard = shard;
+  c.collective = std::move(collective);
+  c.full_weights = std::move(full);
+  c.device = static_cast<int>(shard.rank);
   c.model = *s.hf_model;
   c.checkpoint_dir = sc.weights;
   c.seed = sc.seed;
@@ -84,6 +91,31 @@ CudaBackend make_backend<CudaBackend>(const RunSetup& s) {
   return CudaBackend(c, [seed, vocab](std::uint64_t request, std::uint32_t position) {
     return synthetic_prompt_token(seed, vocab, request, position);
   });
+}
+template <>
+CudaBackend make_backend<CudaBackend>(const RunSetup& s) {
+  return make_cuda_backend(s, TpShard{}, nullptr, nullptr);
+}
+
+// --tp N: GPUs 0..N-1, one CudaBackend rank each over the rank's shard of one set of weights, summing through
+// one NCCL communicator per rank.
+template <>
+TpGroup<CudaBackend> make_backend<TpGroup<CudaBackend>>(const RunSetup& s) {
+  const Scenario& sc = *s.scenario;
+  const std::uint32_t tp = sc.tp;
+  std::shared_ptr<const ModelWeights> full =
+      sc.weights.empty()
+          ? std::shared_ptr<const ModelWeights>(random_weights(*s.hf_model, sc.seed))
+          : std::shared_ptr<const ModelWeights>(checkpoint_weights(open_checkpoint(sc.weights)));
+  std::vector<int> devices(tp);
+  for (std::uint32_t r = 0; r < tp; ++r) devices[r] = int(r);
+  const std::vector<std::shared_ptr<TpCollective>> comms = nccl_group(devices);
+  std::vector<std::unique_ptr<CudaBackend>> ranks;
+  for (std::uint32_t r = 0; r < tp; ++r) {
+    CudaBackend one = make_cuda_backend(s, TpShard{tp, r}, comms[r], full);
+    ranks.push_back(std::make_unique<CudaBackend>(std::move(one)));
+  }
+  return TpGroup<CudaBackend>(std::move(ranks));
 }
 
 template <class Pool, class Adj, class Backend>
@@ -154,8 +186,13 @@ RunResult run_engine(const RunSetup& s) {
   r.pool_bytes = s.memory.pool_bytes;
   r.initial_kv_bytes = s.memory.initial_kv_bytes();
   r.load_buffer_experts = s.offload_limit;
-  if constexpr (std::is_same_v<Backend, CudaBackend>) {
-    const CudaMemoryReport& m = engine.backend().memory();
+  if constexpr (std::is_same_v<Backend, CudaBackend> || std::is_same_v<Backend, TpGroup<CudaBackend>>) {
+    const CudaMemoryReport& m = [&]() -> const CudaMemoryReport& {
+      if constexpr (std::is_same_v<Backend, CudaBackend>)
+        return engine.backend().memory();
+      else
+        return engine.backend().rank(0).memory();  // rank 0's GPU
+    }();
     r.device_free_before = m.device_free_before;
     r.device_free_after_setup = m.device_free_after_setup;
     r.device_free_end = m.device_free_now();
@@ -174,7 +211,10 @@ RunResult run_with_pool(const RunSetup& s) {
     case BackendKind::kCuda:
       // The GPU backend serves Qwen MoE models, which have no linear-attention state (prepare_run refused
       // the others), so it is instantiated for MoePool only.
-      if constexpr (std::is_same_v<Pool, MoePool>) return run_engine<Pool, Adj, CudaBackend>(s);
+      if constexpr (std::is_same_v<Pool, MoePool>) {
+        if (s.scenario->tp > 1) return run_engine<Pool, Adj, TpGroup<CudaBackend>>(s);
+        return run_engine<Pool, Adj, CudaBackend>(s);
+      }
       break;
   }
   throw std::logic_error("no runner for this backend and pool");
@@ -315,7 +355,13 @@ RunSetup prepare_one(const Scenario& sc, const RunVariant& run, const std::vecto
   s.moe_kernel = run.moe_kernel.value_or(sc.moe_kernel);
   const ModelSpec model = resolve_model(sc, backend, shared, s.hf_model);
   if (backend.kind == BackendKind::kCuda) check_cuda_setup(sc, run, s, model);
-  s.model = shard_model(model, s.gpu.gpus, sc.expert_precision, "gpu " + s.gpu.name + ".gpus");
+  if (backend.kind == BackendKind::kCuda && sc.tp > 1) {
+    // One rank's shapes (every rank's are equal): what its pool, memory plan and engine see.
+    s.model = tp_rank_model(*s.hf_model, TpShard{sc.tp, 0}, model.name);
+    s.model.expert_precision = sc.expert_precision;
+  } else {
+    s.model = shard_model(model, s.gpu.gpus, sc.expert_precision, "gpu " + s.gpu.name + ".gpus");
+  }
   s.routing = sc.routing_source == "synthetic" ? RoutingKind::kSynthetic
               : sc.routing_source == "model"   ? RoutingKind::kModel
                                                : RoutingKind::kRecorded;

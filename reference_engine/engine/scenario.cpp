@@ -242,6 +242,13 @@ void validate_scenario(const Scenario& s) {
   if (s.requests < ranges::kRequests.min || s.requests > ranges::kRequests.max)
     throw_config_error("--requests", s.requests, range_rule(ranges::kRequests));
   real("--usable-fraction", s.memory.usable_fraction, ranges::kUsableFraction);
+  if (s.tp < ranges::kTp.min || s.tp > ranges::kTp.max)
+    throw_config_error("--tp", s.tp, range_rule(ranges::kTp));
+  if (s.tp > 1 && find_backend(s.backend).kind != BackendKind::kCuda)
+    throw_config_error(
+        "--tp", s.tp,
+        "tensor parallelism over GPUs runs on --backend cuda; the simulator prices several GPUs "
+        "through a GPU profile of several (--gpu, amoeba gpus)");
   for (const RunVariant& v : s.runs) {
     try {
       (void)find_policy(v.policy);

@@ -77,6 +77,7 @@ inline constexpr RealRange kUnit{0.0, 1.0};  // cross_layer_correlation, localit
 inline constexpr RealRange kTemporalSigma{0.0, 4.0};
 inline constexpr CountRange kCalibrationTokens{1, 1u << 24};
 inline constexpr CountRange kTemporalPeriod{1, 1u << 20};
+inline constexpr CountRange kTp{1, 8};  // --tp: GPUs of one host
 }  // namespace ranges
 // One labelled run of an ablation: a policy and the MoE kernel it runs with.
 struct RunVariant {
@@ -113,6 +114,10 @@ struct Scenario {
   PredictorParams predictor{};
   ExpertPrecision expert_precision = ExpertPrecision::kBf16;
   MoeKernel moe_kernel = MoeKernel::kPaged;
+  // Tensor parallelism of the cuda backend (--tp): GPUs 0..tp-1 of this machine, one rank each (TpGroup over
+  // CudaBackend ranks, NCCL between them); 1: one GPU, today's backend. The simulator prices several GPUs
+  // through a GPU profile of several (--gpu 8x-rtx5090) instead, so tp > 1 needs --backend cuda.
+  std::uint32_t tp = 1;
   std::vector<RunVariant> runs;  // non-empty: these runs instead of `policies`
   // Whether a config, a named scenario or a flag set `gpu` / `routing_source`; where not, the backend's
   // defaults replace them (apply_backend_defaults).

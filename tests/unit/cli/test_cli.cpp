@@ -727,3 +727,27 @@ TEST_CASE("calibrate and validate: bad arguments name the flag and the value, an
           "--backend = cuda: this build has no CUDA backend");
 #endif
 }
+
+TEST_CASE(
+    "tensor parallelism (--tp) is the cuda backend's, in [1, 8], split as the model allows - refused "
+    "before anything runs",
+    "[cli][tp]") {
+  TempDir t;
+  Outcome o = amoeba(t, "run --tp 2 --requests 4");  // the simulator: several GPUs are a GPU profile
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--tp = 2: tensor parallelism over GPUs runs on --backend cuda"));
+  for (const std::string v : {"0", "9", "-1", "two"}) {
+    INFO(v);
+    o = amoeba(t, "ablate --quiet --backend cuda --tp " + v);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.err, Catch::Contains("--tp = " + v));
+  }
+  o = amoeba(t, "validate --tp 2 --model qwen1.5-moe-a2.7b");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--tp = 2: validate compares one GPU with the simulator"));
+  // Qwen1.5-MoE-A2.7B's 16 heads do not split over 3 GPUs: refused from the model's shapes, before any GPU.
+  o = amoeba(t, "run --backend cuda --tp 3 --model qwen1.5-moe-a2.7b --requests 4");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err, Catch::Contains("--tp = 3: config.num_attention_heads = 16 must be a multiple of --tp"));
+  CHECK(o.out.empty());
+}

@@ -26,6 +26,7 @@
 #include "engine/model_weights.hpp"
 #include "engine/quantize.hpp"
 #include "engine/safetensors.hpp"
+#include "logits_match.hpp"
 #include "small_models.hpp"
 
 using namespace amoeba;
@@ -161,24 +162,7 @@ void matches_reference(const std::string& name, const std::string& config,
   cfg.expert_precision = precision;
   CudaBackend backend(cfg, [&](std::uint64_t, std::uint32_t p) { return prompt.at(p); });
   const auto gpu = generate_greedy(backend, model, g, pool, prompt, 0, teacher);
-  REQUIRE(gpu.size() == ref_steps.size());
-  double worst = 0;
-  for (std::size_t s = 0; s < gpu.size(); ++s) {
-    const auto& a = ref_steps[s].logits;
-    const auto& b = gpu[s].logits;
-    REQUIRE(b.size() == a.size());
-    double diff = 0, scale = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      diff = std::max(diff, double(std::abs(a[i] - b[i])));
-      scale = std::max(scale, double(std::abs(a[i])));
-    }
-    worst = std::max(worst, diff / scale);
-    INFO(name << " step " << s << ": max |dlogit| " << diff << ", max |logit| " << scale);
-    CHECK(diff <= 0.08 * scale + 0.01);
-    std::vector<float> sorted = a;
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    if (sorted[0] - sorted[1] > 2 * (0.08 * scale + 0.01)) CHECK(gpu[s].token == ref_steps[s].token);
-  }
+  const double worst = test::check_logits_match(name, ref_steps, gpu);
   WARN(name << " (" << to_string(precision) << " experts): worst max |dlogit| / max |logit| over "
             << gpu.size() << " steps: " << worst);
   fs::remove_all(dir);

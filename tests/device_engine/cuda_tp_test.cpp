@@ -25,6 +25,7 @@
 #include "engine/tp_collective.hpp"
 #include "engine/tp_group.hpp"
 #include "engine/tp_shard.hpp"
+#include "logits_match.hpp"
 
 using namespace amoeba;
 using namespace amoeba::engine;
@@ -116,24 +117,7 @@ void tp_matches_one_gpu(const std::string& name, const std::string& json,
   CHECK(g2.expert_page_bytes * tp == g1.expert_page_bytes);  // each rank pages 1/tp of every expert
   TpCuda group{TpGroup<CudaBackend>(std::move(ranks))};
   const auto got = generate_greedy(group, m2, g2, pool2, prompt, 0, teacher);
-  REQUIRE(got.size() == ref.size());
-  double worst = 0;
-  for (std::size_t s = 0; s < got.size(); ++s) {
-    const auto& a = ref[s].logits;
-    const auto& b = got[s].logits;
-    REQUIRE(b.size() == a.size());
-    double diff = 0, scale = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      diff = std::max(diff, double(std::abs(a[i] - b[i])));
-      scale = std::max(scale, double(std::abs(a[i])));
-    }
-    worst = std::max(worst, diff / scale);
-    INFO(name << " step " << s << ": max |dlogit| " << diff << ", max |logit| " << scale);
-    CHECK(diff <= 0.08 * scale + 0.01);
-    std::vector<float> sorted = a;
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    if (sorted[0] - sorted[1] > 2 * (0.08 * scale + 0.01)) CHECK(got[s].token == ref[s].token);
-  }
+  const double worst = test::check_logits_match(name + " tp " + std::to_string(tp), ref, got);
   WARN(name << " at tp " << tp << " (" << collectives.front()->name()
             << "): worst max |dlogit| / max |logit| "
             << "against tp 1 over " << got.size() << " steps: " << worst);

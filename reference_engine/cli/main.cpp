@@ -508,9 +508,15 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
                              g.conv_padding_bytes());
   std::cout << "\n";
   const RunSetup& first = setups.front();
-  if (first.gpu.gpus > 1 || s.expert_precision != ExpertPrecision::kBf16) {
+  if (first.gpu.gpus > 1 || s.expert_precision != ExpertPrecision::kBf16 || s.tp > 1) {
     const GpuProfile& gp = first.gpu;
     std::cout << (simulated ? "deployment (simulated): " : "deployment: ");
+    if (s.tp > 1)
+      std::cout << fmt::format(
+          "GPUs 0..{} x {}, tensor parallel over NCCL (each GPU holds 1/{} of every expert, its heads' KV "
+          "and "
+          "the whole vocabulary; one rank's plan below); ",
+          s.tp - 1, gp.name, s.tp);
     if (gp.gpus > 1)
       std::cout << fmt::format(
           "{} x {}, tensor parallel (each GPU holds 1/{} of every expert and its own KV share); 2 "
@@ -526,7 +532,7 @@ int cmd_ablate(const ScenarioFlags& flags, const std::optional<std::string>& pol
             : std::string());
   }
   std::cout << "memory per policy (" << (simulated ? "simulated " : "planned for ") << s.gpu
-            << (first.gpu.gpus > 1 ? ", per GPU" : "") << "):\n";
+            << (first.gpu.gpus > 1 || s.tp > 1 ? ", per GPU" : "") << "):\n";
   for (const RunSetup& r : setups)
     std::cout << "  " << fmt::format("{:<12}", r.label) << (r.label.size() >= 12 ? " " : "")
               << r.memory.describe() << "\n";

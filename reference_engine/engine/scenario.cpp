@@ -23,8 +23,9 @@ Scenario parse_scenario(std::string_view json_text, const std::string& what, Sce
   const JsonObject o(j, "config");
   o.reject_unknown({"backend", "model", "weights", "gpu", "cost_model", "memory_cap_gib", "usable_fraction",
                     "workload", "policies", "engine", "experts", "routing", "predictor", "expert_precision",
-                    "moe_kernel", "runs"});
+                    "moe_kernel", "runs", "tp"});
   s.backend = o.get_string_or("backend", s.backend);
+  s.tp = static_cast<std::uint32_t>(o.get_uint_or("tp", s.tp, ranges::kTp.min, ranges::kTp.max));
   if (o.has("model") && o.has("weights"))
     throw ConfigError("config.model", quote_json(o.raw().at("model")),
                       "must not be given with config.weights: the checkpoint's config.json is the model");
@@ -302,6 +303,7 @@ std::uint64_t memory_cap_bytes(double gib) {
 std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::ordered_json j;
   j["backend"] = s.backend;
+  if (s.tp != 1) j["tp"] = s.tp;  // absent: one GPU (files written before tensor parallelism read alike)
   if (s.weights.empty())
     j["model"] = s.model;
   else  // the checkpoint is the model (a config may not name both)

@@ -278,6 +278,25 @@ TEST_CASE("weights: the checkpoint's config is the model (the simulator reads it
   CHECK_THROWS_AS(testing::ablate(s), ConfigError);
 }
 
+TEST_CASE("config tp: the cuda backend's tensor parallelism reads back from a config, 1 when absent",
+          "[engine][cuda][tp]") {
+  Scenario s;
+  CHECK(scenario_to_json(s).find("\"tp\"") == std::string::npos);  // one GPU: files as before
+  s.backend = "cuda";
+  s.tp = 4;
+  const Scenario back = parse_scenario(scenario_to_json(s), "out.json");
+  CHECK(back.tp == 4);
+  CHECK(parse_scenario(R"({"backend": "cuda"})", "c.json").tp == 1);
+  CHECK_THROWS_WITH(parse_scenario(R"({"backend": "cuda", "tp": 9})", "c.json"),
+                    Catch::StartsWith("config.tp = 9"));
+  CHECK_THROWS_WITH(parse_scenario(R"({"tp": 0})", "c.json"), Catch::StartsWith("config.tp = 0"));
+  Scenario sim;
+  sim.tp = 2;
+  CHECK_THROWS_WITH(validate_scenario(sim),
+                    Catch::StartsWith("--tp = 2: tensor parallelism over GPUs runs on "
+                                      "--backend cuda"));
+}
+
 TEST_CASE("cuda setups refuse what the GPU backend does not run, naming the flag", "[engine][cuda]") {
   Scenario s;
   s.backend = "cuda";

@@ -7,8 +7,9 @@
 // the bf16 tolerance of the reference test (a rank's partial sums are rounded to bf16 before the sum, the
 // whole model's once: sums in another order, not bit-identical), and the argmax wherever tp 1's top-1 margin
 // is clear of that tolerance. The group also checks every step that its ranks routed alike (TpGroup). The
-// models: Qwen2-MoE (QKV biases, a shared expert of two chunks; tp 2 gives each rank one head and one
-// chunk) and Qwen3-MoE (q/k norms, one KV head replicated on both ranks). Exits 77 (skipped) without a GPU.
+// models: Qwen2-MoE (QKV biases, a shared expert of two expert-sized chunks; tp 2 gives each rank one head
+// and half of every expert and chunk) and Qwen3-MoE (q/k norms, 4 query heads per rank reading the one KV
+// head, replicated on both ranks). Exits 77 (skipped) without a GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -742,7 +742,8 @@ TEST_CASE(
     CHECK(o.status == 2);
     CHECK_THAT(o.err, Catch::Contains("--tp = " + v));
   }
-  o = amoeba(t, "validate --tp 2 --model qwen1.5-moe-a2.7b");
+  // (the measured side on the simulator, so that a build without the CUDA backend reaches the check too)
+  o = amoeba(t, "validate --backend sim --measured-cost-model default --tp 2 --model qwen1.5-moe-a2.7b");
   CHECK(o.status == 2);
   CHECK_THAT(o.err, Catch::Contains("--tp = 2: validate compares one GPU with the simulator"));
   // Qwen1.5-MoE-A2.7B's 16 heads do not split over 3 GPUs: refused from the model's shapes, before any GPU.

@@ -506,6 +506,23 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
     }
   }
 
+  if (measured.request_ttft_ms.size() == simulated.request_ttft_ms.size()) {
+    std::vector<double> ratio;
+    for (std::size_t i = 0; i < measured.request_ttft_ms.size(); ++i) {
+      const double a = measured.request_ttft_ms[i], b = simulated.request_ttft_ms[i];
+      if (std::isfinite(a) && std::isfinite(b) && a > 0) ratio.push_back(b / a);
+    }
+    if (!ratio.empty()) {
+      std::vector<double> negated(ratio.size());
+      std::transform(ratio.begin(), ratio.end(), negated.begin(), [](double x) { return -x; });
+      const Percentiles q = percentiles(std::move(ratio)), low = percentiles(std::move(negated));
+      out.ttft_paired.requests = q.count;
+      out.ttft_paired.median_ratio = q.p50;
+      out.ttft_paired.p10_ratio = -low.p90;  // the 10th percentile, by percentiles()' own rule
+      out.ttft_paired.p90_ratio = q.p90;
+    }
+  }
+
   std::vector<std::pair<std::size_t, std::size_t>> pairs;
   bool by_index = m.size() == s.size();
   for (std::size_t i = 0; by_index && i < m.size(); ++i) by_index = same_key(m[i], s[i]);

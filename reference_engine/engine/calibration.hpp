@@ -149,6 +149,13 @@ struct RunComparison {
     std::vector<Kind> by_kind;
   } priced;
   EndToEnd measured, simulated;
+  // TTFT request by request: simulated / measured of each request that finished in both runs with a
+  // measured TTFT > 0 (both runs serve one trace; RunResult::request_ttft_ms). A bias here is the schedule's
+  // (arrivals landing in other steps), since the priced steps above measure the step prices.
+  struct PairedTtft {
+    std::size_t requests = 0;
+    double median_ratio = 0, p10_ratio = 0, p90_ratio = 0;
+  } ttft_paired;
 };
 
 // The matched step-time errors and the end-to-end metrics side by side. step_ms is the forward alone on

@@ -328,6 +328,11 @@ std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
   row("restores", double(c.measured.restores), double(c.simulated.restores), 0);
   row("copy stall s", c.measured.copy_stall_s, c.simulated.copy_stall_s, 3);
   row("preemptions", double(c.measured.preemptions), double(c.simulated.preemptions), 0);
+  if (c.ttft_paired.requests > 0)
+    t += fmt::format(
+        "TTFT request by request, simulated / measured over {} requests: median {:.3f}, p10 {:.3f}, p90 "
+        "{:.3f}\n",
+        c.ttft_paired.requests, c.ttft_paired.median_ratio, c.ttft_paired.p10_ratio, c.ttft_paired.p90_ratio);
   return t;
 }
 
@@ -389,6 +394,11 @@ std::string validation_json(const RunComparison& c, const ValidationLabels& l) {
     return o;
   };
   j["end_to_end"] = {{"measured", e2e(c.measured)}, {"simulated", e2e(c.simulated)}};
+  if (c.ttft_paired.requests > 0)
+    j["ttft_paired"] = {{"requests", c.ttft_paired.requests},
+                        {"median_ratio", c.ttft_paired.median_ratio},
+                        {"p10_ratio", c.ttft_paired.p10_ratio},
+                        {"p90_ratio", c.ttft_paired.p90_ratio}};
   return j.dump(2) + "\n";
 }
 

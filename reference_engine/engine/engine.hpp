@@ -29,6 +29,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -179,6 +180,13 @@ class Engine {
   RunResult result() const {
     RunResult r = result_;
     summarize_requests(seqs_, r);
+    if (options_.record_timeline) {
+      r.request_ttft_ms.reserve(seqs_.size());
+      for (const Sequence& s : seqs_)
+        r.request_ttft_ms.push_back(s.status == SeqStatus::kFinished
+                                        ? (s.first_token_s - s.arrival_s) * 1e3
+                                        : std::numeric_limits<double>::quiet_NaN());
+    }
     r.expert_hit_rate = touches_ > 0 ? double(hits_) / double(touches_) : 1.0;
     r.expert_prefetch_rate = touches_ > 0 ? double(prefetched_) / double(touches_) : 0.0;
     return r;

@@ -71,6 +71,9 @@ struct RunResult {
   std::uint64_t pool_bytes = 0, initial_kv_bytes = 0;
   std::uint32_t load_buffer_experts = 0;
   std::vector<TimelineRow> timeline;  // filled when asked for
+  // Each request's TTFT in ms, in trace order (NaN where it did not finish); filled with the timeline, so
+  // that two runs of one trace compare request by request (compare_runs).
+  std::vector<double> request_ttft_ms;
 };
 
 // Fills the request-level fields of `r` from the finished sequences.

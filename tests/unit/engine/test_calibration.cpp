@@ -3,6 +3,7 @@
 // 5% noise), bad samples are refused naming the index and the field, the residuals survive the JSON round
 // trip, and the run comparison pairs steps by index, by alignment, or not at all.
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 
 #include "amoeba/core/errors.hpp"
 #include "engine/calibration.hpp"
+#include "engine/calibration_harness.hpp"
 #include "engine/gpu.hpp"
 #include "engine/model.hpp"
 #include "engine/random.hpp"
@@ -423,6 +425,27 @@ TEST_CASE("compare_runs: same schedule pairs by index", "[calibration]") {
   CHECK(c.measured.throughput_tok_s == 100);
   CHECK(c.simulated.ttft_p50_ms == 6);
   CHECK(c.priced.steps == 0);  // the measured run was not priced
+}
+
+TEST_CASE("compare_runs: TTFT request by request, over requests finished in both runs", "[calibration]") {
+  RunResult meas = run_of({{512, 10}, {4, 2}});
+  RunResult sim = run_of({{512, 11}, {4, 2}});
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  meas.request_ttft_ms = {10, 20, 40, nan, 0, 30};
+  sim.request_ttft_ms = {11, 18, 40, 5, 7, 33};
+  const RunComparison c = compare_runs(meas, sim);
+  CHECK(c.ttft_paired.requests == 4);  // not the one unfinished, nor the measured 0
+  CHECK(c.ttft_paired.median_ratio == Approx(1.05));
+  CHECK(c.ttft_paired.p90_ratio == Approx(1.1));
+  CHECK(c.ttft_paired.p10_ratio == Approx(0.93));
+  const std::string text = validation_text(c, ValidationLabels{});
+  CHECK_THAT(text,
+             Catch::Contains("TTFT request by request, simulated / measured over 4 requests: median 1.050"));
+  CHECK(validation_json(c, ValidationLabels{}).find("\"ttft_paired\"") != std::string::npos);
+  sim.request_ttft_ms.pop_back();  // runs of different traces: nothing to pair
+  CHECK(compare_runs(meas, sim).ttft_paired.requests == 0);
+  CHECK(validation_json(compare_runs(meas, sim), ValidationLabels{}).find("ttft_paired") ==
+        std::string::npos);
 }
 
 TEST_CASE("compare_runs: each priced measured step against its own price", "[calibration]") {

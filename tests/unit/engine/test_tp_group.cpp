@@ -3,6 +3,7 @@
 // exception reaches the caller after every rank has returned and leaves the group usable; times are the
 // slowest rank's; tp 1 runs on the caller's thread; and an engine over a group of identical simulated ranks
 // gives exactly the single backend's run.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <latch>
@@ -250,6 +251,10 @@ TEST_CASE("tp group: an engine over two identical simulated ranks runs exactly a
   CHECK(one.forward_steps == two.forward_steps);
   CHECK(one.throughput_tok_s == two.throughput_tok_s);
   CHECK(one.ttft_ms.p50 == two.ttft_ms.p50);
+  // With the timeline, every request's TTFT in trace order (what validate pairs request by request).
+  REQUIRE(one.request_ttft_ms.size() == trace.size());
+  CHECK(one.request_ttft_ms == two.request_ttft_ms);
+  CHECK(std::all_of(one.request_ttft_ms.begin(), one.request_ttft_ms.end(), [](double t) { return t > 0; }));
   for (std::size_t i = 0; i < one.timeline.size(); ++i) {
     INFO("step " << i);
     CHECK(one.timeline[i].step_ms == two.timeline[i].step_ms);

@@ -8,8 +8,10 @@
 # CAPS="0 40" serves each batch under each memory cap in GiB (0: uncapped, the default), to see whether the
 # arena's size (the pages' spread over the device) changes the step. PRECISIONS="bf16 int8 int4" serves each
 # batch with the experts in each precision (--expert-precision; the floor then counts the packed bytes).
-#   BIN=.gpu OUT=$OUT [BATCHES="1 32 256"] [CAPS="0"] [PRECISIONS="bf16"] [REPEATS=1] [NCU=1] [TESTS="..."] \
-#     bash benchmarks/device/engine_decode.sh
+# TPS="1 2" serves each batch with tensor parallelism over that many GPUs (--tp; a machine of that many:
+# nvidia-h200-x2), the floor then per GPU (each reads 1/tp of every expert).
+#   BIN=.gpu OUT=$OUT [BATCHES="1 32 256"] [CAPS="0"] [PRECISIONS="bf16"] [TPS="1"] [REPEATS=1] [NCU=1] \
+#     [TESTS="..."] bash benchmarks/device/engine_decode.sh
 source "$(dirname "$0")/device_common.sh"
 here=$(dirname "$0")
 for b in ${BATCHES:-1 32 256}; do
@@ -18,16 +20,20 @@ for b in ${BATCHES:-1 32 256}; do
   fixed_batch_trace "$b" "$p" "$OUT/trace_b$b.jsonl"
   for cap in ${CAPS:-0}; do
     for prec in ${PRECISIONS:-bf16}; do
-      for r in $(seq 1 "${REPEATS:-1}"); do
-        start=$(date +%s)
-        name=decode_b${b}_cap${cap}_r$r
-        [[ $prec != bf16 ]] && name=decode_b${b}_cap${cap}_${prec}_r$r
-        "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
-          --gpu-memory-gib "$cap" --expert-precision "$prec" --csv "$OUT/$name.csv" --quiet >>"$OUT/decode.txt" 2>&1
-        lines+=("decode b=$b p=$p cap=$cap $prec run $r rc=$? wall=$(($(date +%s) - start)) s")
-        echo "# $name" >>"$OUT/decode_table.txt"
-        python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) \
-          --precision "$prec" >>"$OUT/decode_table.txt" 2>&1
+      for tp in ${TPS:-1}; do
+        for r in $(seq 1 "${REPEATS:-1}"); do
+          start=$(date +%s)
+          name=decode_b${b}_cap${cap}_r$r
+          [[ $prec != bf16 ]] && name=decode_b${b}_cap${cap}_${prec}_r$r
+          [[ $tp != 1 ]] && name=${name/_r$r/_tp${tp}_r$r}
+          "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
+            --gpu-memory-gib "$cap" --expert-precision "$prec" --tp "$tp" --csv "$OUT/$name.csv" --quiet \
+            >>"$OUT/decode.txt" 2>&1
+          lines+=("decode b=$b p=$p cap=$cap $prec tp=$tp run $r rc=$? wall=$(($(date +%s) - start)) s")
+          echo "# $name" >>"$OUT/decode_table.txt"
+          python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) \
+            --precision "$prec" --tp "$tp" >>"$OUT/decode_table.txt" 2>&1
+        done
       done
     done
   done

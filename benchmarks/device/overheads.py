@@ -10,9 +10,11 @@ floor: every byte the step must read once at the measured read bandwidth (attent
 the routed experts a uniform router touches, E x (1 - (1 - k/E)^B) per layer, the shared expert, the LM
 head, and the KV cache of the running sequences, from the timeline's used KV pages).
     python3 benchmarks/device/overheads.py PLAIN.csv [GATED.csv] [--targets 1,32,256] [--precision int8]
-        [--json OUT.json]
+        [--tp 2] [--json OUT.json]
 --precision: the experts' precision of the run (the floor then counts the packed expert and shared-expert
 bytes: docs/kernel.md, "Quantized expert pages"; the CUDA backend packs the shared expert's chunks too).
+--tp: a tensor-parallel run's timeline (rank 0's): the floor is one GPU's bytes (1/tp of attention, experts,
+shared expert and KV; router and LM head whole).
 Without GATED.csv the gated column stays empty (benchmarks/device/engine_decode.sh: fixed batches).
 """
 import argparse
@@ -41,10 +43,14 @@ KV_PAGE = 131072  # 16 tokens of one layer's K and V
 READ_BW = 4.25e12  # bytes/s, measured device copy on the project's H200 (reference_engine/data/gpus/h200.json)
 
 
+TP = 1  # --tp: one GPU's share (engine/tp_shard.hpp): 1/tp of attention, experts, shared expert and KV; the
+# router and the LM head whole on every GPU
+
+
 def floor_s(batch, kv_pages_used):
     experts = E * (1 - (1 - K / E) ** batch)
-    total = ATTN_BYTES + ROUTER_BYTES + LAYERS * experts * EXPERT_BYTES + SHARED_BYTES + HEAD_BYTES
-    return (total + kv_pages_used * KV_PAGE) / READ_BW
+    split = (ATTN_BYTES + LAYERS * experts * EXPERT_BYTES + SHARED_BYTES + kv_pages_used * KV_PAGE) / TP
+    return (split + ROUTER_BYTES + HEAD_BYTES) / READ_BW
 
 
 def rows(path):
@@ -91,9 +97,11 @@ def main():
                     "otherwise the KV read is taken from the timeline's used KV pages")
     ap.add_argument("--precision", default="bf16", choices=sorted(MATRIX_BYTES),
                     help="the experts' precision of the run (the floor's expert and shared-expert bytes)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the run (the floor is one GPU's)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    global EXPERT_BYTES, SHARED_BYTES
+    global EXPERT_BYTES, SHARED_BYTES, TP
+    TP = a.tp
     EXPERT_BYTES = 3 * MATRIX_BYTES[a.precision]
     SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES[a.precision]
     t = table(a.plain, a.gated, [int(x) for x in a.targets.split(",")], a.context)

@@ -14,7 +14,8 @@ head, and the KV cache of the running sequences, from the timeline's used KV pag
 --precision: the experts' precision of the run (the floor then counts the packed expert and shared-expert
 bytes: docs/kernel.md, "Quantized expert pages"; the CUDA backend packs the shared expert's chunks too).
 --tp: a tensor-parallel run's timeline (rank 0's): the floor is one GPU's bytes (1/tp of attention, experts,
-shared expert and KV; router and LM head whole).
+shared expert and KV; router and LM head whole); the `allred` column is the step's all-reduces (inside attn,
+MoE and head).
 Without GATED.csv the gated column stays empty (benchmarks/device/engine_decode.sh: fixed batches).
 """
 import argparse
@@ -80,6 +81,7 @@ def table(plain, gated, targets=(1, 8, 32, 64, 128, 256), context=None):
                "gpu_ms": med(p, "compute_ms") + med(p, "stall_ms"), "forward_host_ms": med(p, "forward_host_ms"),
                "engine_host_ms": med(p, "host_ms"), "attention_ms": med(p, "attention_ms"),
                "moe_ms": med(p, "moe_ms"), "head_ms": med(p, "dense_ms"),
+               "allreduce_ms": med(p, "allreduce_ms") if "allreduce_ms" in p[0] else 0.0,
                "gated_gpu_ms": (med(g, "compute_ms") + med(g, "stall_ms")) if g else None,
                "gated_steps": len(g), "kv_pages_used": kv, "floor_ms": floor_s(batch, kv) * 1e3}
         row["unhidden_host_pct"] = 100 * (row["step_ms"] - row["gpu_ms"] + row["engine_host_ms"]) / row["step_ms"]
@@ -106,12 +108,13 @@ def main():
     SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES[a.precision]
     t = table(a.plain, a.gated, [int(x) for x in a.targets.split(",")], a.context)
     print(f"{'batch':>5} {'steps':>5} {'step ms':>8} {'GPU ms':>7} {'gated GPU':>9} {'fwd host':>8} {'eng host':>8} "
-          f"{'unhidden':>8} {'attn':>6} {'MoE':>6} {'head':>5} {'floor':>6} {'step/floor':>10}")
+          f"{'unhidden':>8} {'attn':>6} {'MoE':>6} {'head':>5} {'allred':>6} {'floor':>6} {'step/floor':>10}")
     for r in t:
         gg = f"{r['gated_gpu_ms']:9.2f}" if r["gated_gpu_ms"] is not None else f"{'-':>9}"
         print(f"{r['batch']:5.0f} {r['steps']:5d} {r['step_ms']:8.2f} {r['gpu_ms']:7.2f} {gg} "
               f"{r['forward_host_ms']:8.2f} {r['engine_host_ms']:8.3f} {r['unhidden_host_pct']:7.1f}% "
-              f"{r['attention_ms']:6.2f} {r['moe_ms']:6.2f} {r['head_ms']:5.2f} {r['floor_ms']:6.2f} "
+              f"{r['attention_ms']:6.2f} {r['moe_ms']:6.2f} {r['head_ms']:5.2f} {r['allreduce_ms']:6.2f} "
+              f"{r['floor_ms']:6.2f} "
               f"{r['step_over_floor']:9.2f}x")
     if a.json:
         json.dump(t, open(a.json, "w"), indent=1)

@@ -247,6 +247,8 @@ struct CudaBackend::Impl {
 
   // Timing events: per layer attention begin/end, MoE begin/end; the forward's begin/end.
   std::vector<cudaEvent_t> ev_att0, ev_att1, ev_moe0, ev_moe1;
+  std::vector<cudaEvent_t> ev_ar0,
+      ev_ar1;                          // tensor parallelism: around layer l's two all-reduces (2l, 2l + 1)
   std::vector<cudaEvent_t> ev_routed;  // per layer: the router has run (a miss's copy may start)
   cudaEvent_t ev_begin = nullptr, ev_end = nullptr, ev_head0 = nullptr;
 
@@ -274,7 +276,7 @@ struct CudaBackend::Impl {
     store.reset();
     gemm.reset();
     if (stream) cudaStreamSynchronize(stream);
-    for (auto* v : {&ev_att0, &ev_att1, &ev_moe0, &ev_moe1, &ev_routed})
+    for (auto* v : {&ev_att0, &ev_att1, &ev_moe0, &ev_moe1, &ev_routed, &ev_ar0, &ev_ar1})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
     for (cudaEvent_t e : {ev_begin, ev_end, ev_head0})
       if (e) cudaEventDestroy(e);
@@ -325,9 +327,13 @@ struct CudaBackend::Impl {
   void record_phase(cudaEvent_t e) {
     if (phase_events) check_cuda(cudaEventRecord(e, stream), "cudaEventRecord");
   }
-  // Tensor parallelism: sums this rank's partial output with the other ranks' (nothing at tp 1).
-  void all_reduce(dbf16* buf, std::uint64_t count) {
-    if (cfg.shard.tp > 1) cfg.collective->all_reduce_sum_bf16(buf, count, stream);
+  // Tensor parallelism: sums this rank's partial output with the other ranks' (nothing at tp 1); `slot`
+  // 2l after layer l's attention, 2l + 1 after its MoE or MLP, for the phase events around it.
+  void all_reduce(dbf16* buf, std::uint64_t count, std::uint32_t slot) {
+    if (cfg.shard.tp <= 1) return;
+    record_phase(ev_ar0[slot]);
+    cfg.collective->all_reduce_sum_bf16(buf, count, stream);
+    record_phase(ev_ar1[slot]);
   }
   void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
@@ -596,6 +602,12 @@ void CudaBackend::Impl::setup() {
   events(ev_att1);
   events(ev_moe0);
   events(ev_moe1);
+  if (cfg.shard.tp > 1) {
+    for (auto* v : {&ev_ar0, &ev_ar1}) {
+      v->resize(2 * hf.num_layers);
+      for (cudaEvent_t& e : *v) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+    }
+  }
   ev_routed.resize(hf.num_layers);
   for (cudaEvent_t& e : ev_routed)
     check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -842,7 +854,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     check_status(kn::QkvPrologue::run(pa, stream), "q/k norm, RoPE, K/V append");
     check_status(attention.run(l, stream), "paged attention");
     gemm_run(att, Ti, int(qd), w.o, int(H), nullptr, o);
-    all_reduce(o, std::uint64_t(T) * H);  // o_proj is row-parallel: the ranks' partial sums
+    all_reduce(o, std::uint64_t(T) * H, 2 * l);  // o_proj is row-parallel: the ranks' partial sums
     add_norm(T, o, w.post_norm);
     record_phase(ev_att1[l]);
     if (w.moe >= 0) {
@@ -899,7 +911,7 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
       kd::silu_mul_kernel<<<ew_blocks, 256, 0, stream>>>(mlp_a, mlp_b, mlp_a, std::int64_t(T) * Fd);
       gemm_run(mlp_a, Ti, Fd, w.down, int(H), nullptr, o);
     }
-    all_reduce(o, std::uint64_t(T) * H);  // W2 / down_proj are row-parallel
+    all_reduce(o, std::uint64_t(T) * H, 2 * l + 1);  // W2 / down_proj are row-parallel
     // The residual add x += o is the next layer's first kernel (add_norm); after the last layer, here.
     if (l + 1 == hf.num_layers) kd::add_kernel<<<ew_blocks, 256, 0, stream>>>(x, o, std::int64_t(T) * H);
     check_cuda(cudaGetLastError(), "layer epilogue kernels");
@@ -977,6 +989,10 @@ std::optional<ChangeError> CudaBackend::Impl::forward(const StepBatch& batch, co
     out.attention_s += ms * 1e-3;
     check_cuda(cudaEventElapsedTime(&ms, ev_moe0[l], ev_moe1[l]), "cudaEventElapsedTime");
     (layers[l].moe >= 0 ? out.moe_s : out.dense_s) += ms * 1e-3;
+    for (std::uint32_t k = 2 * l; cfg.shard.tp > 1 && k < 2 * l + 2; ++k) {
+      check_cuda(cudaEventElapsedTime(&ms, ev_ar0[k], ev_ar1[k]), "cudaEventElapsedTime");
+      out.allreduce_s += ms * 1e-3;
+    }
   }
   if (phase_events) {
     check_cuda(cudaEventElapsedTime(&ms, ev_head0, ev_end), "cudaEventElapsedTime");

@@ -283,6 +283,7 @@ class Engine {
     row.forward_host_ms = fs.host_s * 1e3;
     row.priced_ms = priced_s_ < 0 ? -1 : priced_s_ * 1e3;
     for (const SequenceStep& s : plan.batch.seqs) row.decode_seqs += s.new_tokens == 1;
+    row.allreduce_ms = fs.allreduce_s * 1e3;
     result_.timeline.push_back(row);
   }
 

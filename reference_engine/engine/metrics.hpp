@@ -45,6 +45,8 @@ struct TimelineRow {
   double priced_ms = -1;
   // Sequences of the step that add one token (decodes; the rest add prefill chunks).
   std::uint32_t decode_seqs = 0;
+  // Tensor parallelism: the step's all-reduces (StepCounters::allreduce_s); 0 on one GPU.
+  double allreduce_ms = 0;
 };
 
 struct RunResult {

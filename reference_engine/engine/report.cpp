@@ -193,16 +193,16 @@ std::string timeline_csv(const RunResult& r) {
   std::string out =
       "step,time_s,step_ms,running,waiting,batch_tokens,free_kv_pages,free_expert_pages,resident_experts,"
       "shortfall_pages,evictions,restores,h2d_bytes,copy_calls,attention_ms,moe_ms,dense_ms,copy_ms,stall_"
-      "ms,host_ms,compute_ms,forward_host_ms,priced_ms,decode_seqs\n";
+      "ms,host_ms,compute_ms,forward_host_ms,priced_ms,decode_seqs,allreduce_ms\n";
   for (const TimelineRow& t : r.timeline)
     out += fmt::format(
         "{},{:.6f},{:.3f},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{"
-        ":.3f},{},{}\n",
+        ":.3f},{},{},{:.3f}\n",
         t.step, t.time_s, t.step_ms, t.running, t.waiting, t.batch_tokens, t.free_kv_pages,
         t.free_expert_pages, t.resident_experts, t.shortfall_pages, t.evictions, t.restores, t.h2d_bytes,
         t.copy_calls, t.attention_ms, t.moe_ms, t.dense_ms, t.copy_ms, t.stall_ms, t.host_ms, t.compute_ms,
         t.forward_host_ms, t.priced_ms < 0 ? std::string() : fmt::format("{:.3f}", t.priced_ms),
-        t.decode_seqs);
+        t.decode_seqs, t.allreduce_ms);
   return out;
 }
 

@@ -191,6 +191,7 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
     if (tensor_parallel) {  // attention's output projection is row-parallel: all-reduce before the FFN
       attn_end += allreduce;
       out.compute_s += allreduce;
+      out.allreduce_s += allreduce;
     }
     if (!is_moe) {
       const double td = roofline(dense_ffn_work(model_, batch.tokens), cost_.dense_memory_efficiency,
@@ -201,6 +202,7 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
       if (tensor_parallel) {
         t += allreduce;
         out.compute_s += allreduce;
+        out.allreduce_s += allreduce;
       }
       continue;
     }
@@ -234,6 +236,7 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
     if (tensor_parallel) {  // the experts' down projection is row-parallel too
       t += allreduce;
       out.compute_s += allreduce;
+      out.allreduce_s += allreduce;
     }
     ++m;
   }

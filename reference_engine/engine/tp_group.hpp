@@ -218,7 +218,8 @@ class TpGroup {
       const StepResult& b = s_->outs[r];
       for (double StepCounters::*t :
            {&StepCounters::step_s, &StepCounters::compute_s, &StepCounters::attention_s, &StepCounters::moe_s,
-            &StepCounters::dense_s, &StepCounters::copy_s, &StepCounters::stall_s, &StepCounters::host_s})
+            &StepCounters::dense_s, &StepCounters::copy_s, &StepCounters::stall_s, &StepCounters::host_s,
+            &StepCounters::allreduce_s})
         out.*t = std::max(out.*t, b.*t);
     }
   }

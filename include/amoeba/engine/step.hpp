@@ -117,8 +117,11 @@ struct StepCounters {
   double dense_s = 0;      // dense FFN layers and the LM head
   double copy_s = 0;       // copy engine busy
   double stall_s = 0;      // compute waiting for copies
-  double host_s = 0;       // measured backends: the forward's host time until it waits for the GPU at its end
-                           // (planning, launches, waits for the router's choices); 0 when simulated
+  // Tensor parallelism: the step's all-reduces (inside attention_s, moe_s and dense_s, not beside them);
+  // 0 on one GPU.
+  double allreduce_s = 0;
+  double host_s = 0;  // measured backends: the forward's host time until it waits for the GPU at its end
+                      // (planning, launches, waits for the router's choices); 0 when simulated
 };
 
 struct StepResult : StepCounters {

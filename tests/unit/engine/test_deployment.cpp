@@ -147,6 +147,10 @@ TEST_CASE("two all-reduces per layer over the profile's interconnect, only with 
   CHECK(a.compute_s - b.compute_s == Approx(a.step_s - b.step_s).epsilon(1e-9));  // on the compute stream
   CHECK(a.moe_s == b.moe_s);
   CHECK(a.attention_s == b.attention_s);
+  // The all-reduces' own time, reported apart (timeline column allreduce_ms).
+  CHECK(a.allreduce_s ==
+        Approx(2.0 * m.num_layers * g8.allreduce_time(64.0 * m.hidden_size * 2)).epsilon(1e-9));
+  CHECK(a.allreduce_s - b.allreduce_s == Approx(a.step_s - b.step_s).epsilon(1e-9));
 }
 
 TEST_CASE("a run on N GPUs conserves requests, tokens and pages for every policy",

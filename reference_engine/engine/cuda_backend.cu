@@ -92,11 +92,23 @@ constexpr std::uint64_t align256(std::uint64_t v) {
 
 // The pinned master copy of every routed expert. Filling it (tens of GB) dominates a backend's setup, and
 // `ablate` builds one backend per policy on the same weights: the last store built is kept for the process's
-// lifetime and handed to the next backend of the same weights (it is read-only once filled).
+// lifetime and handed to the next backend of the same weights (it is read-only once filled). An empty key
+// builds a store of its own, uncached (a backend handed its weights, or one rank's slices).
 std::shared_ptr<const kn::PinnedExpertStore> expert_store(const std::string& key, const ModelWeights& weights,
                                                           std::uint32_t layers, std::uint32_t experts,
                                                           std::uint64_t matrix_bytes, std::uint64_t payload,
                                                           ExpertPrecision precision) {
+  auto build = [&] {
+    auto store = std::make_shared<kn::PinnedExpertStore>(layers, experts, matrix_bytes, payload);
+    store->fill([&](ExpertKey k, std::byte* dst, std::uint64_t bytes) {
+      if (precision == ExpertPrecision::kBf16)
+        weights.read_expert(k.layer, k.expert, std::span<std::byte>(dst, bytes));
+      else  // quantized once, here: [W1 | W3 | W2] packed one matrix per page (engine/quantize.hpp)
+        read_expert_packed(weights, k.layer, k.expert, precision, std::span<std::byte>(dst, bytes));
+    });
+    return store;
+  };
+  if (key.empty()) return build();
   static std::mutex mutex;
   static std::string last_key;
   static std::shared_ptr<const kn::PinnedExpertStore> last;
@@ -105,13 +117,7 @@ std::shared_ptr<const kn::PinnedExpertStore> expert_store(const std::string& key
       last->matrix_bytes() == matrix_bytes && last->payload_bytes() == payload)
     return last;
   last.reset();  // free the previous store before taking another
-  auto store = std::make_shared<kn::PinnedExpertStore>(layers, experts, matrix_bytes, payload);
-  store->fill([&](ExpertKey k, std::byte* dst, std::uint64_t bytes) {
-    if (precision == ExpertPrecision::kBf16)
-      weights.read_expert(k.layer, k.expert, std::span<std::byte>(dst, bytes));
-    else  // quantized once, here: [W1 | W3 | W2] packed one matrix per page (engine/quantize.hpp)
-      read_expert_packed(weights, k.layer, k.expert, precision, std::span<std::byte>(dst, bytes));
-  });
+  auto store = build();
   last_key = key;
   last = store;
   return store;
@@ -343,9 +349,7 @@ struct CudaBackend::Impl {
 void CudaBackend::Impl::setup() {
   // ---- shapes and host-side checks (nothing on the GPU yet)
   std::shared_ptr<const ModelWeights> full = cfg.full_weights;
-  if (!full)
-    full = cfg.checkpoint_dir.empty() ? random_weights(hf, cfg.seed)
-                                      : checkpoint_weights(open_checkpoint(cfg.checkpoint_dir));
+  if (!full) full = serving_weights(hf, cfg.checkpoint_dir, cfg.seed);
   if (cfg.shard.tp > 1) {
     if (!cfg.collective)
       throw_config_error("--tp", cfg.shard.tp,
@@ -549,13 +553,13 @@ void CudaBackend::Impl::setup() {
   check_cuda(cudaMemcpy(inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice), "upload inv_freq");
 
   // ---- weights: the master copy of every routed expert in pinned memory, the rest on the device
+  // Cached for the next backend of the same weights where the backend read them itself on one GPU.
+  const bool cached = !cfg.full_weights && cfg.shard.tp == 1;
   store = expert_store(
-      (cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
-                                  : "checkpoint:" + cfg.checkpoint_dir) +
-          ":" + std::string(to_string(cfg.expert_precision)) +
-          (cfg.full_weights ? fmtx(":weights@{}", static_cast<const void*>(cfg.full_weights.get()))
-                            : std::string()) +
-          (cfg.shard.tp > 1 ? fmtx(":tp{}/{}", cfg.shard.rank, cfg.shard.tp) : std::string()),
+      cached ? (cfg.checkpoint_dir.empty() ? "random:" + std::to_string(cfg.seed) + ":" + hf.architecture
+                                           : "checkpoint:" + cfg.checkpoint_dir) +
+                   ":" + std::string(to_string(cfg.expert_precision))
+             : std::string(),
       *weights, moe_layers, E, matrix_bytes, payload, cfg.expert_precision);
   mem.pinned_host_bytes = store->bytes() + pinned_bytes;
   upload_weights(weights_at, layout);

@@ -301,6 +301,12 @@ std::unique_ptr<ModelWeights> random_weights(const HfMoeConfig& config, std::uin
   return std::make_unique<RandomWeights>(config, seed);
 }
 
+std::unique_ptr<ModelWeights> serving_weights(const HfMoeConfig& config, const std::string& checkpoint_dir,
+                                              std::uint64_t seed) {
+  return checkpoint_dir.empty() ? random_weights(config, seed)
+                                : checkpoint_weights(open_checkpoint(checkpoint_dir));
+}
+
 std::int32_t synthetic_prompt_token(std::uint64_t seed, std::uint32_t vocab, std::uint64_t request,
                                     std::uint32_t position) noexcept {
   std::uint64_t h = mix64(seed ^ 0x70726f6d70747321ull);  // "prompts!": apart from the weights' keys

@@ -117,6 +117,10 @@ std::unique_ptr<ModelWeights> checkpoint_weights(const Checkpoint& ck);
 // Random weights with `config`'s shapes, deterministic in (seed, tensor name, element): normal-like values
 // of std 0.02 (bf16); RMSNorm weights 1; biases std 0.02. The exact rule is in the header comment above.
 std::unique_ptr<ModelWeights> random_weights(const HfMoeConfig& config, std::uint64_t seed);
+// What a served run reads: the checkpoint in `checkpoint_dir` (opened and checked), or, where it is empty,
+// random_weights(config, seed).
+std::unique_ptr<ModelWeights> serving_weights(const HfMoeConfig& config, const std::string& checkpoint_dir,
+                                              std::uint64_t seed);
 
 // Prompt tokens for generated traces: token `position` of request `request`, uniform over [0, vocab),
 // deterministic in (seed, request, position). vocab must be > 0 (0 gives 0).

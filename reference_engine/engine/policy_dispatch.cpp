@@ -103,19 +103,22 @@ template <>
 TpGroup<CudaBackend> make_backend<TpGroup<CudaBackend>>(const RunSetup& s) {
   const Scenario& sc = *s.scenario;
   const std::uint32_t tp = sc.tp;
-  std::shared_ptr<const ModelWeights> full =
-      sc.weights.empty()
-          ? std::shared_ptr<const ModelWeights>(random_weights(*s.hf_model, sc.seed))
-          : std::shared_ptr<const ModelWeights>(checkpoint_weights(open_checkpoint(sc.weights)));
+  const std::shared_ptr<const ModelWeights> full = serving_weights(*s.hf_model, sc.weights, sc.seed);
   std::vector<int> devices(tp);
   for (std::uint32_t r = 0; r < tp; ++r) devices[r] = int(r);
   const std::vector<std::shared_ptr<TpCollective>> comms = nccl_group(devices);
   std::vector<std::unique_ptr<CudaBackend>> ranks;
-  for (std::uint32_t r = 0; r < tp; ++r) {
-    CudaBackend one = make_cuda_backend(s, TpShard{tp, r}, comms[r], full);
-    ranks.push_back(std::make_unique<CudaBackend>(std::move(one)));
-  }
+  for (std::uint32_t r = 0; r < tp; ++r)
+    ranks.push_back(std::make_unique<CudaBackend>(make_cuda_backend(s, TpShard{tp, r}, comms[r], full)));
   return TpGroup<CudaBackend>(std::move(ranks));
+}
+
+// What a GPU backend took from its device (a tensor-parallel group: rank 0's GPU).
+const CudaMemoryReport& gpu_memory(const CudaBackend& b) {
+  return b.memory();
+}
+const CudaMemoryReport& gpu_memory(const TpGroup<CudaBackend>& g) {
+  return g.rank(0).memory();
 }
 
 template <class Pool, class Adj, class Backend>
@@ -186,13 +189,8 @@ RunResult run_engine(const RunSetup& s) {
   r.pool_bytes = s.memory.pool_bytes;
   r.initial_kv_bytes = s.memory.initial_kv_bytes();
   r.load_buffer_experts = s.offload_limit;
-  if constexpr (std::is_same_v<Backend, CudaBackend> || std::is_same_v<Backend, TpGroup<CudaBackend>>) {
-    const CudaMemoryReport& m = [&]() -> const CudaMemoryReport& {
-      if constexpr (std::is_same_v<Backend, CudaBackend>)
-        return engine.backend().memory();
-      else
-        return engine.backend().rank(0).memory();  // rank 0's GPU
-    }();
+  if constexpr (requires { gpu_memory(engine.backend()); }) {
+    const CudaMemoryReport& m = gpu_memory(engine.backend());
     r.device_free_before = m.device_free_before;
     r.device_free_after_setup = m.device_free_after_setup;
     r.device_free_end = m.device_free_now();

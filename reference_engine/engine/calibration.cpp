@@ -513,12 +513,10 @@ RunComparison compare_runs(const RunResult& measured, const RunResult& simulated
       if (std::isfinite(a) && std::isfinite(b) && a > 0) ratio.push_back(b / a);
     }
     if (!ratio.empty()) {
-      std::vector<double> negated(ratio.size());
-      std::transform(ratio.begin(), ratio.end(), negated.begin(), [](double x) { return -x; });
-      const Percentiles q = percentiles(std::move(ratio)), low = percentiles(std::move(negated));
+      const Percentiles q = percentiles(std::move(ratio));
       out.ttft_paired.requests = q.count;
       out.ttft_paired.median_ratio = q.p50;
-      out.ttft_paired.p10_ratio = -low.p90;  // the 10th percentile, by percentiles()' own rule
+      out.ttft_paired.p10_ratio = q.p10;
       out.ttft_paired.p90_ratio = q.p90;
     }
   }

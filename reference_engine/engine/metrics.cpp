@@ -16,6 +16,7 @@ Percentiles percentiles(std::vector<double> v) {
     const double f = pos - double(i);
     return i + 1 < v.size() ? v[i] + f * (v[i + 1] - v[i]) : v[i];
   };
+  p.p10 = at(0.10);
   p.p50 = at(0.50);
   p.p90 = at(0.90);
   p.p99 = at(0.99);

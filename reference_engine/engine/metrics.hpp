@@ -13,7 +13,7 @@
 namespace amoeba::engine {
 
 struct Percentiles {
-  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
+  double p10 = 0, p50 = 0, p90 = 0, p99 = 0, mean = 0;
   std::size_t count = 0;  // samples; 0 = undefined (e.g. TPOT when every output is one token), not 0 ms
 };
 // Linear interpolation between order statistics (numpy's default). Empty input -> count 0 (and zeros).

@@ -626,28 +626,28 @@ TEST_CASE("validate: the simulator against itself: no error with one cost model,
   // measured forwards' price (here equal to their step_ms), empty on the simulated side.
   const std::string mcsv = slurp(t / "m.csv"), scsv = slurp(t / "s.csv");
   CHECK(mcsv.rfind("step,time_s,step_ms,", 0) == 0);
-  auto split_last = [](const std::string& csv) {  // (every line without priced_ms, the priced_ms fields)
+  auto split_priced = [](const std::string& csv) {  // (every line without priced_ms, the priced_ms fields)
     std::string rest;
-    std::vector<std::string> last;
+    std::vector<std::string> priced;
+    std::size_t column = 0;  // priced_ms's, from the header (the first line)
     std::istringstream in(csv);
     for (std::string line; std::getline(in, line);) {
       std::vector<std::string> cells;
       std::istringstream cs(line);
       for (std::string cell; std::getline(cs, cell, ',');) cells.push_back(cell);
       if (!line.empty() && line.back() == ',') cells.emplace_back();
-      static std::size_t column = 0;
-      if (cells.front() == "step")
+      if (priced.empty())
         column = std::size_t(std::find(cells.begin(), cells.end(), "priced_ms") - cells.begin());
       REQUIRE(column < cells.size());
-      last.push_back(cells[column]);
+      priced.push_back(cells[column]);
       cells.erase(cells.begin() + std::ptrdiff_t(column));
       for (const std::string& c : cells) rest += c + ",";
       rest += "\n";
     }
-    return std::make_pair(rest, last);
+    return std::make_pair(rest, priced);
   };
-  const auto [m_rest, m_priced] = split_last(mcsv);
-  const auto [s_rest, s_priced] = split_last(scsv);
+  const auto [m_rest, m_priced] = split_priced(mcsv);
+  const auto [s_rest, s_priced] = split_priced(scsv);
   CHECK(m_rest == s_rest);
   REQUIRE(m_priced.size() > 10);
   CHECK(m_priced.front() == "priced_ms");

@@ -13,8 +13,9 @@
 // case; --config default,t8,t32,w8,p256,int8,int4: decode tiles to compare (one tile wherever it holds the
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
-// not matter to the time), their expert bytes the packed ones), decode cases only, the first is the one
-// reported.
+// not matter to the time), their expert bytes the packed ones; int8-t8w4u2 and the like: one quantized decode
+// tile at every token count (tile tokens, warps, unroll; the list: quant_sweep()), the sweep that chose the
+// quantized rows of the default table), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -205,11 +206,49 @@ struct QuantWeights {
   }
 };
 
-template <class Precision>
+template <class Precision, class Config = kernels::DefaultMoeConfig>
 std::unique_ptr<GraphBase> make_quant_graph(const std::vector<RoutingSet>& sets, const MoeShape& shape,
                                             const QuantWeights& w, bf16* out, cudaStream_t stream) {
-  return std::make_unique<Graph<kernels::Contiguous, kernels::DefaultMoeConfig, Precision>>(
+  return std::make_unique<Graph<kernels::Contiguous, Config, Precision>>(
       sets, shape, kernels::Contiguous::Arguments{w.data.get()}, out, stream);
+}
+
+// One decode tile at every token count, instantiated alone (its own DecodeTiles): the quantized sweep.
+template <int kTile, int kWarps, int kUnroll>
+struct FixedTileConfig {
+  using DecodeTiles = std::tuple<kernels::decode::Tile<kTile / 8, kWarps, kUnroll>>;
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    return {MoePath::kDecode, kTile, kWarps, kUnroll, 128};
+  }
+};
+
+using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
+                                                    const QuantWeights&, bf16*, cudaStream_t);
+
+// The quantized sweep's configurations, named `int8-t8w4u2` (precision, tile tokens, warps, unroll).
+template <class Precision, int kTile, int kWarps, int kUnroll>
+void add_quant(std::map<std::string, QuantFactory>& m, const std::string& precision) {
+  m[precision + "-t" + std::to_string(kTile) + "w" + std::to_string(kWarps) + "u" + std::to_string(kUnroll)] =
+      &make_quant_graph<Precision, FixedTileConfig<kTile, kWarps, kUnroll>>;
+}
+template <class Precision>
+void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& precision) {
+  add_quant<Precision, 8, 4, 2>(m, precision);
+  add_quant<Precision, 8, 4, 4>(m, precision);
+  add_quant<Precision, 8, 8, 2>(m, precision);
+  add_quant<Precision, 8, 8, 4>(m, precision);
+  add_quant<Precision, 16, 4, 1>(m, precision);
+  add_quant<Precision, 16, 4, 2>(m, precision);
+  add_quant<Precision, 16, 4, 4>(m, precision);
+  add_quant<Precision, 16, 8, 2>(m, precision);
+  add_quant<Precision, 32, 4, 1>(m, precision);
+  add_quant<Precision, 32, 4, 2>(m, precision);
+}
+std::map<std::string, QuantFactory> quant_sweep() {
+  std::map<std::string, QuantFactory> m;
+  add_quant_sweep<kernels::Int8>(m, "int8");
+  add_quant_sweep<kernels::Int4>(m, "int4");
+  return m;
 }
 
 const char* path_name(MoePath p) {
@@ -268,6 +307,9 @@ int main(int argc, char** argv) {
   const double read_gbs = read_bandwidth_gbs(prop.multiProcessorCount);
   std::printf("%s: device copy %.0f GB/s (read+write), read %.0f GB/s\n", prop.name, copy_gbs, read_gbs);
 
+  const std::map<std::string, QuantFactory> sweep = quant_sweep();
+  std::string sweep_names;
+  for (const auto& [name, f] : sweep) sweep_names += (sweep_names.empty() ? "" : ", ") + name;
   const std::map<std::string, ModelSpec> specs = {
       {"qwen15", kQwen15Routed}, {"qwen15_shared", kQwen15}, {"qwen3", kQwen3}, {"mixtral", kMixtral}};
   cudaStream_t stream;
@@ -283,14 +325,17 @@ int main(int argc, char** argv) {
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
     ExpertStore store(spec, 42, 0, /*aliased=*/true);
-    std::map<std::string, std::unique_ptr<QuantWeights>> quant;  // per quantized config named
-    for (const std::string& c : configs)
-      if (c == "int8")
-        quant[c] =
+    std::map<std::string, std::unique_ptr<QuantWeights>> quant;  // per precision named by a config
+    for (const std::string& c : configs) {
+      const std::string prec = c.substr(0, 4);
+      if (quant.count(prec) != 0) continue;
+      if (prec == "int8")
+        quant[prec] =
             std::make_unique<QuantWeights>(spec, kernels::Int8::matrix_bytes(spec.intermediate, spec.hidden));
-      else if (c == "int4")
-        quant[c] =
+      else if (prec == "int4")
+        quant[prec] =
             std::make_unique<QuantWeights>(spec, kernels::Int4::matrix_bytes(spec.intermediate, spec.hidden));
+    }
     std::vector<std::pair<std::string, int>> view_names;
     std::vector<ExpertStore::AliasedView> views;
     for (const std::string& pl : placements)
@@ -324,6 +369,10 @@ int main(int argc, char** argv) {
           g.push_back(c == "int8" ? make_quant_graph<kernels::Int8>(sets, shape, w, out.get(), stream)
                                   : make_quant_graph<kernels::Int4>(sets, shape, w, out.get(), stream));
           mb = static_cast<double>(w.matrix_bytes);
+        } else if (sweep.count(c) != 0) {
+          const QuantWeights& w = *quant.at(c.substr(0, 4));
+          g.push_back(sweep.at(c)(sets, shape, w, out.get(), stream));
+          mb = static_cast<double>(w.matrix_bytes);
         } else if (c == "default")
           g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
         else if (c == "t8")
@@ -336,7 +385,8 @@ int main(int argc, char** argv) {
           g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else
           throw std::runtime_error("--config: unknown configuration '" + c +
-                                   "' (default, t8, t32, w8, p256, int8, int4)");
+                                   "' (default, t8, t32, w8, p256, int8, int4, or a sweep tile such as "
+                                   "int8-t8w4u2: " + sweep_names + ")");
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

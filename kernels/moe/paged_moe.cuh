@@ -112,6 +112,22 @@ Status set_smem(int device, int bytes) {
   return Status::success();
 }
 
+// The decode tiles PagedMoe instantiates unless its configuration lists its own. Each with the 128- and the
+// 256-byte L2 prefetch hint (docs/results/paged_moe_h200.md: Qwen's many small experts gain with 128 bytes,
+// Mixtral's few big ones are mixed).
+using DefaultDecodeTiles =
+    std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>, decode::Tile<1, 4, 2, 256>,
+               decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
+template <class Config>
+struct decode_tiles_of {
+  using type = DefaultDecodeTiles;
+};
+template <class Config>
+  requires requires { typename Config::DecodeTiles; }
+struct decode_tiles_of<Config> {
+  using type = typename Config::DecodeTiles;
+};
+
 inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
   return (v + a - 1) / a * a;
 }
@@ -371,12 +387,9 @@ class PagedMoe {
     return l;
   }
 
-  // The decode tiles a configuration may name, one instantiation each.
-  // Each with the 128- and the 256-byte L2 prefetch hint (docs/results/paged_moe_h200.md: Qwen's many small
-  // experts gain with 128 bytes, Mixtral's few big ones are mixed).
-  using DecodeTiles =
-      std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>,
-                 decode::Tile<1, 4, 2, 256>, decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
+  // The decode tiles a configuration may name, one instantiation each: the configuration's own list
+  // (`Config::DecodeTiles`, a std::tuple of decode::Tile) where it has one, else detail::DefaultDecodeTiles.
+  using DecodeTiles = typename detail::decode_tiles_of<Config>::type;
 
   template <class T>
   static constexpr bool names(const MoeConfig& c) {

@@ -27,6 +27,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "moe/paged_moe.cuh"
@@ -214,9 +216,9 @@ std::unique_ptr<GraphBase> make_quant_graph(const std::vector<RoutingSet>& sets,
 }
 
 // One decode tile at every token count, instantiated alone (its own DecodeTiles): the quantized sweep.
-template <int kTile, int kWarps, int kUnroll>
+template <int kTile, int kWarps, int kUnroll, int kMinBlocks = 1>
 struct FixedTileConfig {
-  using DecodeTiles = std::tuple<kernels::decode::Tile<kTile / 8, kWarps, kUnroll>>;
+  using DecodeTiles = std::tuple<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, 128, kMinBlocks>>;
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     return {MoePath::kDecode, kTile, kWarps, kUnroll, 128};
   }
@@ -226,23 +228,28 @@ using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet
                                                     const QuantWeights&, bf16*, cudaStream_t);
 
 // The quantized sweep's configurations, named `int8-t8w4u2` (precision, tile tokens, warps, unroll).
-template <class Precision, int kTile, int kWarps, int kUnroll>
+// A trailing bN: N blocks asked to fit on one SM (decode::Tile::kMinBlocks).
+template <class Precision, int kTile, int kWarps, int kUnroll, int kMinBlocks = 1>
 void add_quant(std::map<std::string, QuantFactory>& m, const std::string& precision) {
-  m[precision + "-t" + std::to_string(kTile) + "w" + std::to_string(kWarps) + "u" + std::to_string(kUnroll)] =
-      &make_quant_graph<Precision, FixedTileConfig<kTile, kWarps, kUnroll>>;
+  m[precision + "-t" + std::to_string(kTile) + "w" + std::to_string(kWarps) + "u" + std::to_string(kUnroll) +
+    (kMinBlocks > 1 ? "b" + std::to_string(kMinBlocks) : "")] =
+      &make_quant_graph<Precision, FixedTileConfig<kTile, kWarps, kUnroll, kMinBlocks>>;
 }
 template <class Precision>
 void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& precision) {
+  add_quant<Precision, 8, 4, 1>(m, precision);
   add_quant<Precision, 8, 4, 2>(m, precision);
-  add_quant<Precision, 8, 4, 4>(m, precision);
+  add_quant<Precision, 8, 8, 1>(m, precision);
   add_quant<Precision, 8, 8, 2>(m, precision);
-  add_quant<Precision, 8, 8, 4>(m, precision);
   add_quant<Precision, 16, 4, 1>(m, precision);
   add_quant<Precision, 16, 4, 2>(m, precision);
-  add_quant<Precision, 16, 4, 4>(m, precision);
-  add_quant<Precision, 16, 8, 2>(m, precision);
   add_quant<Precision, 32, 4, 1>(m, precision);
-  add_quant<Precision, 32, 4, 2>(m, precision);
+  add_quant<Precision, 8, 4, 1, 8>(m, precision);
+  add_quant<Precision, 8, 4, 2, 6>(m, precision);
+  add_quant<Precision, 8, 8, 1, 4>(m, precision);
+  add_quant<Precision, 16, 4, 1, 6>(m, precision);
+  add_quant<Precision, 16, 4, 1, 8>(m, precision);
+  add_quant<Precision, 32, 4, 1, 4>(m, precision);
 }
 std::map<std::string, QuantFactory> quant_sweep() {
   std::map<std::string, QuantFactory> m;

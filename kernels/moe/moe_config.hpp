@@ -72,6 +72,21 @@ struct DefaultMoeConfig {
   static constexpr int kDecodeTile = 32;  // the largest decode tile: decode while the batch fits it
   static constexpr int kGroupedTile = 128;
 
+  // Quantized experts run the decode collective at every token count (select_quantized). Their rows, from the
+  // quantized sweep on the H200 (docs/results/quantized_h200.md, "Choosing the quantized decode tiles"): the
+  // dequantising main loop needs about twice the registers of the bf16 one, so the tiles that keep fewest
+  // live (8 or 16 tokens, one k-step in flight) run fastest; 8-token tiles even when a few experts' batches
+  // overflow into a second tile (Qwen at 64 tokens), 16-token tiles beyond (Mixtral at 33 and 64 tokens), and
+  // 8 warps splitting K where one or two routed slots meet huge experts (Mixtral at 1 token).
+  // clang-format off
+  static constexpr DecodeRow kQuantDecodeRows[] = {
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch
+      {2,         8192,   1 << 30, 8,      8,   8,    1,     128},
+      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128},
+      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128},
+  };
+  // clang-format on
+
   static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
     const double mean = s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
     MoePath path = requested;
@@ -87,8 +102,47 @@ struct DefaultMoeConfig {
     }
     return {path, kDecodeTile, 4, 1};
   }
+
+  // The decode tile for quantized experts (PagedMoe<..., Int8|Int4>): the first row of kQuantDecodeRows the
+  // shape satisfies, else 32-token tiles.
+  static constexpr MoeConfig select_quantized(const MoeShape& s) {
+    const double mean = s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
+    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
+    for (const DecodeRow& r : kQuantDecodeRows)
+      if (slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
+          s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.max_expected_batch))
+        return {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch};
+    return {MoePath::kDecode, kDecodeTile, 4, 1};
+  }
 };
 static_assert(moe_config<DefaultMoeConfig>);
+// A configuration that chooses its own tiles for quantized experts (PagedMoe asks it instead of select).
+template <class C>
+concept quantized_moe_config = requires(const MoeShape& s) {
+  { C::select_quantized(s) } -> std::same_as<MoeConfig>;
+};
+static_assert(quantized_moe_config<DefaultMoeConfig>);
+// Quantized examples (T, H, F, E, k, m): Qwen1.5 and Qwen3 up to 64 tokens on 8-token tiles, Mixtral at 1
+// token with 8 warps, at 33 and 64 tokens on 16-token tiles, many tokens per expert on 32-token tiles.
+static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}) ==
+              MoeConfig{MoePath::kDecode, 8, 8, 1});
+static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}) ==
+              MoeConfig{MoePath::kDecode, 16, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}) ==
+              MoeConfig{MoePath::kDecode, 16, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert([] {
+  for (const auto& r : DefaultMoeConfig::kQuantDecodeRows)
+    if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch
+  return true;
+}());
 // Examples (T, H, F, E, k, m).
 static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});

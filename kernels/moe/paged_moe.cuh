@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
@@ -118,13 +119,16 @@ Status set_smem(int device, int bytes) {
 using DefaultDecodeTiles =
     std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>, decode::Tile<1, 4, 2, 256>,
                decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
-template <class Config>
+// Quantized experts' tiles (DefaultMoeConfig::kQuantDecodeRows and the 32-token fallback).
+using DefaultQuantDecodeTiles = std::tuple<decode::Tile<1, 4, 1>, decode::Tile<1, 8, 1>, decode::Tile<2, 4, 1>,
+                                           decode::Tile<4, 4, 1>>;
+template <class Config, class Precision>
 struct decode_tiles_of {
-  using type = DefaultDecodeTiles;
+  using type = std::conditional_t<Precision::kQuantized, DefaultQuantDecodeTiles, DefaultDecodeTiles>;
 };
-template <class Config>
+template <class Config, class Precision>
   requires requires { typename Config::DecodeTiles; }
-struct decode_tiles_of<Config> {
+struct decode_tiles_of<Config, Precision> {
   using type = typename Config::DecodeTiles;
 };
 
@@ -226,9 +230,13 @@ class PagedMoe {
   static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 128 grouped).
-  // Quantized experts: the decode path whatever the token count.
+  // Quantized experts: the decode path whatever the token count, with the configuration's quantized tiles
+  // where it has them (quantized_moe_config).
   static constexpr MoeConfig config(const Arguments& a) {
-    return Config::select(a.shape, Precision::kQuantized ? MoePath::kDecode : a.path);
+    if constexpr (Precision::kQuantized && quantized_moe_config<Config>)
+      return Config::select_quantized(a.shape);
+    else
+      return Config::select(a.shape, Precision::kQuantized ? MoePath::kDecode : a.path);
   }
 
   Status run(const Arguments& a, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
@@ -388,8 +396,9 @@ class PagedMoe {
   }
 
   // The decode tiles a configuration may name, one instantiation each: the configuration's own list
-  // (`Config::DecodeTiles`, a std::tuple of decode::Tile) where it has one, else detail::DefaultDecodeTiles.
-  using DecodeTiles = typename detail::decode_tiles_of<Config>::type;
+  // (`Config::DecodeTiles`, a std::tuple of decode::Tile) where it has one, else detail::DefaultDecodeTiles
+  // (bf16) or detail::DefaultQuantDecodeTiles.
+  using DecodeTiles = typename detail::decode_tiles_of<Config, Precision>::type;
 
   template <class T>
   static constexpr bool names(const MoeConfig& c) {

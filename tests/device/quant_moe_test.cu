@@ -171,10 +171,10 @@ std::vector<double> cpu_reference(const QuantStore& store, const RoutingSet& r, 
   return out;
 }
 
-template <class Addressing, class Precision>
+template <class Addressing, class Precision, class Config = kernels::DefaultMoeConfig>
 std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
                                      typename Addressing::Arguments weights, long long stride) {
-  Runner<Addressing, kernels::DefaultMoeConfig, Precision> runner;
+  Runner<Addressing, Config, Precision> runner;
   const std::vector<std::uint16_t> out = runner.run(r, shape, weights, MoePath::kAuto, true, stride);
   CHECK(decltype(runner)::Moe::config(runner.args).path == MoePath::kDecode);
   return out;
@@ -183,14 +183,14 @@ std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
 // Per element: |out - ref| <= kAbs·rms(ref) + kRel·|ref| (the bf16 tests' tolerance, paged_moe_test.cu).
 constexpr double kAbs = 4e-2, kRel = 1e-2;
 
-template <class Precision>
+template <class Precision, class Config = kernels::DefaultMoeConfig>
 void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec, tokens);
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
   // The page size as the stride, or 0 (the tightest) when the pages are not padded.
   const long long stride = store.page == store.layout.matrix_bytes() ? 0 : static_cast<long long>(store.page);
-  const auto out_p = run_layer<kernels::Paged, Precision>(r, shape, store.paged_args(), stride);
-  const auto out_c = run_layer<kernels::Contiguous, Precision>(r, shape, store.contiguous_args(), stride);
+  const auto out_p = run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride);
+  const auto out_c = run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride);
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
                        << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
@@ -217,6 +217,17 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
 
 constexpr ModelSpec kSmall{"small E8 k2 m1 H256 F256", 8, 2, 256, 256, 1};
 
+// One quantized decode tile of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
+template <int kTile, int kWarps>
+struct QuantTileConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath p) {
+    return kernels::DefaultMoeConfig::select(s, p);
+  }
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape&) {
+    return {MoePath::kDecode, kTile, kWarps, 1};
+  }
+};
+
 }  // namespace
 
 TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, against the double reference",
@@ -234,6 +245,21 @@ TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, agai
   for (int tokens : {3, 40}) {
     check_quant_case<kernels::Int8>(p8, tokens, 500 + tokens);
     check_quant_case<kernels::Int4>(p4, tokens, 600 + tokens);
+  }
+}
+
+TEST_CASE("quantized experts: every default decode tile, whichever shapes the table gives it",
+          "[gpu][small][quant]") {
+  const QuantStore s8(kSmall, Bits::kInt8, 15), s4(kSmall, Bits::kInt4, 16);
+  for (int tokens : {1, 5, 37, 300}) {
+    check_quant_case<kernels::Int8, QuantTileConfig<8, 4>>(s8, tokens, 700 + tokens);
+    check_quant_case<kernels::Int8, QuantTileConfig<8, 8>>(s8, tokens, 700 + tokens);
+    check_quant_case<kernels::Int8, QuantTileConfig<16, 4>>(s8, tokens, 700 + tokens);
+    check_quant_case<kernels::Int8, QuantTileConfig<32, 4>>(s8, tokens, 700 + tokens);
+    check_quant_case<kernels::Int4, QuantTileConfig<8, 4>>(s4, tokens, 800 + tokens);
+    check_quant_case<kernels::Int4, QuantTileConfig<8, 8>>(s4, tokens, 800 + tokens);
+    check_quant_case<kernels::Int4, QuantTileConfig<16, 4>>(s4, tokens, 800 + tokens);
+    check_quant_case<kernels::Int4, QuantTileConfig<32, 4>>(s4, tokens, 800 + tokens);
   }
 }
 

@@ -216,9 +216,9 @@ std::unique_ptr<GraphBase> make_quant_graph(const std::vector<RoutingSet>& sets,
 }
 
 // One decode tile at every token count, instantiated alone (its own DecodeTiles): the quantized sweep.
-template <int kTile, int kWarps, int kUnroll, int kMinBlocks = 1>
+template <int kTile, int kWarps, int kUnroll>
 struct FixedTileConfig {
-  using DecodeTiles = std::tuple<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, 128, kMinBlocks>>;
+  using DecodeTiles = std::tuple<kernels::decode::Tile<kTile / 8, kWarps, kUnroll>>;
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     return {MoePath::kDecode, kTile, kWarps, kUnroll, 128};
   }
@@ -228,12 +228,10 @@ using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet
                                                     const QuantWeights&, bf16*, cudaStream_t);
 
 // The quantized sweep's configurations, named `int8-t8w4u2` (precision, tile tokens, warps, unroll).
-// A trailing bN: N blocks asked to fit on one SM (decode::Tile::kMinBlocks).
-template <class Precision, int kTile, int kWarps, int kUnroll, int kMinBlocks = 1>
+template <class Precision, int kTile, int kWarps, int kUnroll>
 void add_quant(std::map<std::string, QuantFactory>& m, const std::string& precision) {
-  m[precision + "-t" + std::to_string(kTile) + "w" + std::to_string(kWarps) + "u" + std::to_string(kUnroll) +
-    (kMinBlocks > 1 ? "b" + std::to_string(kMinBlocks) : "")] =
-      &make_quant_graph<Precision, FixedTileConfig<kTile, kWarps, kUnroll, kMinBlocks>>;
+  m[precision + "-t" + std::to_string(kTile) + "w" + std::to_string(kWarps) + "u" + std::to_string(kUnroll)] =
+      &make_quant_graph<Precision, FixedTileConfig<kTile, kWarps, kUnroll>>;
 }
 template <class Precision>
 void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& precision) {
@@ -244,12 +242,6 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
   add_quant<Precision, 16, 4, 1>(m, precision);
   add_quant<Precision, 16, 4, 2>(m, precision);
   add_quant<Precision, 32, 4, 1>(m, precision);
-  add_quant<Precision, 8, 4, 1, 8>(m, precision);
-  add_quant<Precision, 8, 4, 2, 6>(m, precision);
-  add_quant<Precision, 8, 8, 1, 4>(m, precision);
-  add_quant<Precision, 16, 4, 1, 6>(m, precision);
-  add_quant<Precision, 16, 4, 1, 8>(m, precision);
-  add_quant<Precision, 32, 4, 1, 4>(m, precision);
 }
 std::map<std::string, QuantFactory> quant_sweep() {
   std::map<std::string, QuantFactory> m;
@@ -368,7 +360,9 @@ int main(int argc, char** argv) {
       std::vector<double> matrix_bytes;           // per used configuration: the experts' matrix bytes
       std::vector<std::unique_ptr<GraphBase>> graphs;
       for (const std::string& c : configs) {
-        if (c != configs[0] && config.path != MoePath::kDecode) continue;
+        // Quantized experts run the decode path at every size (PagedMoe::config): measured everywhere.
+        const bool quantized = c.rfind("int8", 0) == 0 || c.rfind("int4", 0) == 0;
+        if (c != configs[0] && config.path != MoePath::kDecode && !quantized) continue;
         std::vector<std::unique_ptr<GraphBase>> g;
         double mb = static_cast<double>(shape.matrix_bytes());
         if (c == "int8" || c == "int4") {

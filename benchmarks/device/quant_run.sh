@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The quantized experts' kernel measurements in one device call (docs/results/quantized_h200.md):
 # (1) the decode-tile sweep that chose DefaultMoeConfig::kQuantDecodeRows, one process; (2) the layer at the
-# default tiles beside bf16 in PROCESSES separate processes (mean ± sd with report_quant.py).
+# default tiles beside bf16 in PROCESSES separate processes (mean ± sd: `python3 benchmarks/device/quant_report.py quant_p*.json`).
 #   BIN=.gpu OUT=$OUT [PROCESSES=3] [SWEEP=1] [TOKENS=1,3,16,33,64,256,1024,4096] bash benchmarks/device/quant_run.sh
 # Writes $OUT/quant_sweep_<models>.json and $OUT/quant_p<i>.json (paged_moe_bench's format) and their logs.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding paged_moe_bench}"
 : "${OUT:?OUT must name an output folder}"
 export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
-tiles="t8w4u1 t8w4u2 t8w8u1 t8w8u2 t16w4u1 t16w4u2 t32w4u1 t8w4u1b8 t8w4u2b6 t8w8u1b4 t16w4u1b6 t16w4u1b8 t32w4u1b4"
+tiles="t8w4u1 t8w4u2 t8w8u1 t8w8u2 t16w4u1 t16w4u2 t32w4u1"
 if [[ "${SWEEP:-1}" == 1 ]]; then
   sweep="default,int8,int4"
   for p in int8 int4; do for t in $tiles; do sweep="$sweep,$p-$t"; done; done
@@ -24,3 +24,5 @@ for i in $(seq 1 "${PROCESSES:-3}"); do
     --config default,int8,int4 --json "$OUT/quant_p$i.json" >"$OUT/quant_p$i.txt" 2>&1
   echo "process $i rc=$?"
 done
+# Few files come back from a device call: everything travels as one archive.
+(cd "$OUT" && tar czf quant.tgz --exclude=quant.tgz ./* && find . -maxdepth 1 -type f ! -name quant.tgz -delete)

@@ -36,12 +36,10 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 
 // Compile-time shape of one decode launch: kTokTiles 8-token MMA tiles per work tile, K split over kWarps
 // warps, kUnroll k-steps of loads in flight per thread, an L2 prefetch hint of kPrefetch bytes on the
-// weights, and kMinBlocks blocks asked to fit on one SM (__launch_bounds__: the register budget per thread;
-// 1 leaves it to the compiler).
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kMinBlocksT = 1>
+// weights.
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128>
 struct Tile {
   static constexpr int kPrefetch = kPrefetchT;
-  static constexpr int kMinBlocks = kMinBlocksT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
   static constexpr int kWarps = kWarpsT;
@@ -125,7 +123,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 }
 
 template <class Addressing, Stage kStage, class T, class P = Bf16>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+__global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();

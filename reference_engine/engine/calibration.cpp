@@ -172,7 +172,8 @@ std::vector<CostModelParams::TokenScale> fit_token_scale(const PhaseSamples& s, 
     std::vector<double> ratio, tokens;
     for (; b < order.size() && order[b].first == order[a].first; ++b) {
       const std::size_t i = order[b].second;
-      const double core = std::max(s.mem_s[i] / e.memory, s.comp_s[i] / e.compute);
+      // Over the factor held fixed (a quantized fit's table sits on top of start's bf16 one).
+      const double core = std::max(s.mem_s[i] / e.memory, s.comp_s[i] / e.compute) * s.scale[i];
       const double r = core > 0 ? (s.seconds[i] / s.layers[i] - o) / core : 1.0;
       ratio.push_back(std::clamp(r, kMinTokenScale, kMaxTokenScale));
       tokens.push_back(s.tokens[i]);
@@ -230,7 +231,7 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
         const CostModelParams::PrecisionScale scale = moe_precision_scale(params, precision);
         e.memory *= scale.memory;
         e.compute *= scale.compute;
-        tokens_scale = token_scale_at(params.moe_token_scale, s.tokens);
+        tokens_scale = moe_token_factor(params, precision, s.tokens);
       } else if (s.phase == CalibrationPhase::kAttention) {
         tokens_scale = token_scale_at(params.attention_prefill_scale, s.tokens);
       }
@@ -371,12 +372,18 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     out.per_layer_overhead_s = o;
     for (std::size_t p = 0; p < 3; ++p) set_efficiency(kRoofline[p], eff[p], out);
     // The token-scale tables on what the roofline leaves: attention's always (its samples are this run's),
-    // the MoE's for bf16 (a quantized fit keeps start's, above).
+    // the MoE's moe_token_scale for bf16; a quantized fit keeps start's and fits its precision's own table
+    // on top of it.
     const std::size_t att = std::size_t(CalibrationPhase::kAttention),
                       moe = std::size_t(CalibrationPhase::kMoe);
     if (!phases[att].seconds.empty()) out.attention_prefill_scale = fit_token_scale(phases[att], eff[att], o);
-    if (!phases[moe].seconds.empty() && precision == ExpertPrecision::kBf16)
-      out.moe_token_scale = fit_token_scale(phases[moe], eff[moe], o);
+    if (!phases[moe].seconds.empty()) {
+      if (precision == ExpertPrecision::kBf16)
+        out.moe_token_scale = fit_token_scale(phases[moe], eff[moe], o);
+      else  // the quantized kernel's own table, on top of start's (its samples' fixed factor)
+        (precision == ExpertPrecision::kInt8 ? out.int8 : out.int4).token_scale =
+            fit_token_scale(phases[moe], eff[moe], o);
+    }
   }
 
   std::vector<double> step_overheads;

@@ -182,6 +182,8 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
                     "int4_moe_memory_scale",
                     "int4_moe_compute_scale",
                     "moe_token_scale",
+                    "int8_moe_token_scale",
+                    "int4_moe_token_scale",
                     "attention_prefill_scale",
                     "residuals"});
   CostModelParams p;
@@ -207,6 +209,8 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
   p.int4.compute = o.get_double_or("int4_moe_compute_scale", p.int4.compute, 0.05, 2.0);
   // Optional: the token-scale tables, [{"tokens": t, "scale": f}, ...].
   p.moe_token_scale = token_scale_table(o, "moe_token_scale");
+  p.int8.token_scale = token_scale_table(o, "int8_moe_token_scale");
+  p.int4.token_scale = token_scale_table(o, "int4_moe_token_scale");
   p.attention_prefill_scale = token_scale_table(o, "attention_prefill_scale");
   // Optional: a calibration's residuals per phase, {"moe": {"samples": n, "median_abs_rel_error": x,
   // "p90_abs_rel_error": y}, ...}; informative only.
@@ -268,6 +272,8 @@ std::string cost_model_to_json(const CostModelParams& p) {
     return a;
   };
   if (!p.moe_token_scale.empty()) j["moe_token_scale"] = table(p.moe_token_scale);
+  if (!p.int8.token_scale.empty()) j["int8_moe_token_scale"] = table(p.int8.token_scale);
+  if (!p.int4.token_scale.empty()) j["int4_moe_token_scale"] = table(p.int4.token_scale);
   if (!p.attention_prefill_scale.empty()) j["attention_prefill_scale"] = table(p.attention_prefill_scale);
   if (!p.residuals.empty()) {
     nlohmann::ordered_json r = nlohmann::ordered_json::object();

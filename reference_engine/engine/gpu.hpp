@@ -75,18 +75,12 @@ struct CostModelParams {
   double step_overhead_s = 1e-3;
   double h2d_bandwidth_scale = 1.0;     // measured / profile bandwidth, written by calibration
   double h2d_copy_latency_scale = 1.0;  // measured / profile per-copy latency, written by calibration
-  // The MoE kernel on quantized experts: multipliers on moe_{memory,compute}_efficiency (dequantisation in
-  // the kernel's inner loop). bf16 is 1 by definition. Uncalibrated until measured from the kernel.
-  struct PrecisionScale {
-    double memory = 1.0, compute = 1.0;
-  };
-  PrecisionScale int8{0.95, 0.85}, int4{0.90, 0.75};
   // What a roofline cannot say about a kernel at a given size (a path switch, tile occupancy, extra
   // launches): a factor on a phase's roofline time (not on the per-layer overhead), piecewise linear in
   // log2(tokens) between knots and constant beyond the first and last (token_scale_at). Empty: 1 everywhere.
   // Fitted by a calibration (calibration.hpp), optional in the file.
-  //   moe_token_scale          keyed by the step's tokens (every precision: a quantized fit's scales are
-  //                            fitted on top of it);
+  //   moe_token_scale          keyed by the step's tokens (every precision: a quantized fit's scales and
+  //                            table are fitted on top of it);
   //   attention_prefill_scale  keyed by the step's prefill tokens (sequences adding more than one token);
   //                            a step without prefill is not scaled.
   struct TokenScale {
@@ -94,6 +88,16 @@ struct CostModelParams {
     friend bool operator==(const TokenScale&, const TokenScale&) = default;
   };
   std::vector<TokenScale> moe_token_scale, attention_prefill_scale;
+  // The MoE kernel on quantized experts: multipliers on moe_{memory,compute}_efficiency (dequantisation in
+  // the kernel's inner loop), and its own token-scale table, a factor on top of moe_token_scale (the
+  // quantized kernel chooses other tiles: its time grows with tokens unlike bf16's; file keys
+  // int8_moe_token_scale, int4_moe_token_scale, optional). bf16 is 1 by definition. Uncalibrated until
+  // measured from the kernel.
+  struct PrecisionScale {
+    double memory = 1.0, compute = 1.0;
+    std::vector<TokenScale> token_scale;
+  };
+  PrecisionScale int8{0.95, 0.85, {}}, int4{0.90, 0.75, {}};
   std::vector<CostModelResidual> residuals;  // empty unless calibrated (optional in the file)
 };
 

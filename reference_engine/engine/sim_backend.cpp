@@ -95,6 +95,12 @@ CostModelParams::PrecisionScale moe_precision_scale(const CostModelParams& cost,
   return {};
 }
 
+double moe_token_factor(const CostModelParams& cost, ExpertPrecision p, double tokens) noexcept {
+  const double base = token_scale_at(cost.moe_token_scale, tokens);
+  if (p == ExpertPrecision::kBf16) return base;
+  return base * token_scale_at(moe_precision_scale(cost, p).token_scale, tokens);
+}
+
 double SimBackend::roofline(RooflineWork w, double mem_eff, double comp_eff, double scale) const noexcept {
   return roofline_time(w, gpu_, mem_eff, comp_eff, cost_.per_layer_overhead_s, scale);
 }
@@ -107,7 +113,7 @@ double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) c
 
 double SimBackend::moe_time(std::uint64_t tokens, std::uint64_t distinct_experts) const {
   return roofline(moe_work(model_, tokens, distinct_experts), moe_memory_efficiency_, moe_compute_efficiency_,
-                  token_scale_at(cost_.moe_token_scale, double(tokens)));
+                  moe_token_factor(cost_, model_.expert_precision, double(tokens)));
 }
 
 double SimBackend::allreduce_time(std::uint64_t tokens) const noexcept {

@@ -85,6 +85,9 @@ double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, doub
 double copy_time(const GpuProfile& gpu, const CostModelParams& cost, double calls, double bytes) noexcept;
 // The factors of the MoE efficiencies for experts in `p`: cost.int8 / cost.int4, {1, 1} for bf16.
 CostModelParams::PrecisionScale moe_precision_scale(const CostModelParams& cost, ExpertPrecision p) noexcept;
+// The MoE's token-scale factor at `tokens` for experts in `p`: moe_token_scale there, times the precision's
+// own table for int8 / int4.
+double moe_token_factor(const CostModelParams& cost, ExpertPrecision p, double tokens) noexcept;
 
 class SimBackend {
  public:

@@ -250,7 +250,7 @@ TEST_CASE("calibration on quantized experts: the MoE fit becomes the precision's
     m.expert_precision = p;
     CostModelParams t = truth();
     auto& ts = p == ExpertPrecision::kInt8 ? t.int8 : t.int4;
-    ts = {0.62, 0.7};  // the quantized kernel: 0.72 x 0.62 of the bandwidth, 0.45 x 0.7 of the FLOP rate
+    ts = {0.62, 0.7, {}};  // the quantized kernel: 0.72 x 0.62 of the bandwidth, 0.45 x 0.7 of the FLOP rate
     const std::vector<CalibrationSample> samples = make_samples(m, g, t, 0.0, 1);
     // Start from the truth's bf16 efficiencies with the default scales: a bf16 profile being extended.
     CostModelParams start = t;
@@ -273,6 +273,55 @@ TEST_CASE("calibration on quantized experts: the MoE fit becomes the precision's
       INFO(r.phase);
       CHECK(r.p90_abs_rel_error < 2e-3);
     }
+  }
+}
+
+TEST_CASE("calibration on quantized experts: the precision's own token-scale table is learnt",
+          "[calibration]") {
+  const GpuProfile g = find_gpu("h200");
+  for (const ExpertPrecision p : {ExpertPrecision::kInt8, ExpertPrecision::kInt4}) {
+    INFO(to_string(p));
+    ModelSpec m = model_with_dense();  // 60 experts, top-4
+    m.expert_precision = p;
+    CostModelParams t = truth();
+    t.moe_token_scale = {{1, 1.2}, {64, 0.8}, {1024, 1.1}};  // the bf16 profile's table, kept
+    auto& ts = p == ExpertPrecision::kInt8 ? t.int8 : t.int4;
+    // The quantized kernel: its own bend on top, 0.5x at 1 token to 2x at 1024.
+    ts = {0.8, 0.7, {{1, 0.5}, {16, 0.9}, {256, 1.4}, {1024, 2.0}}};
+    std::vector<CalibrationSample> samples;
+    for (const double tokens : {1.0, 2.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0})
+      for (int rep = 0; rep < 2; ++rep) {
+        const std::uint64_t distinct = std::uint64_t(std::min(tokens * m.top_k, double(m.num_experts)));
+        const RooflineWork w = moe_work(m, std::uint64_t(tokens), distinct);
+        CalibrationSample s{CalibrationPhase::kMoe, w.bytes, w.flops, 3};
+        s.tokens = tokens, s.distinct = double(distinct);
+        s.seconds = predicted_seconds(s, g, t, p);
+        samples.push_back(s);
+      }
+    CostModelParams start = t;  // a bf16 profile being extended: default scales, no quantized table
+    start.int8 = CostModelParams{}.int8;
+    start.int4 = CostModelParams{}.int4;
+    const CostModelParams f = fit_cost_model(samples, m, g, start);
+    CHECK(f.moe_token_scale == t.moe_token_scale);  // start's bf16 table, untouched
+    const auto& fs = p == ExpertPrecision::kInt8 ? f.int8 : f.int4;
+    CHECK(fs.token_scale.size() == 8);  // one knot per token count (a half-octave group of 2 samples each)
+    for (const CalibrationSample& s : samples) {
+      INFO("tokens " << s.tokens);
+      CHECK(predicted_seconds(s, g, f, p) / s.seconds == Approx(1.0).epsilon(0.01));
+    }
+    // Without the precision's table the same fit misses (one pair of scales cannot bend with tokens).
+    CostModelParams flat = f;
+    (p == ExpertPrecision::kInt8 ? flat.int8 : flat.int4).token_scale.clear();
+    double worst = 0;
+    for (const CalibrationSample& s : samples)
+      worst = std::max(worst, std::abs(predicted_seconds(s, g, flat, p) / s.seconds - 1.0));
+    CHECK(worst > 0.15);  // 19–22% here
+    // The table survives the file, and the simulator prices a quantized MoE with it.
+    const CostModelParams back = parse_cost_model(cost_model_to_json(f), "fitted");
+    CHECK((p == ExpertPrecision::kInt8 ? back.int8 : back.int4).token_scale == fs.token_scale);
+    CHECK(moe_token_factor(back, p, 1024) ==
+          Approx(token_scale_at(t.moe_token_scale, 1024) * token_scale_at(fs.token_scale, 1024)));
+    CHECK(moe_token_factor(back, ExpertPrecision::kBf16, 1024) == token_scale_at(t.moe_token_scale, 1024));
   }
 }
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""The quantized experts' layer times over several paged_moe_bench processes (benchmarks/device/quant_run.sh):
+one markdown row per model × token count with bf16, int8 and int4 µs as mean ± sd over the processes, each
+precision's ratio to the read floor of its own bytes, and int8 / int4 over bf16 measured in the same process.
+
+  python3 benchmarks/device/quant_report.py quant_p1.json quant_p2.json quant_p3.json
+"""
+import json
+import statistics as st
+import sys
+
+
+def mean_sd(v, fmt="{:.1f}"):
+    return (fmt + " ± " + fmt).format(st.mean(v), st.stdev(v)) if len(v) > 1 else fmt.format(v[0])
+
+
+def main(files):
+    rows = {}
+    for f in files:
+        d = json.load(open(f))
+        for c in d["cases"]:
+            cs = {x["config"]: x for x in c["configs"]}
+            r = rows.setdefault((c["model"], c["tokens"]), {"path": c["path"], "us": {}, "floor": {}})
+            for cfg, name in (("default", "bf16"), ("int8", "int8"), ("int4", "int4")):
+                if cfg in cs:
+                    r["us"].setdefault(name, []).append(cs[cfg]["contiguous_us"])
+                    r["floor"].setdefault(name, []).append(cs[cfg]["expert_bytes"] / (d["read_gbs"] * 1e9) * 1e6)
+    print("| model | T | bf16 path | bf16 µs (× floor) | int8 µs (× floor) | int8 / bf16 | int4 µs (× floor) "
+          "| int4 / bf16 |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for (model, tokens), r in rows.items():
+        def cell(k):
+            if k not in r["us"]:
+                return "—"
+            ratio = st.mean(u / f for u, f in zip(r["us"][k], r["floor"][k]))
+            return f"{mean_sd(r['us'][k])} ({ratio:.2f})"
+
+        def rel(k):
+            if k not in r["us"] or "bf16" not in r["us"]:
+                return "—"
+            return mean_sd([a / b for a, b in zip(r["us"][k], r["us"]["bf16"])], "{:.2f}")
+        print(f"| {model} | {tokens} | {r['path']} | {cell('bf16')} | {cell('int8')} | {rel('int8')} | "
+              f"{cell('int4')} | {rel('int4')} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])

@@ -2,11 +2,12 @@
 # One device call for paged attention: the device tests (errors per case, against the fp64 reference), the
 # benchmark (JSON + a short table), compute-sanitizer memcheck on the small cases, then the benchmark's output.
 #   BIN=<dir with device_attention_tests and attention_bench> OUT=<dir> bash attention_run.sh
-# Defaults: the `gpu` preset's build tree, results into docs/results. Each stage has its own time limit so a
-# slow stage leaves the others their time (T_TEST, T_BENCH, T_SAN seconds).
+# BIN defaults to the `gpu` preset's build tree; OUT must be given (a device call's $OUT: the script never
+# writes into docs/results by itself). Each stage has its own time limit so a slow stage leaves the others
+# their time (T_TEST, T_BENCH, T_SAN seconds).
 set -uo pipefail
 BIN=${BIN:-build/gpu}
-OUT=${OUT:-docs/results}
+: "${OUT:?OUT must name an output folder, e.g. the OUT of a device call}"
 mkdir -p "$OUT"
 find_bin() { [[ -x $BIN/$1 ]] && echo "$BIN/$1" || find "$BIN" -name "$1" -type f -perm -u+x | head -1; }
 TEST=$(find_bin device_attention_tests)

@@ -387,7 +387,8 @@ int main(int argc, char** argv) {
         else
           throw std::runtime_error("--config: unknown configuration '" + c +
                                    "' (default, t8, t32, w8, p256, int8, int4, or a sweep tile such as "
-                                   "int8-t8w4u2: " + sweep_names + ")");
+                                   "int8-t8w4u2: " +
+                                   sweep_names + ")");
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

@@ -117,17 +117,21 @@ Status set_smem(int device, int bytes) {
 // 256-byte L2 prefetch hint (docs/results/paged_moe_h200.md: Qwen's many small experts gain with 128 bytes,
 // Mixtral's few big ones are mixed).
 using DefaultDecodeTiles =
-    std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>, decode::Tile<1, 4, 2, 256>,
-               decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
-// Quantized experts' tiles (DefaultMoeConfig::kQuantDecodeRows and the 32-token fallback).
-using DefaultQuantDecodeTiles = std::tuple<decode::Tile<1, 4, 1>, decode::Tile<1, 8, 1>, decode::Tile<2, 4, 1>,
-                                           decode::Tile<4, 4, 1>>;
+    std::tuple<decode::Tile<1, 4, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>,
+               decode::Tile<1, 4, 2, 256>, decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
+// Quantized experts' tiles (DefaultMoeConfig::kQuantDecodeRows and the 32-token fallback), for configurations
+// that choose quantized tiles themselves (quantized_moe_config); the others' select() names bf16 tiles.
+using DefaultQuantDecodeTiles =
+    std::tuple<decode::Tile<1, 4, 1>, decode::Tile<1, 8, 1>, decode::Tile<2, 4, 1>, decode::Tile<4, 4, 1>>;
 template <class Config, class Precision>
 struct decode_tiles_of {
-  using type = std::conditional_t<Precision::kQuantized, DefaultQuantDecodeTiles, DefaultDecodeTiles>;
+  using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
+                                  DefaultQuantDecodeTiles, DefaultDecodeTiles>;
 };
 template <class Config, class Precision>
-  requires requires { typename Config::DecodeTiles; }
+requires requires {
+  typename Config::DecodeTiles;
+}
 struct decode_tiles_of<Config, Precision> {
   using type = typename Config::DecodeTiles;
 };
@@ -397,7 +401,7 @@ class PagedMoe {
 
   // The decode tiles a configuration may name, one instantiation each: the configuration's own list
   // (`Config::DecodeTiles`, a std::tuple of decode::Tile) where it has one, else detail::DefaultDecodeTiles
-  // (bf16) or detail::DefaultQuantDecodeTiles.
+  // (bf16) or detail::DefaultQuantDecodeTiles (quantized, with a configuration that has select_quantized).
   using DecodeTiles = typename detail::decode_tiles_of<Config, Precision>::type;
 
   template <class T>

@@ -190,7 +190,8 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
   // The page size as the stride, or 0 (the tightest) when the pages are not padded.
   const long long stride = store.page == store.layout.matrix_bytes() ? 0 : static_cast<long long>(store.page);
   const auto out_p = run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride);
-  const auto out_c = run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride);
+  const auto out_c =
+      run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride);
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
                        << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);

@@ -253,8 +253,8 @@ struct CudaBackend::Impl {
 
   // Timing events: per layer attention begin/end, MoE begin/end; the forward's begin/end.
   std::vector<cudaEvent_t> ev_att0, ev_att1, ev_moe0, ev_moe1;
-  std::vector<cudaEvent_t> ev_ar0,
-      ev_ar1;                          // tensor parallelism: around layer l's two all-reduces (2l, 2l + 1)
+  // Tensor parallelism: around layer l's two all-reduces (2l, 2l + 1).
+  std::vector<cudaEvent_t> ev_ar0, ev_ar1;
   std::vector<cudaEvent_t> ev_routed;  // per layer: the router has run (a miss's copy may start)
   cudaEvent_t ev_begin = nullptr, ev_end = nullptr, ev_head0 = nullptr;
 

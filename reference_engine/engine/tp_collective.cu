@@ -8,11 +8,11 @@
 #include <atomic>
 #include <barrier>
 #include <cstdlib>
-#include <cstring>
 #include <set>
 #include <stdexcept>
 #include <string>
 
+#include "amoeba/core/bf16.hpp"
 #include "amoeba/core/errors.hpp"
 
 namespace amoeba::engine {
@@ -21,25 +21,10 @@ namespace {
 
 // ---- host-staged sum
 
-float bf16_to_float(std::uint16_t b) {
-  const std::uint32_t u = std::uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-std::uint16_t float_to_bf16(float f) {  // round to nearest even, as __float2bfloat16
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0) return 0x7FC0;  // NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
 struct HostSumShared {
   explicit HostSumShared(std::uint32_t tp) : sync(tp), slots(tp), counts(tp), failed(tp) {}
   std::barrier<> sync;
-  std::vector<std::vector<std::uint16_t>> slots;  // each rank's values of the current call
+  std::vector<std::vector<bf16>> slots;  // each rank's values of the current call
   std::vector<std::size_t> counts;
   std::vector<std::string> failed;  // a rank's CUDA error in the current call, empty if none
 };
@@ -55,7 +40,7 @@ class HostSum final : public TpCollective {
   void all_reduce_sum_bf16(void* buf, std::size_t count, void* stream) override {
     HostSumShared& s = *shared_;
     const auto st = static_cast<cudaStream_t>(stream);
-    std::vector<std::uint16_t>& mine = s.slots[rank_];
+    std::vector<bf16>& mine = s.slots[rank_];
     mine.resize(count);
     s.counts[rank_] = count;
     s.failed[rank_].clear();
@@ -74,8 +59,8 @@ class HostSum final : public TpCollective {
     sum_.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
       float acc = 0;
-      for (std::uint32_t r = 0; r < tp_; ++r) acc += bf16_to_float(s.slots[r][i]);
-      sum_[i] = float_to_bf16(acc);
+      for (std::uint32_t r = 0; r < tp_; ++r) acc += s.slots[r][i].to_float();
+      sum_[i] = bf16::from_float(acc);  // round to nearest even
     }
     s.sync.arrive_and_wait();  // every rank has read every slot: the next call may overwrite them
     e = cudaMemcpyAsync(buf, sum_.data(), 2 * count, cudaMemcpyHostToDevice, st);
@@ -87,7 +72,7 @@ class HostSum final : public TpCollective {
  private:
   std::shared_ptr<HostSumShared> shared_;
   std::uint32_t tp_, rank_;
-  std::vector<std::uint16_t> sum_;
+  std::vector<bf16> sum_;
 };
 
 // ---- NCCL, loaded at run time

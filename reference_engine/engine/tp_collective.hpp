@@ -10,9 +10,8 @@
 //                         /usr/local/cuda/lib64), so a binary that never makes one never loads it: --tp 1 is
 //                         today's backend. NVLink SHARP (NVLS) stays off unless NCCL_NVLS_ENABLE is set.
 //   host_sum_group(tp)    host-staged: each rank copies its buffer to the host and waits, the ranks meet,
-//   each
-//                         sums every rank's values in float in rank order 0..tp-1 and copies the bf16 result
-//                         back. Deterministic, the same bits on every rank, any devices (the same one
+//                         each sums every rank's values in float in rank order 0..tp-1 and copies the bf16
+//                         result back. Deterministic, the same bits on every rank, any devices (the same one
 //                         included, which NCCL refuses): a test tool that runs tensor parallelism on one GPU.
 #pragma once
 

@@ -737,8 +737,8 @@ int cmd_calibrate(const ScenarioFlags& given, const std::optional<std::string>& 
   param("h2d bandwidth scale", fitted.h2d_bandwidth_scale, start.h2d_bandwidth_scale);
   param("h2d copy latency scale", fitted.h2d_copy_latency_scale, start.h2d_copy_latency_scale);
   if (s.expert_precision != ExpertPrecision::kBf16) {
-    const auto f = moe_precision_scale(fitted, s.expert_precision),
-               st = moe_precision_scale(start, s.expert_precision);
+    const auto &f = moe_precision_scale(fitted, s.expert_precision),
+               &st = moe_precision_scale(start, s.expert_precision);
     const std::string p(to_string(s.expert_precision));
     param((p + " moe memory scale").c_str(), f.memory, st.memory);
     param((p + " moe compute scale").c_str(), f.compute, st.compute);

@@ -228,7 +228,7 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
       Efficiency e = efficiency_of(s.phase, params);
       double tokens_scale = 1.0;
       if (s.phase == CalibrationPhase::kMoe) {
-        const CostModelParams::PrecisionScale scale = moe_precision_scale(params, precision);
+        const CostModelParams::PrecisionScale& scale = moe_precision_scale(params, precision);
         e.memory *= scale.memory;
         e.compute *= scale.compute;
         tokens_scale = moe_token_factor(params, precision, s.tokens);
@@ -301,7 +301,7 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
   // a quantized MoE from start's bf16 efficiencies times start's scales for that precision.
   const ExpertPrecision precision = model.expert_precision;
   CostModelParams base = start;
-  const CostModelParams::PrecisionScale start_scale = moe_precision_scale(start, precision);
+  const CostModelParams::PrecisionScale& start_scale = moe_precision_scale(start, precision);
   base.moe_memory_efficiency = std::clamp(start.moe_memory_efficiency * start_scale.memory, 0.01, 1.0);
   base.moe_compute_efficiency = std::clamp(start.moe_compute_efficiency * start_scale.compute, 0.01, 1.0);
   out.calibrated = true;

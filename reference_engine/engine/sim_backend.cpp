@@ -24,7 +24,7 @@ SimBackend::SimBackend(const ModelSpec& model, const GpuProfile& gpu, const Cost
       resident_(model.num_experts),
       predicted_flags_(model.num_experts),
       routed_flags_(model.num_experts) {
-  const CostModelParams::PrecisionScale scale = moe_precision_scale(cost, model.expert_precision);
+  const CostModelParams::PrecisionScale& scale = moe_precision_scale(cost, model.expert_precision);
   moe_memory_efficiency_ *= scale.memory;
   moe_compute_efficiency_ *= scale.compute;
 }
@@ -89,10 +89,12 @@ double copy_time(const GpuProfile& gpu, const CostModelParams& cost, double call
          bytes / (gpu.h2d_bandwidth * cost.h2d_bandwidth_scale);
 }
 
-CostModelParams::PrecisionScale moe_precision_scale(const CostModelParams& cost, ExpertPrecision p) noexcept {
+const CostModelParams::PrecisionScale& moe_precision_scale(const CostModelParams& cost,
+                                                           ExpertPrecision p) noexcept {
+  static const CostModelParams::PrecisionScale kBf16{};
   if (p == ExpertPrecision::kInt8) return cost.int8;
   if (p == ExpertPrecision::kInt4) return cost.int4;
-  return {};
+  return kBf16;
 }
 
 double moe_token_factor(const CostModelParams& cost, ExpertPrecision p, double tokens) noexcept {
@@ -106,9 +108,13 @@ double SimBackend::roofline(RooflineWork w, double mem_eff, double comp_eff, dou
 }
 
 double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch) const {
+  return attention_time(layer, batch,
+                        token_scale_at(cost_.attention_prefill_scale, double(prefill_tokens(batch))));
+}
+
+double SimBackend::attention_time(std::uint32_t layer, const StepBatch& batch, double prefill_scale) const {
   return roofline(attention_work(model_, layer, batch), cost_.attention_memory_efficiency,
-                  cost_.attention_compute_efficiency,
-                  token_scale_at(cost_.attention_prefill_scale, double(prefill_tokens(batch))));
+                  cost_.attention_compute_efficiency, prefill_scale);
 }
 
 double SimBackend::moe_time(std::uint64_t tokens, std::uint64_t distinct_experts) const {
@@ -186,30 +192,30 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
     return price(m, false, *plan, at);
   };
 
+  // Tensor parallelism: one all-reduce on the compute stream after `clock`'s phase (nothing on one GPU).
+  auto all_reduce = [&](double& clock) {
+    if (!tensor_parallel) return;
+    clock += allreduce;
+    out.compute_s += allreduce;
+    out.allreduce_s += allreduce;
+  };
+  const double prefill_scale = token_scale_at(cost_.attention_prefill_scale, double(prefill_tokens(batch)));
   std::uint32_t m = 0;  // next MoE layer
   double ready = moe_layers > 0 ? issue_prefetch(0, t) : t;
   for (std::uint32_t layer = 0; layer < model_.num_layers; ++layer) {
     const bool is_moe = layer >= model_.first_dense_layers;
-    const double ta = attention_time(layer, batch);
+    const double ta = attention_time(layer, batch, prefill_scale);
     double attn_end = t + ta;
     out.attention_s += ta;
     out.compute_s += ta;
-    if (tensor_parallel) {  // attention's output projection is row-parallel: all-reduce before the FFN
-      attn_end += allreduce;
-      out.compute_s += allreduce;
-      out.allreduce_s += allreduce;
-    }
+    all_reduce(attn_end);  // attention's output projection is row-parallel: all-reduce before the FFN
     if (!is_moe) {
       const double td = roofline(dense_ffn_work(model_, batch.tokens), cost_.dense_memory_efficiency,
                                  cost_.dense_compute_efficiency);
       t = attn_end + td;
       out.dense_s += td;
       out.compute_s += td;
-      if (tensor_parallel) {
-        t += allreduce;
-        out.compute_s += allreduce;
-        out.allreduce_s += allreduce;
-      }
+      all_reduce(t);
       continue;
     }
     const std::span<const std::uint32_t> routed = routing.layer_experts(m);
@@ -239,11 +245,7 @@ void SimBackend::simulate(const StepBatch& batch, const ResidencyTable& residenc
     t = moe_ready + tm;
     out.moe_s += tm;
     out.compute_s += tm;
-    if (tensor_parallel) {  // the experts' down projection is row-parallel too
-      t += allreduce;
-      out.compute_s += allreduce;
-      out.allreduce_s += allreduce;
-    }
+    all_reduce(t);  // the experts' down projection is row-parallel too
     ++m;
   }
   const double tl = roofline(lm_head_work(model_, batch.sampling_seqs), cost_.dense_memory_efficiency,

@@ -83,8 +83,9 @@ double roofline_time(RooflineWork w, const GpuProfile& gpu, double mem_eff, doub
 // `calls` host-to-device copies of `bytes` in all: calls x latency x h2d_copy_latency_scale + bytes /
 // (H2D bandwidth x h2d_bandwidth_scale).
 double copy_time(const GpuProfile& gpu, const CostModelParams& cost, double calls, double bytes) noexcept;
-// The factors of the MoE efficiencies for experts in `p`: cost.int8 / cost.int4, {1, 1} for bf16.
-CostModelParams::PrecisionScale moe_precision_scale(const CostModelParams& cost, ExpertPrecision p) noexcept;
+// The factors of the MoE efficiencies for experts in `p`: cost.int8 / cost.int4, {1, 1} (no table) for bf16.
+const CostModelParams::PrecisionScale& moe_precision_scale(const CostModelParams& cost,
+                                                           ExpertPrecision p) noexcept;
 // The MoE's token-scale factor at `tokens` for experts in `p`: moe_token_scale there, times the precision's
 // own table for int8 / int4.
 double moe_token_factor(const CostModelParams& cost, ExpertPrecision p, double tokens) noexcept;
@@ -136,6 +137,8 @@ class SimBackend {
   void simulate(const StepBatch& batch, const ResidencyTable& residency, RoutingSource& routing,
                 StepResult& out);
   double roofline(RooflineWork w, double mem_eff, double comp_eff, double scale = 1.0) const noexcept;
+  // attention_time with the step's prefill token-scale factor already looked up (once per step).
+  double attention_time(std::uint32_t layer, const StepBatch& batch, double prefill_scale) const;
 
   ModelSpec model_;
   GpuProfile gpu_;

@@ -88,31 +88,34 @@ struct DefaultMoeConfig {
   // clang-format on
 
   static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
-    const double mean = s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
     MoePath path = requested;
     if (path == MoePath::kAuto)
-      path = config_detail::fits(mean, kDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
+      path = config_detail::fits(mean_batch(s), kDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
     if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
-    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
-    for (const DecodeRow& r : kDecodeRows) {
-      const bool k_ok = s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0;
-      if (slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
-          s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.max_expected_batch) && k_ok)
+    for (const DecodeRow& r : kDecodeRows)  // bf16 tiles split K over their warps in 32-value steps
+      if (matches(r, s) && s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0)
         return {path, r.tile_tokens, r.warps, r.unroll, r.prefetch};
-    }
     return {path, kDecodeTile, 4, 1};
   }
 
   // The decode tile for quantized experts (PagedMoe<..., Int8|Int4>): the first row of kQuantDecodeRows the
   // shape satisfies, else 32-token tiles.
   static constexpr MoeConfig select_quantized(const MoeShape& s) {
-    const double mean = s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
-    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
     for (const DecodeRow& r : kQuantDecodeRows)
-      if (slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
-          s.intermediate <= r.max_intermediate && config_detail::fits(mean, r.max_expected_batch))
-        return {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch};
+      if (matches(r, s)) return {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch};
     return {MoePath::kDecode, kDecodeTile, 4, 1};
+  }
+
+ private:
+  // A uniform router's mean batch per routed expert.
+  static constexpr double mean_batch(const MoeShape& s) {
+    return s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
+  }
+  // The shape conditions of a decode row: routed slots, the experts' width, the expected largest batch.
+  static constexpr bool matches(const DecodeRow& r, const MoeShape& s) {
+    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
+    return slots <= r.max_routed_slots && s.intermediate >= r.min_intermediate &&
+           s.intermediate <= r.max_intermediate && config_detail::fits(mean_batch(s), r.max_expected_batch);
   }
 };
 static_assert(moe_config<DefaultMoeConfig>);

@@ -14,7 +14,7 @@
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
 // not matter to the time), their expert bytes the packed ones; int8-t8w4u2 and the like: one quantized decode
-// tile at every token count (tile tokens, warps, unroll; the list: quant_sweep()), the sweep that chose the
+// tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the sweep that chose the
 // quantized rows of the default table), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
 
@@ -243,8 +243,10 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
   add_quant<Precision, 16, 4, 2>(m, precision);
   add_quant<Precision, 32, 4, 1>(m, precision);
 }
-std::map<std::string, QuantFactory> quant_sweep() {
-  std::map<std::string, QuantFactory> m;
+// Every quantized configuration: `int8` / `int4` (the default table's tiles) and the sweep's.
+std::map<std::string, QuantFactory> quant_configs() {
+  std::map<std::string, QuantFactory> m{{"int8", &make_quant_graph<kernels::Int8>},
+                                        {"int4", &make_quant_graph<kernels::Int4>}};
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");
   return m;
@@ -306,9 +308,9 @@ int main(int argc, char** argv) {
   const double read_gbs = read_bandwidth_gbs(prop.multiProcessorCount);
   std::printf("%s: device copy %.0f GB/s (read+write), read %.0f GB/s\n", prop.name, copy_gbs, read_gbs);
 
-  const std::map<std::string, QuantFactory> sweep = quant_sweep();
-  std::string sweep_names;
-  for (const auto& [name, f] : sweep) sweep_names += (sweep_names.empty() ? "" : ", ") + name;
+  const std::map<std::string, QuantFactory> quantized = quant_configs();
+  std::string quantized_names;
+  for (const auto& [name, f] : quantized) quantized_names += (quantized_names.empty() ? "" : ", ") + name;
   const std::map<std::string, ModelSpec> specs = {
       {"qwen15", kQwen15Routed}, {"qwen15_shared", kQwen15}, {"qwen3", kQwen3}, {"mixtral", kMixtral}};
   cudaStream_t stream;
@@ -326,14 +328,11 @@ int main(int argc, char** argv) {
     ExpertStore store(spec, 42, 0, /*aliased=*/true);
     std::map<std::string, std::unique_ptr<QuantWeights>> quant;  // per precision named by a config
     for (const std::string& c : configs) {
-      const std::string prec = c.substr(0, 4);
-      if (quant.count(prec) != 0) continue;
-      if (prec == "int8")
-        quant[prec] =
-            std::make_unique<QuantWeights>(spec, kernels::Int8::matrix_bytes(spec.intermediate, spec.hidden));
-      else if (prec == "int4")
-        quant[prec] =
-            std::make_unique<QuantWeights>(spec, kernels::Int4::matrix_bytes(spec.intermediate, spec.hidden));
+      const std::string prec = c.substr(0, 4);  // a quantized configuration's name starts with it
+      if (quantized.count(c) == 0 || quant.count(prec) != 0) continue;
+      quant[prec] = std::make_unique<QuantWeights>(
+          spec, prec == "int8" ? kernels::Int8::matrix_bytes(spec.intermediate, spec.hidden)
+                               : kernels::Int4::matrix_bytes(spec.intermediate, spec.hidden));
     }
     std::vector<std::pair<std::string, int>> view_names;
     std::vector<ExpertStore::AliasedView> views;
@@ -361,18 +360,13 @@ int main(int argc, char** argv) {
       std::vector<std::unique_ptr<GraphBase>> graphs;
       for (const std::string& c : configs) {
         // Quantized experts run the decode path at every size (PagedMoe::config): measured everywhere.
-        const bool quantized = c.rfind("int8", 0) == 0 || c.rfind("int4", 0) == 0;
-        if (c != configs[0] && config.path != MoePath::kDecode && !quantized) continue;
+        const auto q = quantized.find(c);
+        if (c != configs[0] && config.path != MoePath::kDecode && q == quantized.end()) continue;
         std::vector<std::unique_ptr<GraphBase>> g;
         double mb = static_cast<double>(shape.matrix_bytes());
-        if (c == "int8" || c == "int4") {
-          const QuantWeights& w = *quant.at(c);
-          g.push_back(c == "int8" ? make_quant_graph<kernels::Int8>(sets, shape, w, out.get(), stream)
-                                  : make_quant_graph<kernels::Int4>(sets, shape, w, out.get(), stream));
-          mb = static_cast<double>(w.matrix_bytes);
-        } else if (sweep.count(c) != 0) {
+        if (q != quantized.end()) {
           const QuantWeights& w = *quant.at(c.substr(0, 4));
-          g.push_back(sweep.at(c)(sets, shape, w, out.get(), stream));
+          g.push_back(q->second(sets, shape, w, out.get(), stream));
           mb = static_cast<double>(w.matrix_bytes);
         } else if (c == "default")
           g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
@@ -386,9 +380,7 @@ int main(int argc, char** argv) {
           g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else
           throw std::runtime_error("--config: unknown configuration '" + c +
-                                   "' (default, t8, t32, w8, p256, int8, int4, or a sweep tile such as "
-                                   "int8-t8w4u2: " +
-                                   sweep_names + ")");
+                                   "' (default, t8, t32, w8, p256, or quantized: " + quantized_names + ")");
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

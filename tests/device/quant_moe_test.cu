@@ -11,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "moe/paged_moe.cuh"
@@ -218,14 +219,14 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
 
 constexpr ModelSpec kSmall{"small E8 k2 m1 H256 F256", 8, 2, 256, 256, 1};
 
-// One quantized decode tile of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
-template <int kTile, int kWarps>
+// One quantized decode tile T of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
+template <class T>
 struct QuantTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath p) {
     return kernels::DefaultMoeConfig::select(s, p);
   }
   static constexpr kernels::MoeConfig select_quantized(const MoeShape&) {
-    return {MoePath::kDecode, kTile, kWarps, 1};
+    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch};
   }
 };
 
@@ -252,16 +253,13 @@ TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, agai
 TEST_CASE("quantized experts: every default decode tile, whichever shapes the table gives it",
           "[gpu][small][quant]") {
   const QuantStore s8(kSmall, Bits::kInt8, 15), s4(kSmall, Bits::kInt4, 16);
-  for (int tokens : {1, 5, 37, 300}) {
-    check_quant_case<kernels::Int8, QuantTileConfig<8, 4>>(s8, tokens, 700 + tokens);
-    check_quant_case<kernels::Int8, QuantTileConfig<8, 8>>(s8, tokens, 700 + tokens);
-    check_quant_case<kernels::Int8, QuantTileConfig<16, 4>>(s8, tokens, 700 + tokens);
-    check_quant_case<kernels::Int8, QuantTileConfig<32, 4>>(s8, tokens, 700 + tokens);
-    check_quant_case<kernels::Int4, QuantTileConfig<8, 4>>(s4, tokens, 800 + tokens);
-    check_quant_case<kernels::Int4, QuantTileConfig<8, 8>>(s4, tokens, 800 + tokens);
-    check_quant_case<kernels::Int4, QuantTileConfig<16, 4>>(s4, tokens, 800 + tokens);
-    check_quant_case<kernels::Int4, QuantTileConfig<32, 4>>(s4, tokens, 800 + tokens);
-  }
+  for (int tokens : {1, 5, 37, 300})
+    std::apply(
+        [&](auto... tile) {
+          (check_quant_case<kernels::Int8, QuantTileConfig<decltype(tile)>>(s8, tokens, 700 + tokens), ...);
+          (check_quant_case<kernels::Int4, QuantTileConfig<decltype(tile)>>(s4, tokens, 800 + tokens), ...);
+        },
+        kernels::detail::DefaultQuantDecodeTiles{});
 }
 
 TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {

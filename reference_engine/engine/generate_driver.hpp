@@ -44,6 +44,15 @@ struct GeneratedToken {
 // blocks, one page per attention layer), in whole expert pages (the carrier KV pages are cut from).
 std::uint64_t generate_pool_bytes(const ModelSpec& model, const PageGeometry& geometry, std::uint32_t tokens);
 
+// The CudaBackendConfig of a generation over `config`'s model (a checkpoint's, or random weights), `model`
+// its shapes (config's, or one tensor-parallel rank's): geometry page_geometry(model), pool_bytes
+// generate_pool_bytes(model, geometry, tokens), every expert resident (no load buffer), the model's router,
+// logits kept, at most `max_batched_tokens` tokens and `max_seqs` sequences per step. The caller sets where
+// the weights come from (checkpoint_dir, seed or full_weights) and anything else it needs.
+CudaBackendConfig generate_backend_config(const HfMoeConfig& config, const ModelSpec& model,
+                                          std::uint32_t tokens, std::uint32_t max_batched_tokens,
+                                          std::uint32_t max_seqs);
+
 // Steps a generation runs: teacher.size() with a teacher, else new_tokens.
 inline std::size_t generate_steps(std::uint32_t new_tokens, std::span<const std::int32_t> teacher) noexcept {
   return teacher.empty() ? new_tokens : teacher.size();

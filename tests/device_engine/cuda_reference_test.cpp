@@ -149,19 +149,12 @@ void matches_reference(const std::string& name, const std::string& config,
 
   ModelSpec model = ck.config.to_model_spec(name);
   model.expert_precision = precision;
-  const PageGeometry g = page_geometry(model);
-  const std::uint64_t pool = generate_pool_bytes(model, g, std::uint32_t(prompt.size() + teacher.size()));
-  CudaBackendConfig cfg;
-  cfg.model = ck.config;
+  CudaBackendConfig cfg =
+      generate_backend_config(ck.config, model, std::uint32_t(prompt.size() + teacher.size()), 64, 4);
   cfg.checkpoint_dir = dir.string();
-  cfg.geometry = g;
-  cfg.pool_bytes = pool;
-  cfg.max_batched_tokens = 64;
-  cfg.max_seqs = 4;
-  cfg.keep_logits = true;
   cfg.expert_precision = precision;
   CudaBackend backend(cfg, [&](std::uint64_t, std::uint32_t p) { return prompt.at(p); });
-  const auto gpu = generate_greedy(backend, model, g, pool, prompt, 0, teacher);
+  const auto gpu = generate_greedy(backend, model, cfg.geometry, cfg.pool_bytes, prompt, 0, teacher);
   const double worst = test::check_logits_match(name, ref_steps, gpu);
   WARN(name << " (" << to_string(precision) << " experts): worst max |dlogit| / max |logit| over "
             << gpu.size() << " steps: " << worst);

@@ -68,19 +68,12 @@ struct TpCuda {
   const std::vector<std::vector<float>>& last_logits() const { return group.rank(0).last_logits(); }
 };
 
+// Rank s.rank's shapes (the whole model's at tp 1) and its generate config over the shared weights `w`.
 CudaBackendConfig base_config(const HfMoeConfig& c, std::shared_ptr<const ModelWeights> w, TpShard s,
-                              std::uint32_t tokens, PageGeometry& g, std::uint64_t& pool, ModelSpec& model) {
+                              std::uint32_t tokens, ModelSpec& model) {
   model = s.tp == 1 ? c.to_model_spec("tp1") : tp_rank_model(c, s, "tp-rank");
-  g = page_geometry(model);
-  pool = generate_pool_bytes(model, g, tokens);
-  CudaBackendConfig cfg;
-  cfg.model = c;
+  CudaBackendConfig cfg = generate_backend_config(c, model, tokens, 64, 4);
   cfg.full_weights = std::move(w);
-  cfg.geometry = g;
-  cfg.pool_bytes = pool;
-  cfg.max_batched_tokens = 64;
-  cfg.max_seqs = 4;
-  cfg.keep_logits = true;
   cfg.shard = s;
   return cfg;
 }
@@ -96,28 +89,26 @@ void tp_matches_one_gpu(const std::string& name, const std::string& json,
   constexpr std::uint32_t kSteps = 12;
   const std::uint32_t tokens = std::uint32_t(prompt.size()) + kSteps;
 
-  PageGeometry g1;
-  std::uint64_t pool1 = 0;
   ModelSpec m1;
-  CudaBackend one(base_config(c, w, TpShard{}, tokens, g1, pool1, m1), prompts);
-  const auto ref = generate_greedy(one, m1, g1, pool1, prompt, kSteps);
+  const CudaBackendConfig c1 = base_config(c, w, TpShard{}, tokens, m1);
+  CudaBackend one(c1, prompts);
+  const auto ref = generate_greedy(one, m1, c1.geometry, c1.pool_bytes, prompt, kSteps);
   std::vector<std::int32_t> teacher;
   for (const auto& t : ref) teacher.push_back(t.token);
 
   const auto tp = static_cast<std::uint32_t>(collectives.size());
-  PageGeometry g2;
-  std::uint64_t pool2 = 0;
   ModelSpec m2;
+  CudaBackendConfig c2;  // every rank's shapes, geometry and pool are equal: the last one's serve the group
   std::vector<std::unique_ptr<CudaBackend>> ranks;
   for (std::uint32_t r = 0; r < tp; ++r) {
-    CudaBackendConfig cfg = base_config(c, w, TpShard{tp, r}, tokens, g2, pool2, m2);
-    cfg.collective = collectives[r];
-    cfg.device = devices[r];
-    ranks.push_back(std::make_unique<CudaBackend>(cfg, prompts));
+    c2 = base_config(c, w, TpShard{tp, r}, tokens, m2);
+    c2.collective = collectives[r];
+    c2.device = devices[r];
+    ranks.push_back(std::make_unique<CudaBackend>(c2, prompts));
   }
-  CHECK(g2.expert_page_bytes * tp == g1.expert_page_bytes);  // each rank pages 1/tp of every expert
+  CHECK(c2.geometry.expert_page_bytes * tp == c1.geometry.expert_page_bytes);  // each rank: 1/tp of experts
   TpCuda group{TpGroup<CudaBackend>(std::move(ranks))};
-  const auto got = generate_greedy(group, m2, g2, pool2, prompt, 0, teacher);
+  const auto got = generate_greedy(group, m2, c2.geometry, c2.pool_bytes, prompt, 0, teacher);
   const double worst = test::check_logits_match(name + " tp " + std::to_string(tp), ref, got);
   WARN(name << " at tp " << tp << " (" << collectives.front()->name()
             << "): worst max |dlogit| / max |logit| "

@@ -9,9 +9,12 @@ import json
 import statistics as st
 import sys
 
+from report import mean_sd as _mean_sd  # the paged-MoE report's (benchmarks/device/report.py)
+
 
 def mean_sd(v, fmt="{:.1f}"):
-    return (fmt + " ± " + fmt).format(st.mean(v), st.stdev(v)) if len(v) > 1 else fmt.format(v[0])
+    """'m ± sd' over the processes, or the one value."""
+    return (fmt + " ± " + fmt).format(*_mean_sd(v)) if len(v) > 1 else fmt.format(v[0])
 
 
 def main(files):

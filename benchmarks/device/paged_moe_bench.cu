@@ -13,7 +13,8 @@
 // case; --config default,t8,t32,w8,p256,int8,int4: decode tiles to compare (one tile wherever it holds the
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
-// not matter to the time), their expert bytes the packed ones; int8-t8w4u2 and the like: one quantized decode
+// not matter to the time), their expert bytes the packed ones; int8-decode / int8-grouped (int4 alike): the
+// default's quantized choice held to one path at every size; int8-t8w4u2 and the like: one quantized decode
 // tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the sweep that chose the
 // quantized rows of the default table), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
@@ -113,6 +114,7 @@ double read_bandwidth_gbs(int sms) {
 
 struct GraphBase {
   cudaGraphExec_t exec = nullptr;
+  kernels::MoeConfig config{};  // what the layer chose for the first routing set
   GraphBase() = default;
   GraphBase(const GraphBase&) = delete;
   GraphBase& operator=(const GraphBase&) = delete;
@@ -138,6 +140,7 @@ struct Graph : GraphBase {
       workspace_bytes = std::max(workspace_bytes, Moe::workspace_size(a));
       args.push_back(a);
     }
+    config = Moe::config(args.front());
     workspace = DeviceBuffer<unsigned char>(workspace_bytes);
     // One eager call first (sets kernel attributes outside the capture), then capture one call per set.
     run_all(stream);
@@ -224,6 +227,15 @@ struct FixedTileConfig {
   }
 };
 
+// The default table's quantized choice on one path at every token count: `int8-decode` (its decode tiles)
+// and `int8-grouped` (the wgmma grouped GEMM), the two sides of kQuantDecodeTile.
+template <MoePath kPath>
+struct QuantPathConfig : kernels::DefaultMoeConfig {  // select(): the default table's
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath) {
+    return kernels::DefaultMoeConfig::select_quantized(s, kPath);
+  }
+};
+
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, cudaStream_t);
 
@@ -243,10 +255,17 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
   add_quant<Precision, 16, 4, 2>(m, precision);
   add_quant<Precision, 32, 4, 1>(m, precision);
 }
-// Every quantized configuration: `int8` / `int4` (the default table's tiles) and the sweep's.
+// Every quantized configuration: `int8` / `int4` (the default table), `-decode` / `-grouped` (one path
+// everywhere) and the sweep's.
 std::map<std::string, QuantFactory> quant_configs() {
+  using Decode = QuantPathConfig<MoePath::kDecode>;
+  using Grouped = QuantPathConfig<MoePath::kGrouped>;
   std::map<std::string, QuantFactory> m{{"int8", &make_quant_graph<kernels::Int8>},
-                                        {"int4", &make_quant_graph<kernels::Int4>}};
+                                        {"int4", &make_quant_graph<kernels::Int4>},
+                                        {"int8-decode", &make_quant_graph<kernels::Int8, Decode>},
+                                        {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
+                                        {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
+                                        {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>}};
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");
   return m;
@@ -359,7 +378,7 @@ int main(int argc, char** argv) {
       std::vector<double> matrix_bytes;           // per used configuration: the experts' matrix bytes
       std::vector<std::unique_ptr<GraphBase>> graphs;
       for (const std::string& c : configs) {
-        // Quantized experts run the decode path at every size (PagedMoe::config): measured everywhere.
+        // Quantized configurations are measured at every size (their own path choice).
         const auto q = quantized.find(c);
         if (c != configs[0] && config.path != MoePath::kDecode && q == quantized.end()) continue;
         std::vector<std::unique_ptr<GraphBase>> g;
@@ -431,15 +450,17 @@ int main(int argc, char** argv) {
       for (std::size_t ci = 0; ci < used.size(); ++ci) {
         const int base = first_graph[ci];
         const float mc = median(us[base]);
+        const kernels::MoeConfig& chosen = graphs[base]->config;
         // The floor of this configuration's bytes: routed experts touched plus the shared chunks.
         const double cfg_bytes = (distinct + shape.num_shared_chunks) * 3.0 * matrix_bytes[ci];
         std::printf("%-14s T=%-6d %-8s tile=%-4d %-9s contiguous %9.2f us (%.2fx the read floor)  paged",
-                    name.c_str(), t, path_name(config.path), config.tile_tokens, used[ci].c_str(), mc,
+                    name.c_str(), t, path_name(chosen.path), chosen.tile_tokens, used[ci].c_str(), mc,
                     mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
         std::fprintf(js,
-                     "%s{\"config\": \"%s\", \"expert_bytes\": %.0f, \"contiguous_us\": %.3f, "
-                     "\"paged\": [",
-                     ci ? ", " : "", used[ci].c_str(), cfg_bytes, mc);
+                     "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"expert_bytes\": %.0f, "
+                     "\"contiguous_us\": %.3f, \"paged\": [",
+                     ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens, cfg_bytes,
+                     mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

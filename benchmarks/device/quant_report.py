@@ -4,6 +4,10 @@ one markdown row per model × token count with bf16, int8 and int4 µs as mean �
 precision's ratio to the read floor of its own bytes, and int8 / int4 over bf16 measured in the same process.
 
   python3 benchmarks/device/quant_report.py quant_p1.json quant_p2.json quant_p3.json
+  python3 benchmarks/device/quant_report.py --paths quant_paths.json   # decode vs grouped per precision
+
+Each precision's path is the one its configuration chose (files from before the per-configuration "path"
+field show the bf16 path for all).
 """
 import json
 import statistics as st
@@ -23,13 +27,14 @@ def main(files):
         d = json.load(open(f))
         for c in d["cases"]:
             cs = {x["config"]: x for x in c["configs"]}
-            r = rows.setdefault((c["model"], c["tokens"]), {"path": c["path"], "us": {}, "floor": {}})
+            r = rows.setdefault((c["model"], c["tokens"]), {"path": {}, "us": {}, "floor": {}})
             for cfg, name in (("default", "bf16"), ("int8", "int8"), ("int4", "int4")):
                 if cfg in cs:
+                    r["path"][name] = cs[cfg].get("path", c["path"])
                     r["us"].setdefault(name, []).append(cs[cfg]["contiguous_us"])
                     r["floor"].setdefault(name, []).append(cs[cfg]["expert_bytes"] / (d["read_gbs"] * 1e9) * 1e6)
-    print("| model | T | bf16 path | bf16 µs (× floor) | int8 µs (× floor) | int8 / bf16 | int4 µs (× floor) "
-          "| int4 / bf16 |")
+    print("| model | T | paths bf16/int8/int4 | bf16 µs (× floor) | int8 µs (× floor) | int8 / bf16 "
+          "| int4 µs (× floor) | int4 / bf16 |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     for (model, tokens), r in rows.items():
         def cell(k):
@@ -42,11 +47,38 @@ def main(files):
             if k not in r["us"] or "bf16" not in r["us"]:
                 return "—"
             return mean_sd([a / b for a, b in zip(r["us"][k], r["us"]["bf16"])], "{:.2f}")
-        print(f"| {model} | {tokens} | {r['path']} | {cell('bf16')} | {cell('int8')} | {rel('int8')} | "
+        paths = "/".join(r["path"].get(k, "—") for k in ("bf16", "int8", "int4"))
+        print(f"| {model} | {tokens} | {paths} | {cell('bf16')} | {cell('int8')} | {rel('int8')} | "
               f"{cell('int4')} | {rel('int4')} |")
+
+
+def paths(files):
+    """Decode vs grouped per precision (configs int8-decode, int8-grouped, ...; bf16 'default' beside)."""
+    rows = {}
+    for f in files:
+        for c in json.load(open(f))["cases"]:
+            cs = {x["config"]: x["contiguous_us"] for x in c["configs"]}
+            r = rows.setdefault((c["model"], c["tokens"]), {})
+            for k, v in cs.items():
+                r.setdefault(k, []).append(v)
+    print("| model | T | bf16 µs | int8 decode µs | int8 grouped µs | grouped / decode | int4 decode µs "
+          "| int4 grouped µs | grouped / decode |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (model, tokens), r in rows.items():
+        def us(k):
+            return mean_sd(r[k]) if k in r else "—"
+
+        def ratio(p):
+            d, g = r.get(p + "-decode"), r.get(p + "-grouped")
+            return mean_sd([b / a for a, b in zip(d, g)], "{:.2f}") if d and g else "—"
+        print(f"| {model} | {tokens} | {us('default')} | {us('int8-decode')} | {us('int8-grouped')} | "
+              f"{ratio('int8')} | {us('int4-decode')} | {us('int4-grouped')} | {ratio('int4')} |")
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    main(sys.argv[1:])
+    if sys.argv[1] == "--paths":
+        paths(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

@@ -2,8 +2,12 @@
 # The quantized experts' kernel measurements in one device call (docs/results/quantized_h200.md):
 # (1) the decode-tile sweep that chose DefaultMoeConfig::kQuantDecodeRows, one process; (2) the layer at the
 # default tiles beside bf16 in PROCESSES separate processes (mean ± sd: `python3 benchmarks/device/quant_report.py quant_p*.json`).
-#   BIN=.gpu OUT=$OUT [PROCESSES=3] [SWEEP=1] [TOKENS=1,3,16,33,64,256,1024,4096] bash benchmarks/device/quant_run.sh
-# Writes $OUT/quant_sweep_<models>.json and $OUT/quant_p<i>.json (paged_moe_bench's format) and their logs.
+# (3) with PATHS=1, each precision held to the decode and to the grouped path at 16–1024 tokens, one process
+# (`quant_report.py --paths quant_paths.json`: where DefaultMoeConfig::kQuantDecodeTile switches).
+#   BIN=.gpu OUT=$OUT [PROCESSES=3] [SWEEP=1] [PATHS=0] [TOKENS=1,3,16,33,64,256,1024,4096,16384]
+#   bash benchmarks/device/quant_run.sh
+# Writes $OUT/quant_sweep_<models>.json, $OUT/quant_paths.json and $OUT/quant_p<i>.json (paged_moe_bench's
+# format) and their logs, as one archive $OUT/quant.tgz.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding paged_moe_bench}"
 : "${OUT:?OUT must name an output folder}"
@@ -18,9 +22,15 @@ if [[ "${SWEEP:-1}" == 1 ]]; then
     echo "sweep $m rc=$?"
   done
 fi
+if [[ "${PATHS:-0}" == 1 ]]; then
+  timeout 250 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 16,64,128,256,512,1024 \
+    --placement shuffled --seed 1 --config default,int8-decode,int8-grouped,int4-decode,int4-grouped \
+    --json "$OUT/quant_paths.json" >"$OUT/quant_paths.txt" 2>&1
+  echo "paths rc=$?"
+fi
 for i in $(seq 1 "${PROCESSES:-3}"); do
   timeout 200 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral \
-    --tokens "${TOKENS:-1,3,16,33,64,256,1024,4096}" --placement shuffled --seed "$i" \
+    --tokens "${TOKENS:-1,3,16,33,64,256,1024,4096,16384}" --placement shuffled --seed "$i" \
     --config default,int8,int4 --json "$OUT/quant_p$i.json" >"$OUT/quant_p$i.txt" 2>&1
   echo "process $i rc=$?"
 done

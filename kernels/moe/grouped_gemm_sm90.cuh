@@ -10,9 +10,12 @@
 // innermost, so the blocks resident at one time share a weight slice and read it from DRAM once (a Mixtral
 // expert's W1+W3 is 235 MB: streaming it once per 128-token tile cost 8–13%). The order depends only on the
 // tile list, never on where pages sit.
+// Quantized experts (Precision Int8 / Int4): B is staged packed and dequantised in shared memory, overlapped
+// with the tensor cores (see kPackedStepBytes below); everything else is the bf16 kernel.
 #pragma once
 
 #include "moe/grouped_gemm.cuh"
+#include "moe/precision.cuh"
 
 namespace amoeba::kernels::grouped {
 
@@ -81,10 +84,49 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 }  // namespace wgmma
 
-inline constexpr int kWgmmaSmemBytes = kSmemBytes + 1024;  // + slack: 1024-byte aligned bases
+// Quantized experts (Precision = Int8 / Int4, moe/precision.cuh): B reaches shared memory packed (64 k of a
+// row are 64 or 32 bytes, one cp.async stage like A's), and the block dequantises it into one of two bf16 B
+// tiles in wgmma's swizzled layout while the tensor cores work on the other: w = bf16(q · scale) (q exact in
+// bf16, the product rounded once), the group's scale read per row per 64-k step (a step lies inside one group
+// of 128). A, the epilogue and the walk are the bf16 kernel's.
+template <class Precision>
+inline constexpr int kPackedStepBytes = Precision::kQuantized
+                                            ? kBlockK* static_cast<int>(quant::bit_count(Precision::kBits)) /
+                                                  8
+                                            : 0;
+
+// Dynamic shared memory of gemm_wgmma_kernel per precision (+ slack: 1024-byte aligned bases).
+template <class Precision>
+inline constexpr int wgmma_smem_bytes() {
+  if constexpr (Precision::kQuantized)
+    return kStages * kBlockM * kBlockK * 2 + 2 * kBlockN * kBlockK * 2 +
+           kStages * kBlockN * kPackedStepBytes<Precision> + 1024;
+  else
+    return kSmemBytes + 1024;
+}
+inline constexpr int kWgmmaSmemBytes = wgmma_smem_bytes<Bf16>();
+static_assert(2 * wgmma_smem_bytes<Int8>() <= 227 * 1024, "two quantized blocks must fit one SM");
+
+// B row b of a tile (0..127) → (matrix j, weight row n). Gate/up: 64 features of W1 and the same 64 of W3,
+// interleaved by 16 (rows 32c..32c+15 are W1, 32c+16..32c+31 W3); down: 128 consecutive rows of W2.
+template <Stage kStage>
+__device__ __forceinline__ void b_row(int b, int slice, int& j, int& n) {
+  if constexpr (kStage == Stage::kGateUp) {
+    j = (b % 32) < 16 ? 0 : 1;
+    n = slice * kGateUpFeatures + 16 * (b / 32) + (b % 16);
+  } else {
+    j = 2;
+    n = slice * kBlockN + b;
+  }
+}
+
+// Matrix j of a tile by selects, not by a dynamic index (which would put the tile's pointers on the stack).
+__device__ __forceinline__ const bf16* tile_matrix(const WorkTile& t, int j) {
+  return j == 0 ? t.matrix[0] : j == 1 ? t.matrix[1] : t.matrix[2];
+}
 
 // One block per (weight slice, work tile) of one stage; grid (slices, max tiles), walked expert-major.
-template <class Addressing, Stage kStage>
+template <class Addressing, Stage kStage, class Precision = Bf16>
 __global__ void __launch_bounds__(kThreads, 2)
     gemm_wgmma_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   ptx::grid_dependency_wait();
@@ -113,7 +155,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int ld_row = tid / 8, ld_chunk = tid % 8;
   const bf16* a_src[4];
   int a_bytes[4];
-  const bf16* b_src[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int m = ld_row + 32 * i;
@@ -127,64 +168,157 @@ __global__ void __launch_bounds__(kThreads, 2)
       a_src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + ld_chunk * 8;
     }
   }
-  if constexpr (kGateUp) {
-    const bf16* w1 = tile.matrix[0];
-    const bf16* w3 = tile.matrix[1];
-    const int n0 = slice * kGateUpFeatures;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int b = ld_row + 32 * i;  // B row b: group b/32, W1 for (b % 32) < 16, else W3
-      const int n = n0 + 16 * (b / 32) + (b % 16);
-      b_src[i] = ((b % 32) < 16 ? w1 : w3) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
-    }
-  } else {
-    const int h0 = slice * kBlockN;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      b_src[i] = tile.matrix[2] + static_cast<std::int64_t>(h0 + ld_row + 32 * i) * K + ld_chunk * 8;
-  }
   const int st_off = swizzle(ld_row, ld_chunk);
-  auto load_stage = [&](int stage, int kt) {
+  auto load_a = [&](int stage, int kt) {
     bf16* sa = smem_a + stage * kBlockM * kBlockK;
-    bf16* sb = smem_b + stage * kBlockN * kBlockK;
     const int k = kt * kBlockK;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       ptx::cp_async_16(ptx::smem_u32(sa + st_off + 32 * i * kBlockK), a_src[i] + k, a_bytes[i]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      ptx::cp_async_16(ptx::smem_u32(sb + st_off + 32 * i * kBlockK), b_src[i] + k, 16);
   };
 
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    ptx::cp_async_commit();
-  }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    ptx::cp_async_wait<kStages - 2>();
-    wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async
-                                 // one
-    __syncthreads();             // stage kt complete for all threads; every wgmma of kt-1 has finished
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) load_stage(next % kStages, next);
-    ptx::cp_async_commit();
-    const std::uint32_t sa = ptx::smem_u32(smem_a + (kt % kStages) * kBlockM * kBlockK + wg * 64 * kBlockK);
-    const std::uint32_t sb = ptx::smem_u32(smem_b + (kt % kStages) * kBlockN * kBlockK);
+  // D += A(stage) · B(b_tile)ᵀ over one 64-k step, issued (not waited for).
+  auto issue_mma = [&](const bf16* a_stage, const bf16* b_tile) {
+    const std::uint32_t sa = ptx::smem_u32(a_stage + wg * 64 * kBlockK);
+    const std::uint32_t sb = ptx::smem_u32(b_tile);
     wgmma::pin(acc);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk)
       wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
     wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::pin(acc);
-  }
-  ptx::cp_async_wait<0>();
+  };
 
+  if constexpr (!Precision::kQuantized) {
+    const bf16* b_src[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      int j, n;
+      b_row<kStage>(ld_row + 32 * i, slice, j, n);
+      b_src[i] = tile_matrix(tile, j) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
+    }
+    auto load_stage = [&](int stage, int kt) {
+      load_a(stage, kt);
+      bf16* sb = smem_b + stage * kBlockN * kBlockK;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        ptx::cp_async_16(ptx::smem_u32(sb + st_off + 32 * i * kBlockK), b_src[i] + kt * kBlockK, 16);
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_stage(s, s);
+      ptx::cp_async_commit();
+    }
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      ptx::cp_async_wait<kStages - 2>();
+      wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async
+                                   // one
+      __syncthreads();             // stage kt complete for all threads; every wgmma of kt-1 has finished
+      const int next = kt + kStages - 1;
+      if (next < k_tiles) load_stage(next % kStages, next);
+      ptx::cp_async_commit();
+      issue_mma(smem_a + (kt % kStages) * kBlockM * kBlockK, smem_b + (kt % kStages) * kBlockN * kBlockK);
+      wgmma::wait<0>();
+      wgmma::pin(acc);
+    }
+    ptx::cp_async_wait<0>();
+  } else {
+    static_assert(kStages == 3, "the quantized pipeline keeps stage kt + 2 loading while kt + 1 dequantises");
+    static_assert(quant::kGroup % kBlockK == 0, "a 64-k step must lie inside one scale group");
+    constexpr quant::Bits kBits = Precision::kBits;
+    constexpr int kStep =
+        kPackedStepBytes<Precision>;  // packed bytes of 64 k of one row: 64 (int8), 32 (int4)
+    constexpr int kChunksPerRow = kStep / 16;
+    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+    constexpr int kPasses = kBlockN / kRowsPerPass;
+    bf16* b_tiles = smem_b;  // [2][128][64] bf16, swizzled
+    unsigned char* packed =
+        reinterpret_cast<unsigned char*>(b_tiles + 2 * kBlockN * kBlockK);  // [3][128][kStep]
+    const quant::MatrixLayout layout =
+        kGateUp ? Precision::w13(p.intermediate, p.hidden) : Precision::w2(p.intermediate, p.hidden);
+    const std::int64_t row_bytes = static_cast<std::int64_t>(layout.row_bytes());
+    auto matrix_bytes = [&](int j) { return reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)); };
+
+    // Packed loads: thread tid copies chunk tid % kChunksPerRow of rows tid / kChunksPerRow + kRowsPerPass·i.
+    const int pk_row = tid / kChunksPerRow, pk_part = tid % kChunksPerRow;
+    const unsigned char* pk_src[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      int j, n;
+      b_row<kStage>(pk_row + kRowsPerPass * i, slice, j, n);
+      pk_src[i] = matrix_bytes(j) + n * row_bytes + pk_part * 16;
+    }
+    auto load_stage = [&](int stage, int kt) {
+      load_a(stage, kt);
+      unsigned char* sp = packed + stage * kBlockN * kStep;
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i)
+        ptx::cp_async_16(ptx::smem_u32(sp + (pk_row + kRowsPerPass * i) * kStep + pk_part * 16),
+                         pk_src[i] + kt * kStep, 16);
+    };
+
+    // Dequantisation: thread tid writes k values [32·half, 32·half + 32) of B row dq_row: chunks 4·half..+3.
+    const int dq_row = tid / 2, dq_half = tid % 2;
+    int dq_j, dq_n;
+    b_row<kStage>(dq_row, slice, dq_j, dq_n);
+    const std::uint16_t* scale_src =
+        reinterpret_cast<const std::uint16_t*>(matrix_bytes(dq_j) + layout.scale_offset() +
+                                               2 * static_cast<std::int64_t>(dq_n) * layout.groups_per_row());
+    auto dequantize = [&](int stage, int kt) {
+      const std::uint16_t sbits = __ldg(scale_src + (kt * kBlockK) / quant::kGroup);
+      const std::uint32_t s2 = static_cast<std::uint32_t>(sbits) * 0x10001u;
+      const __nv_bfloat162 scale = *reinterpret_cast<const __nv_bfloat162*>(&s2);
+      const unsigned char* src = packed + stage * kBlockN * kStep + dq_row * kStep + dq_half * (kStep / 2);
+      bf16* dst = b_tiles + (kt % 2) * kBlockN * kBlockK;
+      constexpr int kChunksPerWord = static_cast<int>(quant::values_per_load(kBits)) / 8;  // 2 int8, 4 int4
+      uint4 words[kStep / 32];  // the thread's 32 values: two 16-byte words (int8), one (int4)
+#pragma unroll
+      for (int w = 0; w < kStep / 32; ++w) words[w] = *reinterpret_cast<const uint4*>(src + 16 * w);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // 8 values each, the layout of one bf16 chunk of the tile
+        uint4 v = dequant::chunk<kBits>(words[c / kChunksPerWord], c % kChunksPerWord);
+        std::uint32_t* vw = reinterpret_cast<std::uint32_t*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&vw[i]), scale);
+          vw[i] = *reinterpret_cast<const std::uint32_t*>(&prod);
+        }
+        *reinterpret_cast<uint4*>(dst + swizzle(dq_row, 4 * dq_half + c)) = v;
+      }
+    };
+
+    // Stages 0 and 1 loading; B(0) dequantised before the loop. Iteration kt: the tensor cores multiply A(kt)
+    // by B tile kt % 2 while the block loads stage kt + 2 and dequantises B(kt + 1) into the other tile.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_stage(s, s);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    dequantize(0, 0);
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      issue_mma(smem_a + (kt % kStages) * kBlockM * kBlockK, b_tiles + (kt % 2) * kBlockN * kBlockK);
+      const int next = kt + kStages - 1;  // its stage held A(kt - 1) and packed B(kt - 1), both consumed
+      if (next < k_tiles) load_stage(next % kStages, next);
+      ptx::cp_async_commit();
+      if (kt + 1 < k_tiles) {
+        ptx::cp_async_wait<kStages - 2>();       // stage kt + 1 (this thread's copies)
+        __syncthreads();                         // ... and every thread's
+        dequantize((kt + 1) % kStages, kt + 1);  // into the tile wgmma(kt - 1) read, which has finished
+        wgmma::fence_proxy_async();  // the B tile and A(kt + 1), written through the generic proxy
+      }
+      wgmma::wait<0>();
+      wgmma::pin(acc);
+      __syncthreads();  // B(kt + 1) complete; every wgmma of kt has finished before stage kt + 3 loads
+    }
+    ptx::cp_async_wait<0>();
+  }
   // Accumulator 4c + i: token row wg·64 + 16·warp + g + 8·(i/2), B row 8c + 2q + (i % 2).
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

@@ -69,12 +69,14 @@ struct DefaultMoeConfig {
       {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128},
   };
   // clang-format on
-  static constexpr int kDecodeTile = 32;  // the largest decode tile: decode while the batch fits it
+  static constexpr int kDecodeTile = 32;       // the largest decode tile: decode while the batch fits it
+  static constexpr int kQuantDecodeTile = 32;  // quantized experts: decode while the batch fits this many
   static constexpr int kGroupedTile = 128;
 
-  // Quantized experts run the decode collective at every token count (select_quantized). Their rows, from the
-  // quantized sweep on the H200 (docs/results/quantized_h200.md, "Choosing the quantized decode tiles"): the
-  // dequantising main loop needs about twice the registers of the bf16 one, so the tiles that keep fewest
+  // Quantized experts (select_quantized): the decode collective while the expected largest batch fits
+  // kQuantDecodeTile tokens, the grouped GEMM (wgmma, dequantising in shared memory) beyond. Their rows, from
+  // the quantized sweep on the H200 (docs/results/quantized_h200.md, "Choosing the quantized decode tiles"):
+  // the dequantising main loop needs about twice the registers of the bf16 one, so the tiles that keep fewest
   // live (8 or 16 tokens, one k-step in flight) run fastest; 8-token tiles even when a few experts' batches
   // overflow into a second tile (Qwen at 64 tokens), 16-token tiles beyond (Mixtral at 33 and 64 tokens), and
   // 8 warps splitting K where one or two routed slots meet huge experts (Mixtral at 1 token).
@@ -98,9 +100,14 @@ struct DefaultMoeConfig {
     return {path, kDecodeTile, 4, 1};
   }
 
-  // The decode tile for quantized experts (PagedMoe<..., Int8|Int4>): the first row of kQuantDecodeRows the
-  // shape satisfies, else 32-token tiles.
-  static constexpr MoeConfig select_quantized(const MoeShape& s) {
+  // The configuration for quantized experts (PagedMoe<..., Int8|Int4>): kAuto picks the path by
+  // kQuantDecodeTile; on the decode path the first row of kQuantDecodeRows the shape satisfies, else
+  // 32-token tiles.
+  static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested) {
+    MoePath path = requested;
+    if (path == MoePath::kAuto)
+      path = config_detail::fits(mean_batch(s), kQuantDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
+    if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
     for (const DecodeRow& r : kQuantDecodeRows)
       if (matches(r, s)) return {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch};
     return {MoePath::kDecode, kDecodeTile, 4, 1};
@@ -121,26 +128,31 @@ struct DefaultMoeConfig {
 static_assert(moe_config<DefaultMoeConfig>);
 // A configuration that chooses its own tiles for quantized experts (PagedMoe asks it instead of select).
 template <class C>
-concept quantized_moe_config = requires(const MoeShape& s) {
-  { C::select_quantized(s) } -> std::same_as<MoeConfig>;
+concept quantized_moe_config = requires(const MoeShape& s, MoePath requested) {
+  { C::select_quantized(s, requested) } -> std::same_as<MoeConfig>;
 };
 static_assert(quantized_moe_config<DefaultMoeConfig>);
 // Quantized examples (T, H, F, E, k, m): Qwen1.5 and Qwen3 up to 64 tokens on 8-token tiles, Mixtral at 1
-// token with 8 warps, at 33 and 64 tokens on 16-token tiles, many tokens per expert on 32-token tiles.
-static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}) ==
+// token with 8 warps, at 33 and 64 tokens on 16-token tiles; many tokens per expert: the grouped GEMM (or
+// 32-token decode tiles when asked for the decode path).
+static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}) ==
+static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}) ==
+static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 8, 1});
-static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}) ==
+static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}) ==
+static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}) ==
+static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}) ==
+static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kDecode) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kQuantDecodeRows)
     if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch

@@ -8,9 +8,9 @@
 // by the shape through the configuration policy (moe/moe_config.hpp): decode (tensor-core GEMV streaming
 // weights, few tokens per expert) or grouped (tiled grouped GEMM, many tokens per expert). Both are templates
 // over the addressing policy, so Paged and Contiguous run the same code. Precision (moe/precision.cuh): bf16
-// experts (the default), or int8 / int4 experts packed as moe/quant_layout.hpp says, which run the decode
-// collective at every token count (its GEMV dequantises in the main loop; the grouped GEMM does not read
-// quantized experts yet) with K a multiple of the quantized k-step (64 int8, 128 int4).
+// experts (the default), or int8 / int4 experts packed as moe/quant_layout.hpp says: the decode GEMV
+// dequantises in its main loop, the wgmma grouped GEMM dequantises each packed B stage in shared memory
+// (sm_90 only: on other devices quantized layers stay on the decode path, with 32-token tiles).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -183,13 +183,22 @@ class PagedMoe {
                            "num_tokens*(top_k+num_shared_chunks) must be <= 2^30");
     if (max_tiles(s, 8) > 65535)
       return Status::error("shape.num_tokens", s.num_tokens, "too many work tiles for one grid (<= 65535)");
-    if (Precision::kQuantized && a.path != MoePath::kAuto && a.path != MoePath::kDecode)
-      return Status::error("path", static_cast<long long>(a.path),
-                           "quantized experts run the decode path only (kAuto or kDecode)");
+    if (Precision::kQuantized && a.path == MoePath::kGroupedMma)
+      return Status::error(
+          "path", static_cast<long long>(a.path),
+          "quantized experts' grouped GEMM is the sm_90 wgmma kernel (kAuto, kDecode or kGrouped)");
     const MoeConfig c = config(a);
     if (c.path == MoePath::kAuto || (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM))
       return Status::error("config.tile_tokens", c.tile_tokens,
                            "must be 128 on the grouped paths (kAuto resolved)");
+    if constexpr (Precision::kQuantized) {
+      // Off sm_90 a quantized grouped choice runs kQuantFallback's decode tile (run()).
+      if (c.path == MoePath::kGrouped && decode_k_multiple(kQuantFallback) == 0)
+        return Status::error(
+            "config.tile_tokens", kQuantFallback.tile_tokens,
+            "quantized experts need the 32-token decode tile (4 warps, unroll 1) instantiated "
+            "for devices without wgmma (PagedMoe::DecodeTiles)");
+    }
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
@@ -234,14 +243,18 @@ class PagedMoe {
   static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 128 grouped).
-  // Quantized experts: the decode path whatever the token count, with the configuration's quantized tiles
-  // where it has them (quantized_moe_config).
+  // Quantized experts: the configuration's quantized choice where it has one (quantized_moe_config), else
+  // select()'s with kAuto read as kDecode. On a device without wgmma (not sm_90) run() replaces a quantized
+  // grouped choice by kQuantFallback.
   static constexpr MoeConfig config(const Arguments& a) {
     if constexpr (Precision::kQuantized && quantized_moe_config<Config>)
-      return Config::select_quantized(a.shape);
+      return Config::select_quantized(a.shape, a.path);
     else
-      return Config::select(a.shape, Precision::kQuantized ? MoePath::kDecode : a.path);
+      return Config::select(a.shape,
+                            Precision::kQuantized && a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
   }
+  // The decode tile quantized layers run where the wgmma grouped GEMM cannot (devices other than sm_90).
+  static constexpr MoeConfig kQuantFallback{MoePath::kDecode, 32, 4, 1};
 
   Status run(const Arguments& a, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
     if (Status st = can_implement(a); !st) return st;
@@ -254,9 +267,10 @@ class PagedMoe {
     if (workspace == nullptr) return Status::error("workspace", "must not be null");
     auto* base = static_cast<unsigned char*>(workspace);
     auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
-    const MoeConfig choice = config(a);
     detail::DeviceInfo dev;
     if (Status st = detail::current_device(dev); !st) return st;
+    MoeConfig choice = config(a);
+    if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
 
     routing::RoutingParams<Addressing> r{};
     MoeParams<Addressing>& p = r.moe;
@@ -309,27 +323,24 @@ class PagedMoe {
 
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
-    if constexpr (Precision::kQuantized) {
-      if (Status st = run_decode(p, s, choice, grid_tiles, stream); !st) return st;
-    } else if (choice.path == MoePath::kGrouped && dev.major == 9) {
+    if (choice.path == MoePath::kGrouped && dev.major == 9) {
       using grouped::gemm_wgmma_kernel;
       using grouped::Stage;
-      constexpr int kSmem = grouped::kWgmmaSmemBytes;
-      if (Status st = detail::set_smem<gemm_wgmma_kernel<Addressing, Stage::kGateUp>>(dev.device, kSmem); !st)
-        return st;
-      if (Status st = detail::set_smem<gemm_wgmma_kernel<Addressing, Stage::kDown>>(dev.device, kSmem); !st)
-        return st;
-      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kGateUp>,
-                             dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads,
-                             kSmem, stream, p, "grouped::gemm_wgmma_kernel<kGateUp>");
+      constexpr int kSmem = grouped::wgmma_smem_bytes<Precision>();
+      constexpr auto kGateUpKernel = gemm_wgmma_kernel<Addressing, Stage::kGateUp, Precision>;
+      constexpr auto kDownKernel = gemm_wgmma_kernel<Addressing, Stage::kDown, Precision>;
+      if (Status st = detail::set_smem<kGateUpKernel>(dev.device, kSmem); !st) return st;
+      if (Status st = detail::set_smem<kDownKernel>(dev.device, kSmem); !st) return st;
+      if (Status st = launch(kGateUpKernel, dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles),
+                             grouped::kThreads, kSmem, stream, p, "grouped::gemm_wgmma_kernel<kGateUp>");
           !st)
         return st;
-      if (Status st = launch(gemm_wgmma_kernel<Addressing, Stage::kDown>,
-                             dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads, kSmem, stream,
-                             p, "grouped::gemm_wgmma_kernel<kDown>");
+      if (Status st = launch(kDownKernel, dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads,
+                             kSmem, stream, p, "grouped::gemm_wgmma_kernel<kDown>");
           !st)
         return st;
-    } else if (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma) {
+    } else if (!Precision::kQuantized &&
+               (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma)) {
       using grouped::gemm_kernel;
       using grouped::Stage;
       if (Status st =

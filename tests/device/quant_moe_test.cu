@@ -2,7 +2,9 @@
 // values and bf16 group scales, written straight into the packed layout; the layer through Contiguous and
 // through Paged (shuffled pages, some experts in a load buffer) must agree bit for bit, and both must match a
 // double CPU reference that dequantises the same packed bytes exactly (q x scale), with the kernel's bf16
-// roundings (SiLU(gate)·up, each slot's down projection, the output) mirrored.
+// roundings (SiLU(gate)·up, each slot's down projection, the output) mirrored. Both collectives: the decode
+// GEMV (exact q x scale) and the wgmma grouped GEMM (bf16(q x scale) in shared memory, one more rounding of
+// each weight, inside the same tolerance).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -174,10 +176,11 @@ std::vector<double> cpu_reference(const QuantStore& store, const RoutingSet& r, 
 
 template <class Addressing, class Precision, class Config = kernels::DefaultMoeConfig>
 std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
-                                     typename Addressing::Arguments weights, long long stride) {
+                                     typename Addressing::Arguments weights, long long stride,
+                                     MoePath expected) {
   Runner<Addressing, Config, Precision> runner;
   const std::vector<std::uint16_t> out = runner.run(r, shape, weights, MoePath::kAuto, true, stride);
-  CHECK(decltype(runner)::Moe::config(runner.args).path == MoePath::kDecode);
+  CHECK(decltype(runner)::Moe::config(runner.args).path == expected);
   return out;
 }
 
@@ -190,11 +193,14 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
   // The page size as the stride, or 0 (the tightest) when the pages are not padded.
   const long long stride = store.page == store.layout.matrix_bytes() ? 0 : static_cast<long long>(store.page);
-  const auto out_p = run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride);
+  // The path the configuration chooses for this shape (both addressings run the same choice).
+  const MoePath path = Config::select_quantized(shape, MoePath::kAuto).path;
+  const auto out_p = run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride, path);
   const auto out_c =
-      run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride);
-  INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
-                       << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
+      run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride, path);
+  const char* path_name = path == MoePath::kDecode ? "decode" : "grouped";
+  INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens << " "
+                       << path_name << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
   const std::vector<double> ref = cpu_reference(store, r, shape);
   double sq = 0, num = 0;
@@ -209,8 +215,8 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
     worst = std::max(worst, std::abs(a - ref[i]) / (kAbs * rms + kRel * std::abs(ref[i])));
   }
   const double rel = std::sqrt(num / sq);
-  std::printf("  %-26s int%u T=%-5d%s%s rel_err %.3e  worst element/tol %.3f\n", store.spec.name,
-              kernels::quant::bit_count(store.bits), tokens, hot_expert >= 0 ? " skewed" : "",
+  std::printf("  %-26s int%u T=%-5d %-7s%s%s rel_err %.3e  worst element/tol %.3f\n", store.spec.name,
+              kernels::quant::bit_count(store.bits), tokens, path_name, hot_expert >= 0 ? " skewed" : "",
               stride != 0 ? " padded pages" : "", rel, worst);
   CHECK(nonfinite == 0);
   CHECK(rel <= 1e-2);
@@ -219,14 +225,30 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
 
 constexpr ModelSpec kSmall{"small E8 k2 m1 H256 F256", 8, 2, 256, 256, 1};
 
+// Shapes whose K gives the grouped GEMM an odd and the smallest number of 64-k steps (6 and 2), the down
+// stage a single 128-row slice, and both B tiles and all three packed stages in use.
+constexpr ModelSpec kOddK{"small E6 k2 m0 H384 F128", 6, 2, 384, 128, 0};
+
 // One quantized decode tile T of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
 template <class T>
-struct QuantTileConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath p) {
-    return kernels::DefaultMoeConfig::select(s, p);
-  }
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape&) {
+struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath) {
     return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch};
+  }
+};
+
+// A configuration that instantiates only the 8-token decode tile and chooses the grouped GEMM at every size.
+struct OnlyT8Grouped : kernels::DefaultMoeConfig {  // select(): the default table's
+  using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1>>;
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath) {
+    return kernels::DefaultMoeConfig::select_quantized(s, MoePath::kGrouped);
+  }
+};
+
+// The quantized grouped GEMM at every token count.
+struct QuantGroupedConfig : kernels::DefaultMoeConfig {  // select(): the default table's
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath) {
+    return kernels::DefaultMoeConfig::select_quantized(s, MoePath::kGrouped);
   }
 };
 
@@ -262,6 +284,26 @@ TEST_CASE("quantized experts: every default decode tile, whichever shapes the ta
         kernels::detail::DefaultQuantDecodeTiles{});
 }
 
+TEST_CASE(
+    "quantized experts: the grouped GEMM at every token count, paged = contiguous, against the reference",
+    "[gpu][small][quant]") {
+  const QuantStore s8(kSmall, Bits::kInt8, 31), s4(kSmall, Bits::kInt4, 32);
+  const QuantStore o8(kOddK, Bits::kInt8, 33), o4(kOddK, Bits::kInt4, 34);
+  for (int tokens : {1, 3, 40, 200, 700}) {
+    check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, tokens, 900 + tokens);
+    check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, tokens, 1000 + tokens);
+    check_quant_case<kernels::Int8, QuantGroupedConfig>(o8, tokens, 1100 + tokens);
+    check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, tokens, 1200 + tokens);
+  }
+  // One hot expert with half of 700 tokens: three 128-token tiles of one expert.
+  check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 700, 13, 5);
+  check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, 700, 14, 2);
+  // Pages padded past the packed matrix.
+  const QuantStore p8(kSmall, Bits::kInt8, 35, 48), p4(kSmall, Bits::kInt4, 36, 4096);
+  check_quant_case<kernels::Int8, QuantGroupedConfig>(p8, 300, 1300);
+  check_quant_case<kernels::Int4, QuantGroupedConfig>(p4, 300, 1400);
+}
+
 TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 21), s4(m, Bits::kInt4, 22);
@@ -269,6 +311,8 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
       check_quant_case<kernels::Int8>(s8, tokens, 300 + tokens);
       check_quant_case<kernels::Int4>(s4, tokens, 400 + tokens);
     }
+    check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 64, 364);
+    check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, 64, 464);
   }
 }
 
@@ -299,10 +343,25 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   a.matrix_stride_bytes = tight + 16;
   CHECK(Moe8::can_implement(a).ok);
   a.matrix_stride_bytes = 0;
-  a.path = MoePath::kGrouped;
+  a.path = MoePath::kGrouped;  // the wgmma grouped GEMM dequantises; the mma.sync one does not
+  CHECK(Moe8::can_implement(a).ok);
+  CHECK(Moe8::config(a).path == MoePath::kGrouped);
+  a.path = MoePath::kGroupedMma;
   const kernels::Status grouped = Moe8::can_implement(a);
   CHECK(grouped.field == "path");
-  CHECK_THAT(grouped.message, Catch::Contains("decode path only"));
+  CHECK_THAT(grouped.message, Catch::Contains("wgmma"));
+  // Without the 32-token decode tile, a configuration that may choose the grouped GEMM cannot fall back off
+  // sm_90.
+  a.path = MoePath::kAuto;
+  a.shape.num_tokens = 4096;
+  using Moe8Tiles =
+      PagedMoe<kernels::Contiguous, QuantTileConfig<kernels::decode::Tile<1, 4, 1>>, kernels::Int8>;
+  CHECK(Moe8Tiles::can_implement(a).ok);  // its select_quantized never chooses the grouped GEMM
+  using Moe8Grouped = PagedMoe<kernels::Contiguous, OnlyT8Grouped, kernels::Int8>;
+  const kernels::Status fallback = Moe8Grouped::can_implement(a);
+  CHECK(fallback.field == "config.tile_tokens");
+  CHECK_THAT(fallback.message, Catch::Contains("32-token decode tile"));
+  a.shape.num_tokens = 4;
   Moe4::Arguments b{};
   b.shape = MoeShape{4, 256, 384, 8, 2, 0};  // F = 384: a multiple of 128 (int4's k-step), fine
   b.input = fake;
@@ -311,6 +370,8 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   b.topk_weights = reinterpret_cast<const float*>(fake);
   b.weights = {fake};
   CHECK(Moe4::can_implement(b).ok);
-  b.shape.num_tokens = 100000;  // large T: still the decode path
-  CHECK(Moe4::config(b).path == MoePath::kDecode);
+  b.shape.num_tokens = 100000;  // large T: the grouped GEMM, or the decode path when asked for
+  CHECK(Moe4::config(b).path == MoePath::kGrouped);
+  b.path = MoePath::kDecode;
+  CHECK(Moe4::config(b) == kernels::MoeConfig{MoePath::kDecode, 32, 4, 1});
 }

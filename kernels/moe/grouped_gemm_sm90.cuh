@@ -85,27 +85,27 @@ __device__ __forceinline__ void fence_proxy_async() {
 }  // namespace wgmma
 
 // Quantized experts (Precision = Int8 / Int4, moe/precision.cuh): B reaches shared memory packed (64 k of a
-// row are 64 or 32 bytes, one cp.async stage like A's), and the block dequantises it into one of two bf16 B
-// tiles in wgmma's swizzled layout while the tensor cores work on the other: w = bf16(q · scale) (q exact in
-// bf16, the product rounded once), the group's scale read per row per 64-k step (a step lies inside one group
-// of 128). A, the epilogue and the walk are the bf16 kernel's.
+// row are 64 or 32 bytes; four stages, loaded two iterations ahead like A's three), and the block dequantises
+// it into one of two bf16 B tiles in wgmma's swizzled layout while the tensor cores work on the other: w =
+// bf16(q · scale) (q exact in bf16, the product rounded once), the group's scale read per row per 64-k step
+// (a step lies inside one group of 128). A, the epilogue and the walk are the bf16 kernel's.
+inline constexpr int kPackedStages = 4;
+// Packed bytes of 64 k of one row (quantized precisions): 64 (int8), 32 (int4).
 template <class Precision>
-inline constexpr int kPackedStepBytes = Precision::kQuantized
-                                            ? kBlockK* static_cast<int>(quant::bit_count(Precision::kBits)) /
-                                                  8
-                                            : 0;
+inline constexpr int kPackedStepBytes = static_cast<int>(quant::bit_count(Precision::kBits)) * kBlockK / 8;
 
 // Dynamic shared memory of gemm_wgmma_kernel per precision (+ slack: 1024-byte aligned bases).
 template <class Precision>
 inline constexpr int wgmma_smem_bytes() {
   if constexpr (Precision::kQuantized)
     return kStages * kBlockM * kBlockK * 2 + 2 * kBlockN * kBlockK * 2 +
-           kStages * kBlockN * kPackedStepBytes<Precision> + 1024;
+           kPackedStages * kBlockN * kPackedStepBytes<Precision> + 1024;
   else
     return kSmemBytes + 1024;
 }
 inline constexpr int kWgmmaSmemBytes = wgmma_smem_bytes<Bf16>();
-static_assert(2 * wgmma_smem_bytes<Int8>() <= 227 * 1024, "two quantized blocks must fit one SM");
+// Two blocks per SM: 228 KiB of shared memory, 1 KiB of it reserved per block.
+static_assert(2 * (wgmma_smem_bytes<Int8>() + 1024) <= 228 * 1024, "two quantized blocks must fit one SM");
 
 // B row b of a tile (0..127) → (matrix j, weight row n). Gate/up: 64 features of W1 and the same 64 of W3,
 // interleaved by 16 (rows 32c..32c+15 are W1, 32c+16..32c+31 W3); down: 128 consecutive rows of W2.
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     ptx::cp_async_wait<0>();
   } else {
-    static_assert(kStages == 3, "the quantized pipeline keeps stage kt + 2 loading while kt + 1 dequantises");
+    static_assert(kStages == 3, "A(kt + 2) loads while A(kt) multiplies");
     static_assert(quant::kGroup % kBlockK == 0, "a 64-k step must lie inside one scale group");
     constexpr quant::Bits kBits = Precision::kBits;
     constexpr int kStep =
@@ -236,12 +236,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     constexpr int kPasses = kBlockN / kRowsPerPass;
     bf16* b_tiles = smem_b;  // [2][128][64] bf16, swizzled
     unsigned char* packed =
-        reinterpret_cast<unsigned char*>(b_tiles + 2 * kBlockN * kBlockK);  // [3][128][kStep]
+        reinterpret_cast<unsigned char*>(b_tiles + 2 * kBlockN * kBlockK);  // [4][128][kStep]
     const quant::MatrixLayout layout =
         kGateUp ? Precision::w13(p.intermediate, p.hidden) : Precision::w2(p.intermediate, p.hidden);
     const std::int64_t row_bytes = static_cast<std::int64_t>(layout.row_bytes());
     auto matrix_bytes = [&](int j) { return reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)); };
 
+    // Packed stage layout [128 rows][kStep bytes], int8 rows' 16-byte chunks swizzled by row bit 1 (chunk c
+    // of row r at c ^ ((r >> 1) & 1)), so the dequantising threads' 16-byte reads (rows r..r+3, both halves,
+    // per quarter warp) fall on eight different bank groups; int4 reads are contiguous already.
+    auto packed_chunk = [](int row, int chunk) {
+      return kChunksPerRow == 4 ? chunk ^ ((row >> 1) & 1) : chunk;
+    };
     // Packed loads: thread tid copies chunk tid % kChunksPerRow of rows tid / kChunksPerRow + kRowsPerPass·i.
     const int pk_row = tid / kChunksPerRow, pk_part = tid % kChunksPerRow;
     const unsigned char* pk_src[kPasses];
@@ -251,13 +257,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       b_row<kStage>(pk_row + kRowsPerPass * i, slice, j, n);
       pk_src[i] = matrix_bytes(j) + n * row_bytes + pk_part * 16;
     }
-    auto load_stage = [&](int stage, int kt) {
-      load_a(stage, kt);
-      unsigned char* sp = packed + stage * kBlockN * kStep;
+    auto load_packed = [&](int kt) {
+      if (kt >= k_tiles) return;
+      unsigned char* sp = packed + (kt % kPackedStages) * kBlockN * kStep;
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i)
-        ptx::cp_async_16(ptx::smem_u32(sp + (pk_row + kRowsPerPass * i) * kStep + pk_part * 16),
+      for (int i = 0; i < kPasses; ++i) {
+        const int row = pk_row + kRowsPerPass * i;
+        ptx::cp_async_16(ptx::smem_u32(sp + row * kStep + packed_chunk(row, pk_part) * 16),
                          pk_src[i] + kt * kStep, 16);
+      }
+    };
+    auto load_a_step = [&](int kt) {
+      if (kt < k_tiles) load_a(kt % kStages, kt);
     };
 
     // Dequantisation: thread tid writes k values [32·half, 32·half + 32) of B row dq_row: chunks 4·half..+3.
@@ -267,16 +278,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     const std::uint16_t* scale_src =
         reinterpret_cast<const std::uint16_t*>(matrix_bytes(dq_j) + layout.scale_offset() +
                                                2 * static_cast<std::int64_t>(dq_n) * layout.groups_per_row());
-    auto dequantize = [&](int stage, int kt) {
+    auto dequantize = [&](int kt) {  // packed B(kt) → B tile kt % 2
       const std::uint16_t sbits = __ldg(scale_src + (kt * kBlockK) / quant::kGroup);
       const std::uint32_t s2 = static_cast<std::uint32_t>(sbits) * 0x10001u;
       const __nv_bfloat162 scale = *reinterpret_cast<const __nv_bfloat162*>(&s2);
-      const unsigned char* src = packed + stage * kBlockN * kStep + dq_row * kStep + dq_half * (kStep / 2);
-      bf16* dst = b_tiles + (kt % 2) * kBlockN * kBlockK;
+      const std::uint32_t src =
+          ptx::smem_u32(packed + (kt % kPackedStages) * kBlockN * kStep + dq_row * kStep);
+      const std::uint32_t dst = ptx::smem_u32(b_tiles + (kt % 2) * kBlockN * kBlockK);
       constexpr int kChunksPerWord = static_cast<int>(quant::values_per_load(kBits)) / 8;  // 2 int8, 4 int4
       uint4 words[kStep / 32];  // the thread's 32 values: two 16-byte words (int8), one (int4)
 #pragma unroll
-      for (int w = 0; w < kStep / 32; ++w) words[w] = *reinterpret_cast<const uint4*>(src + 16 * w);
+      for (int w = 0; w < kStep / 32; ++w)
+        words[w] = ptx::ld_shared_16(src + 16 * packed_chunk(dq_row, dq_half * (kStep / 32) + w));
 #pragma unroll
       for (int c = 0; c < 4; ++c) {  // 8 values each, the layout of one bf16 chunk of the tile
         uint4 v = dequant::chunk<kBits>(words[c / kChunksPerWord], c % kChunksPerWord);
@@ -286,36 +299,37 @@ __global__ void __launch_bounds__(kThreads, 2)
           const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&vw[i]), scale);
           vw[i] = *reinterpret_cast<const std::uint32_t*>(&prod);
         }
-        *reinterpret_cast<uint4*>(dst + swizzle(dq_row, 4 * dq_half + c)) = v;
+        ptx::st_shared_16(dst + 2 * swizzle(dq_row, 4 * dq_half + c), v);
       }
     };
 
-    // Stages 0 and 1 loading; B(0) dequantised before the loop. Iteration kt: the tensor cores multiply A(kt)
-    // by B tile kt % 2 while the block loads stage kt + 2 and dequantises B(kt + 1) into the other tile.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) load_stage(s, s);
-      ptx::cp_async_commit();
-    }
-    ptx::cp_async_wait<kStages - 2>();
+    // Copy groups: the prologue's {A(0), B(0), B(1)} and {A(1), B(2)}, then iteration kt's {A(kt + 2),
+    // B(kt + 3)}, so A(kt + 1) and packed B(kt + 2) share a group: the one iteration kt waits for at its end.
+    // Iteration kt: the tensor cores multiply A(kt) by B tile kt % 2 while the block dequantises B(kt + 1)
+    // into the other tile; every load has two iterations to land; one barrier per iteration.
+    load_a_step(0);
+    load_packed(0);
+    load_packed(1);
+    ptx::cp_async_commit();
+    load_a_step(1);
+    load_packed(2);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();
     __syncthreads();
-    dequantize(0, 0);
-    wgmma::fence_proxy_async();
+    dequantize(0);
+    wgmma::fence_proxy_async();  // B tile 0 and A(0), written through the generic proxy
     __syncthreads();
     for (int kt = 0; kt < k_tiles; ++kt) {
       issue_mma(smem_a + (kt % kStages) * kBlockM * kBlockK, b_tiles + (kt % 2) * kBlockN * kBlockK);
-      const int next = kt + kStages - 1;  // its stage held A(kt - 1) and packed B(kt - 1), both consumed
-      if (next < k_tiles) load_stage(next % kStages, next);
+      load_a_step(kt + 2);  // into the stage of A(kt - 1), which wgmma(kt - 1) has finished reading
+      load_packed(kt + 3);  // into the stage of B(kt - 1), dequantised in iteration kt - 2
       ptx::cp_async_commit();
-      if (kt + 1 < k_tiles) {
-        ptx::cp_async_wait<kStages - 2>();       // stage kt + 1 (this thread's copies)
-        __syncthreads();                         // ... and every thread's
-        dequantize((kt + 1) % kStages, kt + 1);  // into the tile wgmma(kt - 1) read, which has finished
-        wgmma::fence_proxy_async();  // the B tile and A(kt + 1), written through the generic proxy
-      }
+      if (kt + 1 < k_tiles) dequantize(kt + 1);  // into the tile wgmma(kt - 1) read
       wgmma::wait<0>();
       wgmma::pin(acc);
-      __syncthreads();  // B(kt + 1) complete; every wgmma of kt has finished before stage kt + 3 loads
+      ptx::cp_async_wait<1>();     // A(kt + 1) and packed B(kt + 2): this thread's copies
+      wgmma::fence_proxy_async();  // ... and the B tile, visible to wgmma's proxy
+      __syncthreads();             // ... from every thread
     }
     ptx::cp_async_wait<0>();
   }

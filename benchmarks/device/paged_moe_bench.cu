@@ -14,7 +14,8 @@
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
 // not matter to the time), their expert bytes the packed ones; int8-decode / int8-grouped (int4 alike): the
-// default's quantized choice held to one path at every size; int8-t8w4u2 and the like: one quantized decode
+// default's quantized choice held to one path at every size; int8-ws / int4-ws: the warp-specialised grouped
+// GEMM (opt-in) at every size; int8-t8w4u2 and the like: one quantized decode
 // tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the sweep that chose the
 // quantized rows of the default table), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
@@ -236,6 +237,11 @@ struct QuantPathConfig : kernels::DefaultMoeConfig {  // select(): the default t
   }
 };
 
+// The warp-specialised grouped GEMM (opt-in) at every token count: `int8-ws`, `int4-ws`.
+struct QuantWsConfig : QuantPathConfig<MoePath::kGrouped> {
+  static constexpr bool kWarpSpecializedQuant = true;
+};
+
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, cudaStream_t);
 
@@ -265,7 +271,9 @@ std::map<std::string, QuantFactory> quant_configs() {
                                         {"int8-decode", &make_quant_graph<kernels::Int8, Decode>},
                                         {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
                                         {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
-                                        {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>}};
+                                        {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
+                                        {"int8-ws", &make_quant_graph<kernels::Int8, QuantWsConfig>},
+                                        {"int4-ws", &make_quant_graph<kernels::Int4, QuantWsConfig>}};
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");
   return m;

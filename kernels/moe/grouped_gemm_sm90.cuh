@@ -125,74 +125,229 @@ __device__ __forceinline__ const bf16* tile_matrix(const WorkTile& t, int j) {
   return j == 0 ? t.matrix[0] : j == 1 ? t.matrix[1] : t.matrix[2];
 }
 
+// Block u of a grid (slices, max tiles) → its work tile and weight slice, expert-major: an expert's units run
+// slice by slice, token tiles innermost. False for blocks past the work (the grid is sized for the most
+// tiles).
+template <class Addressing>
+__device__ __forceinline__ bool unit_of(const MoeParams<Addressing>& p, WorkTile& tile, int& slice) {
+  const int nx = static_cast<int>(gridDim.x);
+  const int u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
+  if (u >= *p.num_tiles * nx) return false;
+  const WorkTile& bucket = p.tiles[u / nx];
+  const int local = u - bucket.first_tile * nx;
+  slice = local / bucket.expert_tiles;
+  tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
+  return true;
+}
+
+// The dynamic shared memory's first 1024-byte-aligned byte (wgmma's 128-byte swizzle needs 1024-byte bases).
+__device__ __forceinline__ unsigned char* aligned_smem(unsigned char* smem_dyn) {
+  const std::uint32_t raw = ptx::smem_u32(smem_dyn);
+  return smem_dyn + (((raw + 1023) & ~1023u) - raw);
+}
+
+// The A operand of one 64-k step: the tile's 128 token rows (gate/up: input rows gathered through the
+// permutation; down: `act` rows), rows past the tile's count zero-filled, copied by kLoaders threads into a
+// swizzled [128][64] stage: thread t copies chunk t % 8 of rows t / 8 + (kLoaders / 8)·i.
+template <Stage kStage, int kLoaders>
+struct ALoader {
+  static constexpr int kRowsPerPass = kLoaders / 8;
+  static constexpr int kPasses = kBlockM / kRowsPerPass;
+  static_assert(kRowsPerPass % 8 == 0, "the passes' rows must share (row & 7): one swizzle offset");
+  const bf16* src[kPasses];
+  int bytes[kPasses];
+  int offset;  // the thread's first chunk in a stage (elements)
+
+  template <class Addressing>
+  __device__ __forceinline__ ALoader(const MoeParams<Addressing>& p, const WorkTile& tile, int t) {
+    const int row = t / 8, chunk = t % 8;
+    const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int m = row + kRowsPerPass * i;
+      const bool valid = m < tile.count;
+      const int mm = valid ? m : 0;
+      bytes[i] = valid ? 16 : 0;
+      if constexpr (kStage == Stage::kGateUp) {
+        const int slot = p.sorted_slot[tile.row_start + mm];
+        src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + chunk * 8;
+      } else {
+        src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + chunk * 8;
+      }
+    }
+    offset = swizzle(row, chunk);
+  }
+  __device__ __forceinline__ void load(bf16* stage, int kt) const {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i)
+      ptx::cp_async_16(ptx::smem_u32(stage + offset + kRowsPerPass * i * kBlockK), src[i] + kt * kBlockK,
+                       bytes[i]);
+  }
+};
+
+// The quantized B operand of one 64-k step, staged packed ([128 rows][kStep bytes]; int8 rows' 16-byte chunks
+// swizzled by row bit 1 — chunk c of row r at c ^ ((r >> 1) & 1) — so the dequantising threads' 16-byte
+// reads, rows r..r+3 and both halves per quarter warp, fall on eight different bank groups; int4 reads are
+// contiguous already) and dequantised into a swizzled [128][64] bf16 tile by kThreads_ threads: loads, thread
+// t copies chunk t % kChunksPerRow of rows t / kChunksPerRow + kRowsPerPass·i; dequantisation, thread t
+// writes k values [32·(t % 2), +32) of rows t / 2 + (kThreads_ / 2)·i: w = bf16(q · scale), the row's group
+// scale read with __ldg (a 64-k step lies inside one group of 128).
+template <class Precision, Stage kStage, int kThreads_>
+struct PackedB {
+  static constexpr quant::Bits kBits = Precision::kBits;
+  static constexpr int kStep = kPackedStepBytes<Precision>;
+  static constexpr int kChunksPerRow = kStep / 16;
+  static constexpr int kRowsPerPass = kThreads_ / kChunksPerRow;
+  static constexpr int kLoadPasses = kBlockN / kRowsPerPass;
+  static constexpr int kDequantPasses = kBlockN / (kThreads_ / 2);
+  static constexpr int kStageBytes = kBlockN * kStep;
+  static_assert(quant::kGroup % kBlockK == 0, "a 64-k step must lie inside one scale group");
+  const unsigned char* src[kLoadPasses];
+  const std::uint16_t* scale[kDequantPasses];
+  int load_row, load_part, dq_row, dq_half;
+
+  __device__ __forceinline__ static int chunk_at(int row, int chunk) {
+    return kChunksPerRow == 4 ? chunk ^ ((row >> 1) & 1) : chunk;
+  }
+
+  template <class Addressing>
+  __device__ __forceinline__ PackedB(const MoeParams<Addressing>& p, const WorkTile& tile, int slice, int t) {
+    const quant::MatrixLayout layout = kStage == Stage::kGateUp ? Precision::w13(p.intermediate, p.hidden)
+                                                                : Precision::w2(p.intermediate, p.hidden);
+    const std::int64_t row_bytes = static_cast<std::int64_t>(layout.row_bytes());
+    load_row = t / kChunksPerRow;
+    load_part = t % kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      int j, n;
+      b_row<kStage>(load_row + kRowsPerPass * i, slice, j, n);
+      src[i] = reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + n * row_bytes + load_part * 16;
+    }
+    dq_row = t / 2;
+    dq_half = t % 2;
+#pragma unroll
+    for (int i = 0; i < kDequantPasses; ++i) {
+      int j, n;
+      b_row<kStage>(dq_row + kThreads_ / 2 * i, slice, j, n);
+      scale[i] = reinterpret_cast<const std::uint16_t*>(
+          reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + layout.scale_offset() +
+          2 * static_cast<std::int64_t>(n) * layout.groups_per_row());
+    }
+  }
+  __device__ __forceinline__ void load(unsigned char* stage, int kt) const {
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const int row = load_row + kRowsPerPass * i;
+      ptx::cp_async_16(ptx::smem_u32(stage + row * kStep + chunk_at(row, load_part) * 16),
+                       src[i] + kt * kStep, 16);
+    }
+  }
+  __device__ __forceinline__ void dequantize(const unsigned char* stage, bf16* b_tile, int kt) const {
+    constexpr int kChunksPerWord = static_cast<int>(quant::values_per_load(kBits)) / 8;  // 2 int8, 4 int4
+#pragma unroll
+    for (int i = 0; i < kDequantPasses; ++i) {
+      const int row = dq_row + kThreads_ / 2 * i;
+      const std::uint16_t sbits = __ldg(scale[i] + (kt * kBlockK) / quant::kGroup);
+      const std::uint32_t s2 = static_cast<std::uint32_t>(sbits) * 0x10001u;
+      const __nv_bfloat162 s = *reinterpret_cast<const __nv_bfloat162*>(&s2);
+      const std::uint32_t from = ptx::smem_u32(stage + row * kStep);
+      const std::uint32_t to = ptx::smem_u32(b_tile);
+      uint4 words[kStep / 32];  // the thread's 32 values: two 16-byte words (int8), one (int4)
+#pragma unroll
+      for (int w = 0; w < kStep / 32; ++w)
+        words[w] = ptx::ld_shared_16(from + 16 * chunk_at(row, dq_half * (kStep / 32) + w));
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // 8 values each, the layout of one bf16 chunk of the tile
+        uint4 v = dequant::chunk<kBits>(words[c / kChunksPerWord], c % kChunksPerWord);
+        std::uint32_t* vw = reinterpret_cast<std::uint32_t*>(&v);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&vw[k]), s);
+          vw[k] = *reinterpret_cast<const std::uint32_t*>(&prod);
+        }
+        ptx::st_shared_16(to + 2 * swizzle(row, 4 * dq_half + c), v);
+      }
+    }
+  }
+};
+
+// The epilogue of one warpgroup's 64 rows (row_base..row_base+63): accumulator 4c + i holds token row
+// row_base + 16·warp + g + 8·(i/2), B row 8c + 2q + (i % 2). Gate/up: SiLU(gate)·up as bf16 `act` rows;
+// down: bf16 rows of `y` at their slot index.
+template <Stage kStage, class Addressing>
+__device__ __forceinline__ void store_tile(const MoeParams<Addressing>& p, const WorkTile& tile, int slice,
+                                           const float (&acc)[64], int row_base, int warp_in_wg, int lane) {
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int m = row_base + 16 * warp_in_wg + g + 8 * half;
+    if (m >= tile.count) continue;
+    if constexpr (kStage == Stage::kGateUp) {
+      bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
+                   slice * kGateUpFeatures + 2 * q;
+#pragma unroll
+      for (int grp = 0; grp < 4; ++grp)
+#pragma unroll
+        for (int c2 = 0; c2 < 2; ++c2) {
+          const int gate = 4 * (4 * grp + c2) + 2 * half,
+                    up = gate + 8;  // chunk 4·grp + c2 (W1) and + 2 (W3)
+          const float v0 = silu(acc[gate]) * acc[up];
+          const float v1 = silu(acc[gate + 1]) * acc[up + 1];
+          *reinterpret_cast<std::uint32_t*>(arow + 16 * grp + 8 * c2) = ptx::pack_bf16x2(v0, v1);
+        }
+    } else {
+      const int slot = p.sorted_slot[tile.row_start + m];
+      bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + slice * kBlockN + 2 * q;
+#pragma unroll
+      for (int c = 0; c < 16; ++c)
+        *reinterpret_cast<std::uint32_t*>(yrow + 8 * c) =
+            ptx::pack_bf16x2(acc[4 * c + 2 * half], acc[4 * c + 2 * half + 1]);
+    }
+  }
+}
+
+// D += A(a_stage, this warpgroup's 64 rows) · B(b_tile)ᵀ over one 64-k step, issued (not waited for).
+__device__ __forceinline__ void issue_step(float (&acc)[64], const bf16* a_rows, const bf16* b_tile) {
+  const std::uint32_t sa = ptx::smem_u32(a_rows);
+  const std::uint32_t sb = ptx::smem_u32(b_tile);
+  wgmma::pin(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk)
+    wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
+  wgmma::commit();
+}
+
 // One block per (weight slice, work tile) of one stage; grid (slices, max tiles), walked expert-major.
 template <class Addressing, Stage kStage, class Precision = Bf16>
 __global__ void __launch_bounds__(kThreads, 2)
     gemm_wgmma_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-  const int nx = static_cast<int>(gridDim.x);
-  const int u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
-  if (u >= *p.num_tiles * nx) return;
-  // Unit u → (work tile, slice), expert-major: the expert's units run slice by slice, token tiles innermost.
-  const WorkTile& bucket = p.tiles[u / nx];
-  const int local = u - bucket.first_tile * nx;
-  const int tile_index = bucket.first_tile + local % bucket.expert_tiles;
-  const int slice = local / bucket.expert_tiles;
+  WorkTile tile;
+  int slice;
+  if (!unit_of(p, tile, slice)) return;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
-  const std::uint32_t raw = ptx::smem_u32(smem_dyn);
-  unsigned char* smem_raw = smem_dyn + (((raw + 1023) & ~1023u) - raw);
-  bf16* smem_a = reinterpret_cast<bf16*>(smem_raw);
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));
   bf16* smem_b = smem_a + kStages * kBlockM * kBlockK;
 
-  constexpr bool kGateUp = kStage == Stage::kGateUp;
-  const WorkTile tile = p.tiles[tile_index];
-  const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32, g = lane / 4,
-            q = lane % 4;
-  const int K = kGateUp ? p.hidden : p.intermediate;
+  const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32;
+  const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
-
-  const int ld_row = tid / 8, ld_chunk = tid % 8;
-  const bf16* a_src[4];
-  int a_bytes[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int m = ld_row + 32 * i;
-    const bool valid = m < tile.count;
-    const int mm = valid ? m : 0;
-    a_bytes[i] = valid ? 16 : 0;
-    if constexpr (kGateUp) {
-      const int slot = p.sorted_slot[tile.row_start + mm];
-      a_src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + ld_chunk * 8;
-    } else {
-      a_src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + ld_chunk * 8;
-    }
-  }
-  const int st_off = swizzle(ld_row, ld_chunk);
-  auto load_a = [&](int stage, int kt) {
-    bf16* sa = smem_a + stage * kBlockM * kBlockK;
-    const int k = kt * kBlockK;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      ptx::cp_async_16(ptx::smem_u32(sa + st_off + 32 * i * kBlockK), a_src[i] + k, a_bytes[i]);
-  };
+  const ALoader<kStage, kThreads> a_loader(p, tile, tid);
+  auto load_a = [&](int stage, int kt) { a_loader.load(smem_a + stage * kBlockM * kBlockK, kt); };
 
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  // D += A(stage) · B(b_tile)ᵀ over one 64-k step, issued (not waited for).
   auto issue_mma = [&](const bf16* a_stage, const bf16* b_tile) {
-    const std::uint32_t sa = ptx::smem_u32(a_stage + wg * 64 * kBlockK);
-    const std::uint32_t sb = ptx::smem_u32(b_tile);
-    wgmma::pin(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk)
-      wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
-    wgmma::commit();
+    issue_step(acc, a_stage + wg * 64 * kBlockK, b_tile);
   };
 
   if constexpr (!Precision::kQuantized) {
+    // B: thread tid copies chunk tid % 8 of B rows tid / 8 + 32·i, like A.
+    const int ld_row = tid / 8, ld_chunk = tid % 8;
+    const int st_off = swizzle(ld_row, ld_chunk);
     const bf16* b_src[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -227,80 +382,19 @@ __global__ void __launch_bounds__(kThreads, 2)
     ptx::cp_async_wait<0>();
   } else {
     static_assert(kStages == 3, "A(kt + 2) loads while A(kt) multiplies");
-    static_assert(quant::kGroup % kBlockK == 0, "a 64-k step must lie inside one scale group");
-    constexpr quant::Bits kBits = Precision::kBits;
-    constexpr int kStep =
-        kPackedStepBytes<Precision>;  // packed bytes of 64 k of one row: 64 (int8), 32 (int4)
-    constexpr int kChunksPerRow = kStep / 16;
-    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-    constexpr int kPasses = kBlockN / kRowsPerPass;
+    using B = PackedB<Precision, kStage, kThreads>;
     bf16* b_tiles = smem_b;  // [2][128][64] bf16, swizzled
-    unsigned char* packed =
-        reinterpret_cast<unsigned char*>(b_tiles + 2 * kBlockN * kBlockK);  // [4][128][kStep]
-    const quant::MatrixLayout layout =
-        kGateUp ? Precision::w13(p.intermediate, p.hidden) : Precision::w2(p.intermediate, p.hidden);
-    const std::int64_t row_bytes = static_cast<std::int64_t>(layout.row_bytes());
-    auto matrix_bytes = [&](int j) { return reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)); };
-
-    // Packed stage layout [128 rows][kStep bytes], int8 rows' 16-byte chunks swizzled by row bit 1 (chunk c
-    // of row r at c ^ ((r >> 1) & 1)), so the dequantising threads' 16-byte reads (rows r..r+3, both halves,
-    // per quarter warp) fall on eight different bank groups; int4 reads are contiguous already.
-    auto packed_chunk = [](int row, int chunk) {
-      return kChunksPerRow == 4 ? chunk ^ ((row >> 1) & 1) : chunk;
-    };
-    // Packed loads: thread tid copies chunk tid % kChunksPerRow of rows tid / kChunksPerRow + kRowsPerPass·i.
-    const int pk_row = tid / kChunksPerRow, pk_part = tid % kChunksPerRow;
-    const unsigned char* pk_src[kPasses];
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      int j, n;
-      b_row<kStage>(pk_row + kRowsPerPass * i, slice, j, n);
-      pk_src[i] = matrix_bytes(j) + n * row_bytes + pk_part * 16;
-    }
+    unsigned char* packed = reinterpret_cast<unsigned char*>(b_tiles + 2 * kBlockN * kBlockK);  // [4] stages
+    const B b_operand(p, tile, slice, tid);
     auto load_packed = [&](int kt) {
-      if (kt >= k_tiles) return;
-      unsigned char* sp = packed + (kt % kPackedStages) * kBlockN * kStep;
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        const int row = pk_row + kRowsPerPass * i;
-        ptx::cp_async_16(ptx::smem_u32(sp + row * kStep + packed_chunk(row, pk_part) * 16),
-                         pk_src[i] + kt * kStep, 16);
-      }
+      if (kt < k_tiles) b_operand.load(packed + (kt % kPackedStages) * B::kStageBytes, kt);
     };
     auto load_a_step = [&](int kt) {
       if (kt < k_tiles) load_a(kt % kStages, kt);
     };
-
-    // Dequantisation: thread tid writes k values [32·half, 32·half + 32) of B row dq_row: chunks 4·half..+3.
-    const int dq_row = tid / 2, dq_half = tid % 2;
-    int dq_j, dq_n;
-    b_row<kStage>(dq_row, slice, dq_j, dq_n);
-    const std::uint16_t* scale_src =
-        reinterpret_cast<const std::uint16_t*>(matrix_bytes(dq_j) + layout.scale_offset() +
-                                               2 * static_cast<std::int64_t>(dq_n) * layout.groups_per_row());
     auto dequantize = [&](int kt) {  // packed B(kt) → B tile kt % 2
-      const std::uint16_t sbits = __ldg(scale_src + (kt * kBlockK) / quant::kGroup);
-      const std::uint32_t s2 = static_cast<std::uint32_t>(sbits) * 0x10001u;
-      const __nv_bfloat162 scale = *reinterpret_cast<const __nv_bfloat162*>(&s2);
-      const std::uint32_t src =
-          ptx::smem_u32(packed + (kt % kPackedStages) * kBlockN * kStep + dq_row * kStep);
-      const std::uint32_t dst = ptx::smem_u32(b_tiles + (kt % 2) * kBlockN * kBlockK);
-      constexpr int kChunksPerWord = static_cast<int>(quant::values_per_load(kBits)) / 8;  // 2 int8, 4 int4
-      uint4 words[kStep / 32];  // the thread's 32 values: two 16-byte words (int8), one (int4)
-#pragma unroll
-      for (int w = 0; w < kStep / 32; ++w)
-        words[w] = ptx::ld_shared_16(src + 16 * packed_chunk(dq_row, dq_half * (kStep / 32) + w));
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {  // 8 values each, the layout of one bf16 chunk of the tile
-        uint4 v = dequant::chunk<kBits>(words[c / kChunksPerWord], c % kChunksPerWord);
-        std::uint32_t* vw = reinterpret_cast<std::uint32_t*>(&v);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&vw[i]), scale);
-          vw[i] = *reinterpret_cast<const std::uint32_t*>(&prod);
-        }
-        ptx::st_shared_16(dst + 2 * swizzle(dq_row, 4 * dq_half + c), v);
-      }
+      b_operand.dequantize(packed + (kt % kPackedStages) * B::kStageBytes,
+                           b_tiles + (kt % 2) * kBlockN * kBlockK, kt);
     };
 
     // Copy groups: the prologue's {A(0), B(0), B(1)} and {A(1), B(2)}, then iteration kt's {A(kt + 2),
@@ -333,32 +427,91 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     ptx::cp_async_wait<0>();
   }
-  // Accumulator 4c + i: token row wg·64 + 16·warp + g + 8·(i/2), B row 8c + 2q + (i % 2).
+  store_tile<kStage>(p, tile, slice, acc, wg * 64, warp_in_wg, lane);
+}
+
+// Warp-specialised grouped GEMM for quantized experts — opt-in (a configuration with `static constexpr bool
+// kWarpSpecializedQuant = true`, PagedMoe) and not yet run on a GPU. One block of three warpgroups per
+// (weight slice, work tile): warpgroup 0 copies A and the packed B (cp.async) and dequantises B into bf16
+// tiles; warpgroups 1 and 2 multiply their 64 token rows by them (wgmma, one step in flight) and never wait
+// for a dequantisation that is not yet needed. kWsStages stages of A, packed B and bf16 B are handed over by
+// named barriers: full[s] (the producer arrives once the stage's A has landed and its B is dequantised; the
+// consumers sync) and empty[s] (the consumers arrive when their wgmma on the stage has finished; the producer
+// syncs before refilling it). The producer's copies run kWsStages − 1 steps ahead of its dequantisation; it
+// arrives on full[kt] before it waits on empty[kt − 1], which the consumers release only after full[kt].
+// One block per SM (161 KiB of shared memory for int8, 145 KiB for int4).
+inline constexpr int kWsStages = 4;
+inline constexpr int kWsThreads = 384;
+template <class Precision>
+inline constexpr int ws_smem_bytes() {
+  return kWsStages *
+         (kBlockM * kBlockK * 2 + kBlockN * kBlockK * 2 + kBlockN * kPackedStepBytes<Precision>)+1024;
+}
+static_assert(ws_smem_bytes<Int8>() <= 227 * 1024, "the warp-specialised block must fit one SM");
+
+template <class Addressing, Stage kStage, class Precision>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    gemm_wgmma_ws_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  static_assert(Precision::kQuantized, "the warp-specialised kernel dequantises: quantized experts only");
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  WorkTile tile;
+  int slice;
+  if (!unit_of(p, tile, slice)) return;  // the whole block, before any barrier
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
+  bf16* b_tiles = smem_a + kWsStages * kBlockM * kBlockK;          // [stages][128][64]
+  using B = PackedB<Precision, kStage, 128>;
+  unsigned char* packed = reinterpret_cast<unsigned char*>(b_tiles + kWsStages * kBlockN * kBlockK);
+  constexpr int kFull = 1, kEmpty = 1 + kWsStages, kProducers = 1 + 2 * kWsStages;  // named barrier ids
+  constexpr int kAhead = kWsStages - 1;
+  static_assert(kProducers <= 15, "named barrier ids run to 15");
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int k_tiles = (kStage == Stage::kGateUp ? p.hidden : p.intermediate) / kBlockK;
+
+  if (wg == 0) {  // producer
+    const ALoader<kStage, 128> a_loader(p, tile, tid);
+    const B b_operand(p, tile, slice, tid);
+    auto load = [&](int kt) {
+      if (kt >= k_tiles) return;
+      const int s = kt % kWsStages;
+      a_loader.load(smem_a + s * kBlockM * kBlockK, kt);
+      b_operand.load(packed + s * B::kStageBytes, kt);
+    };
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int m = wg * 64 + 16 * warp_in_wg + g + 8 * half;
-    if (m >= tile.count) continue;
-    if constexpr (kGateUp) {
-      bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
-                   slice * kGateUpFeatures + 2 * q;
-#pragma unroll
-      for (int grp = 0; grp < 4; ++grp)
-#pragma unroll
-        for (int c2 = 0; c2 < 2; ++c2) {
-          const int gate = 4 * (4 * grp + c2) + 2 * half,
-                    up = gate + 8;  // chunk 4·grp + c2 (W1) and + 2 (W3)
-          const float v0 = silu(acc[gate]) * acc[up];
-          const float v1 = silu(acc[gate + 1]) * acc[up + 1];
-          *reinterpret_cast<std::uint32_t*>(arow + 16 * grp + 8 * c2) = ptx::pack_bf16x2(v0, v1);
-        }
-    } else {
-      const int slot = p.sorted_slot[tile.row_start + m];
-      bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + slice * kBlockN + 2 * q;
-#pragma unroll
-      for (int c = 0; c < 16; ++c)
-        *reinterpret_cast<std::uint32_t*>(yrow + 8 * c) =
-            ptx::pack_bf16x2(acc[4 * c + 2 * half], acc[4 * c + 2 * half + 1]);
+    for (int kt = 0; kt < kAhead; ++kt) {
+      load(kt);
+      ptx::cp_async_commit();
     }
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kWsStages;
+      ptx::cp_async_wait<kAhead - 1>();  // step kt's copies, this thread's
+      ptx::named_sync(kProducers, 128);  // ... and every producer's
+      b_operand.dequantize(packed + s * B::kStageBytes, b_tiles + s * kBlockN * kBlockK, kt);
+      wgmma::fence_proxy_async();  // A(kt) and B tile kt, written through the generic proxy
+      ptx::named_arrive(kFull + s, kWsThreads);
+      const int next = kt + kAhead;  // into the stage of step kt − 1, once the consumers are done with it
+      if (next < k_tiles && next >= kWsStages) ptx::named_sync(kEmpty + next % kWsStages, kWsThreads);
+      load(next);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait<0>();
+  } else {  // consumers: token rows 64·(wg − 1) ..
+    const int row_base = 64 * (wg - 1);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kWsStages;
+      ptx::named_sync(kFull + s, kWsThreads);
+      issue_step(acc, smem_a + s * kBlockM * kBlockK + row_base * kBlockK, b_tiles + s * kBlockN * kBlockK);
+      wgmma::wait<1>();  // step kt − 1's wgmma has finished reading its stage
+      if (kt >= 1 && kt - 1 + kWsStages < k_tiles)
+        ptx::named_arrive(kEmpty + (kt - 1) % kWsStages, kWsThreads);
+    }
+    wgmma::wait<0>();
+    wgmma::pin(acc);
+    store_tile<kStage>(p, tile, slice, acc, row_base, (tid % 128) / 32, tid % 32);
   }
 }
 

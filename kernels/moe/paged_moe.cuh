@@ -136,6 +136,16 @@ struct decode_tiles_of<Config, Precision> {
   using type = typename Config::DecodeTiles;
 };
 
+// Whether a configuration asks for the warp-specialised grouped GEMM on quantized experts
+// (`static constexpr bool kWarpSpecializedQuant = true`; grouped::gemm_wgmma_ws_kernel, not yet measured).
+template <class Config>
+constexpr bool warp_specialized_quant() {
+  if constexpr (requires { Config::kWarpSpecializedQuant; })
+    return Config::kWarpSpecializedQuant;
+  else
+    return false;
+}
+
 inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
   return (v + a - 1) / a * a;
 }
@@ -324,19 +334,14 @@ class PagedMoe {
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
-      using grouped::gemm_wgmma_kernel;
       using grouped::Stage;
-      constexpr int kSmem = grouped::wgmma_smem_bytes<Precision>();
-      constexpr auto kGateUpKernel = gemm_wgmma_kernel<Addressing, Stage::kGateUp, Precision>;
-      constexpr auto kDownKernel = gemm_wgmma_kernel<Addressing, Stage::kDown, Precision>;
-      if (Status st = detail::set_smem<kGateUpKernel>(dev.device, kSmem); !st) return st;
-      if (Status st = detail::set_smem<kDownKernel>(dev.device, kSmem); !st) return st;
-      if (Status st = launch(kGateUpKernel, dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles),
-                             grouped::kThreads, kSmem, stream, p, "grouped::gemm_wgmma_kernel<kGateUp>");
-          !st)
-        return st;
-      if (Status st = launch(kDownKernel, dim3(s.hidden / grouped::kBlockN, grid_tiles), grouped::kThreads,
-                             kSmem, stream, p, "grouped::gemm_wgmma_kernel<kDown>");
+      if (Status st = run_grouped<sm90_kernel<Stage::kGateUp>(), sm90_kernel<Stage::kDown>()>(
+              p, s, grid_tiles, kWarpSpecialized ? grouped::kWsThreads : grouped::kThreads, sm90_smem_bytes(),
+              dev.device, stream,
+              kWarpSpecialized ? "grouped::gemm_wgmma_ws_kernel<kGateUp>"
+                               : "grouped::gemm_wgmma_kernel<kGateUp>",
+              kWarpSpecialized ? "grouped::gemm_wgmma_ws_kernel<kDown>"
+                               : "grouped::gemm_wgmma_kernel<kDown>");
           !st)
         return st;
     } else if (!Precision::kQuantized &&
@@ -344,21 +349,9 @@ class PagedMoe {
       using grouped::gemm_kernel;
       using grouped::Stage;
       if (Status st =
-              detail::set_smem<gemm_kernel<Addressing, Stage::kGateUp>>(dev.device, grouped::kSmemBytes);
-          !st)
-        return st;
-      if (Status st =
-              detail::set_smem<gemm_kernel<Addressing, Stage::kDown>>(dev.device, grouped::kSmemBytes);
-          !st)
-        return st;
-      if (Status st = launch(gemm_kernel<Addressing, Stage::kGateUp>,
-                             dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), grouped::kThreads,
-                             grouped::kSmemBytes, stream, p, "grouped::gemm_kernel<kGateUp>");
-          !st)
-        return st;
-      if (Status st =
-              launch(gemm_kernel<Addressing, Stage::kDown>, dim3(s.hidden / grouped::kBlockN, grid_tiles),
-                     grouped::kThreads, grouped::kSmemBytes, stream, p, "grouped::gemm_kernel<kDown>");
+              run_grouped<gemm_kernel<Addressing, Stage::kGateUp>, gemm_kernel<Addressing, Stage::kDown>>(
+                  p, s, grid_tiles, grouped::kThreads, grouped::kSmemBytes, dev.device, stream,
+                  "grouped::gemm_kernel<kGateUp>", "grouped::gemm_kernel<kDown>");
           !st)
         return st;
     } else {
@@ -427,6 +420,38 @@ class PagedMoe {
   // K multiple the configuration's decode tile needs, 0 when it names no instantiated tile.
   static constexpr int decode_k_multiple(const MoeConfig& c) {
     return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
+  }
+
+  // The sm_90 grouped GEMM of one stage: the warp-specialised kernel where the configuration asks for it on
+  // quantized experts, else the wgmma kernel.
+  static constexpr bool kWarpSpecialized = Precision::kQuantized && detail::warp_specialized_quant<Config>();
+  static constexpr int sm90_smem_bytes() {
+    if constexpr (kWarpSpecialized)
+      return grouped::ws_smem_bytes<Precision>();
+    else
+      return grouped::wgmma_smem_bytes<Precision>();
+  }
+  template <grouped::Stage kStage>
+  static constexpr auto sm90_kernel() {
+    if constexpr (kWarpSpecialized)
+      return &grouped::gemm_wgmma_ws_kernel<Addressing, kStage, Precision>;
+    else
+      return &grouped::gemm_wgmma_kernel<Addressing, kStage, Precision>;
+  }
+
+  // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, each
+  // with `smem` bytes of dynamic shared memory (set once per device).
+  template <auto kGateUp, auto kDown>
+  static Status run_grouped(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
+                            int threads, int smem, int device, cudaStream_t stream, const char* gate_up_name,
+                            const char* down_name) {
+    if (Status st = detail::set_smem<kGateUp>(device, smem); !st) return st;
+    if (Status st = detail::set_smem<kDown>(device, smem); !st) return st;
+    if (Status st = launch(kGateUp, dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), threads,
+                           smem, stream, p, gate_up_name);
+        !st)
+      return st;
+    return launch(kDown, dim3(s.hidden / grouped::kBlockN, grid_tiles), threads, smem, stream, p, down_name);
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,

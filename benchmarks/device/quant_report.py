@@ -61,9 +61,10 @@ def paths(files):
             r = rows.setdefault((c["model"], c["tokens"]), {})
             for k, v in cs.items():
                 r.setdefault(k, []).append(v)
+    ws = any("int8-ws" in r for r in rows.values())
     print("| model | T | bf16 µs | int8 decode µs | int8 grouped µs | grouped / decode | int4 decode µs "
-          "| int4 grouped µs | grouped / decode |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| int4 grouped µs | grouped / decode |" + (" int8 ws / grouped | int4 ws / grouped |" if ws else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if ws else ""))
     for (model, tokens), r in rows.items():
         def us(k):
             return mean_sd(r[k]) if k in r else "—"
@@ -71,8 +72,12 @@ def paths(files):
         def ratio(p):
             d, g = r.get(p + "-decode"), r.get(p + "-grouped")
             return mean_sd([b / a for a, b in zip(d, g)], "{:.2f}") if d and g else "—"
+        def ws_ratio(p):
+            w, g = r.get(p + "-ws"), r.get(p + "-grouped")
+            return mean_sd([a / b for a, b in zip(w, g)], "{:.2f}") if w and g else "—"
         print(f"| {model} | {tokens} | {us('default')} | {us('int8-decode')} | {us('int8-grouped')} | "
-              f"{ratio('int8')} | {us('int4-decode')} | {us('int4-grouped')} | {ratio('int4')} |")
+              f"{ratio('int8')} | {us('int4-decode')} | {us('int4-grouped')} | {ratio('int4')} |"
+              + (f" {ws_ratio('int8')} | {ws_ratio('int4')} |" if ws else ""))
 
 
 if __name__ == "__main__":

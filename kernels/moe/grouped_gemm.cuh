@@ -37,6 +37,88 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * kBlockK + ((chunk ^ (row & 7)) * 8);
 }
 
+// B row b of a tile (0..127) → (matrix j, weight row n). Gate/up: 64 features of W1 and the same 64 of W3,
+// interleaved by 16 (rows 32c..32c+15 are W1, 32c+16..32c+31 W3); down: 128 consecutive rows of W2.
+template <Stage kStage>
+__device__ __forceinline__ void b_row(int b, int slice, int& j, int& n) {
+  if constexpr (kStage == Stage::kGateUp) {
+    j = (b % 32) < 16 ? 0 : 1;
+    n = slice * kGateUpFeatures + 16 * (b / 32) + (b % 16);
+  } else {
+    j = 2;
+    n = slice * kBlockN + b;
+  }
+}
+
+// Matrix j of a tile by selects, not by a dynamic index (which would put the tile's pointers on the stack).
+__device__ __forceinline__ const bf16* tile_matrix(const WorkTile& t, int j) {
+  return j == 0 ? t.matrix[0] : j == 1 ? t.matrix[1] : t.matrix[2];
+}
+
+// One operand's 64-k step — 128 rows of 64 bf16 — copied by kLoaders threads into a swizzled [128][64] stage:
+// thread t copies chunk t % 8 of rows t / 8 + (kLoaders / 8)·i, from src[i] (the row's chunk at k = 0) with
+// bytes[i] (16, or 0 to zero-fill a row past the tile's tokens). ALoader and BLoader fill src and bytes.
+template <int kLoaders>
+struct RowCopier {
+  static_assert(kBlockM == 128 && kBlockN == 128, "A and B stages have the same 128 rows");
+  static constexpr int kRowsPerPass = kLoaders / 8;
+  static constexpr int kPasses = kBlockM / kRowsPerPass;
+  static_assert(kRowsPerPass % 8 == 0, "the passes' rows must share (row & 7): one swizzle offset");
+  const bf16* src[kPasses];
+  int bytes[kPasses];
+  int offset;  // the thread's first chunk in a stage (elements)
+
+  __device__ __forceinline__ explicit RowCopier(int t) : offset(swizzle(t / 8, t % 8)) {}
+  __device__ __forceinline__ static int row(int t, int i) { return t / 8 + kRowsPerPass * i; }
+  __device__ __forceinline__ void load(bf16* stage, int kt) const {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i)
+      ptx::cp_async_16(ptx::smem_u32(stage + offset + kRowsPerPass * i * kBlockK), src[i] + kt * kBlockK,
+                       bytes[i]);
+  }
+};
+
+// The A operand: the tile's 128 token rows (gate/up: input rows gathered through the permutation; down: `act`
+// rows), rows past the tile's count zero-filled.
+template <Stage kStage, int kLoaders>
+struct ALoader : RowCopier<kLoaders> {
+  template <class Addressing>
+  __device__ __forceinline__ ALoader(const MoeParams<Addressing>& p, const WorkTile& tile, int t)
+      : RowCopier<kLoaders>(t) {
+    const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
+#pragma unroll
+    for (int i = 0; i < this->kPasses; ++i) {
+      const int m = this->row(t, i);
+      const bool valid = m < tile.count;
+      const int mm = valid ? m : 0;
+      this->bytes[i] = valid ? 16 : 0;
+      if constexpr (kStage == Stage::kGateUp) {
+        const int slot = p.sorted_slot[tile.row_start + mm];
+        this->src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + (t % 8) * 8;
+      } else {
+        this->src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + (t % 8) * 8;
+      }
+    }
+  }
+};
+
+// The bf16 B operand: the slice's 128 weight rows (b_row).
+template <Stage kStage, int kLoaders>
+struct BLoader : RowCopier<kLoaders> {
+  template <class Addressing>
+  __device__ __forceinline__ BLoader(const MoeParams<Addressing>& p, const WorkTile& tile, int slice, int t)
+      : RowCopier<kLoaders>(t) {
+    const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
+#pragma unroll
+    for (int i = 0; i < this->kPasses; ++i) {
+      int j, n;
+      b_row<kStage>(this->row(t, i), slice, j, n);
+      this->src[i] = tile_matrix(tile, j) + static_cast<std::int64_t>(n) * K + (t % 8) * 8;
+      this->bytes[i] = 16;
+    }
+  }
+};
+
 template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   ptx::grid_dependency_wait();
@@ -53,52 +135,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant
   const int K = kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
 
-  // Loader: thread copies chunk (tid % 8) of rows tid/8 + 32·i, i < 4, of both A and B each stage.
-  const int ld_row = tid / 8, ld_chunk = tid % 8;
-  const bf16* a_src[4];
-  int a_bytes[4];
-  const bf16* b_src[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int m = ld_row + 32 * i;
-    const bool valid = m < tile.count;
-    const int mm = valid ? m : 0;
-    a_bytes[i] = valid ? 16 : 0;
-    if constexpr (kGateUp) {
-      const int slot = p.sorted_slot[tile.row_start + mm];
-      a_src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + ld_chunk * 8;
-    } else {
-      a_src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + ld_chunk * 8;
-    }
-  }
-  if constexpr (kGateUp) {
-    const bf16* w1 = tile.matrix[0];
-    const bf16* w3 = tile.matrix[1];
-    const int n0 = blockIdx.x * kGateUpFeatures;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int b = ld_row + 32 * i;  // B row b: warp column b/32, W1 for (b % 32) < 16, else W3
-      const int n = n0 + 16 * (b / 32) + (b % 16);
-      b_src[i] = ((b % 32) < 16 ? w1 : w3) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
-    }
-  } else {
-    const bf16* w2 = tile.matrix[2];
-    const int h0 = blockIdx.x * kBlockN;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      b_src[i] = w2 + static_cast<std::int64_t>(h0 + ld_row + 32 * i) * K + ld_chunk * 8;
-  }
-  const int st_off = swizzle(ld_row, ld_chunk);  // rows ld_row + 32·i share (row & 7)
+  // Loaders: thread tid copies chunk tid % 8 of rows tid / 8 + 32·i of both A and B each stage.
+  const ALoader<kStage, kThreads> a_loader(p, tile, tid);
+  const BLoader<kStage, kThreads> b_loader(p, tile, static_cast<int>(blockIdx.x), tid);
   auto load_stage = [&](int stage, int kt) {
-    bf16* sa = smem_a + stage * kBlockM * kBlockK;
-    bf16* sb = smem_b + stage * kBlockN * kBlockK;
-    const int k = kt * kBlockK;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      ptx::cp_async_16(ptx::smem_u32(sa + st_off + 32 * i * kBlockK), a_src[i] + k, a_bytes[i]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      ptx::cp_async_16(ptx::smem_u32(sb + st_off + 32 * i * kBlockK), b_src[i] + k, 16);
+    a_loader.load(smem_a + stage * kBlockM * kBlockK, kt);
+    b_loader.load(smem_b + stage * kBlockN * kBlockK, kt);
   };
 
   float acc[4][4][4] = {};

@@ -103,27 +103,8 @@ inline constexpr int wgmma_smem_bytes() {
   else
     return kSmemBytes + 1024;
 }
-inline constexpr int kWgmmaSmemBytes = wgmma_smem_bytes<Bf16>();
 // Two blocks per SM: 228 KiB of shared memory, 1 KiB of it reserved per block.
 static_assert(2 * (wgmma_smem_bytes<Int8>() + 1024) <= 228 * 1024, "two quantized blocks must fit one SM");
-
-// B row b of a tile (0..127) → (matrix j, weight row n). Gate/up: 64 features of W1 and the same 64 of W3,
-// interleaved by 16 (rows 32c..32c+15 are W1, 32c+16..32c+31 W3); down: 128 consecutive rows of W2.
-template <Stage kStage>
-__device__ __forceinline__ void b_row(int b, int slice, int& j, int& n) {
-  if constexpr (kStage == Stage::kGateUp) {
-    j = (b % 32) < 16 ? 0 : 1;
-    n = slice * kGateUpFeatures + 16 * (b / 32) + (b % 16);
-  } else {
-    j = 2;
-    n = slice * kBlockN + b;
-  }
-}
-
-// Matrix j of a tile by selects, not by a dynamic index (which would put the tile's pointers on the stack).
-__device__ __forceinline__ const bf16* tile_matrix(const WorkTile& t, int j) {
-  return j == 0 ? t.matrix[0] : j == 1 ? t.matrix[1] : t.matrix[2];
-}
 
 // Block u of a grid (slices, max tiles) → its work tile and weight slice, expert-major: an expert's units run
 // slice by slice, token tiles innermost. False for blocks past the work (the grid is sized for the most
@@ -145,45 +126,6 @@ __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* smem_dyn) 
   const std::uint32_t raw = ptx::smem_u32(smem_dyn);
   return smem_dyn + (((raw + 1023) & ~1023u) - raw);
 }
-
-// The A operand of one 64-k step: the tile's 128 token rows (gate/up: input rows gathered through the
-// permutation; down: `act` rows), rows past the tile's count zero-filled, copied by kLoaders threads into a
-// swizzled [128][64] stage: thread t copies chunk t % 8 of rows t / 8 + (kLoaders / 8)·i.
-template <Stage kStage, int kLoaders>
-struct ALoader {
-  static constexpr int kRowsPerPass = kLoaders / 8;
-  static constexpr int kPasses = kBlockM / kRowsPerPass;
-  static_assert(kRowsPerPass % 8 == 0, "the passes' rows must share (row & 7): one swizzle offset");
-  const bf16* src[kPasses];
-  int bytes[kPasses];
-  int offset;  // the thread's first chunk in a stage (elements)
-
-  template <class Addressing>
-  __device__ __forceinline__ ALoader(const MoeParams<Addressing>& p, const WorkTile& tile, int t) {
-    const int row = t / 8, chunk = t % 8;
-    const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int m = row + kRowsPerPass * i;
-      const bool valid = m < tile.count;
-      const int mm = valid ? m : 0;
-      bytes[i] = valid ? 16 : 0;
-      if constexpr (kStage == Stage::kGateUp) {
-        const int slot = p.sorted_slot[tile.row_start + mm];
-        src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + chunk * 8;
-      } else {
-        src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + chunk * 8;
-      }
-    }
-    offset = swizzle(row, chunk);
-  }
-  __device__ __forceinline__ void load(bf16* stage, int kt) const {
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i)
-      ptx::cp_async_16(ptx::smem_u32(stage + offset + kRowsPerPass * i * kBlockK), src[i] + kt * kBlockK,
-                       bytes[i]);
-  }
-};
 
 // The quantized B operand of one 64-k step, staged packed ([128 rows][kStep bytes]; int8 rows' 16-byte chunks
 // swizzled by row bit 1 — chunk c of row r at c ^ ((r >> 1) & 1) — so the dequantising threads' 16-byte
@@ -345,22 +287,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   if constexpr (!Precision::kQuantized) {
-    // B: thread tid copies chunk tid % 8 of B rows tid / 8 + 32·i, like A.
-    const int ld_row = tid / 8, ld_chunk = tid % 8;
-    const int st_off = swizzle(ld_row, ld_chunk);
-    const bf16* b_src[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      int j, n;
-      b_row<kStage>(ld_row + 32 * i, slice, j, n);
-      b_src[i] = tile_matrix(tile, j) + static_cast<std::int64_t>(n) * K + ld_chunk * 8;
-    }
+    const BLoader<kStage, kThreads> b_loader(p, tile, slice, tid);
     auto load_stage = [&](int stage, int kt) {
       load_a(stage, kt);
-      bf16* sb = smem_b + stage * kBlockN * kBlockK;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        ptx::cp_async_16(ptx::smem_u32(sb + st_off + 32 * i * kBlockK), b_src[i] + kt * kBlockK, 16);
+      b_loader.load(smem_b + stage * kBlockN * kBlockK, kt);
     };
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -514,5 +444,27 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     store_tile<kStage>(p, tile, slice, acc, row_base, (tid % 128) / 32, tid % 32);
   }
 }
+
+// What PagedMoe launches on sm_90 for one precision: the two-block wgmma kernel, or (kWarpSpecialized,
+// quantized experts only) the warp-specialised one — each stage's kernel, threads per block, shared memory
+// and name.
+template <class Addressing, class Precision, bool kWarpSpecialized>
+struct Sm90Gemm {
+  template <Stage kStage>
+  static constexpr auto kKernel = &gemm_wgmma_kernel<Addressing, kStage, Precision>;
+  static constexpr int kThreadCount = kThreads;
+  static constexpr int kSmem = wgmma_smem_bytes<Precision>();
+  static constexpr const char* kGateUpName = "grouped::gemm_wgmma_kernel<kGateUp>";
+  static constexpr const char* kDownName = "grouped::gemm_wgmma_kernel<kDown>";
+};
+template <class Addressing, class Precision>
+struct Sm90Gemm<Addressing, Precision, true> {
+  template <Stage kStage>
+  static constexpr auto kKernel = &gemm_wgmma_ws_kernel<Addressing, kStage, Precision>;
+  static constexpr int kThreadCount = kWsThreads;
+  static constexpr int kSmem = ws_smem_bytes<Precision>();
+  static constexpr const char* kGateUpName = "grouped::gemm_wgmma_ws_kernel<kGateUp>";
+  static constexpr const char* kDownName = "grouped::gemm_wgmma_ws_kernel<kDown>";
+};
 
 }  // namespace amoeba::kernels::grouped

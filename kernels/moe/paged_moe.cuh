@@ -335,13 +335,11 @@ class PagedMoe {
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
       using grouped::Stage;
-      if (Status st = run_grouped<sm90_kernel<Stage::kGateUp>(), sm90_kernel<Stage::kDown>()>(
-              p, s, grid_tiles, kWarpSpecialized ? grouped::kWsThreads : grouped::kThreads, sm90_smem_bytes(),
-              dev.device, stream,
-              kWarpSpecialized ? "grouped::gemm_wgmma_ws_kernel<kGateUp>"
-                               : "grouped::gemm_wgmma_kernel<kGateUp>",
-              kWarpSpecialized ? "grouped::gemm_wgmma_ws_kernel<kDown>"
-                               : "grouped::gemm_wgmma_kernel<kDown>");
+      using Gemm = grouped::Sm90Gemm<Addressing, Precision, kWarpSpecialized>;
+      if (Status st =
+              run_grouped<Gemm::template kKernel<Stage::kGateUp>, Gemm::template kKernel<Stage::kDown>>(
+                  p, s, grid_tiles, Gemm::kThreadCount, Gemm::kSmem, dev.device, stream, Gemm::kGateUpName,
+                  Gemm::kDownName);
           !st)
         return st;
     } else if (!Precision::kQuantized &&
@@ -422,23 +420,9 @@ class PagedMoe {
     return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
   }
 
-  // The sm_90 grouped GEMM of one stage: the warp-specialised kernel where the configuration asks for it on
-  // quantized experts, else the wgmma kernel.
+  // Whether the sm_90 grouped GEMM is the warp-specialised kernel (the configuration asks for it on quantized
+  // experts) rather than the two-block wgmma kernel (grouped::Sm90Gemm).
   static constexpr bool kWarpSpecialized = Precision::kQuantized && detail::warp_specialized_quant<Config>();
-  static constexpr int sm90_smem_bytes() {
-    if constexpr (kWarpSpecialized)
-      return grouped::ws_smem_bytes<Precision>();
-    else
-      return grouped::wgmma_smem_bytes<Precision>();
-  }
-  template <grouped::Stage kStage>
-  static constexpr auto sm90_kernel() {
-    if constexpr (kWarpSpecialized)
-      return &grouped::gemm_wgmma_ws_kernel<Addressing, kStage, Precision>;
-    else
-      return &grouped::gemm_wgmma_kernel<Addressing, kStage, Precision>;
-  }
-
   // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, each
   // with `smem` bytes of dynamic shared memory (set once per device).
   template <auto kGateUp, auto kDown>

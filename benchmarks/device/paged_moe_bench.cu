@@ -35,6 +35,7 @@
 
 #include "moe/paged_moe.cuh"
 #include "moe_device_fixture.cuh"
+#include "quant_configs.hpp"
 
 using namespace amoeba;
 using namespace amoeba::testing;
@@ -226,20 +227,6 @@ struct FixedTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     return {MoePath::kDecode, kTile, kWarps, kUnroll, 128};
   }
-};
-
-// The default table's quantized choice on one path at every token count: `int8-decode` (its decode tiles)
-// and `int8-grouped` (the wgmma grouped GEMM), the two sides of kQuantDecodeTile.
-template <MoePath kPath>
-struct QuantPathConfig : kernels::DefaultMoeConfig {  // select(): the default table's
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath) {
-    return kernels::DefaultMoeConfig::select_quantized(s, kPath);
-  }
-};
-
-// The warp-specialised grouped GEMM (opt-in) at every token count: `int8-ws`, `int4-ws`.
-struct QuantWsConfig : QuantPathConfig<MoePath::kGrouped> {
-  static constexpr bool kWarpSpecializedQuant = true;
 };
 
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,

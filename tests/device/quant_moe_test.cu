@@ -19,6 +19,7 @@
 #include "moe/paged_moe.cuh"
 #include "moe_device_fixture.cuh"
 #include "moe_runner.cuh"
+#include "quant_configs.hpp"
 #include "reference/moe_reference.hpp"
 
 namespace {
@@ -106,6 +107,8 @@ struct QuantStore {
     table.upload(loc);
   }
 
+  // matrix_stride_bytes: the page size, or 0 (the tightest) when the pages are not padded.
+  long long stride() const { return page == layout.matrix_bytes() ? 0 : static_cast<long long>(page); }
   kernels::Contiguous::Arguments contiguous_args() const {
     return {reinterpret_cast<const bf16*>(contiguous.get())};
   }
@@ -187,18 +190,19 @@ std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
 // Per element: |out - ref| <= kAbs·rms(ref) + kRel·|ref| (the bf16 tests' tolerance, paged_moe_test.cu).
 constexpr double kAbs = 4e-2, kRel = 1e-2;
 
+// One layer call through Paged and Contiguous on `expected`'s path, checked against each other and the double
+// reference; returns the paged output.
 template <class Precision, class Config = kernels::DefaultMoeConfig>
-void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+std::vector<std::uint16_t> check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed,
+                                            MoePath expected, int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec, tokens);
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
-  // The page size as the stride, or 0 (the tightest) when the pages are not padded.
-  const long long stride = store.page == store.layout.matrix_bytes() ? 0 : static_cast<long long>(store.page);
-  // The path the configuration chooses for this shape (both addressings run the same choice).
-  const MoePath path = Config::select_quantized(shape, MoePath::kAuto).path;
-  const auto out_p = run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride, path);
+  const long long stride = store.stride();
+  const auto out_p =
+      run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride, expected);
   const auto out_c =
-      run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride, path);
-  const char* path_name = path == MoePath::kDecode ? "decode" : "grouped";
+      run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride, expected);
+  const char* path_name = expected == MoePath::kDecode ? "decode" : "grouped";
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens << " "
                        << path_name << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
@@ -221,6 +225,7 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, i
   CHECK(nonfinite == 0);
   CHECK(rel <= 1e-2);
   CHECK(worst <= 1.0);
+  return out_p;
 }
 
 constexpr ModelSpec kSmall{"small E8 k2 m1 H256 F256", 8, 2, 256, 256, 1};
@@ -238,23 +243,8 @@ struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default t
 };
 
 // A configuration that instantiates only the 8-token decode tile and chooses the grouped GEMM at every size.
-struct OnlyT8Grouped : kernels::DefaultMoeConfig {  // select(): the default table's
+struct OnlyT8Grouped : QuantGroupedConfig {
   using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1>>;
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath) {
-    return kernels::DefaultMoeConfig::select_quantized(s, MoePath::kGrouped);
-  }
-};
-
-// The quantized grouped GEMM at every token count.
-struct QuantGroupedConfig : kernels::DefaultMoeConfig {  // select(): the default table's
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath) {
-    return kernels::DefaultMoeConfig::select_quantized(s, MoePath::kGrouped);
-  }
-};
-
-// The same with the warp-specialised grouped GEMM (grouped::gemm_wgmma_ws_kernel, opt-in).
-struct QuantWsConfig : QuantGroupedConfig {
-  static constexpr bool kWarpSpecializedQuant = true;
 };
 
 }  // namespace
@@ -262,18 +252,21 @@ struct QuantWsConfig : QuantGroupedConfig {
 TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, against the double reference",
           "[gpu][small][quant]") {
   const QuantStore s8(kSmall, Bits::kInt8, 11), s4(kSmall, Bits::kInt4, 12);
+  // E8 k2: decode while the expected largest batch fits 32 tokens (40 tokens: mean 10), grouped at 200 (mean
+  // 50).
   for (int tokens : {1, 3, 16, 40, 200}) {
-    check_quant_case<kernels::Int8>(s8, tokens, 100 + tokens);
-    check_quant_case<kernels::Int4>(s4, tokens, 200 + tokens);
+    const MoePath path = tokens < 200 ? MoePath::kDecode : MoePath::kGrouped;
+    check_quant_case<kernels::Int8>(s8, tokens, 100 + tokens, path);
+    check_quant_case<kernels::Int4>(s4, tokens, 200 + tokens, path);
   }
-  // One hot expert with half the tokens: several 32-token tiles of one expert.
-  check_quant_case<kernels::Int8>(s8, 200, 7, 3);
-  check_quant_case<kernels::Int4>(s4, 200, 8, 3);
+  // One hot expert with half the tokens (the grouped GEMM at 200 tokens: its 100 rows in one tile).
+  check_quant_case<kernels::Int8>(s8, 200, 7, MoePath::kGrouped, 3);
+  check_quant_case<kernels::Int4>(s4, 200, 8, MoePath::kGrouped, 3);
   // Pages padded past the packed matrix (matrix_stride_bytes = the page).
   const QuantStore p8(kSmall, Bits::kInt8, 13, 48), p4(kSmall, Bits::kInt4, 14, 4096);
   for (int tokens : {3, 40}) {
-    check_quant_case<kernels::Int8>(p8, tokens, 500 + tokens);
-    check_quant_case<kernels::Int4>(p4, tokens, 600 + tokens);
+    check_quant_case<kernels::Int8>(p8, tokens, 500 + tokens, MoePath::kDecode);
+    check_quant_case<kernels::Int4>(p4, tokens, 600 + tokens, MoePath::kDecode);
   }
 }
 
@@ -283,8 +276,12 @@ TEST_CASE("quantized experts: every default decode tile, whichever shapes the ta
   for (int tokens : {1, 5, 37, 300})
     std::apply(
         [&](auto... tile) {
-          (check_quant_case<kernels::Int8, QuantTileConfig<decltype(tile)>>(s8, tokens, 700 + tokens), ...);
-          (check_quant_case<kernels::Int4, QuantTileConfig<decltype(tile)>>(s4, tokens, 800 + tokens), ...);
+          (check_quant_case<kernels::Int8, QuantTileConfig<decltype(tile)>>(s8, tokens, 700 + tokens,
+                                                                            MoePath::kDecode),
+           ...);
+          (check_quant_case<kernels::Int4, QuantTileConfig<decltype(tile)>>(s4, tokens, 800 + tokens,
+                                                                            MoePath::kDecode),
+           ...);
         },
         kernels::detail::DefaultQuantDecodeTiles{});
 }
@@ -295,30 +292,29 @@ TEST_CASE(
   const QuantStore s8(kSmall, Bits::kInt8, 31), s4(kSmall, Bits::kInt4, 32);
   const QuantStore o8(kOddK, Bits::kInt8, 33), o4(kOddK, Bits::kInt4, 34);
   for (int tokens : {1, 3, 40, 200, 700}) {
-    check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, tokens, 900 + tokens);
-    check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, tokens, 1000 + tokens);
-    check_quant_case<kernels::Int8, QuantGroupedConfig>(o8, tokens, 1100 + tokens);
-    check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, tokens, 1200 + tokens);
+    check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, tokens, 900 + tokens, MoePath::kGrouped);
+    check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, tokens, 1000 + tokens, MoePath::kGrouped);
+    check_quant_case<kernels::Int8, QuantGroupedConfig>(o8, tokens, 1100 + tokens, MoePath::kGrouped);
+    check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, tokens, 1200 + tokens, MoePath::kGrouped);
   }
   // One hot expert with half of 700 tokens: three 128-token tiles of one expert.
-  check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 700, 13, 5);
-  check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, 700, 14, 2);
+  check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 700, 13, MoePath::kGrouped, 5);
+  check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, 700, 14, MoePath::kGrouped, 2);
   // Pages padded past the packed matrix.
   const QuantStore p8(kSmall, Bits::kInt8, 35, 48), p4(kSmall, Bits::kInt4, 36, 4096);
-  check_quant_case<kernels::Int8, QuantGroupedConfig>(p8, 300, 1300);
-  check_quant_case<kernels::Int4, QuantGroupedConfig>(p4, 300, 1400);
+  check_quant_case<kernels::Int8, QuantGroupedConfig>(p8, 300, 1300, MoePath::kGrouped);
+  check_quant_case<kernels::Int4, QuantGroupedConfig>(p4, 300, 1400, MoePath::kGrouped);
 }
 
 // The warp-specialised variant must compute exactly what the grouped GEMM computes (the same dequantised
 // operands, the same wgmma steps in the same order).
 template <class Precision>
 void check_ws_case(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  check_quant_case<Precision, QuantWsConfig>(store, tokens, seed, hot_expert);
+  const auto ws =
+      check_quant_case<Precision, QuantWsConfig>(store, tokens, seed, MoePath::kGrouped, hot_expert);
   const MoeShape shape = shape_of(store.spec, tokens);
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
-  const long long stride = store.page == store.layout.matrix_bytes() ? 0 : static_cast<long long>(store.page);
-  const auto ws = run_layer<kernels::Paged, Precision, QuantWsConfig>(r, shape, store.paged_args(), stride,
-                                                                      MoePath::kGrouped);
+  const long long stride = store.stride();
   const auto plain = run_layer<kernels::Paged, Precision, QuantGroupedConfig>(r, shape, store.paged_args(),
                                                                               stride, MoePath::kGrouped);
   INFO(store.spec.name << " T=" << tokens << " warp-specialised against the grouped GEMM");
@@ -345,11 +341,11 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 21), s4(m, Bits::kInt4, 22);
     for (int tokens : {1, 3, 16}) {
-      check_quant_case<kernels::Int8>(s8, tokens, 300 + tokens);
-      check_quant_case<kernels::Int4>(s4, tokens, 400 + tokens);
+      check_quant_case<kernels::Int8>(s8, tokens, 300 + tokens, MoePath::kDecode);
+      check_quant_case<kernels::Int4>(s4, tokens, 400 + tokens, MoePath::kDecode);
     }
-    check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 64, 364);
-    check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, 64, 464);
+    check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 64, 364, MoePath::kGrouped);
+    check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, 64, 464, MoePath::kGrouped);
   }
 }
 

@@ -69,15 +69,13 @@ def paths(files):
         def us(k):
             return mean_sd(r[k]) if k in r else "—"
 
-        def ratio(p):
-            d, g = r.get(p + "-decode"), r.get(p + "-grouped")
-            return mean_sd([b / a for a, b in zip(d, g)], "{:.2f}") if d and g else "—"
-        def ws_ratio(p):
-            w, g = r.get(p + "-ws"), r.get(p + "-grouped")
-            return mean_sd([a / b for a, b in zip(w, g)], "{:.2f}") if w and g else "—"
+        def ratio(num, den):  # configuration num's time over den's, process by process
+            a, b = r.get(num), r.get(den)
+            return mean_sd([x / y for x, y in zip(a, b)], "{:.2f}") if a and b else "—"
         print(f"| {model} | {tokens} | {us('default')} | {us('int8-decode')} | {us('int8-grouped')} | "
-              f"{ratio('int8')} | {us('int4-decode')} | {us('int4-grouped')} | {ratio('int4')} |"
-              + (f" {ws_ratio('int8')} | {ws_ratio('int4')} |" if ws else ""))
+              f"{ratio('int8-grouped', 'int8-decode')} | {us('int4-decode')} | {us('int4-grouped')} | "
+              f"{ratio('int4-grouped', 'int4-decode')} |"
+              + (f" {ratio('int8-ws', 'int8-grouped')} | {ratio('int4-ws', 'int4-grouped')} |" if ws else ""))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
 // not matter to the time), their expert bytes the packed ones; int8-decode / int8-grouped (int4 alike): the
-// default's quantized choice held to one path at every size; int8-ws / int4-ws: the warp-specialised grouped
-// GEMM (opt-in) at every size; int8-t8w4u2 and the like: one quantized decode
+// default's quantized choice held to one path at every size; ws: the warp-specialised grouped GEMM (opt-in)
+// where the default's choice is the grouped GEMM; int8-ws / int4-ws: the warp-specialised grouped GEMM at
+// every size; int8-t8w4u2 and the like: one quantized decode
 // tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the sweep that chose the
 // quantized rows of the default table), decode cases only, the first is the one reported.
 #include <cuda_runtime.h>
@@ -186,6 +187,11 @@ struct PrefetchConfig {
     if (c.path == MoePath::kDecode) c.decode_prefetch = kPrefetch;
     return c;
   }
+};
+
+// The default table's choice, its grouped GEMMs on the warp-specialised kernel (sm_90).
+struct WsConfig : kernels::DefaultMoeConfig {
+  static constexpr bool kWarpSpecialized = true;
 };
 
 // The graphs of one configuration: contiguous, then one per paged view.
@@ -375,7 +381,10 @@ int main(int argc, char** argv) {
       for (const std::string& c : configs) {
         // Quantized configurations are measured at every size (their own path choice).
         const auto q = quantized.find(c);
-        if (c != configs[0] && config.path != MoePath::kDecode && q == quantized.end()) continue;
+        // ws (the warp-specialised grouped GEMM) only where the default's choice is the grouped GEMM.
+        if (c == "ws" ? config.path == MoePath::kDecode
+                      : c != configs[0] && config.path != MoePath::kDecode && q == quantized.end())
+          continue;
         std::vector<std::unique_ptr<GraphBase>> g;
         double mb = static_cast<double>(shape.matrix_bytes());
         if (q != quantized.end()) {
@@ -390,11 +399,14 @@ int main(int argc, char** argv) {
           g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
         else if (c == "w8")
           g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "ws")
+          g = make_graphs<WsConfig>(sets, shape, store, views, out.get(), stream);
         else if (c == "p256")  // the default's decode tile with the 256-byte L2 prefetch hint
           g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else
           throw std::runtime_error("--config: unknown configuration '" + c +
-                                   "' (default, t8, t32, w8, p256, or quantized: " + quantized_names + ")");
+                                   "' (default, t8, t32, w8, p256, ws, or quantized: " + quantized_names +
+                                   ")");
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

@@ -5,6 +5,7 @@ precision's ratio to the read floor of its own bytes, and int8 / int4 over bf16 
 
   python3 benchmarks/device/quant_report.py quant_p1.json quant_p2.json quant_p3.json
   python3 benchmarks/device/quant_report.py --paths quant_paths.json   # decode vs grouped per precision
+  python3 benchmarks/device/quant_report.py --ws ws_seed*.json   # warp-specialised vs two-block grouped GEMM
 
 Each precision's path is the one its configuration chose (files from before the per-configuration "path"
 field show the bf16 path for all).
@@ -78,10 +79,34 @@ def paths(files):
               + (f" {ratio('int8-ws', 'int8-grouped')} | {ratio('int4-ws', 'int4-grouped')} |" if ws else ""))
 
 
+def ws(files):
+    """The warp-specialised grouped GEMM over the two-block one, per precision (benchmarks/device/ws_run.sh:
+    configs default / ws, int8-grouped / int8-ws, int4-grouped / int4-ws); contiguous µs, mean ± sd over
+    files (one process per seed), ratios process by process."""
+    rows = {}
+    for f in files:
+        for c in json.load(open(f))["cases"]:
+            r = rows.setdefault((c["model"], c["tokens"]), {})
+            for x in c["configs"]:
+                r.setdefault(x["config"], []).append(x["contiguous_us"])
+    pairs = (("bf16", "default", "ws"), ("int8", "int8-grouped", "int8-ws"), ("int4", "int4-grouped", "int4-ws"))
+    print("| model | T |" + "".join(f" {p} two-block µs | {p} ws µs | ws / two-block |" for p, _, _ in pairs))
+    print("|---|---:|" + "---:|---:|---:|" * len(pairs))
+    for (model, tokens), r in rows.items():
+        cells = []
+        for _, plain, w in pairs:
+            a, b = r.get(w), r.get(plain)
+            cells += [mean_sd(b) if b else "—", mean_sd(a) if a else "—",
+                      mean_sd([x / y for x, y in zip(a, b)], "{:.3f}") if a and b else "—"]
+        print(f"| {model} | {tokens} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     if sys.argv[1] == "--paths":
         paths(sys.argv[2:])
+    elif sys.argv[1] == "--ws":
+        ws(sys.argv[2:])
     else:
         main(sys.argv[1:])

@@ -360,29 +360,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   store_tile<kStage>(p, tile, slice, acc, wg * 64, warp_in_wg, lane);
 }
 
-// Warp-specialised grouped GEMM for quantized experts — opt-in (a configuration with `static constexpr bool
-// kWarpSpecializedQuant = true`, PagedMoe) and not yet run on a GPU. One block of three warpgroups per
-// (weight slice, work tile): warpgroup 0 copies A and the packed B (cp.async) and dequantises B into bf16
-// tiles; warpgroups 1 and 2 multiply their 64 token rows by them (wgmma, one step in flight) and never wait
-// for a dequantisation that is not yet needed. kWsStages stages of A, packed B and bf16 B are handed over by
-// named barriers: full[s] (the producer arrives once the stage's A has landed and its B is dequantised; the
-// consumers sync) and empty[s] (the consumers arrive when their wgmma on the stage has finished; the producer
-// syncs before refilling it). The producer's copies run kWsStages − 1 steps ahead of its dequantisation; it
-// arrives on full[kt] before it waits on empty[kt − 1], which the consumers release only after full[kt].
-// One block per SM (161 KiB of shared memory for int8, 145 KiB for int4).
-inline constexpr int kWsStages = 4;
+// Warp-specialised grouped GEMM — opt-in (a configuration with `static constexpr bool kWarpSpecialized =
+// true`, PagedMoe), bf16 and quantized experts. One block of three warpgroups per (weight slice, work tile):
+// warpgroup 0 copies A and B (cp.async; quantized B packed, then dequantised into bf16 tiles); warpgroups 1
+// and 2 multiply their 64 token rows by them (wgmma, one step in flight) and never wait for a copy that is
+// not yet needed. kWsStages stages of A and B (and packed B) are handed over by named barriers: full[s] (the
+// producer arrives once the stage's A and B have landed, B dequantised; the consumers sync) and empty[s] (the
+// consumers arrive when their wgmma on the stage has finished; the producer syncs before refilling it). The
+// producer's copies run kWsStages − 1 steps ahead; it arrives on full[kt] before it waits on empty[kt − 1],
+// which the consumers release only after full[kt]. One block per SM: bf16 6 stages (193 KiB of shared
+// memory), int8 4 (161 KiB), int4 4 (145 KiB).
+template <class Precision>
+inline constexpr int kWsStages = Precision::kQuantized ? 4 : 6;
 inline constexpr int kWsThreads = 384;
 template <class Precision>
 inline constexpr int ws_smem_bytes() {
-  return kWsStages *
-         (kBlockM * kBlockK * 2 + kBlockN * kBlockK * 2 + kBlockN * kPackedStepBytes<Precision>)+1024;
+  constexpr int kTiles = kBlockM * kBlockK * 2 + kBlockN * kBlockK * 2;
+  if constexpr (Precision::kQuantized)
+    return kWsStages<Precision> * (kTiles + kBlockN * kPackedStepBytes<Precision>)+1024;
+  else
+    return kWsStages<Precision> * kTiles + 1024;
 }
-static_assert(ws_smem_bytes<Int8>() <= 227 * 1024, "the warp-specialised block must fit one SM");
+static_assert(ws_smem_bytes<Int8>() <= 227 * 1024 && ws_smem_bytes<Bf16>() <= 227 * 1024,
+              "the warp-specialised block must fit one SM");
 
 template <class Addressing, Stage kStage, class Precision>
 __global__ void __launch_bounds__(kWsThreads, 1)
     gemm_wgmma_ws_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  static_assert(Precision::kQuantized, "the warp-specialised kernel dequantises: quantized experts only");
+  constexpr int kStagesWs = kWsStages<Precision>;
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   WorkTile tile;
@@ -390,54 +395,64 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (!unit_of(p, tile, slice)) return;  // the whole block, before any barrier
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
-  bf16* b_tiles = smem_a + kWsStages * kBlockM * kBlockK;          // [stages][128][64]
-  using B = PackedB<Precision, kStage, 128>;
-  unsigned char* packed = reinterpret_cast<unsigned char*>(b_tiles + kWsStages * kBlockN * kBlockK);
-  constexpr int kFull = 1, kEmpty = 1 + kWsStages, kProducers = 1 + 2 * kWsStages;  // named barrier ids
-  constexpr int kAhead = kWsStages - 1;
+  bf16* b_tiles = smem_a + kStagesWs * kBlockM * kBlockK;          // [stages][128][64]
+  unsigned char* packed = reinterpret_cast<unsigned char*>(b_tiles + kStagesWs * kBlockN * kBlockK);
+  constexpr int kFull = 1, kEmpty = 1 + kStagesWs, kProducers = 1 + 2 * kStagesWs;  // named barrier ids
+  constexpr int kAhead = kStagesWs - 1;
   static_assert(kProducers <= 15, "named barrier ids run to 15");
   const int tid = threadIdx.x, wg = tid / 128;
   const int k_tiles = (kStage == Stage::kGateUp ? p.hidden : p.intermediate) / kBlockK;
 
   if (wg == 0) {  // producer
     const ALoader<kStage, 128> a_loader(p, tile, tid);
-    const B b_operand(p, tile, slice, tid);
-    auto load = [&](int kt) {
-      if (kt >= k_tiles) return;
-      const int s = kt % kWsStages;
-      a_loader.load(smem_a + s * kBlockM * kBlockK, kt);
-      b_operand.load(packed + s * B::kStageBytes, kt);
-    };
+    auto run = [&](const auto& b_operand) {
+      using B = std::remove_cvref_t<decltype(b_operand)>;
+      auto load = [&](int kt) {
+        if (kt >= k_tiles) return;
+        const int s = kt % kStagesWs;
+        a_loader.load(smem_a + s * kBlockM * kBlockK, kt);
+        if constexpr (Precision::kQuantized)
+          b_operand.load(packed + s * B::kStageBytes, kt);
+        else
+          b_operand.load(b_tiles + s * kBlockN * kBlockK, kt);
+      };
 #pragma unroll
-    for (int kt = 0; kt < kAhead; ++kt) {
-      load(kt);
-      ptx::cp_async_commit();
-    }
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kWsStages;
-      ptx::cp_async_wait<kAhead - 1>();  // step kt's copies, this thread's
-      ptx::named_sync(kProducers, 128);  // ... and every producer's
-      b_operand.dequantize(packed + s * B::kStageBytes, b_tiles + s * kBlockN * kBlockK, kt);
-      wgmma::fence_proxy_async();  // A(kt) and B tile kt, written through the generic proxy
-      ptx::named_arrive(kFull + s, kWsThreads);
-      const int next = kt + kAhead;  // into the stage of step kt − 1, once the consumers are done with it
-      if (next < k_tiles && next >= kWsStages) ptx::named_sync(kEmpty + next % kWsStages, kWsThreads);
-      load(next);
-      ptx::cp_async_commit();
-    }
-    ptx::cp_async_wait<0>();
+      for (int kt = 0; kt < kAhead; ++kt) {
+        load(kt);
+        ptx::cp_async_commit();
+      }
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % kStagesWs;
+        ptx::cp_async_wait<kAhead - 1>();  // step kt's copies, this thread's
+        if constexpr (Precision::kQuantized) {
+          ptx::named_sync(kProducers, 128);  // ... and every producer's, read by the dequantisation
+          b_operand.dequantize(packed + s * B::kStageBytes, b_tiles + s * kBlockN * kBlockK, kt);
+        }
+        wgmma::fence_proxy_async();  // A(kt) and B tile kt, written through the generic proxy
+        ptx::named_arrive(kFull + s, kWsThreads);
+        const int next = kt + kAhead;  // into the stage of step kt − 1, once the consumers are done with it
+        if (next < k_tiles && next >= kStagesWs) ptx::named_sync(kEmpty + next % kStagesWs, kWsThreads);
+        load(next);
+        ptx::cp_async_commit();
+      }
+      ptx::cp_async_wait<0>();
+    };
+    if constexpr (Precision::kQuantized)
+      run(PackedB<Precision, kStage, 128>(p, tile, slice, tid));
+    else
+      run(BLoader<kStage, 128>(p, tile, slice, tid));
   } else {  // consumers: token rows 64·(wg − 1) ..
     const int row_base = 64 * (wg - 1);
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
     for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kWsStages;
+      const int s = kt % kStagesWs;
       ptx::named_sync(kFull + s, kWsThreads);
       issue_step(acc, smem_a + s * kBlockM * kBlockK + row_base * kBlockK, b_tiles + s * kBlockN * kBlockK);
       wgmma::wait<1>();  // step kt − 1's wgmma has finished reading its stage
-      if (kt >= 1 && kt - 1 + kWsStages < k_tiles)
-        ptx::named_arrive(kEmpty + (kt - 1) % kWsStages, kWsThreads);
+      if (kt >= 1 && kt - 1 + kStagesWs < k_tiles)
+        ptx::named_arrive(kEmpty + (kt - 1) % kStagesWs, kWsThreads);
     }
     wgmma::wait<0>();
     wgmma::pin(acc);
@@ -445,8 +460,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
-// What PagedMoe launches on sm_90 for one precision: the two-block wgmma kernel, or (kWarpSpecialized,
-// quantized experts only) the warp-specialised one — each stage's kernel, threads per block, shared memory
+// What PagedMoe launches on sm_90 for one precision: the two-block wgmma kernel, or (kWarpSpecialized) the
+// warp-specialised one — each stage's kernel, threads per block, shared memory
 // and name.
 template <class Addressing, class Precision, bool kWarpSpecialized>
 struct Sm90Gemm {

@@ -136,12 +136,12 @@ struct decode_tiles_of<Config, Precision> {
   using type = typename Config::DecodeTiles;
 };
 
-// Whether a configuration asks for the warp-specialised grouped GEMM on quantized experts
-// (`static constexpr bool kWarpSpecializedQuant = true`; grouped::gemm_wgmma_ws_kernel, not yet measured).
+// Whether a configuration asks for the warp-specialised grouped GEMM on sm_90 (`static constexpr bool
+// kWarpSpecialized = true`; grouped::gemm_wgmma_ws_kernel).
 template <class Config>
-constexpr bool warp_specialized_quant() {
-  if constexpr (requires { Config::kWarpSpecializedQuant; })
-    return Config::kWarpSpecializedQuant;
+constexpr bool warp_specialized() {
+  if constexpr (requires { Config::kWarpSpecialized; })
+    return Config::kWarpSpecialized;
   else
     return false;
 }
@@ -420,9 +420,9 @@ class PagedMoe {
     return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
   }
 
-  // Whether the sm_90 grouped GEMM is the warp-specialised kernel (the configuration asks for it on quantized
-  // experts) rather than the two-block wgmma kernel (grouped::Sm90Gemm).
-  static constexpr bool kWarpSpecialized = Precision::kQuantized && detail::warp_specialized_quant<Config>();
+  // Whether the sm_90 grouped GEMM is the warp-specialised kernel (the configuration asks for it) rather than
+  // the two-block wgmma kernel (grouped::Sm90Gemm).
+  static constexpr bool kWarpSpecialized = detail::warp_specialized<Config>();
   // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, each
   // with `smem` bytes of dynamic shared memory (set once per device).
   template <auto kGateUp, auto kDown>

@@ -146,8 +146,8 @@ const char* path_name(MoePath p) {
 // Runs one case on both addressings and checks everything; returns the paged output.
 // With `hot_expert` >= 0, half the tokens route to that expert (skewed routing).
 template <class Config = kernels::DefaultMoeConfig>
-void check_case(ExpertStore& store, const MoeShape& shape, MoePath path, bool cpu_check, int gpu_samples,
-                std::uint64_t seed, int hot_expert = -1) {
+std::vector<std::uint16_t> check_case(ExpertStore& store, const MoeShape& shape, MoePath path, bool cpu_check,
+                                      int gpu_samples, std::uint64_t seed, int hot_expert = -1) {
   const bool with_shared_weights = shape.num_shared_chunks > 0;
   RoutingSet r = make_routing(store.spec(), shape.num_tokens, seed, hot_expert);
   Runner<kernels::Paged, Config> paged;
@@ -188,6 +188,7 @@ void check_case(ExpertStore& store, const MoeShape& shape, MoePath path, bool cp
       hot_expert >= 0 ? " skewed" : "", err_gpu, err_cpu, worst_gpu, worst_cpu);
   CHECK(err_gpu <= 1e-2);
   CHECK(worst_gpu <= 1.0);
+  return out_p;
 }
 
 }  // namespace
@@ -450,5 +451,32 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
       check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
     }
+  }
+}
+
+// The warp-specialised grouped GEMM (grouped::gemm_wgmma_ws_kernel, opt-in) must compute exactly what the
+// two-block grouped GEMM computes: the same wgmma steps in the same order.
+struct WsConfig : kernels::DefaultMoeConfig {
+  static constexpr bool kWarpSpecialized = true;
+};
+
+void check_ws_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+  const MoeShape shape = shape_of(store.spec(), tokens);
+  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
+  const auto ws = check_case<WsConfig>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
+  const auto plain = check_case(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
+  INFO(store.spec().name << " T=" << tokens << " warp-specialised against the grouped GEMM");
+  CHECK(std::memcmp(ws.data(), plain.data(), ws.size() * 2) == 0);
+}
+
+// Hidden ("[.]") until it has run on a GPU: `paged_moe_device_test "[ws]"`.
+TEST_CASE("the warp-specialised grouped GEMM equals the grouped GEMM", "[.][gpu][ws]") {
+  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 2 and 4 k-steps: fewer than the stages
+  ExpertStore small(tiny, 31, 3);
+  for (int tokens : {1, 37, 300, 3000}) check_ws_case(small, tokens, 1100 + tokens);
+  check_ws_case(small, 3000, 1200, 5);  // one hot expert: many tiles of one expert
+  for (const ModelSpec& spec : {kQwen3, kMixtral}) {
+    ExpertStore store(spec, 33);
+    for (int tokens : {64, 1024}) check_ws_case(store, tokens, 1300 + tokens);
   }
 }

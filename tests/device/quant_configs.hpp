@@ -19,7 +19,7 @@ using QuantGroupedConfig = QuantPathConfig<kernels::MoePath::kGrouped>;
 
 // The grouped GEMM at every token count on the warp-specialised kernel (grouped::gemm_wgmma_ws_kernel).
 struct QuantWsConfig : QuantGroupedConfig {
-  static constexpr bool kWarpSpecializedQuant = true;
+  static constexpr bool kWarpSpecialized = true;
 };
 
 }  // namespace amoeba::testing

@@ -14,11 +14,11 @@
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
 // not matter to the time), their expert bytes the packed ones; int8-decode / int8-grouped (int4 alike): the
-// default's quantized choice held to one path at every size; ws: the warp-specialised grouped GEMM (opt-in)
-// where the default's choice is the grouped GEMM; int8-ws / int4-ws: the warp-specialised grouped GEMM at
-// every size; int8-t8w4u2 and the like: one quantized decode
-// tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the sweep that chose the
-// quantized rows of the default table), decode cases only, the first is the one reported.
+// default's quantized choice held to one path at every size; wide / narrow: the default's choice with its
+// bf16 grouped GEMM on 256 / 128 weight rows per block (grouped sizes only); int8-t8w4u2 and the like: one
+// quantized decode tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the
+// sweep that chose the quantized rows of the default table), decode cases only, the first is the one
+// reported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -189,9 +189,21 @@ struct PrefetchConfig {
   }
 };
 
-// The default table's choice, its grouped GEMMs on the warp-specialised kernel (sm_90).
-struct WsConfig : kernels::DefaultMoeConfig {
-  static constexpr bool kWarpSpecialized = true;
+// The default table's choice, its bf16 grouped GEMMs on the wide kernel (sm_90, 256 weight rows per block).
+struct WideConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    c.grouped_rows = 256;
+    return c;
+  }
+};
+// ... on the two-block kernel (128 weight rows per block).
+struct NarrowConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    c.grouped_rows = 128;
+    return c;
+  }
 };
 
 // The graphs of one configuration: contiguous, then one per paged view.
@@ -259,14 +271,14 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
 std::map<std::string, QuantFactory> quant_configs() {
   using Decode = QuantPathConfig<MoePath::kDecode>;
   using Grouped = QuantPathConfig<MoePath::kGrouped>;
-  std::map<std::string, QuantFactory> m{{"int8", &make_quant_graph<kernels::Int8>},
-                                        {"int4", &make_quant_graph<kernels::Int4>},
-                                        {"int8-decode", &make_quant_graph<kernels::Int8, Decode>},
-                                        {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
-                                        {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
-                                        {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
-                                        {"int8-ws", &make_quant_graph<kernels::Int8, QuantWsConfig>},
-                                        {"int4-ws", &make_quant_graph<kernels::Int4, QuantWsConfig>}};
+  std::map<std::string, QuantFactory> m{
+      {"int8", &make_quant_graph<kernels::Int8>},
+      {"int4", &make_quant_graph<kernels::Int4>},
+      {"int8-decode", &make_quant_graph<kernels::Int8, Decode>},
+      {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
+      {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
+      {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
+  };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");
   return m;
@@ -381,9 +393,10 @@ int main(int argc, char** argv) {
       for (const std::string& c : configs) {
         // Quantized configurations are measured at every size (their own path choice).
         const auto q = quantized.find(c);
-        // ws (the warp-specialised grouped GEMM) only where the default's choice is the grouped GEMM.
-        if (c == "ws" ? config.path == MoePath::kDecode
-                      : c != configs[0] && config.path != MoePath::kDecode && q == quantized.end())
+        // wide / narrow (the grouped GEMM's block width) only where the default's choice is the grouped GEMM.
+        if (c == "wide" || c == "narrow"
+                ? config.path == MoePath::kDecode
+                : c != configs[0] && config.path != MoePath::kDecode && q == quantized.end())
           continue;
         std::vector<std::unique_ptr<GraphBase>> g;
         double mb = static_cast<double>(shape.matrix_bytes());
@@ -399,14 +412,16 @@ int main(int argc, char** argv) {
           g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
         else if (c == "w8")
           g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "ws")
-          g = make_graphs<WsConfig>(sets, shape, store, views, out.get(), stream);
+        else if (c == "wide")
+          g = make_graphs<WideConfig>(sets, shape, store, views, out.get(), stream);
+        else if (c == "narrow")
+          g = make_graphs<NarrowConfig>(sets, shape, store, views, out.get(), stream);
         else if (c == "p256")  // the default's decode tile with the 256-byte L2 prefetch hint
           g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else
-          throw std::runtime_error("--config: unknown configuration '" + c +
-                                   "' (default, t8, t32, w8, p256, ws, or quantized: " + quantized_names +
-                                   ")");
+          throw std::runtime_error(
+              "--config: unknown configuration '" + c +
+              "' (default, t8, t32, w8, p256, wide, narrow, or quantized: " + quantized_names + ")");
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

@@ -5,7 +5,7 @@ precision's ratio to the read floor of its own bytes, and int8 / int4 over bf16 
 
   python3 benchmarks/device/quant_report.py quant_p1.json quant_p2.json quant_p3.json
   python3 benchmarks/device/quant_report.py --paths quant_paths.json   # decode vs grouped per precision
-  python3 benchmarks/device/quant_report.py --ws ws_seed*.json   # warp-specialised vs two-block grouped GEMM
+  python3 benchmarks/device/quant_report.py --compare narrow wide grouped_seed*.json   # one config over another
 
 Each precision's path is the one its configuration chose (files from before the per-configuration "path"
 field show the bf16 path for all).
@@ -62,10 +62,9 @@ def paths(files):
             r = rows.setdefault((c["model"], c["tokens"]), {})
             for k, v in cs.items():
                 r.setdefault(k, []).append(v)
-    ws = any("int8-ws" in r for r in rows.values())
     print("| model | T | bf16 µs | int8 decode µs | int8 grouped µs | grouped / decode | int4 decode µs "
-          "| int4 grouped µs | grouped / decode |" + (" int8 ws / grouped | int4 ws / grouped |" if ws else ""))
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if ws else ""))
+          "| int4 grouped µs | grouped / decode |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (model, tokens), r in rows.items():
         def us(k):
             return mean_sd(r[k]) if k in r else "—"
@@ -75,30 +74,25 @@ def paths(files):
             return mean_sd([x / y for x, y in zip(a, b)], "{:.2f}") if a and b else "—"
         print(f"| {model} | {tokens} | {us('default')} | {us('int8-decode')} | {us('int8-grouped')} | "
               f"{ratio('int8-grouped', 'int8-decode')} | {us('int4-decode')} | {us('int4-grouped')} | "
-              f"{ratio('int4-grouped', 'int4-decode')} |"
-              + (f" {ratio('int8-ws', 'int8-grouped')} | {ratio('int4-ws', 'int4-grouped')} |" if ws else ""))
+              f"{ratio('int4-grouped', 'int4-decode')} |")
 
 
-def ws(files):
-    """The warp-specialised grouped GEMM over the two-block one, per precision (benchmarks/device/ws_run.sh:
-    configs default / ws, int8-grouped / int8-ws, int4-grouped / int4-ws); contiguous µs, mean ± sd over
-    files (one process per seed), ratios process by process."""
+def compare(base, other, files):
+    """Configuration `other` over `base` (e.g. narrow / wide: benchmarks/device/grouped_run.sh): contiguous µs,
+    mean ± sd over files (one process per seed), the ratio process by process."""
     rows = {}
     for f in files:
         for c in json.load(open(f))["cases"]:
             r = rows.setdefault((c["model"], c["tokens"]), {})
             for x in c["configs"]:
                 r.setdefault(x["config"], []).append(x["contiguous_us"])
-    pairs = (("bf16", "default", "ws"), ("int8", "int8-grouped", "int8-ws"), ("int4", "int4-grouped", "int4-ws"))
-    print("| model | T |" + "".join(f" {p} two-block µs | {p} ws µs | ws / two-block |" for p, _, _ in pairs))
-    print("|---|---:|" + "---:|---:|---:|" * len(pairs))
+    print(f"| model | T | {base} µs | {other} µs | {other} / {base} |")
+    print("|---|---:|---:|---:|---:|")
     for (model, tokens), r in rows.items():
-        cells = []
-        for _, plain, w in pairs:
-            a, b = r.get(w), r.get(plain)
-            cells += [mean_sd(b) if b else "—", mean_sd(a) if a else "—",
-                      mean_sd([x / y for x, y in zip(a, b)], "{:.3f}") if a and b else "—"]
-        print(f"| {model} | {tokens} | " + " | ".join(cells) + " |")
+        a, b = r.get(other), r.get(base)
+        if a and b:
+            print(f"| {model} | {tokens} | {mean_sd(b)} | {mean_sd(a)} | "
+                  f"{mean_sd([x / y for x, y in zip(a, b)], '{:.3f}')} |")
 
 
 if __name__ == "__main__":
@@ -106,7 +100,7 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     if sys.argv[1] == "--paths":
         paths(sys.argv[2:])
-    elif sys.argv[1] == "--ws":
-        ws(sys.argv[2:])
+    elif sys.argv[1] == "--compare":
+        compare(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
         main(sys.argv[1:])

@@ -3,8 +3,7 @@
 # (1) the decode-tile sweep that chose DefaultMoeConfig::kQuantDecodeRows, one process; (2) the layer at the
 # default tiles beside bf16 in PROCESSES separate processes (mean ± sd: `python3 benchmarks/device/quant_report.py quant_p*.json`).
 # (3) with PATHS=1, each precision held to the decode and to the grouped path at 16–1024 tokens, one process
-# (`quant_report.py --paths quant_paths.json`: where DefaultMoeConfig::kQuantDecodeTile switches); WS=1 adds
-# the opt-in warp-specialised grouped GEMM (int8-ws, int4-ws) to it (the report's ws / grouped columns).
+# (`quant_report.py --paths quant_paths.json`: where DefaultMoeConfig::kQuantDecodeTile switches).
 #   BIN=.gpu OUT=$OUT [PROCESSES=3] [SWEEP=1] [PATHS=0] [TOKENS=1,3,16,33,64,256,1024,4096,16384]
 #   bash benchmarks/device/quant_run.sh
 # Writes $OUT/quant_sweep_<models>.json, $OUT/quant_paths.json and $OUT/quant_p<i>.json (paged_moe_bench's
@@ -14,8 +13,6 @@ set -uo pipefail
 : "${OUT:?OUT must name an output folder}"
 export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
 tiles="t8w4u1 t8w4u2 t8w8u1 t8w8u2 t16w4u1 t16w4u2 t32w4u1"
-ws=""
-[[ "${WS:-0}" == 1 ]] && ws=",int8-ws,int4-ws"
 if [[ "${SWEEP:-1}" == 1 ]]; then
   sweep="default,int8,int4"
   for p in int8 int4; do for t in $tiles; do sweep="$sweep,$p-$t"; done; done
@@ -27,7 +24,7 @@ if [[ "${SWEEP:-1}" == 1 ]]; then
 fi
 if [[ "${PATHS:-0}" == 1 ]]; then
   timeout 250 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 16,64,128,256,512,1024 \
-    --placement shuffled --seed 1 --config "default,int8-decode,int8-grouped,int4-decode,int4-grouped$ws" \
+    --placement shuffled --seed 1 --config "default,int8-decode,int8-grouped,int4-decode,int4-grouped" \
     --json "$OUT/quant_paths.json" >"$OUT/quant_paths.txt" 2>&1
   echo "paths rc=$?"
 fi

@@ -248,15 +248,21 @@ __device__ __forceinline__ void store_tile(const MoeParams<Addressing>& p, const
   }
 }
 
-// D += A(a_stage, this warpgroup's 64 rows) · B(b_tile)ᵀ over one 64-k step, issued (not waited for).
-__device__ __forceinline__ void issue_step(float (&acc)[64], const bf16* a_rows, const bf16* b_tile) {
+// D += A(a_rows: this warpgroup's 64 rows) · B(b_tile)ᵀ over one 64-k step: the four wgmma, issued inside
+// the caller's fence … commit.
+__device__ __forceinline__ void issue_mmas(float (&acc)[64], const bf16* a_rows, const bf16* b_tile) {
   const std::uint32_t sa = ptx::smem_u32(a_rows);
   const std::uint32_t sb = ptx::smem_u32(b_tile);
   wgmma::pin(acc);
-  wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < kBlockK / 16; ++kk)
     wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
+}
+// The same as one commit group (not waited for).
+__device__ __forceinline__ void issue_step(float (&acc)[64], const bf16* a_rows, const bf16* b_tile) {
+  wgmma::pin(acc);
+  wgmma::fence();
+  issue_mmas(acc, a_rows, b_tile);
   wgmma::commit();
 }
 
@@ -360,126 +366,94 @@ __global__ void __launch_bounds__(kThreads, 2)
   store_tile<kStage>(p, tile, slice, acc, wg * 64, warp_in_wg, lane);
 }
 
-// Warp-specialised grouped GEMM — opt-in (a configuration with `static constexpr bool kWarpSpecialized =
-// true`, PagedMoe), bf16 and quantized experts. One block of three warpgroups per (weight slice, work tile):
-// warpgroup 0 copies A and B (cp.async; quantized B packed, then dequantised into bf16 tiles); warpgroups 1
-// and 2 multiply their 64 token rows by them (wgmma, one step in flight) and never wait for a copy that is
-// not yet needed. kWsStages stages of A and B (and packed B) are handed over by named barriers: full[s] (the
-// producer arrives once the stage's A and B have landed, B dequantised; the consumers sync) and empty[s] (the
-// consumers arrive when their wgmma on the stage has finished; the producer syncs before refilling it). The
-// producer's copies run kWsStages − 1 steps ahead; it arrives on full[kt] before it waits on empty[kt − 1],
-// which the consumers release only after full[kt]. One block per SM: bf16 6 stages (193 KiB of shared
-// memory), int8 4 (161 KiB), int4 4 (145 KiB).
-template <class Precision>
-inline constexpr int kWsStages = Precision::kQuantized ? 4 : 6;
-inline constexpr int kWsThreads = 384;
-template <class Precision>
-inline constexpr int ws_smem_bytes() {
-  constexpr int kTiles = kBlockM * kBlockK * 2 + kBlockN * kBlockK * 2;
-  if constexpr (Precision::kQuantized)
-    return kWsStages<Precision> * (kTiles + kBlockN * kPackedStepBytes<Precision>)+1024;
-  else
-    return kWsStages<Precision> * kTiles + 1024;
-}
-static_assert(ws_smem_bytes<Int8>() <= 227 * 1024 && ws_smem_bytes<Bf16>() <= 227 * 1024,
-              "the warp-specialised block must fit one SM");
+// The wide variant (bf16 experts; MoeConfig::grouped_rows = 256): one block per (pair of weight slices 2w and
+// 2w + 1, work tile) — 128 tokens × 256 weight rows, each warpgroup's 64 token rows against both slices (two
+// accumulators) — so a block reads 48 KiB of A and B from L2 per 64-k step for 4.2 MFLOP instead of 32 KiB
+// for 2.1 (the two-block kernel is limited by L2 throughput at large batches: Nsight Compute, Mixtral 4096
+// tokens, 83% of L2 peak, 15% of DRAM's). One block per SM (193 KiB of shared memory), so the wgmma of a step
+// stays in flight while the next is issued: kWideStages stages, loaded kWideStages − 2 steps ahead into the
+// stage whose wgmma the block's last barrier saw finish.
+inline constexpr int kWideStages = 4;
+inline constexpr int kWideSmemBytes = kWideStages * (kBlockM + 2 * kBlockN) * kBlockK * 2 + 1024;
+static_assert(kWideSmemBytes <= 227 * 1024, "the wide block must fit one SM");
 
-template <class Addressing, Stage kStage, class Precision>
-__global__ void __launch_bounds__(kWsThreads, 1)
-    gemm_wgmma_ws_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  constexpr int kStagesWs = kWsStages<Precision>;
+template <class Addressing, Stage kStage>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_wgmma_wide_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
   WorkTile tile;
-  int slice;
-  if (!unit_of(p, tile, slice)) return;  // the whole block, before any barrier
+  int pair;
+  if (!unit_of(p, tile, pair)) return;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
-  bf16* b_tiles = smem_a + kStagesWs * kBlockM * kBlockK;          // [stages][128][64]
-  unsigned char* packed = reinterpret_cast<unsigned char*>(b_tiles + kStagesWs * kBlockN * kBlockK);
-  constexpr int kFull = 1, kEmpty = 1 + kStagesWs, kProducers = 1 + 2 * kStagesWs;  // named barrier ids
-  constexpr int kAhead = kStagesWs - 1;
-  static_assert(kProducers <= 15, "named barrier ids run to 15");
-  const int tid = threadIdx.x, wg = tid / 128;
-  const int k_tiles = (kStage == Stage::kGateUp ? p.hidden : p.intermediate) / kBlockK;
+  bf16* smem_b = smem_a + kWideStages * kBlockM * kBlockK;         // [stages][2 slices][128][64]
+  constexpr int kATile = kBlockM * kBlockK, kBTile = kBlockN * kBlockK;
 
-  if (wg == 0) {  // producer
-    const ALoader<kStage, 128> a_loader(p, tile, tid);
-    auto run = [&](const auto& b_operand) {
-      using B = std::remove_cvref_t<decltype(b_operand)>;
-      auto load = [&](int kt) {
-        if (kt >= k_tiles) return;
-        const int s = kt % kStagesWs;
-        a_loader.load(smem_a + s * kBlockM * kBlockK, kt);
-        if constexpr (Precision::kQuantized)
-          b_operand.load(packed + s * B::kStageBytes, kt);
-        else
-          b_operand.load(b_tiles + s * kBlockN * kBlockK, kt);
-      };
+  const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32;
+  const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
+  const int k_tiles = K / kBlockK;
+  const ALoader<kStage, kThreads> a_loader(p, tile, tid);
+  const BLoader<kStage, kThreads> b_loader0(p, tile, 2 * pair, tid), b_loader1(p, tile, 2 * pair + 1, tid);
+  auto load_stage = [&](int kt) {
+    if (kt >= k_tiles) return;
+    const int s = kt % kWideStages;
+    a_loader.load(smem_a + s * kATile, kt);
+    b_loader0.load(smem_b + 2 * s * kBTile, kt);
+    b_loader1.load(smem_b + (2 * s + 1) * kBTile, kt);
+  };
+
+  float acc0[64], acc1[64];
 #pragma unroll
-      for (int kt = 0; kt < kAhead; ++kt) {
-        load(kt);
-        ptx::cp_async_commit();
-      }
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % kStagesWs;
-        ptx::cp_async_wait<kAhead - 1>();  // step kt's copies, this thread's
-        if constexpr (Precision::kQuantized) {
-          ptx::named_sync(kProducers, 128);  // ... and every producer's, read by the dequantisation
-          b_operand.dequantize(packed + s * B::kStageBytes, b_tiles + s * kBlockN * kBlockK, kt);
-        }
-        wgmma::fence_proxy_async();  // A(kt) and B tile kt, written through the generic proxy
-        ptx::named_arrive(kFull + s, kWsThreads);
-        const int next = kt + kAhead;  // into the stage of step kt − 1, once the consumers are done with it
-        if (next < k_tiles && next >= kStagesWs) ptx::named_sync(kEmpty + next % kStagesWs, kWsThreads);
-        load(next);
-        ptx::cp_async_commit();
-      }
-      ptx::cp_async_wait<0>();
-    };
-    if constexpr (Precision::kQuantized)
-      run(PackedB<Precision, kStage, 128>(p, tile, slice, tid));
-    else
-      run(BLoader<kStage, 128>(p, tile, slice, tid));
-  } else {  // consumers: token rows 64·(wg − 1) ..
-    const int row_base = 64 * (wg - 1);
-    float acc[64];
+  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+  constexpr int kAhead = kWideStages - 2;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kStagesWs;
-      ptx::named_sync(kFull + s, kWsThreads);
-      issue_step(acc, smem_a + s * kBlockM * kBlockK + row_base * kBlockK, b_tiles + s * kBlockN * kBlockK);
-      wgmma::wait<1>();  // step kt − 1's wgmma has finished reading its stage
-      if (kt >= 1 && kt - 1 + kStagesWs < k_tiles)
-        ptx::named_arrive(kEmpty + (kt - 1) % kStagesWs, kWsThreads);
-    }
-    wgmma::wait<0>();
-    wgmma::pin(acc);
-    store_tile<kStage>(p, tile, slice, acc, row_base, (tid % 128) / 32, tid % 32);
+  for (int kt = 0; kt < kAhead; ++kt) {
+    load_stage(kt);
+    ptx::cp_async_commit();
   }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::cp_async_wait<kAhead - 1>();  // step kt's copies, this thread's
+    wgmma::fence_proxy_async();        // ... visible to wgmma's proxy
+    __syncthreads();                   // ... from every thread; every wgmma of step kt − 2 has finished
+    load_stage(kt + kAhead);           // into the stage of step kt − 2
+    ptx::cp_async_commit();
+    const int s = kt % kWideStages;
+    const bf16* a_rows = smem_a + s * kATile + wg * 64 * kBlockK;
+    wgmma::fence();
+    issue_mmas(acc0, a_rows, smem_b + 2 * s * kBTile);
+    issue_mmas(acc1, a_rows, smem_b + (2 * s + 1) * kBTile);
+    wgmma::commit();
+    wgmma::wait<1>();  // step kt − 1's wgmma has finished
+  }
+  wgmma::wait<0>();
+  wgmma::pin(acc0);
+  wgmma::pin(acc1);
+  ptx::cp_async_wait<0>();
+  store_tile<kStage>(p, tile, 2 * pair, acc0, wg * 64, warp_in_wg, lane);
+  store_tile<kStage>(p, tile, 2 * pair + 1, acc1, wg * 64, warp_in_wg, lane);
 }
 
-// What PagedMoe launches on sm_90 for one precision: the two-block wgmma kernel, or (kWarpSpecialized) the
-// warp-specialised one — each stage's kernel, threads per block, shared memory
+// What PagedMoe launches on sm_90: the two-block wgmma kernel (any precision, 128 weight rows per block) or
+// the wide one (bf16, 256) — each stage's kernel, threads per block, shared memory, weight slices per block
 // and name.
-template <class Addressing, class Precision, bool kWarpSpecialized>
+template <class Addressing, class Precision>
 struct Sm90Gemm {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_wgmma_kernel<Addressing, kStage, Precision>;
-  static constexpr int kThreadCount = kThreads;
   static constexpr int kSmem = wgmma_smem_bytes<Precision>();
+  static constexpr int kSlices = 1;
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_wgmma_kernel<kDown>";
 };
-template <class Addressing, class Precision>
-struct Sm90Gemm<Addressing, Precision, true> {
+template <class Addressing>
+struct Sm90WideGemm {
   template <Stage kStage>
-  static constexpr auto kKernel = &gemm_wgmma_ws_kernel<Addressing, kStage, Precision>;
-  static constexpr int kThreadCount = kWsThreads;
-  static constexpr int kSmem = ws_smem_bytes<Precision>();
-  static constexpr const char* kGateUpName = "grouped::gemm_wgmma_ws_kernel<kGateUp>";
-  static constexpr const char* kDownName = "grouped::gemm_wgmma_ws_kernel<kDown>";
+  static constexpr auto kKernel = &gemm_wgmma_wide_kernel<Addressing, kStage>;
+  static constexpr int kSmem = kWideSmemBytes;
+  static constexpr int kSlices = 2;
+  static constexpr const char* kGateUpName = "grouped::gemm_wgmma_wide_kernel<kGateUp>";
+  static constexpr const char* kDownName = "grouped::gemm_wgmma_wide_kernel<kDown>";
 };
 
 }  // namespace amoeba::kernels::grouped

@@ -21,6 +21,8 @@ struct MoeConfig {
   int decode_warps = 4;       // decode: warps per block, splitting K
   int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
   int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
+  int grouped_rows = 128;     // sm_90 grouped GEMM, bf16: weight rows per block, 128 (two blocks per SM) or
+                              // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -136,16 +136,6 @@ struct decode_tiles_of<Config, Precision> {
   using type = typename Config::DecodeTiles;
 };
 
-// Whether a configuration asks for the warp-specialised grouped GEMM on sm_90 (`static constexpr bool
-// kWarpSpecialized = true`; grouped::gemm_wgmma_ws_kernel).
-template <class Config>
-constexpr bool warp_specialized() {
-  if constexpr (requires { Config::kWarpSpecialized; })
-    return Config::kWarpSpecialized;
-  else
-    return false;
-}
-
 inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
   return (v + a - 1) / a * a;
 }
@@ -201,6 +191,17 @@ class PagedMoe {
     if (c.path == MoePath::kAuto || (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM))
       return Status::error("config.tile_tokens", c.tile_tokens,
                            "must be 128 on the grouped paths (kAuto resolved)");
+    if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
+      return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 or 256");
+    if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
+      if (Precision::kQuantized)
+        return Status::error("config.grouped_rows", c.grouped_rows,
+                             "must be 128 for quantized experts (the wide grouped GEMM reads bf16 experts)");
+      if (s.hidden % (2 * grouped::kBlockN) != 0)
+        return Status::error("shape.hidden", s.hidden,
+                             "must be a multiple of 256 with config.grouped_rows = 256 (down blocks of 256 "
+                             "rows)");
+    }
     if constexpr (Precision::kQuantized) {
       // Off sm_90 a quantized grouped choice runs kQuantFallback's decode tile (run()).
       if (c.path == MoePath::kGrouped && decode_k_multiple(kQuantFallback) == 0)
@@ -334,21 +335,21 @@ class PagedMoe {
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
-      using grouped::Stage;
-      using Gemm = grouped::Sm90Gemm<Addressing, Precision, kWarpSpecialized>;
-      if (Status st =
-              run_grouped<Gemm::template kKernel<Stage::kGateUp>, Gemm::template kKernel<Stage::kDown>>(
-                  p, s, grid_tiles, Gemm::kThreadCount, Gemm::kSmem, dev.device, stream, Gemm::kGateUpName,
-                  Gemm::kDownName);
-          !st)
-        return st;
+      Status st;
+      if constexpr (!Precision::kQuantized)
+        st = choice.grouped_rows == 2 * grouped::kBlockN
+                 ? run_sm90<grouped::Sm90WideGemm<Addressing>>(p, s, grid_tiles, dev.device, stream)
+                 : run_sm90<grouped::Sm90Gemm<Addressing, Precision>>(p, s, grid_tiles, dev.device, stream);
+      else
+        st = run_sm90<grouped::Sm90Gemm<Addressing, Precision>>(p, s, grid_tiles, dev.device, stream);
+      if (!st) return st;
     } else if (!Precision::kQuantized &&
                (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma)) {
       using grouped::gemm_kernel;
       using grouped::Stage;
       if (Status st =
               run_grouped<gemm_kernel<Addressing, Stage::kGateUp>, gemm_kernel<Addressing, Stage::kDown>>(
-                  p, s, grid_tiles, grouped::kThreads, grouped::kSmemBytes, dev.device, stream,
+                  p, s, grid_tiles, 1, grouped::kSmemBytes, dev.device, stream,
                   "grouped::gemm_kernel<kGateUp>", "grouped::gemm_kernel<kDown>");
           !st)
         return st;
@@ -420,22 +421,30 @@ class PagedMoe {
     return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
   }
 
-  // Whether the sm_90 grouped GEMM is the warp-specialised kernel (the configuration asks for it) rather than
-  // the two-block wgmma kernel (grouped::Sm90Gemm).
-  static constexpr bool kWarpSpecialized = detail::warp_specialized<Config>();
-  // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, each
-  // with `smem` bytes of dynamic shared memory (set once per device).
+  // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices,
+  // `slices` of them per block, each with `smem` bytes of dynamic shared memory (set once per device).
   template <auto kGateUp, auto kDown>
   static Status run_grouped(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                            int threads, int smem, int device, cudaStream_t stream, const char* gate_up_name,
+                            int slices, int smem, int device, cudaStream_t stream, const char* gate_up_name,
                             const char* down_name) {
     if (Status st = detail::set_smem<kGateUp>(device, smem); !st) return st;
     if (Status st = detail::set_smem<kDown>(device, smem); !st) return st;
-    if (Status st = launch(kGateUp, dim3(s.intermediate / grouped::kGateUpFeatures, grid_tiles), threads,
-                           smem, stream, p, gate_up_name);
+    const unsigned gate_up_blocks =
+        static_cast<unsigned>(s.intermediate / (grouped::kGateUpFeatures * slices));
+    if (Status st = launch(kGateUp, dim3(gate_up_blocks, grid_tiles), grouped::kThreads, smem, stream, p,
+                           gate_up_name);
         !st)
       return st;
-    return launch(kDown, dim3(s.hidden / grouped::kBlockN, grid_tiles), threads, smem, stream, p, down_name);
+    const unsigned down_blocks = static_cast<unsigned>(s.hidden / (grouped::kBlockN * slices));
+    return launch(kDown, dim3(down_blocks, grid_tiles), grouped::kThreads, smem, stream, p, down_name);
+  }
+  // The sm_90 grouped GEMM described by Gemm (grouped::Sm90Gemm, grouped::Sm90WideGemm).
+  template <class Gemm>
+  static Status run_sm90(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles, int device,
+                         cudaStream_t stream) {
+    using grouped::Stage;
+    return run_grouped<Gemm::template kKernel<Stage::kGateUp>, Gemm::template kKernel<Stage::kDown>>(
+        p, s, grid_tiles, Gemm::kSlices, Gemm::kSmem, device, stream, Gemm::kGateUpName, Gemm::kDownName);
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,

@@ -1,6 +1,6 @@
 // Configurations of PagedMoe on quantized experts shared by the device tests (quant_moe_test.cu) and
-// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, and the
-// opt-in warp-specialised grouped GEMM. Host-only (moe/moe_config.hpp).
+// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count. Host-only
+// (moe/moe_config.hpp).
 #pragma once
 
 #include "moe/moe_config.hpp"
@@ -16,10 +16,5 @@ struct QuantPathConfig : kernels::DefaultMoeConfig {
   }
 };
 using QuantGroupedConfig = QuantPathConfig<kernels::MoePath::kGrouped>;
-
-// The grouped GEMM at every token count on the warp-specialised kernel (grouped::gemm_wgmma_ws_kernel).
-struct QuantWsConfig : QuantGroupedConfig {
-  static constexpr bool kWarpSpecialized = true;
-};
 
 }  // namespace amoeba::testing

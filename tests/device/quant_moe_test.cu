@@ -306,37 +306,6 @@ TEST_CASE(
   check_quant_case<kernels::Int4, QuantGroupedConfig>(p4, 300, 1400, MoePath::kGrouped);
 }
 
-// The warp-specialised variant must compute exactly what the grouped GEMM computes (the same dequantised
-// operands, the same wgmma steps in the same order).
-template <class Precision>
-void check_ws_case(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  const auto ws =
-      check_quant_case<Precision, QuantWsConfig>(store, tokens, seed, MoePath::kGrouped, hot_expert);
-  const MoeShape shape = shape_of(store.spec, tokens);
-  const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
-  const long long stride = store.stride();
-  const auto plain = run_layer<kernels::Paged, Precision, QuantGroupedConfig>(r, shape, store.paged_args(),
-                                                                              stride, MoePath::kGrouped);
-  INFO(store.spec.name << " T=" << tokens << " warp-specialised against the grouped GEMM");
-  CHECK(std::memcmp(ws.data(), plain.data(), ws.size() * 2) == 0);
-}
-
-// Hidden ("[.]"): the kernel is opt-in and has not run on a GPU yet; `quant_moe_device_test "[ws]"` runs it.
-TEST_CASE("quantized experts: the warp-specialised grouped GEMM equals the grouped GEMM",
-          "[.][gpu][quant][ws]") {
-  const QuantStore s8(kSmall, Bits::kInt8, 41), s4(kSmall, Bits::kInt4, 42);
-  const QuantStore o8(kOddK, Bits::kInt8, 43), o4(kOddK, Bits::kInt4, 44);
-  for (int tokens : {1, 40, 700}) {
-    check_ws_case<kernels::Int8>(s8, tokens, 1500 + tokens);
-    check_ws_case<kernels::Int4>(s4, tokens, 1600 + tokens);
-    check_ws_case<kernels::Int8>(o8, tokens, 1700 + tokens);
-    check_ws_case<kernels::Int4>(o4, tokens, 1800 + tokens);
-  }
-  check_ws_case<kernels::Int8>(s8, 700, 15, 5);  // one hot expert: several tiles of one expert
-  const QuantStore p4(kSmall, Bits::kInt4, 45, 4096);
-  check_ws_case<kernels::Int4>(p4, 300, 1900);  // padded pages
-}
-
 TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 21), s4(m, Bits::kInt4, 22);

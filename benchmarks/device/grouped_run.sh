@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The bf16 grouped GEMM's two sm_90 kernels side by side in one device call: the two-block one (128 weight
+# rows per block) and the wide one (256, MoeConfig::grouped_rows). (1) The wide kernel's GPU test
+# (paged_moe_device_test "[wide]": bit for bit against the two-block kernel); (2) the layer on both, interleaved
+# in one process per seed at the grouped sizes (configs `narrow` and `wide`: the default's choice with each
+# width); (3) with NCU=1, Nsight Compute's speed-of-light of one gate/up and one down launch of each kernel
+# at Mixtral 4096 tokens.
+#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=256,1024,4096,16384] [NCU=0] bash benchmarks/device/grouped_run.sh
+# Writes $OUT/grouped.tgz: grouped_seed<i>.json (paged_moe_bench's format; `python3
+# benchmarks/device/quant_report.py --compare narrow wide grouped_seed*.json`), the test's and the profiler's
+# logs.
+set -uo pipefail
+: "${BIN:?BIN must name the folder holding paged_moe_bench and paged_moe_device_test}"
+: "${OUT:?OUT must name an output folder}"
+export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+timeout 240 "$BIN/paged_moe_device_test" "[wide]" >"$OUT/wide_test.txt" 2>&1
+echo "[wide] test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/wide_test.txt" | tail -1)"
+for seed in $(seq 1 "${SEEDS:-3}"); do
+  timeout 240 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral \
+    --tokens "${TOKENS:-256,1024,4096,16384}" --placement shuffled --seed "$seed" --config narrow,wide \
+    --json "$OUT/grouped_seed$seed.json" >"$OUT/grouped_seed$seed.txt" 2>&1
+  echo "bench seed $seed rc=$?"
+done
+if [[ "${NCU:-0}" == 1 ]] && command -v ncu >/dev/null; then
+  for k in gemm_wgmma_kernel gemm_wgmma_wide_kernel; do
+    timeout 150 ncu --clock-control none --kernel-name "regex:$k" --launch-count 2 --section SpeedOfLight \
+      --section Occupancy "$BIN/paged_moe_bench" --models mixtral --tokens 4096 --config narrow,wide \
+      --placement shuffled --seed 1 --seconds 0.01 --json /dev/null >"$OUT/ncu_$k.txt" 2>&1
+    echo "ncu $k rc=$?"
+  done
+fi
+# Few files come back from a device call: everything travels as one archive.
+(cd "$OUT" && tar czf grouped.tgz --exclude=grouped.tgz ./* && find . -maxdepth 1 -type f ! -name grouped.tgz -delete)

@@ -14,7 +14,8 @@
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
 // not matter to the time), their expert bytes the packed ones; int8-decode / int8-grouped (int4 alike): the
-// default's quantized choice held to one path at every size; wide / narrow: the default's choice with its
+// default's quantized choice held to one path at every size; bf16-decode / bf16-grouped: the same for bf16
+// experts; wide / narrow: the default's choice with its
 // bf16 grouped GEMM on 256 / 128 weight rows per block (grouped sizes only); int8-t8w4u2 and the like: one
 // quantized decode tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the
 // sweep that chose the quantized rows of the default table), decode cases only, the first is the one
@@ -195,6 +196,13 @@ struct WideConfig {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     c.grouped_rows = 256;
     return c;
+  }
+};
+// The default table held to one path at every size (bf16): where decode and grouped cross.
+template <MoePath kPath>
+struct PathConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
+    return kernels::DefaultMoeConfig::select(s, kPath);
   }
 };
 // ... on the two-block kernel (128 weight rows per block).
@@ -393,10 +401,11 @@ int main(int argc, char** argv) {
       for (const std::string& c : configs) {
         // Quantized configurations are measured at every size (their own path choice).
         const auto q = quantized.find(c);
-        // wide / narrow (the grouped GEMM's block width) only where the default's choice is the grouped GEMM.
-        if (c == "wide" || c == "narrow"
-                ? config.path == MoePath::kDecode
-                : c != configs[0] && config.path != MoePath::kDecode && q == quantized.end())
+        // wide / narrow (the grouped GEMM's block width) only where the default's choice is the grouped GEMM;
+        // quantized configurations and bf16-decode / bf16-grouped at every size; the others where it decodes.
+        const bool every_size = q != quantized.end() || c == "bf16-decode" || c == "bf16-grouped";
+        if (c == "wide" || c == "narrow" ? config.path == MoePath::kDecode
+                                         : c != configs[0] && config.path != MoePath::kDecode && !every_size)
           continue;
         std::vector<std::unique_ptr<GraphBase>> g;
         double mb = static_cast<double>(shape.matrix_bytes());
@@ -412,6 +421,10 @@ int main(int argc, char** argv) {
           g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
         else if (c == "w8")
           g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "bf16-decode")
+          g = make_graphs<PathConfig<MoePath::kDecode>>(sets, shape, store, views, out.get(), stream);
+        else if (c == "bf16-grouped")
+          g = make_graphs<PathConfig<MoePath::kGrouped>>(sets, shape, store, views, out.get(), stream);
         else if (c == "wide")
           g = make_graphs<WideConfig>(sets, shape, store, views, out.get(), stream);
         else if (c == "narrow")
@@ -421,7 +434,8 @@ int main(int argc, char** argv) {
         else
           throw std::runtime_error(
               "--config: unknown configuration '" + c +
-              "' (default, t8, t32, w8, p256, wide, narrow, or quantized: " + quantized_names + ")");
+              "' (default, t8, t32, w8, p256, bf16-decode, bf16-grouped, wide, narrow, or quantized: " +
+              quantized_names + ")");
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

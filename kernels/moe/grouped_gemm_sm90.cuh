@@ -288,8 +288,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  // A warpgroup whose 64 token rows are all past the tile's count (a tile of <= 64 tokens) skips its wgmma:
+  // half the tensor work of small batches. It still copies and meets every barrier.
+  const bool active = wg * 64 < tile.count;
   auto issue_mma = [&](const bf16* a_stage, const bf16* b_tile) {
-    issue_step(acc, a_stage + wg * 64 * kBlockK, b_tile);
+    if (active) issue_step(acc, a_stage + wg * 64 * kBlockK, b_tile);
   };
 
   if constexpr (!Precision::kQuantized) {
@@ -403,6 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     b_loader1.load(smem_b + (2 * s + 1) * kBTile, kt);
   };
 
+  const bool active = wg * 64 < tile.count;
   float acc0[64], acc1[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
@@ -420,10 +424,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::cp_async_commit();
     const int s = kt % kWideStages;
     const bf16* a_rows = smem_a + s * kATile + wg * 64 * kBlockK;
-    wgmma::fence();
-    issue_mmas(acc0, a_rows, smem_b + 2 * s * kBTile);
-    issue_mmas(acc1, a_rows, smem_b + (2 * s + 1) * kBTile);
-    wgmma::commit();
+    if (active) {  // as in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma
+      wgmma::fence();
+      issue_mmas(acc0, a_rows, smem_b + 2 * s * kBTile);
+      issue_mmas(acc1, a_rows, smem_b + (2 * s + 1) * kBTile);
+      wgmma::commit();
+    }
     wgmma::wait<1>();  // step kt − 1's wgmma has finished
   }
   wgmma::wait<0>();

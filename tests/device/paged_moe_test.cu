@@ -254,7 +254,7 @@ TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu
 }
 
 // Configuration policies can_implement must refuse: a decode tile the kernels do not have, 8 warps where H or
-// F is not a multiple of 256, a grouped tile other than 128.
+// F is not a multiple of 256, a grouped tile other than 128 ...
 struct BadTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kDecode, 24}; }
 };
@@ -265,6 +265,15 @@ struct EightWarpsConfig {
 };
 struct BadGroupedConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 64}; }
+};
+// ... grouped blocks of other than 128 or 256 weight rows, 256 on quantized experts or where H % 256 != 0.
+template <int kRows>
+struct GroupedRowsConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    kernels::MoeConfig c{MoePath::kGrouped, 128, 4, 1};
+    c.grouped_rows = kRows;
+    return c;
+  }
 };
 
 TEST_CASE("can_implement names the field, the value and the rule, for every rule", "[gpu][small]") {
@@ -380,6 +389,29 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   const kernels::Status stg = PagedMoe<kernels::Paged, BadGroupedConfig>::can_implement(grouped);
   CHECK(stg.field == "config.tile_tokens");
   CHECK(stg.message.find("128") != std::string::npos);
+
+  PagedMoe<kernels::Paged, GroupedRowsConfig<192>>::Arguments rows{};
+  fill(rows);
+  const kernels::Status str = PagedMoe<kernels::Paged, GroupedRowsConfig<192>>::can_implement(rows);
+  CHECK(str.field == "config.grouped_rows");
+  CHECK(str.message.find("192") != std::string::npos);
+  CHECK(str.message.find("128 or 256") != std::string::npos);
+  using Wide = PagedMoe<kernels::Paged, GroupedRowsConfig<256>>;
+  Wide::Arguments wide{};
+  fill(wide);
+  REQUIRE(Wide::can_implement(wide).ok);  // H = 2048
+  wide.shape.hidden = 2176;               // a multiple of 128, not of 256
+  const kernels::Status sth = Wide::can_implement(wide);
+  CHECK(sth.field == "shape.hidden");
+  CHECK(sth.message.find("2176") != std::string::npos);
+  CHECK(sth.message.find("multiple of 256") != std::string::npos);
+  using WideInt8 = PagedMoe<kernels::Paged, GroupedRowsConfig<256>, kernels::Int8>;
+  WideInt8::Arguments wide8{};
+  fill(wide8);
+  wide8.path = MoePath::kGrouped;
+  const kernels::Status stq = WideInt8::can_implement(wide8);
+  CHECK(stq.field == "config.grouped_rows");
+  CHECK(stq.message.find("quantized") != std::string::npos);
 
   // run() checks the workspace it is given.
   std::size_t bytes = P::workspace_size(good);

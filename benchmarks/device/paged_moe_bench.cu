@@ -480,10 +480,11 @@ int main(int argc, char** argv) {
       std::fprintf(
           js,
           "%s  {\"model\": \"%s\", \"tokens\": %d, \"E\": %d, \"k\": %d, \"H\": %d, \"F\": %d, "
-          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"distinct_experts\": %.2f, "
-          "\"expert_bytes\": %.0f, \"flops\": %.0f, \"reps\": %d, \"configs\": [",
+          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
+          "\"distinct_experts\": %.2f, \"expert_bytes\": %.0f, \"flops\": %.0f, \"reps\": %d, \"configs\": [",
           first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
-          spec.shared_chunks, path_name(config.path), config.tile_tokens, distinct, bytes, flops, reps);
+          spec.shared_chunks, path_name(config.path), config.tile_tokens, config.grouped_rows, distinct,
+          bytes, flops, reps);
       for (std::size_t ci = 0; ci < used.size(); ++ci) {
         const int base = first_graph[ci];
         const float mc = median(us[base]);
@@ -494,10 +495,10 @@ int main(int argc, char** argv) {
                     name.c_str(), t, path_name(chosen.path), chosen.tile_tokens, used[ci].c_str(), mc,
                     mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
         std::fprintf(js,
-                     "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"expert_bytes\": %.0f, "
-                     "\"contiguous_us\": %.3f, \"paged\": [",
-                     ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens, cfg_bytes,
-                     mc);
+                     "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
+                     "\"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
+                     ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens,
+                     chosen.grouped_rows, cfg_bytes, mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

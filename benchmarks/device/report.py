@@ -69,6 +69,7 @@ def main():
         contig = mean_sd(c["contiguous_us"] for c in cs)
         row = {k: c0[k] for k in ("model", "tokens", "E", "k", "H", "F", "shared_chunks", "path", "tile_tokens",
                                   "distinct_experts", "expert_bytes", "flops")}
+        row["grouped_rows"] = c0.get("grouped_rows", 128)  # files from before the wide grouped GEMM: 128
         row.update(processes=len(cs), contiguous_us=contig[0], contiguous_sd_us=contig[1],
                    floor_us=floor, floor_memory_us=mem_us, floor_compute_us=cmp_us, floor_datasheet_us=ds_floor,
                    floor_kind="mem" if mem_us >= cmp_us else "math")
@@ -139,7 +140,8 @@ def main():
     sep += "---:|---:|---:|---:|---:|"
     md += [hdr, sep]
     for r in rows:
-        line = (f"| {r['model']} | {r['tokens']} | {r['path']}/{r['tile_tokens']} | "
+        wide = "×256" if r["path"] == "grouped" and r["grouped_rows"] == 256 else ""
+        line = (f"| {r['model']} | {r['tokens']} | {r['path']}/{r['tile_tokens']}{wide} | "
                 f"{r['contiguous_us']:.1f} ± {r['contiguous_sd_us']:.1f} | {r['paged_us']:.1f} |")
         for pl in placements:
             p = r["placements"].get(pl)

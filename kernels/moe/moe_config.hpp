@@ -41,10 +41,18 @@ constexpr bool fits(double mean, double limit) {
 
 }  // namespace config_detail
 
-// The default table. Decode while the expected largest per-expert batch of a uniform router (mean + 3σ + 1
-// tokens, routed experts only) fits a 32-token tile; grouped GEMM (128-token tiles) beyond. The decode tile
-// is the first row of kDecodeRows the shape satisfies. Each row is the fastest of the tiles measured on the
-// H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians):
+// The default table. Decode while a routed expert's mean batch is below one token (T·k < E: most experts
+// get none or one), the grouped GEMM (128-token tiles) from there on. On the H200 the sm_90 grouped GEMM (its
+// weight reads near the HBM floor, a warpgroup with no tokens skipping its wgmma) is 0.4–6.5% faster than
+// the table's decode tile at 8–64 tokens once the mean batch is one (Qwen1.5 and Qwen3 from 16 tokens,
+// Mixtral from 8) and 4–61% faster at 128–256 tokens; decode is 14–49% faster at 1 token and 4–7% at 3
+// (Qwen1.5 routed-only: grouped 3% faster), and within ±3% at 8 tokens on Qwen (docs/results/
+// paged_moe_h200.md, "Decode or grouped"). The grouped GEMM's blocks are 256 weight rows wide (one block per
+// SM) where the experts are wide (F >= 8192) and the mean batch reaches 256 tokens (Mixtral from 1024
+// tokens: 0.4–5.6% faster), 128 elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral
+// at 256 tokens). The decode tile is the first row of kDecodeRows the shape satisfies. Each row is the
+// fastest of the tiles measured on the H200 for its shapes (docs/kernel.md, "Decode tiles"; same process,
+// contiguous medians):
 //  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles, 4–12% faster than 32-token ones;
 //  - one or two routed slots on huge experts (Mixtral at 1 token): the down projection has only H/32 blocks
 //    per expert, so 8 warps split K: 6% faster, but 1.5–20% slower wherever there are more blocks;
@@ -71,9 +79,12 @@ struct DefaultMoeConfig {
       {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128},
   };
   // clang-format on
-  static constexpr int kDecodeTile = 32;       // the largest decode tile: decode while the batch fits it
-  static constexpr int kQuantDecodeTile = 32;  // quantized experts: decode while the batch fits this many
+  static constexpr int kDecodeTile = 32;           // the largest decode tile (kDecode asked for at any size)
+  static constexpr double kDecodeMeanBatch = 1.0;  // kAuto decodes while the mean routed batch is below this
+  static constexpr int kQuantDecodeTile = 32;      // quantized experts: decode while the batch fits this many
   static constexpr int kGroupedTile = 128;
+  static constexpr int kWideMinIntermediate = 8192;  // 256-row grouped blocks from this F ...
+  static constexpr double kWideMinMeanBatch = 256;   // ... and this mean routed batch
 
   // Quantized experts (select_quantized): the decode collective while the expected largest batch fits
   // kQuantDecodeTile tokens, the grouped GEMM (wgmma, dequantising in shared memory) beyond. Their rows, from
@@ -94,8 +105,13 @@ struct DefaultMoeConfig {
   static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
     MoePath path = requested;
     if (path == MoePath::kAuto)
-      path = config_detail::fits(mean_batch(s), kDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
-    if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
+      path = mean_batch(s) < kDecodeMeanBatch ? MoePath::kDecode : MoePath::kGrouped;
+    if (path != MoePath::kDecode) {
+      MoeConfig c{path, kGroupedTile, 4, 1};
+      if (s.intermediate >= kWideMinIntermediate && mean_batch(s) >= kWideMinMeanBatch && s.hidden % 256 == 0)
+        c.grouped_rows = 256;
+      return c;
+    }
     for (const DecodeRow& r : kDecodeRows)  // bf16 tiles split K over their warps in 32-value steps
       if (matches(r, s) && s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0)
         return {path, r.tile_tokens, r.warps, r.unroll, r.prefetch};
@@ -165,19 +181,25 @@ static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto
               MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});
+static_assert(DefaultMoeConfig::select({8, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert(DefaultMoeConfig::select({15, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32, 4, 1});
-static_assert(DefaultMoeConfig::select({64, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32, 4, 1});
-static_assert(DefaultMoeConfig::select({256, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
-static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
-              MoePath::kGrouped);
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kDecode);
+static_assert(DefaultMoeConfig::select({16, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kGrouped);
 static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 32, 8, 2});
-static_assert(DefaultMoeConfig::select({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+static_assert(DefaultMoeConfig::select({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert(DefaultMoeConfig::select({4, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
 static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
+// Wide grouped blocks: Mixtral from 1024 tokens (mean batch 256), never on Qwen's narrow experts.
+static_assert(DefaultMoeConfig::select({1024, 4096, 14336, 8, 2, 0}, MoePath::kAuto).grouped_rows == 256);
+static_assert(DefaultMoeConfig::select({16384, 2048, 768, 128, 8, 0}, MoePath::kAuto).grouped_rows == 128);
+static_assert(DefaultMoeConfig::select({16384, 2048, 1408, 60, 4, 4}, MoePath::kAuto).grouped_rows == 128);
 static_assert(DefaultMoeConfig::select({4096, 2048, 1408, 60, 4, 4}, MoePath::kDecode).tile_tokens == 32);
 // Every row names a tile that holds its largest expected batch.
 static_assert([] {

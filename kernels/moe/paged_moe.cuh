@@ -255,14 +255,18 @@ class PagedMoe {
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 128 grouped).
   // Quantized experts: the configuration's quantized choice where it has one (quantized_moe_config), else
-  // select()'s with kAuto read as kDecode. On a device without wgmma (not sm_90) run() replaces a quantized
-  // grouped choice by kQuantFallback.
+  // select()'s with kAuto read as kDecode and 128-row grouped blocks. On a device without wgmma (not sm_90)
+  // run() replaces a quantized grouped choice by kQuantFallback.
   static constexpr MoeConfig config(const Arguments& a) {
-    if constexpr (Precision::kQuantized && quantized_moe_config<Config>)
+    if constexpr (Precision::kQuantized && quantized_moe_config<Config>) {
       return Config::select_quantized(a.shape, a.path);
-    else
-      return Config::select(a.shape,
-                            Precision::kQuantized && a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
+    } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128-row grouped blocks
+      MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
+      c.grouped_rows = grouped::kBlockN;
+      return c;
+    } else {
+      return Config::select(a.shape, a.path);
+    }
   }
   // The decode tile quantized layers run where the wgmma grouped GEMM cannot (devices other than sm_90).
   static constexpr MoeConfig kQuantFallback{MoePath::kDecode, 32, 4, 1};

@@ -274,6 +274,7 @@ struct GroupedRowsConfig {
     c.grouped_rows = kRows;
     return c;
   }
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p) { return select(s, p); }
 };
 
 TEST_CASE("can_implement names the field, the value and the rule, for every rule", "[gpu][small]") {

@@ -190,11 +190,13 @@ struct PrefetchConfig {
   }
 };
 
-// The default table's choice, its bf16 grouped GEMMs on the wide kernel (sm_90, 256 weight rows per block).
-struct WideConfig {
+// The default table's choice with its bf16 grouped GEMMs on kRows weight rows per block (sm_90: 256 the
+// wide kernel, one block per SM; 128 the two-block kernel).
+template <int kRows>
+struct GroupedRowsConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.grouped_rows = 256;
+    c.grouped_rows = kRows;
     return c;
   }
 };
@@ -203,14 +205,6 @@ template <MoePath kPath>
 struct PathConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
     return kernels::DefaultMoeConfig::select(s, kPath);
-  }
-};
-// ... on the two-block kernel (128 weight rows per block).
-struct NarrowConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.grouped_rows = 128;
-    return c;
   }
 };
 
@@ -426,9 +420,9 @@ int main(int argc, char** argv) {
         else if (c == "bf16-grouped")
           g = make_graphs<PathConfig<MoePath::kGrouped>>(sets, shape, store, views, out.get(), stream);
         else if (c == "wide")
-          g = make_graphs<WideConfig>(sets, shape, store, views, out.get(), stream);
+          g = make_graphs<GroupedRowsConfig<256>>(sets, shape, store, views, out.get(), stream);
         else if (c == "narrow")
-          g = make_graphs<NarrowConfig>(sets, shape, store, views, out.get(), stream);
+          g = make_graphs<GroupedRowsConfig<128>>(sets, shape, store, views, out.get(), stream);
         else if (c == "p256")  // the default's decode tile with the 256-byte L2 prefetch hint
           g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else

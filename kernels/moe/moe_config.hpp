@@ -43,10 +43,10 @@ constexpr bool fits(double mean, double limit) {
 
 // The default table. Decode while a routed expert's mean batch is below one token (T·k < E: most experts
 // get none or one), the grouped GEMM (128-token tiles) from there on. On the H200 the sm_90 grouped GEMM (its
-// weight reads near the HBM floor, a warpgroup with no tokens skipping its wgmma) is 0.4–6.5% faster than
-// the table's decode tile at 8–64 tokens once the mean batch is one (Qwen1.5 and Qwen3 from 16 tokens,
-// Mixtral from 8) and 4–61% faster at 128–256 tokens; decode is 14–49% faster at 1 token and 4–7% at 3
-// (Qwen1.5 routed-only: grouped 3% faster), and within ±3% at 8 tokens on Qwen (docs/results/
+// weight reads near the HBM floor, a warpgroup with no tokens skipping its wgmma) takes 0.915–0.996× the
+// decode tiles' time at 8–64 tokens once the mean batch is one (Qwen1.5 and Qwen3 from 16 tokens, Mixtral
+// from 8) and 0.39–0.96× at 128–256; at 1 token it takes 1.14–1.49×, at 3 tokens 1.05–1.07× (Qwen1.5
+// routed-only 0.97×), at 8 tokens on Qwen within 3% (docs/results/
 // paged_moe_h200.md, "Decode or grouped"). The grouped GEMM's blocks are 256 weight rows wide (one block per
 // SM) where the experts are wide (F >= 8192) and the mean batch reaches 256 tokens (Mixtral from 1024
 // tokens: 0.4–5.6% faster), 128 elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral

@@ -13,13 +13,13 @@
 // case; --config default,t8,t32,w8,p256,int8,int4: decode tiles to compare (one tile wherever it holds the
 // expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
 // int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
-// not matter to the time), their expert bytes the packed ones; early / early4k / early0: the default's decode
-// tile with whole W2 rows / their first 4 KiB / nothing prefetched into L2 before gate/up ends; int8-decode /
-// int8-grouped (int4 alike): the default's quantized choice held to one path at every size; bf16-decode /
-// bf16-grouped: the same for bf16 experts; wide / narrow: the default's choice with its bf16 grouped GEMM on
-// 256 / 128 weight rows per block (grouped sizes only); int8-t8w4u2 and the like: one quantized decode tile
-// at every token count (tile tokens, warps, unroll; the list: quant_configs()), the sweep that chose the
-// quantized rows of the default table), decode cases only, the first is the one reported.
+// not matter to the time), their expert bytes the packed ones; int8-decode / int8-grouped (int4 alike): the
+// default's quantized choice held to one path at every size; bf16-decode / bf16-grouped: the same for bf16
+// experts; wide / narrow: the default's choice with its
+// bf16 grouped GEMM on 256 / 128 weight rows per block (grouped sizes only); int8-t8w4u2 and the like: one
+// quantized decode tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the
+// sweep that chose the quantized rows of the default table), decode cases only, the first is the one
+// reported.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -197,16 +197,6 @@ struct GroupedRowsConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     c.grouped_rows = kRows;
-    return c;
-  }
-};
-// The default table's choice with kBytes of each W2 row prefetched into L2 by the decode path's down blocks
-// while gate/up runs (MoeConfig::decode_early_prefetch).
-template <int kBytes>
-struct EarlyPrefetchConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.decode_early_prefetch = kBytes;
     return c;
   }
 };
@@ -425,12 +415,6 @@ int main(int argc, char** argv) {
           g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
         else if (c == "w8")
           g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "early")  // whole W2 rows
-          g = make_graphs<EarlyPrefetchConfig<1 << 20>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "early4k")
-          g = make_graphs<EarlyPrefetchConfig<4096>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "early0")
-          g = make_graphs<EarlyPrefetchConfig<0>>(sets, shape, store, views, out.get(), stream);
         else if (c == "bf16-decode")
           g = make_graphs<PathConfig<MoePath::kDecode>>(sets, shape, store, views, out.get(), stream);
         else if (c == "bf16-grouped")
@@ -442,10 +426,10 @@ int main(int argc, char** argv) {
         else if (c == "p256")  // the default's decode tile with the 256-byte L2 prefetch hint
           g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
         else
-          throw std::runtime_error("--config: unknown configuration '" + c +
-                                   "' (default, t8, t32, w8, p256, early, early4k, early0, bf16-decode, "
-                                   "bf16-grouped, wide, narrow, or quantized: " +
-                                   quantized_names + ")");
+          throw std::runtime_error(
+              "--config: unknown configuration '" + c +
+              "' (default, t8, t32, w8, p256, bf16-decode, bf16-grouped, wide, narrow, or quantized: " +
+              quantized_names + ")");
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

@@ -125,22 +125,6 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 template <class Addressing, Stage kStage, class T, class P = Bf16>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
-  if constexpr (kStage == Stage::kDown) {
-    // Early prefetch: the down blocks are launched while gate/up runs (programmatic dependent launch); the
-    // work tiles are routing's, finished before gate/up began, so a block can already ask the L2 for the
-    // start of its 32 W2 rows (read past L1: __ldcg) and find them there once gate/up has ended.
-    if (p.down_early_bytes > 0 && threadIdx.x < kDownRows &&
-        static_cast<int>(blockIdx.y) < __ldcg(p.num_tiles)) {
-      const auto* w2 = reinterpret_cast<const unsigned char*>(
-          __ldcg(reinterpret_cast<const unsigned long long*>(&p.tiles[blockIdx.y].matrix[2])));
-      std::int64_t row_bytes = 2 * static_cast<std::int64_t>(p.intermediate);
-      if constexpr (P::kQuantized)
-        row_bytes = static_cast<std::int64_t>(P::w2(p.intermediate, p.hidden).row_bytes());
-      const std::int64_t bytes = min(row_bytes, static_cast<std::int64_t>(p.down_early_bytes)) & ~15LL;
-      const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kDownRows + threadIdx.x;
-      if (bytes > 0) ptx::prefetch_l2(w2 + row * row_bytes, static_cast<std::uint32_t>(bytes));
-    }
-  }
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();
   if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;

@@ -17,14 +17,12 @@ enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
-  int tile_tokens = 8;            // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
-  int decode_warps = 4;           // decode: warps per block, splitting K
-  int decode_unroll = 2;          // decode: k-steps of weight loads each thread has in flight
-  int decode_prefetch = 128;      // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
-  int decode_early_prefetch = 0;  // decode: bytes of each of its W2 rows a down block asks the L2 for while
-                                  // gate/up still runs (0: none; a multiple of 16)
-  int grouped_rows = 128;  // sm_90 grouped GEMM, bf16: weight rows per block, 128 (two blocks per SM) or
-                           // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
+  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
+  int decode_warps = 4;       // decode: warps per block, splitting K
+  int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
+  int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
+  int grouped_rows = 128;     // sm_90 grouped GEMM, bf16: weight rows per block, 128 (two blocks per SM) or
+                              // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -42,7 +42,6 @@ struct MoeParams {
   const int* num_tiles;    // [1]
   bf16* act;               // [S, F] SiLU(gate)·up, expert-sorted rows
   bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
-  int down_early_bytes;    // decode: bytes of each W2 row the down stage prefetches before gate/up ends
 };
 
 // Expert of slot s, or -1 when the routed id is outside [0, E) (such slots contribute nothing).

@@ -191,9 +191,6 @@ class PagedMoe {
     if (c.path == MoePath::kAuto || (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM))
       return Status::error("config.tile_tokens", c.tile_tokens,
                            "must be 128 on the grouped paths (kAuto resolved)");
-    if (c.decode_early_prefetch < 0 || c.decode_early_prefetch % 16 != 0)
-      return Status::error("config.decode_early_prefetch", c.decode_early_prefetch,
-                           "must be 0 or a positive multiple of 16 (bytes per W2 row)");
     if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 or 256");
     if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
@@ -312,7 +309,6 @@ class PagedMoe {
     p.num_tiles = static_cast<int*>(at(lay.num_tiles));
     p.act = static_cast<bf16*>(at(lay.act));
     p.y = static_cast<bf16*>(at(lay.y));
-    p.down_early_bytes = choice.path == MoePath::kDecode ? choice.decode_early_prefetch : 0;
     r.total_experts = s.total_experts();
     r.tile_rows = choice.tile_tokens;
     r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));

@@ -99,14 +99,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
-// Asks the L2 to fetch `bytes` (a multiple of 16) from 16-byte-aligned global memory, without waiting
-// (cp.async.bulk.prefetch, sm_90; nothing elsewhere).
-__device__ __forceinline__ void prefetch_l2(const void* p, std::uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // Programmatic dependent launch (sm_90): wait until the previous kernel in the stream has completed and its
 // writes are visible; allow the next kernel to start launching (its blocks then wait in
 // grid_dependency_wait).

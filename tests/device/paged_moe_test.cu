@@ -266,15 +266,6 @@ struct EightWarpsConfig {
 struct BadGroupedConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 64}; }
 };
-// ... an early W2 prefetch that is not a multiple of 16 bytes ...
-template <int kBytes>
-struct EarlyPrefetchConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.decode_early_prefetch = kBytes;
-    return c;
-  }
-};
 // ... grouped blocks of other than 128 or 256 weight rows, 256 on quantized experts or where H % 256 != 0.
 template <int kRows>
 struct GroupedRowsConfig {
@@ -400,12 +391,6 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(stg.field == "config.tile_tokens");
   CHECK(stg.message.find("128") != std::string::npos);
 
-  PagedMoe<kernels::Paged, EarlyPrefetchConfig<24>>::Arguments early{};
-  fill(early);
-  const kernels::Status ste = PagedMoe<kernels::Paged, EarlyPrefetchConfig<24>>::can_implement(early);
-  CHECK(ste.field == "config.decode_early_prefetch");
-  CHECK(ste.message.find("24") != std::string::npos);
-  CHECK(ste.message.find("multiple of 16") != std::string::npos);
   PagedMoe<kernels::Paged, GroupedRowsConfig<192>>::Arguments rows{};
   fill(rows);
   const kernels::Status str = PagedMoe<kernels::Paged, GroupedRowsConfig<192>>::can_implement(rows);
@@ -529,29 +514,5 @@ TEST_CASE("the wide grouped GEMM equals the two-block grouped GEMM", "[gpu][wide
   for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
     ExpertStore store(spec, 33);
     for (int tokens : {64, 1024}) check_wide_case(store, tokens, 1300 + tokens);
-  }
-}
-
-// The down stage's early L2 prefetch (MoeConfig::decode_early_prefetch) is a hint: the same outputs, bit for
-// bit, whole rows or a part of them, bf16 and model shapes; memcheck sees its reads of the tile list.
-TEST_CASE("the early W2 prefetch changes no output", "[gpu][small][sanitize]") {
-  const ModelSpec tiny{"tiny-f256", 8, 2, 256, 256, 1};
-  ExpertStore store(tiny, 37, 3);
-  for (int tokens : {1, 5, 37}) {
-    const MoeShape shape = shape_of(tiny, tokens);
-    const auto plain = check_case(store, shape, MoePath::kDecode, true, 32, 1500 + tokens);
-    const auto whole =
-        check_case<EarlyPrefetchConfig<1 << 20>>(store, shape, MoePath::kDecode, false, 8, 1500 + tokens);
-    const auto part =
-        check_case<EarlyPrefetchConfig<64>>(store, shape, MoePath::kDecode, false, 8, 1500 + tokens);
-    CHECK(std::memcmp(plain.data(), whole.data(), plain.size() * 2) == 0);
-    CHECK(std::memcmp(plain.data(), part.data(), plain.size() * 2) == 0);
-  }
-  for (const ModelSpec& spec : {kQwen15, kMixtral}) {
-    ExpertStore big(spec, 39);
-    const MoeShape shape = shape_of(spec, 3);
-    const auto plain = check_case(big, shape, MoePath::kAuto, false, 8, 1600);
-    const auto early = check_case<EarlyPrefetchConfig<4096>>(big, shape, MoePath::kAuto, false, 8, 1600);
-    CHECK(std::memcmp(plain.data(), early.data(), plain.size() * 2) == 0);
   }
 }

@@ -45,16 +45,6 @@ __device__ __forceinline__ uint4 ld_shared_16(std::uint32_t smem_addr) {
   return v;
 }
 
-// Named barriers (ids 1..15; 0 is __syncthreads'): `sync` waits until `threads` threads (a multiple of 32)
-// have arrived at barrier `id`, counting itself; `arrive` counts itself and goes on. Producer/consumer
-// hand-offs between warpgroups: one side arrives, the other syncs, `threads` = both sides together.
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // 16-byte global→shared copy; src_bytes = 0 fills the destination with zeros (rows past an expert's tokens).
 __device__ __forceinline__ void cp_async_16(std::uint32_t smem_addr, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));

@@ -7,7 +7,7 @@
 # at Mixtral 4096 tokens.
 #   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=256,1024,4096,16384] [NCU=0] bash benchmarks/device/grouped_run.sh
 # Writes $OUT/grouped.tgz: grouped_seed<i>.json (paged_moe_bench's format; `python3
-# benchmarks/device/quant_report.py --compare narrow wide grouped_seed*.json`), the test's and the profiler's
+# benchmarks/device/compare.py narrow wide grouped_seed*.json`), the test's and the profiler's
 # logs.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding paged_moe_bench and paged_moe_device_test}"

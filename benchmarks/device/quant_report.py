@@ -5,7 +5,6 @@ precision's ratio to the read floor of its own bytes, and int8 / int4 over bf16 
 
   python3 benchmarks/device/quant_report.py quant_p1.json quant_p2.json quant_p3.json
   python3 benchmarks/device/quant_report.py --paths quant_paths.json   # decode vs grouped per precision
-  python3 benchmarks/device/quant_report.py --compare narrow wide grouped_seed*.json   # one config over another
 
 Each precision's path is the one its configuration chose (files from before the per-configuration "path"
 field show the bf16 path for all).
@@ -77,30 +76,10 @@ def paths(files):
               f"{ratio('int4-grouped', 'int4-decode')} |")
 
 
-def compare(base, other, files):
-    """Configuration `other` over `base` (e.g. narrow / wide: benchmarks/device/grouped_run.sh): contiguous µs,
-    mean ± sd over files (one process per seed), the ratio process by process."""
-    rows = {}
-    for f in files:
-        for c in json.load(open(f))["cases"]:
-            r = rows.setdefault((c["model"], c["tokens"]), {})
-            for x in c["configs"]:
-                r.setdefault(x["config"], []).append(x["contiguous_us"])
-    print(f"| model | T | {base} µs | {other} µs | {other} / {base} |")
-    print("|---|---:|---:|---:|---:|")
-    for (model, tokens), r in rows.items():
-        a, b = r.get(other), r.get(base)
-        if a and b:
-            print(f"| {model} | {tokens} | {mean_sd(b)} | {mean_sd(a)} | "
-                  f"{mean_sd([x / y for x, y in zip(a, b)], '{:.3f}')} |")
-
-
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     if sys.argv[1] == "--paths":
         paths(sys.argv[2:])
-    elif sys.argv[1] == "--compare":
-        compare(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
         main(sys.argv[1:])

@@ -3,8 +3,8 @@
 # rows per block) and the wide one (256, MoeConfig::grouped_rows). (1) The wide kernel's GPU test
 # (paged_moe_device_test "[wide]": bit for bit against the two-block kernel); (2) the layer on both, interleaved
 # in one process per seed at the grouped sizes (configs `narrow` and `wide`: the default's choice with each
-# width); (3) with NCU=1, Nsight Compute's speed-of-light of one gate/up and one down launch of each kernel
-# at Mixtral 4096 tokens.
+# width); (3) with NCU=1, Nsight Compute's speed of light, warp stall reasons, scheduler and tensor-pipe
+# statistics of one gate/up and one down launch of each kernel at Mixtral 4096 tokens.
 #   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=256,1024,4096,16384] [NCU=0] bash benchmarks/device/grouped_run.sh
 # Writes $OUT/grouped.tgz: grouped_seed<i>.json (paged_moe_bench's format; `python3
 # benchmarks/device/compare.py narrow wide grouped_seed*.json`), the test's and the profiler's
@@ -24,7 +24,8 @@ done
 if [[ "${NCU:-0}" == 1 ]] && command -v ncu >/dev/null; then
   for k in gemm_wgmma_kernel gemm_wgmma_wide_kernel; do
     timeout 150 ncu --clock-control none --kernel-name "regex:$k" --launch-count 2 --section SpeedOfLight \
-      --section Occupancy "$BIN/paged_moe_bench" --models mixtral --tokens 4096 --config narrow,wide \
+      --section Occupancy --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      "$BIN/paged_moe_bench" --models mixtral --tokens 4096 --config narrow,wide \
       --placement shuffled --seed 1 --seconds 0.01 --json /dev/null >"$OUT/ncu_$k.txt" 2>&1
     echo "ncu $k rc=$?"
   done

@@ -119,6 +119,39 @@ struct BLoader : RowCopier<kLoaders> {
   }
 };
 
+// A and bf16 B of one (weight slice, work tile) block in two [kStages][128][64] rings, step kt in stage
+// kt % kStages: the cp.async pipeline both 128-row grouped GEMMs (mma.sync and sm_90 wgmma) run.
+template <Stage kStage>
+struct StageLoader {
+  ALoader<kStage, kThreads> a;
+  BLoader<kStage, kThreads> b;
+
+  template <class Addressing>
+  __device__ __forceinline__ StageLoader(const MoeParams<Addressing>& p, const WorkTile& tile, int slice,
+                                         int t)
+      : a(p, tile, t), b(p, tile, slice, t) {}
+  // Step kt's copies into stage `stage` (not committed).
+  __device__ __forceinline__ void load(bf16* smem_a, bf16* smem_b, int stage, int kt) const {
+    a.load(smem_a + stage * kBlockM * kBlockK, kt);
+    b.load(smem_b + stage * kBlockN * kBlockK, kt);
+  }
+  // The prologue: steps 0 .. kStages − 2, one commit group each (empty past the last step).
+  __device__ __forceinline__ void prologue(bf16* smem_a, bf16* smem_b, int k_tiles) const {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load(smem_a, smem_b, s, s);
+      ptx::cp_async_commit();
+    }
+  }
+  // Iteration kt's refill, once every thread is past step kt − 1: step kt + kStages − 1 into step kt − 1's
+  // stage, one commit group (empty past the last step).
+  __device__ __forceinline__ void refill(bf16* smem_a, bf16* smem_b, int kt, int k_tiles) const {
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load(smem_a, smem_b, next % kStages, next);
+    ptx::cp_async_commit();
+  }
+};
+
 template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   ptx::grid_dependency_wait();
@@ -136,25 +169,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_kernel(const __grid_constant
   const int k_tiles = K / kBlockK;
 
   // Loaders: thread tid copies chunk tid % 8 of rows tid / 8 + 32·i of both A and B each stage.
-  const ALoader<kStage, kThreads> a_loader(p, tile, tid);
-  const BLoader<kStage, kThreads> b_loader(p, tile, static_cast<int>(blockIdx.x), tid);
-  auto load_stage = [&](int stage, int kt) {
-    a_loader.load(smem_a + stage * kBlockM * kBlockK, kt);
-    b_loader.load(smem_b + stage * kBlockN * kBlockK, kt);
-  };
+  const StageLoader<kStage> loader(p, tile, static_cast<int>(blockIdx.x), tid);
 
   float acc[4][4][4] = {};
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    ptx::cp_async_commit();
-  }
+  loader.prologue(smem_a, smem_b, k_tiles);
   for (int kt = 0; kt < k_tiles; ++kt) {
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) load_stage(next % kStages, next);
-    ptx::cp_async_commit();
+    loader.refill(smem_a, smem_b, kt, k_tiles);
     const bf16* sa = smem_a + (kt % kStages) * kBlockM * kBlockK;
     const bf16* sb = smem_b + (kt % kStages) * kBlockN * kBlockK;
 #pragma unroll

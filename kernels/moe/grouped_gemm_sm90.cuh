@@ -130,18 +130,18 @@ __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* smem_dyn) 
 // The quantized B operand of one 64-k step, staged packed ([128 rows][kStep bytes]; int8 rows' 16-byte chunks
 // swizzled by row bit 1 — chunk c of row r at c ^ ((r >> 1) & 1) — so the dequantising threads' 16-byte
 // reads, rows r..r+3 and both halves per quarter warp, fall on eight different bank groups; int4 reads are
-// contiguous already) and dequantised into a swizzled [128][64] bf16 tile by kThreads_ threads: loads, thread
+// contiguous already) and dequantised into a swizzled [128][64] bf16 tile by kThreads threads: loads, thread
 // t copies chunk t % kChunksPerRow of rows t / kChunksPerRow + kRowsPerPass·i; dequantisation, thread t
-// writes k values [32·(t % 2), +32) of rows t / 2 + (kThreads_ / 2)·i: w = bf16(q · scale), the row's group
+// writes k values [32·(t % 2), +32) of rows t / 2 + (kThreads / 2)·i: w = bf16(q · scale), the row's group
 // scale read with __ldg (a 64-k step lies inside one group of 128).
-template <class Precision, Stage kStage, int kThreads_>
+template <class Precision, Stage kStage>
 struct PackedB {
   static constexpr quant::Bits kBits = Precision::kBits;
   static constexpr int kStep = kPackedStepBytes<Precision>;
   static constexpr int kChunksPerRow = kStep / 16;
-  static constexpr int kRowsPerPass = kThreads_ / kChunksPerRow;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static constexpr int kLoadPasses = kBlockN / kRowsPerPass;
-  static constexpr int kDequantPasses = kBlockN / (kThreads_ / 2);
+  static constexpr int kDequantPasses = kBlockN / (kThreads / 2);
   static constexpr int kStageBytes = kBlockN * kStep;
   static_assert(quant::kGroup % kBlockK == 0, "a 64-k step must lie inside one scale group");
   const unsigned char* src[kLoadPasses];
@@ -170,7 +170,7 @@ struct PackedB {
 #pragma unroll
     for (int i = 0; i < kDequantPasses; ++i) {
       int j, n;
-      b_row<kStage>(dq_row + kThreads_ / 2 * i, slice, j, n);
+      b_row<kStage>(dq_row + kThreads / 2 * i, slice, j, n);
       scale[i] = reinterpret_cast<const std::uint16_t*>(
           reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + layout.scale_offset() +
           2 * static_cast<std::int64_t>(n) * layout.groups_per_row());
@@ -188,7 +188,7 @@ struct PackedB {
     constexpr int kChunksPerWord = static_cast<int>(quant::values_per_load(kBits)) / 8;  // 2 int8, 4 int4
 #pragma unroll
     for (int i = 0; i < kDequantPasses; ++i) {
-      const int row = dq_row + kThreads_ / 2 * i;
+      const int row = dq_row + kThreads / 2 * i;
       const std::uint16_t sbits = __ldg(scale[i] + (kt * kBlockK) / quant::kGroup);
       const std::uint32_t s2 = static_cast<std::uint32_t>(sbits) * 0x10001u;
       const __nv_bfloat162 s = *reinterpret_cast<const __nv_bfloat162*>(&s2);
@@ -282,8 +282,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32;
   const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
-  const ALoader<kStage, kThreads> a_loader(p, tile, tid);
-  auto load_a = [&](int stage, int kt) { a_loader.load(smem_a + stage * kBlockM * kBlockK, kt); };
 
   float acc[64];
 #pragma unroll
@@ -296,24 +294,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   if constexpr (!Precision::kQuantized) {
-    const BLoader<kStage, kThreads> b_loader(p, tile, slice, tid);
-    auto load_stage = [&](int stage, int kt) {
-      load_a(stage, kt);
-      b_loader.load(smem_b + stage * kBlockN * kBlockK, kt);
-    };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) load_stage(s, s);
-      ptx::cp_async_commit();
-    }
+    const StageLoader<kStage> loader(p, tile, slice, tid);
+    loader.prologue(smem_a, smem_b, k_tiles);
     for (int kt = 0; kt < k_tiles; ++kt) {
       ptx::cp_async_wait<kStages - 2>();
       wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async
                                    // one
       __syncthreads();             // stage kt complete for all threads; every wgmma of kt-1 has finished
-      const int next = kt + kStages - 1;
-      if (next < k_tiles) load_stage(next % kStages, next);
-      ptx::cp_async_commit();
+      loader.refill(smem_a, smem_b, kt, k_tiles);
       issue_mma(smem_a + (kt % kStages) * kBlockM * kBlockK, smem_b + (kt % kStages) * kBlockN * kBlockK);
       wgmma::wait<0>();
       wgmma::pin(acc);
@@ -321,15 +309,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     ptx::cp_async_wait<0>();
   } else {
     static_assert(kStages == 3, "A(kt + 2) loads while A(kt) multiplies");
-    using B = PackedB<Precision, kStage, kThreads>;
+    using B = PackedB<Precision, kStage>;
     bf16* b_tiles = smem_b;  // [2][128][64] bf16, swizzled
     unsigned char* packed = reinterpret_cast<unsigned char*>(b_tiles + 2 * kBlockN * kBlockK);  // [4] stages
+    const ALoader<kStage, kThreads> a_loader(p, tile, tid);
     const B b_operand(p, tile, slice, tid);
     auto load_packed = [&](int kt) {
       if (kt < k_tiles) b_operand.load(packed + (kt % kPackedStages) * B::kStageBytes, kt);
     };
     auto load_a_step = [&](int kt) {
-      if (kt < k_tiles) load_a(kt % kStages, kt);
+      if (kt < k_tiles) a_loader.load(smem_a + (kt % kStages) * kBlockM * kBlockK, kt);
     };
     auto dequantize = [&](int kt) {  // packed B(kt) → B tile kt % 2
       b_operand.dequantize(packed + (kt % kPackedStages) * B::kStageBytes,
@@ -373,9 +362,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 // 2w + 1, work tile) — 128 tokens × 256 weight rows, each warpgroup's 64 token rows against both slices (two
 // accumulators) — so a block reads 48 KiB of A and B from L2 per 64-k step for 4.2 MFLOP instead of 32 KiB
 // for 2.1 (the two-block kernel is limited by L2 throughput at large batches: Nsight Compute, Mixtral 4096
-// tokens, 83% of L2 peak, 15% of DRAM's). One block per SM (193 KiB of shared memory), so the wgmma of a step
-// stays in flight while the next is issued: kWideStages stages, loaded kWideStages − 2 steps ahead into the
-// stage whose wgmma the block's last barrier saw finish.
+// tokens, 82% of L2 peak, 15% of DRAM's; docs/results/paged_moe_h200.md, "Grouped blocks of 128 or 256"). One
+// block per SM (193 KiB of shared memory), so the wgmma of a step stays in flight while the next is issued:
+// kWideStages stages, loaded kWideStages − 2 steps ahead into the stage whose wgmma the block's last barrier
+// saw finish.
 inline constexpr int kWideStages = 4;
 inline constexpr int kWideSmemBytes = kWideStages * (kBlockM + 2 * kBlockN) * kBlockK * 2 + 1024;
 static_assert(kWideSmemBytes <= 227 * 1024, "the wide block must fit one SM");

@@ -340,14 +340,15 @@ class PagedMoe {
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
-      Status st;
-      if constexpr (!Precision::kQuantized)
-        st = choice.grouped_rows == 2 * grouped::kBlockN
-                 ? run_sm90<grouped::Sm90WideGemm<Addressing>>(p, s, grid_tiles, dev.device, stream)
-                 : run_sm90<grouped::Sm90Gemm<Addressing, Precision>>(p, s, grid_tiles, dev.device, stream);
-      else
-        st = run_sm90<grouped::Sm90Gemm<Addressing, Precision>>(p, s, grid_tiles, dev.device, stream);
-      if (!st) return st;
+      // 256-row blocks: bf16 only (can_implement refuses them for quantized experts, which never instantiate
+      // the wide kernel).
+      using Narrow = grouped::Sm90Gemm<Addressing, Precision>;
+      using Wide = std::conditional_t<Precision::kQuantized, Narrow, grouped::Sm90WideGemm<Addressing>>;
+      if (Status st = choice.grouped_rows == 2 * grouped::kBlockN
+                          ? run_sm90<Wide>(p, s, grid_tiles, dev.device, stream)
+                          : run_sm90<Narrow>(p, s, grid_tiles, dev.device, stream);
+          !st)
+        return st;
     } else if (!Precision::kQuantized &&
                (choice.path == MoePath::kGrouped || choice.path == MoePath::kGroupedMma)) {
       using grouped::gemm_kernel;

@@ -8,13 +8,9 @@ token count, each configuration's contiguous median as mean ± sd over the files
        compare.py bf16-decode bf16-grouped cross_*.json
 """
 import json
-import statistics
 import sys
 
-
-def mean_sd(v, fmt="{:.1f}"):
-    """'m ± sd' over the files, or the one value."""
-    return (fmt + " ± " + fmt).format(statistics.fmean(v), statistics.stdev(v)) if len(v) > 1 else fmt.format(v[0])
+from quant_report import mean_sd  # 'm ± sd' over the files, or the one value
 
 
 def main(base, other, files):

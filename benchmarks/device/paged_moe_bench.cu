@@ -10,16 +10,17 @@
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
-// case; --config default,t8,t32,w8,p256,int8,int4: decode tiles to compare (one tile wherever it holds the
-// expected largest batch, else the default's; p256: the default's tile with the 256-byte L2 prefetch hint;
-// int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do
-// not matter to the time), their expert bytes the packed ones; int8-decode / int8-grouped (int4 alike): the
-// default's quantized choice held to one path at every size; bf16-decode / bf16-grouped: the same for bf16
-// experts; wide / narrow: the default's choice with its
-// bf16 grouped GEMM on 256 / 128 weight rows per block (grouped sizes only); int8-t8w4u2 and the like: one
-// quantized decode tile at every token count (tile tokens, warps, unroll; the list: quant_configs()), the
-// sweep that chose the quantized rows of the default table), decode cases only, the first is the one
-// reported.
+// case; --config: configurations measured side by side, the first at every size and the one reported
+// (bf16_configs() and quant_configs() list them; an unknown name is refused before anything runs):
+// default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's;
+// p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
+// bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
+// default's choice with its grouped GEMM on 256 / 128 weight rows per block (grouped sizes only); int8 /
+// int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do not
+// matter to the time), their expert bytes the packed ones, every size; int8-decode / int8-grouped (int4
+// alike): the default's quantized choice held to one path; int8-t8w4u2 and the like: one quantized decode
+// tile at every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the
+// default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,8 +37,8 @@
 #include <vector>
 
 #include "moe/paged_moe.cuh"
+#include "moe_configs.hpp"
 #include "moe_device_fixture.cuh"
-#include "quant_configs.hpp"
 
 using namespace amoeba;
 using namespace amoeba::testing;
@@ -190,24 +191,6 @@ struct PrefetchConfig {
   }
 };
 
-// The default table's choice with its bf16 grouped GEMMs on kRows weight rows per block (sm_90: 256 the
-// wide kernel, one block per SM; 128 the two-block kernel).
-template <int kRows>
-struct GroupedRowsConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.grouped_rows = kRows;
-    return c;
-  }
-};
-// The default table held to one path at every size (bf16): where decode and grouped cross.
-template <MoePath kPath>
-struct PathConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
-    return kernels::DefaultMoeConfig::select(s, kPath);
-  }
-};
-
 // The graphs of one configuration: contiguous, then one per paged view.
 template <class Config>
 std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet>& sets,
@@ -220,6 +203,29 @@ std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet
   for (const auto& v : views)
     g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, v.args(), out, stream));
   return g;
+}
+
+// The bf16 configurations --config names: how their graphs are built and where they are measured besides
+// the first one named, which runs at every size (kDecode: where the default's choice decodes; kGrouped:
+// where it runs the grouped GEMM; kEvery: everywhere).
+enum class Where { kDecode, kGrouped, kEvery };
+struct Bf16Config {
+  std::vector<std::unique_ptr<GraphBase>> (*make)(const std::vector<RoutingSet>&, const MoeShape&,
+                                                  const ExpertStore&,
+                                                  const std::vector<ExpertStore::AliasedView>&, bf16*,
+                                                  cudaStream_t);
+  Where where;
+};
+std::map<std::string, Bf16Config> bf16_configs() {
+  return {{"default", {&make_graphs<kernels::DefaultMoeConfig>, Where::kDecode}},
+          {"t8", {&make_graphs<DecodeTileConfig<8, 4, 2>>, Where::kDecode}},
+          {"t32", {&make_graphs<DecodeTileConfig<32, 4, 1>>, Where::kDecode}},
+          {"w8", {&make_graphs<DecodeTileConfig<32, 8, 2>>, Where::kDecode}},
+          {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
+          {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
+          {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
+          {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
+          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
 // The layer on quantized experts in one contiguous [E+m][3][packed matrix] array of random bytes.
@@ -271,8 +277,8 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
 // Every quantized configuration: `int8` / `int4` (the default table), `-decode` / `-grouped` (one path
 // everywhere) and the sweep's.
 std::map<std::string, QuantFactory> quant_configs() {
-  using Decode = QuantPathConfig<MoePath::kDecode>;
-  using Grouped = QuantPathConfig<MoePath::kGrouped>;
+  using Decode = PathConfig<MoePath::kDecode>;
+  using Grouped = PathConfig<MoePath::kGrouped>;
   std::map<std::string, QuantFactory> m{
       {"int8", &make_quant_graph<kernels::Int8>},
       {"int4", &make_quant_graph<kernels::Int4>},
@@ -331,6 +337,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const std::map<std::string, QuantFactory> quantized = quant_configs();
+  const std::map<std::string, Bf16Config> bf16_table = bf16_configs();
+  for (const std::string& c : configs)
+    if (bf16_table.count(c) == 0 && quantized.count(c) == 0) {
+      std::string names;
+      for (const auto& [name, f] : bf16_table) names += name + ", ";
+      for (const auto& [name, f] : quantized) names += name + (name == quantized.rbegin()->first ? "" : ", ");
+      std::fprintf(stderr, "--config: unknown configuration '%s' (known: %s)\n", c.c_str(), names.c_str());
+      return 2;
+    }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("no CUDA device\n");
@@ -342,9 +358,6 @@ int main(int argc, char** argv) {
   const double read_gbs = read_bandwidth_gbs(prop.multiProcessorCount);
   std::printf("%s: device copy %.0f GB/s (read+write), read %.0f GB/s\n", prop.name, copy_gbs, read_gbs);
 
-  const std::map<std::string, QuantFactory> quantized = quant_configs();
-  std::string quantized_names;
-  for (const auto& [name, f] : quantized) quantized_names += (quantized_names.empty() ? "" : ", ") + name;
   const std::map<std::string, ModelSpec> specs = {
       {"qwen15", kQwen15Routed}, {"qwen15_shared", kQwen15}, {"qwen3", kQwen3}, {"mixtral", kMixtral}};
   cudaStream_t stream;
@@ -395,41 +408,19 @@ int main(int argc, char** argv) {
       for (const std::string& c : configs) {
         // Quantized configurations are measured at every size (their own path choice).
         const auto q = quantized.find(c);
-        // wide / narrow (the grouped GEMM's block width) only where the default's choice is the grouped GEMM;
-        // quantized configurations and bf16-decode / bf16-grouped at every size; the others where it decodes.
-        const bool every_size = q != quantized.end() || c == "bf16-decode" || c == "bf16-grouped";
-        if (c == "wide" || c == "narrow" ? config.path == MoePath::kDecode
-                                         : c != configs[0] && config.path != MoePath::kDecode && !every_size)
-          continue;
         std::vector<std::unique_ptr<GraphBase>> g;
         double mb = static_cast<double>(shape.matrix_bytes());
-        if (q != quantized.end()) {
+        if (q != quantized.end()) {  // quantized configurations: every size
           const QuantWeights& w = *quant.at(c.substr(0, 4));
           g.push_back(q->second(sets, shape, w, out.get(), stream));
           mb = static_cast<double>(w.matrix_bytes);
-        } else if (c == "default")
-          g = make_graphs<kernels::DefaultMoeConfig>(sets, shape, store, views, out.get(), stream);
-        else if (c == "t8")
-          g = make_graphs<DecodeTileConfig<8, 4, 2>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "t32")
-          g = make_graphs<DecodeTileConfig<32, 4, 1>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "w8")
-          g = make_graphs<DecodeTileConfig<32, 8, 2>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "bf16-decode")
-          g = make_graphs<PathConfig<MoePath::kDecode>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "bf16-grouped")
-          g = make_graphs<PathConfig<MoePath::kGrouped>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "wide")
-          g = make_graphs<GroupedRowsConfig<256>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "narrow")
-          g = make_graphs<GroupedRowsConfig<128>>(sets, shape, store, views, out.get(), stream);
-        else if (c == "p256")  // the default's decode tile with the 256-byte L2 prefetch hint
-          g = make_graphs<PrefetchConfig<256>>(sets, shape, store, views, out.get(), stream);
-        else
-          throw std::runtime_error(
-              "--config: unknown configuration '" + c +
-              "' (default, t8, t32, w8, p256, bf16-decode, bf16-grouped, wide, narrow, or quantized: " +
-              quantized_names + ")");
+        } else {
+          const Bf16Config& b = bf16_table.at(c);
+          const bool decodes = config.path == MoePath::kDecode;
+          if (b.where == Where::kGrouped ? decodes : c != configs[0] && b.where == Where::kDecode && !decodes)
+            continue;
+          g = b.make(sets, shape, store, views, out.get(), stream);
+        }
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
         graph_count.push_back(static_cast<int>(g.size()));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moe/paged_moe.cuh"
+#include "moe_configs.hpp"
 #include "moe_device_fixture.cuh"
 #include "moe_runner.cuh"
 #include "reference/moe_reference.hpp"
@@ -266,16 +267,8 @@ struct EightWarpsConfig {
 struct BadGroupedConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 64}; }
 };
-// ... grouped blocks of other than 128 or 256 weight rows, 256 on quantized experts or where H % 256 != 0.
-template <int kRows>
-struct GroupedRowsConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    kernels::MoeConfig c{MoePath::kGrouped, 128, 4, 1};
-    c.grouped_rows = kRows;
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p) { return select(s, p); }
-};
+// ... and (moe_configs.hpp's GroupedRowsConfig) grouped blocks of other than 128 or 256 weight rows, 256 on
+// quantized experts or where H % 256 != 0.
 
 TEST_CASE("can_implement names the field, the value and the rule, for every rule", "[gpu][small]") {
   using P = PagedMoe<kernels::Paged>;
@@ -400,6 +393,7 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   using Wide = PagedMoe<kernels::Paged, GroupedRowsConfig<256>>;
   Wide::Arguments wide{};
   fill(wide);
+  wide.path = MoePath::kGrouped;          // the width matters on the grouped path
   REQUIRE(Wide::can_implement(wide).ok);  // H = 2048
   wide.shape.hidden = 2176;               // a multiple of 128, not of 256
   const kernels::Status sth = Wide::can_implement(wide);
@@ -489,18 +483,12 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
 
 // The wide grouped GEMM (grouped::gemm_wgmma_wide_kernel, MoeConfig::grouped_rows = 256) must compute exactly
 // what the two-block grouped GEMM computes: the same wgmma steps in the same order for every output.
-struct WideConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.grouped_rows = 256;
-    return c;
-  }
-};
 
 void check_wide_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec(), tokens);
   const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
-  const auto wide = check_case<WideConfig>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
+  const auto wide =
+      check_case<GroupedRowsConfig<256>>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
   const auto plain = check_case(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
   INFO(store.spec().name << " T=" << tokens << " wide against the two-block grouped GEMM");
   CHECK(std::memcmp(wide.data(), plain.data(), wide.size() * 2) == 0);

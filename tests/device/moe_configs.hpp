@@ -1,0 +1,40 @@
+// Configurations of PagedMoe shared by the device tests (paged_moe_test.cu, quant_moe_test.cu) and
+// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, and the
+// default table with another width of the sm_90 grouped GEMM's blocks. Host-only (moe/moe_config.hpp).
+#pragma once
+
+#include "moe/moe_config.hpp"
+
+namespace amoeba::testing {
+
+// DefaultMoeConfig's choice held to kPath (kDecode: its decode tiles; kGrouped: the grouped GEMM) whatever
+// the shape, for bf16 (select) and quantized experts (select_quantized).
+template <kernels::MoePath kPath>
+struct PathConfig {
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath) {
+    return kernels::DefaultMoeConfig::select(s, kPath);
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath) {
+    return kernels::DefaultMoeConfig::select_quantized(s, kPath);
+  }
+};
+using QuantGroupedConfig = PathConfig<kernels::MoePath::kGrouped>;
+
+// DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: two blocks per
+// SM; 256: the wide kernel, which can_implement refuses for quantized experts).
+template <int kRows>
+struct GroupedRowsConfig {
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    c.grouped_rows = kRows;
+    return c;
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s,
+                                                       kernels::MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested);
+    c.grouped_rows = kRows;
+    return c;
+  }
+};
+
+}  // namespace amoeba::testing

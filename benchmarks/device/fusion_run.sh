@@ -3,7 +3,7 @@
 # (paged_moe_device_test and quant_moe_device_test "decode fusions*": bit for bit against the unfused decode
 # layer, against the references) and compute-sanitizer memcheck and racecheck on the small one; (2) the
 # layer with each fusion, interleaved in one process per seed at the decode sizes, bf16 (configs fuse-none,
-# fuse-combine, fuse-all) and int8 / int4 (contiguous).
+# fuse-routing, fuse-all) and int8 / int4 (contiguous).
 #   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=1,3,8,14] bash benchmarks/device/fusion_run.sh
 # Writes $OUT/fusion.tgz: fusion_seed<i>.json and quant_fusion_seed<i>.json (paged_moe_bench's format;
 # `python3 benchmarks/device/compare.py fuse-none fuse-all fusion_seed*.json`), the tests' logs.
@@ -24,12 +24,12 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 for seed in $(seq 1 "${SEEDS:-3}"); do
   timeout 240 "$BIN/paged_moe_bench" --models qwen15,qwen15_shared,qwen3,mixtral --tokens "${TOKENS:-1,3,8,14}" \
-    --placement shuffled --seed "$seed" --config fuse-none,fuse-combine,fuse-all \
+    --placement shuffled --seed "$seed" --config fuse-none,fuse-routing,fuse-all \
     --json "$OUT/fusion_seed$seed.json" >"$OUT/fusion_seed$seed.txt" 2>&1
   echo "bf16 bench seed $seed rc=$?"
   timeout 240 "$BIN/paged_moe_bench" --models qwen15,qwen15_shared,qwen3,mixtral --tokens "${TOKENS:-1,3,8,14}" \
     --placement shuffled --seed "$seed" \
-    --config int8-fuse-none,int8-fuse-combine,int8-fuse-all,int4-fuse-none,int4-fuse-combine,int4-fuse-all \
+    --config int8-fuse-none,int8-fuse-routing,int8-fuse-all,int4-fuse-none,int4-fuse-routing,int4-fuse-all \
     --json "$OUT/quant_fusion_seed$seed.json" >"$OUT/quant_fusion_seed$seed.txt" 2>&1
   echo "quant bench seed $seed rc=$?"
 done

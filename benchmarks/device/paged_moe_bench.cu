@@ -12,7 +12,7 @@
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
 // case; --config: configurations measured side by side, the first at every size and the one reported
 // (bf16_configs() and quant_configs() list them; an unknown name is refused before anything runs):
-// default; fuse-none / fuse-combine / fuse-all: the default's choice with each decode fusion (where the
+// default; fuse-none / fuse-routing / fuse-all: the default's choice with each decode fusion (where the
 // default decodes; int8-fuse-all and the like: quantized, every size); t8 / t32 / w8: one decode tile
 // wherever it holds the expected largest batch, else the default's; p256: the default's tile with the
 // 256-byte L2 prefetch hint (these four where the default decodes); bf16-decode / bf16-grouped: the default's
@@ -229,7 +229,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
           {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}},
           {"fuse-none", {&make_graphs<FusionConfig<DecodeFusion::kNone>>, Where::kDecode}},
-          {"fuse-combine", {&make_graphs<FusionConfig<DecodeFusion::kCombine>>, Where::kDecode}},
+          {"fuse-routing", {&make_graphs<FusionConfig<DecodeFusion::kRouting>>, Where::kDecode}},
           {"fuse-all", {&make_graphs<FusionConfig<DecodeFusion::kRoutingAndCombine>>, Where::kDecode}}};
 }
 
@@ -279,11 +279,11 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
   add_quant<Precision, 16, 4, 2>(m, precision);
   add_quant<Precision, 32, 4, 1>(m, precision);
 }
-// The default quantized tiles with each decode fusion: `int8-fuse-none`, `-fuse-combine`, `-fuse-all`.
+// The default quantized tiles with each decode fusion: `int8-fuse-none`, `-fuse-routing`, `-fuse-all`.
 template <class Precision>
 void add_quant_fusions(std::map<std::string, QuantFactory>& m, const std::string& precision) {
   m[precision + "-fuse-none"] = &make_quant_graph<Precision, FusionConfig<DecodeFusion::kNone>>;
-  m[precision + "-fuse-combine"] = &make_quant_graph<Precision, FusionConfig<DecodeFusion::kCombine>>;
+  m[precision + "-fuse-routing"] = &make_quant_graph<Precision, FusionConfig<DecodeFusion::kRouting>>;
   m[precision + "-fuse-all"] = &make_quant_graph<Precision, FusionConfig<DecodeFusion::kRoutingAndCombine>>;
 }
 // Every quantized configuration: `int8` / `int4` (the default table), `-decode` / `-grouped` (one path

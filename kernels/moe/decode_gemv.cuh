@@ -122,47 +122,49 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   }
 }
 
-// Inline routing (DecodeFusion::kRoutingAndCombine): the rows of slot s's expert when s is that expert's
-// first slot in slot order, as ascending slot indices in `slots`; 0 rows when s routes nowhere or an earlier
-// slot has its expert (that slot's block does the work). One thread per slot: needs p.num_slots <= kThreads.
-// Every thread of the block calls it (it synchronises).
-template <int kThreads, class Addressing>
+// Inline routing (DecodeFusion::kRouting, kRoutingAndCombine): one block row per slot. Slot s leads the rows
+// of its expert when the number of earlier slots with that expert is a multiple of kTileTokens; it then takes
+// itself and that expert's next kTileTokens - 1 slots (slot order), as the routing kernel's work tiles would.
+// Returns the row count (slot indices in `slots`), 0 when s routes nowhere or leads nothing. One thread per
+// slot: needs p.num_slots <= kThreads. Every thread of the block calls it (it synchronises).
+template <int kThreads, int kTileTokens, class Addressing>
 __device__ __forceinline__ int inline_rows(const MoeParams<Addressing>& p, int s, int* slots, int& expert) {
   __shared__ int warp_matches[kThreads / 32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   expert = slot_expert(p, s);
   const int mine = tid < p.num_slots ? slot_expert(p, tid) : -1;
-  if (__syncthreads_or(expert < 0 || (tid < s && mine == expert))) return 0;
+  const int rank = __syncthreads_count(tid < s && mine == expert);
+  if (expert < 0 || rank % kTileTokens != 0) return 0;
   const bool match = tid >= s && mine == expert;
   const unsigned ballot = __ballot_sync(0xffffffffu, match);
   if (lane == 0) warp_matches[warp] = __popc(ballot);
   __syncthreads();
-  int before = 0, total = 0;
+  int before = 0;
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) {
-    before += w < warp ? warp_matches[w] : 0;
-    total += warp_matches[w];
-  }
-  if (match) slots[before + __popc(ballot & ((1u << lane) - 1u))] = tid;
+  for (int w = 0; w < kThreads / 32; ++w) before += w < warp ? warp_matches[w] : 0;
+  const int at = before + __popc(ballot & ((1u << lane) - 1u));
+  if (match && at < kTileTokens) slots[at] = tid;
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += warp_matches[w];
   __syncthreads();
-  return total;
+  return min(total, kTileTokens);
 }
 
-// Fused combine (DecodeFusion::kCombine and kRoutingAndCombine): every down block of row slice blockIdx.x
-// arrives once (with or without work); the last to arrive sums each token's slots for the slice's kDownRows
-// rows exactly as the combine kernel does (slot order, fp32, bf16 out), reading y through L2.
-template <int kThreads, class Addressing>
+// Fused combine (DecodeFusion::kRoutingAndCombine), run by warp 0 of every down block of row slice
+// blockIdx.x, with or without rows: the block arrives once; the last to arrive sums each token's slots for
+// the slice's kDownRows rows exactly as the combine kernel does (slot order, fp32, bf16 out), reading y
+// through L2.
+template <class Addressing>
 __device__ __forceinline__ void combine_if_last(const MoeParams<Addressing>& p) {
-  __shared__ bool last;
-  __threadfence();  // this block's y rows, whichever thread wrote them, before its arrival
-  __syncthreads();
+  __threadfence();  // this lane's y writes before the block's arrival
+  __syncwarp();
+  int last = 0;
   if (threadIdx.x == 0) last = atomicAdd(&p.combine_count[blockIdx.x], 1) == static_cast<int>(gridDim.y) - 1;
-  __syncthreads();
-  if (!last) return;
+  if (__shfl_sync(0xffffffffu, last, 0) == 0) return;
   __threadfence();
-  const int h0 = static_cast<int>(blockIdx.x) * kDownRows;
-  for (int i = threadIdx.x; i < p.num_tokens * kDownRows; i += kThreads) {
-    const int t = i / kDownRows, h = h0 + i % kDownRows;
+  const int h = static_cast<int>(blockIdx.x) * kDownRows + static_cast<int>(threadIdx.x);
+  for (int t = 0; t < p.num_tokens; ++t) {
     float acc = 0.0f;
     for (int j = 0; j < p.slots_per_token; ++j) {
       const int s = t * p.slots_per_token + j;
@@ -176,13 +178,14 @@ __device__ __forceinline__ void combine_if_last(const MoeParams<Addressing>& p) 
 
 // One block: kGateUp → 16 features of SiLU(W1·x)·(W3·x) for the tile's tokens into act; kDown → 32 rows of
 // W2·act into y. kFusion: where the rows come from (the routing kernel's work tiles, or inline_rows with one
-// block per slot) and whether the down stage combines (combine_if_last).
+// block row per slot) and whether the down stage combines (combine_if_last).
 template <class Addressing, Stage kStage, class T, class P = Bf16, DecodeFusion kFusion = DecodeFusion::kNone>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  static_assert(kDownRows == 32, "the fused combine gives each of warp 0's lanes one row");
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   constexpr bool kGateUp = kStage == Stage::kGateUp;
-  constexpr bool kInline = kFusion == DecodeFusion::kRoutingAndCombine;
-  constexpr bool kCombine = kFusion != DecodeFusion::kNone;
+  constexpr bool kInline = kFusion != DecodeFusion::kNone;
+  constexpr bool kCombine = kFusion == DecodeFusion::kRoutingAndCombine;
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();
   if constexpr (kGateUp && kCombine) {  // the down stage counts arrivals from zero (it waits for this grid)
@@ -192,13 +195,14 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int K = kGateUp ? p.hidden : p.intermediate;
 
-  // The block's rows: `count` rows of one expert, row c at act row act_row(c) and slot slot_of(c).
-  __shared__ int inline_slots[kInline ? T::kThreads : 1];
+  // The block's rows: `count` (<= kTileTokens) rows of one expert, row c at act row act_row(c) and slot
+  // slot_of(c).
+  __shared__ int inline_slots[kInline ? T::kTileTokens : 1];
   int count = 0, row_start = 0;
   const bf16* matrix[3] = {};
   if constexpr (kInline) {
     int expert = -1;
-    count = inline_rows<T::kThreads>(p, static_cast<int>(blockIdx.y), inline_slots, expert);
+    count = inline_rows<T::kThreads, T::kTileTokens>(p, static_cast<int>(blockIdx.y), inline_slots, expert);
     if (count > 0) {
 #pragma unroll
       for (int j = 0; j < 3; ++j)
@@ -214,15 +218,13 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   auto act_row = [&](int c) { return kInline ? inline_slots[c] : row_start + c; };
   auto slot_of = [&](int c) { return kInline ? inline_slots[c] : p.sorted_slot[row_start + c]; };
 
-  // Routed tiles hold at most kTileTokens rows (one pass); an inline expert's rows go tile by tile.
-  for (int c0 = 0; c0 < count; c0 += T::kTileTokens) {
-    const int n = min(count - c0, T::kTileTokens);
-    // Token operand rows: token c = nt·8 + g of the tile (rows past `n` reuse row 0; their results are
+  if (count > 0) {
+    // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
     // dropped), at element 0.
     const bf16* tok[kTokTiles];
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt) {
-      const int c = c0 + (nt * 8 + g < n ? nt * 8 + g : 0);
+      const int c = nt * 8 + g < count ? nt * 8 + g : 0;
       if constexpr (kGateUp)
         tok[nt] = p.input + static_cast<std::int64_t>(slot_of(c) / p.slots_per_token) * K;
       else
@@ -317,7 +319,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
           for (int i = 0; i < 4; ++i) red[warp - 1][r][nt][i][lane] = acc[r][nt][i];
     }
     __syncthreads();
-    if (warp == 0) {
+    if (warp == 0) {  // warps 1.. are done
 #pragma unroll
       for (int w = 0; w < kWarps - 1; ++w)
 #pragma unroll
@@ -333,22 +335,22 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int c = nt * 8 + 2 * q + (i % 2);
-          if (c >= n) continue;
+          if (c >= count) continue;
           const int row = g + 8 * (i / 2);
           if constexpr (kGateUp) {
             const int f = blockIdx.x * kGateUpRows + row;
-            p.act[static_cast<std::int64_t>(act_row(c0 + c)) * p.intermediate + f] =
+            p.act[static_cast<std::int64_t>(act_row(c)) * p.intermediate + f] =
                 __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
           } else {
-            bf16* yrow = p.y + static_cast<std::int64_t>(slot_of(c0 + c)) * p.hidden + blockIdx.x * kDownRows;
+            bf16* yrow = p.y + static_cast<std::int64_t>(slot_of(c)) * p.hidden + blockIdx.x * kDownRows;
 #pragma unroll
             for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
           }
         }
     }
-    if constexpr (kInline) __syncthreads();  // `red` is refilled by the expert's next tile
   }
-  if constexpr (!kGateUp && kCombine) combine_if_last<T::kThreads>(p);
+  if constexpr (!kGateUp && kCombine)
+    if (warp == 0) combine_if_last(p);
 }
 
 }  // namespace amoeba::kernels::decode

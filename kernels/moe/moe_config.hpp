@@ -16,12 +16,12 @@ namespace amoeba::kernels {
 enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 // What the decode path folds into its two GEMV launches (few tokens: the layer's fixed launches are a large
-// part of its time). kCombine: the last down block of each row slice sums the token's slots itself (no
-// combine launch; up to kFusedCombineMaxTokens tokens). kRoutingAndCombine: that, and no routing launch
-// either: each block finds its expert and rows from the top-k ids (one block per slot; a slot whose expert an
-// earlier slot already has leaves the work to that one), while the slots fit one block's threads.
-// Other paths ignore it. Results are bit-identical whichever is chosen.
-enum class DecodeFusion { kNone, kCombine, kRoutingAndCombine };
+// part of its time). kRouting: no routing launch; each block finds its expert and rows from the top-k ids
+// (one block row per slot, the expert's first slot of each tile's worth leading), while the slots fit one
+// block's threads. kRoutingAndCombine: that, and no combine launch either (the last down block of each row
+// slice sums the tokens' slots; up to kFusedCombineMaxTokens tokens, else kRouting). Other paths ignore it.
+// Results are bit-identical whichever is chosen.
+enum class DecodeFusion { kNone, kRouting, kRoutingAndCombine };
 inline constexpr int kFusedCombineMaxTokens = 32;
 
 struct MoeConfig {

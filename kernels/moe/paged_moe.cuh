@@ -323,8 +323,8 @@ class PagedMoe {
 
     const DecodeFusion fusion = fusion_of(choice, s);
 
-    // 1. Routing preparation (the decode blocks route themselves with kRoutingAndCombine).
-    if (fusion != DecodeFusion::kRoutingAndCombine)
+    // 1. Routing preparation (unless the decode blocks route themselves).
+    if (fusion == DecodeFusion::kNone)
       if (Status st = route(r, at(lay.sort_temp), lay.sort_temp_bytes, stream); !st) return st;
 
     // 2-3. Gate/up then down.
@@ -353,8 +353,8 @@ class PagedMoe {
       if (Status st = run_decode(p, s, choice, fusion, grid_tiles, stream); !st) return st;
     }
 
-    // 4. Combine (done by the down stage's last blocks with a decode fusion).
-    if (fusion != DecodeFusion::kNone) return Status::success();
+    // 4. Combine (unless the down stage's last blocks did).
+    if (fusion == DecodeFusion::kRoutingAndCombine) return Status::success();
     const std::int64_t threads = static_cast<std::int64_t>(s.num_tokens) * (s.hidden / 8);
     return launch(detail::combine_kernel<Addressing>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
                   0, stream, p, "combine_kernel");
@@ -466,13 +466,13 @@ class PagedMoe {
     return launched("routing::finalize_kernel");
   }
 
-  // The decode fusion this call runs: the configuration's, as far as the shape allows (fused combine up to
-  // kFusedCombineMaxTokens tokens, inline routing while the slots fit one block's threads); none on the
+  // The decode fusion this call runs: the configuration's, as far as the shape allows (inline routing while
+  // the slots fit one block's threads, the fused combine up to kFusedCombineMaxTokens tokens); none on the
   // other paths.
   static constexpr DecodeFusion fusion_of(const MoeConfig& c, const MoeShape& s) {
-    if (c.path != MoePath::kDecode || s.num_tokens > kFusedCombineMaxTokens) return DecodeFusion::kNone;
-    if (c.decode_fusion == DecodeFusion::kRoutingAndCombine && s.num_slots() > 32LL * c.decode_warps)
-      return DecodeFusion::kCombine;
+    if (c.path != MoePath::kDecode || s.num_slots() > 32LL * c.decode_warps) return DecodeFusion::kNone;
+    if (c.decode_fusion == DecodeFusion::kRoutingAndCombine && s.num_tokens > kFusedCombineMaxTokens)
+      return DecodeFusion::kRouting;
     return c.decode_fusion;
   }
 
@@ -484,10 +484,10 @@ class PagedMoe {
         case DecodeFusion::kNone:
           st = run_decode_tile<T, DecodeFusion::kNone>(p, s, grid_tiles, stream);
           break;
-        case DecodeFusion::kCombine:
-          st = run_decode_tile<T, DecodeFusion::kCombine>(p, s, grid_tiles, stream);
+        case DecodeFusion::kRouting:  // one block row per slot
+          st = run_decode_tile<T, DecodeFusion::kRouting>(p, s, static_cast<unsigned>(p.num_slots), stream);
           break;
-        case DecodeFusion::kRoutingAndCombine:  // one block row per slot
+        case DecodeFusion::kRoutingAndCombine:
           st = run_decode_tile<T, DecodeFusion::kRoutingAndCombine>(p, s, static_cast<unsigned>(p.num_slots),
                                                                     stream);
           break;

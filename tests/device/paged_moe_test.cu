@@ -507,9 +507,9 @@ TEST_CASE("the wide grouped GEMM equals the two-block grouped GEMM", "[gpu][wide
 
 // Decode fusions (MoeConfig::decode_fusion) change where the routing and the combine happen, never a value:
 // each fused layer equals the unfused decode layer bit for bit (and passes check_case's references), with
-// shared experts, repeated experts, an expert with more rows than a tile (inline blocks then take several
-// tiles), past the fusions' limits (more slots than a block has threads: combine only; more than
-// kFusedCombineMaxTokens tokens: none) and on the default table's decode tiles.
+// shared experts, repeated experts, an expert with more rows than a tile (several inline blocks lead a tile
+// of it each), past the fusions' limits (more than kFusedCombineMaxTokens tokens: routing only; more slots
+// than a block has threads: none) and on the default table's decode tiles.
 // The default table's decode choice, or one decode tile (kTile != 0), with decode fusion kFusion.
 template <kernels::DecodeFusion kFusion, int kTile = 0, int kWarps = 4, int kUnroll = 1>
 struct FusedConfig {
@@ -528,22 +528,22 @@ void check_fusions(ExpertStore& store, int tokens, std::uint64_t seed, int hot_e
   const bool cpu = store.spec().hidden <= 256;
   const auto none = check_case<FusedConfig<DecodeFusion::kNone, kTile, kWarps, kUnroll>>(
       store, shape, MoePath::kDecode, cpu, 16, seed, hot_expert);
-  const auto combine = check_case<FusedConfig<DecodeFusion::kCombine, kTile, kWarps, kUnroll>>(
+  const auto routing = check_case<FusedConfig<DecodeFusion::kRouting, kTile, kWarps, kUnroll>>(
       store, shape, MoePath::kDecode, false, 16, seed, hot_expert);
   const auto both = check_case<FusedConfig<DecodeFusion::kRoutingAndCombine, kTile, kWarps, kUnroll>>(
       store, shape, MoePath::kDecode, false, 16, seed, hot_expert);
   INFO(store.spec().name << " T=" << tokens << " tile=" << kTile << (hot_expert >= 0 ? " skewed" : "")
                          << ": fused against unfused decode");
-  CHECK(std::memcmp(combine.data(), none.data(), none.size() * 2) == 0);
+  CHECK(std::memcmp(routing.data(), none.data(), none.size() * 2) == 0);
   CHECK(std::memcmp(both.data(), none.data(), none.size() * 2) == 0);
 }
 
 TEST_CASE("decode fusions equal the unfused decode layer", "[gpu][small][sanitize]") {
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 3 slots per token
   ExpertStore store(tiny, 41, 3);
-  for (int tokens : {1, 3, 12, 32, 33}) check_fusions(store, tokens, 1500 + tokens);
+  for (int tokens : {1, 3, 12, 32, 33, 43}) check_fusions(store, tokens, 1500 + tokens);
   check_fusions(store, 32, 1600, 5);
-  // 8-token tiles: the shared expert's 12 and 32 rows (and the hot expert's) take an inline block several.
+  // 8-token tiles: the shared expert's 12 and 32 rows (and the hot expert's) are led by several slots.
   check_fusions<8, 4, 2>(store, 12, 1700, 5);
   check_fusions<8, 4, 2>(store, 32, 1800);
 }
@@ -551,7 +551,7 @@ TEST_CASE("decode fusions equal the unfused decode layer", "[gpu][small][sanitiz
 TEST_CASE("decode fusions on model shapes", "[gpu][models]") {
   for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
     ExpertStore store(spec, 43);
-    for (int tokens : {1, 3, 14, 20}) check_fusions(store, tokens, 1800 + tokens);
+    for (int tokens : {1, 3, 14, 20, 40}) check_fusions(store, tokens, 1800 + tokens);
   }
 }
 
@@ -566,10 +566,10 @@ TEST_CASE("decode fusions skip ids outside [0, E)", "[gpu][small]") {
   r.ids.upload(ids);
   const MoeShape shape = shape_of(spec, 9);
   Runner<kernels::Contiguous, FusedConfig<DecodeFusion::kNone>> none;
-  Runner<kernels::Contiguous, FusedConfig<DecodeFusion::kCombine>> combine;
+  Runner<kernels::Contiguous, FusedConfig<DecodeFusion::kRouting>> routing;
   Runner<kernels::Paged, FusedConfig<DecodeFusion::kRoutingAndCombine>> both;
   const auto a = none.run(r, shape, store.contiguous_args(), MoePath::kDecode, false);
-  const auto b = combine.run(r, shape, store.contiguous_args(), MoePath::kDecode, false);
+  const auto b = routing.run(r, shape, store.contiguous_args(), MoePath::kDecode, false);
   const auto c = both.run(r, shape, store.paged_args(), MoePath::kDecode, false);
   CHECK(count_nonfinite(a) == 0);
   CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);

@@ -327,13 +327,13 @@ void check_quant_fusions(const QuantStore& store, int tokens, std::uint64_t seed
   const long long stride = store.stride();
   const auto none = run_layer<kernels::Contiguous, Precision, FusionConfig<DecodeFusion::kNone>>(
       r, shape, store.contiguous_args(), stride, MoePath::kDecode);
-  const auto combine = run_layer<kernels::Paged, Precision, FusionConfig<DecodeFusion::kCombine>>(
+  const auto routing = run_layer<kernels::Paged, Precision, FusionConfig<DecodeFusion::kRouting>>(
       r, shape, store.paged_args(), stride, MoePath::kDecode);
   const auto both = run_layer<kernels::Paged, Precision, FusionConfig<DecodeFusion::kRoutingAndCombine>>(
       r, shape, store.paged_args(), stride, MoePath::kDecode);
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
                        << (hot_expert >= 0 ? " skewed" : "") << ": fused against unfused decode");
-  CHECK(std::memcmp(combine.data(), none.data(), none.size() * 2) == 0);
+  CHECK(std::memcmp(routing.data(), none.data(), none.size() * 2) == 0);
   CHECK(std::memcmp(both.data(), none.data(), none.size() * 2) == 0);
   check_quant_case<Precision, FusionConfig<DecodeFusion::kRoutingAndCombine>>(store, tokens, seed,
                                                                               MoePath::kDecode, hot_expert);

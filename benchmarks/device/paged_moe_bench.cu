@@ -12,16 +12,15 @@
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
 // case; --config: configurations measured side by side, the first at every size and the one reported
 // (bf16_configs() and quant_configs() list them; an unknown name is refused before anything runs):
-// default; fuse-none / fuse-routing / fuse-all: the default's choice with each decode fusion (where the
-// default decodes; int8-fuse-all and the like: quantized, every size); t8 / t32 / w8: one decode tile
-// wherever it holds the expected largest batch, else the default's; p256: the default's tile with the
-// 256-byte L2 prefetch hint (these four where the default decodes); bf16-decode / bf16-grouped: the default's
-// choice held to one path at every size; wide / narrow: the default's choice with its grouped GEMM on 256 /
-// 128 weight rows per block (grouped sizes only); int8 / int4: the default's tiles on quantized experts,
-// contiguous only (random packed bytes: the values do not matter to the time), their expert bytes the packed
-// ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized choice held to one path;
-// int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
-// sweep that chose the quantized rows of the default table.
+// default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's;
+// p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
+// bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
+// default's choice with its grouped GEMM on 256 / 128 weight rows per block (grouped sizes only); int8 /
+// int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do not
+// matter to the time), their expert bytes the packed ones, every size; int8-decode / int8-grouped (int4
+// alike): the default's quantized choice held to one path; int8-t8w4u2 and the like: one quantized decode
+// tile at every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the
+// default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,7 +42,6 @@
 
 using namespace amoeba;
 using namespace amoeba::testing;
-using kernels::DecodeFusion;
 using kernels::MoePath;
 using kernels::PagedMoe;
 
@@ -227,10 +225,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
-          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}},
-          {"fuse-none", {&make_graphs<FusionConfig<DecodeFusion::kNone>>, Where::kDecode}},
-          {"fuse-routing", {&make_graphs<FusionConfig<DecodeFusion::kRouting>>, Where::kDecode}},
-          {"fuse-all", {&make_graphs<FusionConfig<DecodeFusion::kRoutingAndCombine>>, Where::kDecode}}};
+          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
 // The layer on quantized experts in one contiguous [E+m][3][packed matrix] array of random bytes.
@@ -279,13 +274,6 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
   add_quant<Precision, 16, 4, 2>(m, precision);
   add_quant<Precision, 32, 4, 1>(m, precision);
 }
-// The default quantized tiles with each decode fusion: `int8-fuse-none`, `-fuse-routing`, `-fuse-all`.
-template <class Precision>
-void add_quant_fusions(std::map<std::string, QuantFactory>& m, const std::string& precision) {
-  m[precision + "-fuse-none"] = &make_quant_graph<Precision, FusionConfig<DecodeFusion::kNone>>;
-  m[precision + "-fuse-routing"] = &make_quant_graph<Precision, FusionConfig<DecodeFusion::kRouting>>;
-  m[precision + "-fuse-all"] = &make_quant_graph<Precision, FusionConfig<DecodeFusion::kRoutingAndCombine>>;
-}
 // Every quantized configuration: `int8` / `int4` (the default table), `-decode` / `-grouped` (one path
 // everywhere) and the sweep's.
 std::map<std::string, QuantFactory> quant_configs() {
@@ -299,8 +287,6 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
   };
-  add_quant_fusions<kernels::Int8>(m, "int8");
-  add_quant_fusions<kernels::Int4>(m, "int4");
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");
   return m;
@@ -476,14 +462,14 @@ int main(int argc, char** argv) {
                            shape.num_shared_chunks * 3.0 * static_cast<double>(shape.matrix_bytes());
       const double flops =
           2.0 * t * shape.slots_per_token() * 3.0 * static_cast<double>(shape.matrix_elems());
-      std::fprintf(js,
-                   "%s  {\"model\": \"%s\", \"tokens\": %d, \"E\": %d, \"k\": %d, \"H\": %d, \"F\": %d, "
-                   "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
-                   "\"decode_fusion\": %d, \"distinct_experts\": %.2f, \"expert_bytes\": %.0f, \"flops\": "
-                   "%.0f, \"reps\": %d, \"configs\": [",
-                   first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden,
-                   spec.intermediate, spec.shared_chunks, path_name(config.path), config.tile_tokens,
-                   config.grouped_rows, static_cast<int>(config.decode_fusion), distinct, bytes, flops, reps);
+      std::fprintf(
+          js,
+          "%s  {\"model\": \"%s\", \"tokens\": %d, \"E\": %d, \"k\": %d, \"H\": %d, \"F\": %d, "
+          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
+          "\"distinct_experts\": %.2f, \"expert_bytes\": %.0f, \"flops\": %.0f, \"reps\": %d, \"configs\": [",
+          first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
+          spec.shared_chunks, path_name(config.path), config.tile_tokens, config.grouped_rows, distinct,
+          bytes, flops, reps);
       for (std::size_t ci = 0; ci < used.size(); ++ci) {
         const int base = first_graph[ci];
         const float mc = median(us[base]);
@@ -495,9 +481,9 @@ int main(int argc, char** argv) {
                     mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
         std::fprintf(js,
                      "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
-                     "\"decode_fusion\": %d, \"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
+                     "\"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
                      ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens,
-                     chosen.grouped_rows, static_cast<int>(chosen.decode_fusion), cfg_bytes, mc);
+                     chosen.grouped_rows, cfg_bytes, mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

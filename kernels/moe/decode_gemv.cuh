@@ -122,235 +122,149 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   }
 }
 
-// Inline routing (DecodeFusion::kRouting, kRoutingAndCombine): one block row per slot. Slot s leads the rows
-// of its expert when the number of earlier slots with that expert is a multiple of kTileTokens; it then takes
-// itself and that expert's next kTileTokens - 1 slots (slot order), as the routing kernel's work tiles would.
-// Returns the row count (slot indices in `slots`), 0 when s routes nowhere or leads nothing. One thread per
-// slot: needs p.num_slots <= kThreads. Every thread of the block calls it (it synchronises).
-template <int kThreads, int kTileTokens, class Addressing>
-__device__ __forceinline__ int inline_rows(const MoeParams<Addressing>& p, int s, int* slots, int& expert) {
-  __shared__ int warp_matches[kThreads / 32];
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  expert = slot_expert(p, s);
-  const int mine = tid < p.num_slots ? slot_expert(p, tid) : -1;
-  const int rank = __syncthreads_count(tid < s && mine == expert);
-  if (expert < 0 || rank % kTileTokens != 0) return 0;
-  const bool match = tid >= s && mine == expert;
-  const unsigned ballot = __ballot_sync(0xffffffffu, match);
-  if (lane == 0) warp_matches[warp] = __popc(ballot);
-  __syncthreads();
-  int before = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) before += w < warp ? warp_matches[w] : 0;
-  const int at = before + __popc(ballot & ((1u << lane) - 1u));
-  if (match && at < kTileTokens) slots[at] = tid;
-  int total = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) total += warp_matches[w];
-  __syncthreads();
-  return min(total, kTileTokens);
-}
-
-// Fused combine (DecodeFusion::kRoutingAndCombine), run by warp 0 of every down block of row slice
-// blockIdx.x, with or without rows: the block arrives once; the last to arrive sums each token's slots for
-// the slice's kDownRows rows exactly as the combine kernel does (slot order, fp32, bf16 out), reading y
-// through L2.
-template <class Addressing>
-__device__ __forceinline__ void combine_if_last(const MoeParams<Addressing>& p) {
-  __threadfence();  // this lane's y writes before the block's arrival
-  __syncwarp();
-  int last = 0;
-  if (threadIdx.x == 0) last = atomicAdd(&p.combine_count[blockIdx.x], 1) == static_cast<int>(gridDim.y) - 1;
-  if (__shfl_sync(0xffffffffu, last, 0) == 0) return;
-  __threadfence();
-  const int h = static_cast<int>(blockIdx.x) * kDownRows + static_cast<int>(threadIdx.x);
-  for (int t = 0; t < p.num_tokens; ++t) {
-    float acc = 0.0f;
-    for (int j = 0; j < p.slots_per_token; ++j) {
-      const int s = t * p.slots_per_token + j;
-      if (slot_expert(p, s) < 0) continue;
-      const float w = slot_weight(p, t, j);
-      acc += w * __bfloat162float(__ldcg(p.y + static_cast<std::int64_t>(s) * p.hidden + h));
-    }
-    p.output[static_cast<std::int64_t>(t) * p.hidden + h] = __float2bfloat16_rn(acc);
-  }
-}
-
-// One block: kGateUp → 16 features of SiLU(W1·x)·(W3·x) for the tile's tokens into act; kDown → 32 rows of
-// W2·act into y. kFusion: where the rows come from (the routing kernel's work tiles, or inline_rows with one
-// block row per slot) and whether the down stage combines (combine_if_last).
-template <class Addressing, Stage kStage, class T, class P = Bf16, DecodeFusion kFusion = DecodeFusion::kNone>
+template <class Addressing, Stage kStage, class T, class P = Bf16>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  static_assert(kDownRows == 32, "the fused combine gives each of warp 0's lanes one row");
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
-  constexpr bool kGateUp = kStage == Stage::kGateUp;
-  constexpr bool kInline = kFusion != DecodeFusion::kNone;
-  constexpr bool kCombine = kFusion == DecodeFusion::kRoutingAndCombine;
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();
-  if constexpr (kGateUp && kCombine) {  // the down stage counts arrivals from zero (it waits for this grid)
-    if (blockIdx.x == 0 && blockIdx.y == 0)
-      for (int i = threadIdx.x; i < p.hidden / kDownRows; i += T::kThreads) p.combine_count[i] = 0;
-  }
+  if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+  const WorkTile tile = p.tiles[blockIdx.y];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
-
-  // The block's rows: `count` (<= kTileTokens) rows of one expert, row c at act row act_row(c) and slot
-  // slot_of(c).
-  __shared__ int inline_slots[kInline ? T::kTileTokens : 1];
-  int count = 0, row_start = 0;
-  const bf16* matrix[3] = {};
-  if constexpr (kInline) {
-    int expert = -1;
-    count = inline_rows<T::kThreads, T::kTileTokens>(p, static_cast<int>(blockIdx.y), inline_slots, expert);
-    if (count > 0) {
+  // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
+  // dropped), at element 0.
+  const bf16* tok[kTokTiles];
 #pragma unroll
-      for (int j = 0; j < 3; ++j)
-        if ((j < 2) == kGateUp) matrix[j] = Addressing::matrix_base(p.addr, expert, j);
-    }
-  } else if (static_cast<int>(blockIdx.y) < *p.num_tiles) {
-    const WorkTile tile = p.tiles[blockIdx.y];
-    count = tile.count;
-    row_start = tile.row_start;
-#pragma unroll
-    for (int j = 0; j < 3; ++j) matrix[j] = tile.matrix[j];
-  }
-  auto act_row = [&](int c) { return kInline ? inline_slots[c] : row_start + c; };
-  auto slot_of = [&](int c) { return kInline ? inline_slots[c] : p.sorted_slot[row_start + c]; };
-
-  if (count > 0) {
-    // Token operand rows: token c = nt·8 + g of the tile (rows past `count` reuse row 0; their results are
-    // dropped), at element 0.
-    const bf16* tok[kTokTiles];
-#pragma unroll
-    for (int nt = 0; nt < kTokTiles; ++nt) {
-      const int c = nt * 8 + g < count ? nt * 8 + g : 0;
-      if constexpr (kGateUp)
-        tok[nt] = p.input + static_cast<std::int64_t>(slot_of(c) / p.slots_per_token) * K;
-      else
-        tok[nt] = p.act + static_cast<std::int64_t>(act_row(c)) * K;
-    }
-    float acc[kRowTiles][kTokTiles][4] = {};
-    if constexpr (P::kQuantized) {
-      // The matrix (packed, moe/quant_layout.hpp): N rows of K values, row_bytes each, then the scales.
-      const quant::MatrixLayout L =
-          kGateUp ? P::w13(p.intermediate, p.hidden) : P::w2(p.intermediate, p.hidden);
-      const std::int64_t row_bytes = static_cast<std::int64_t>(L.row_bytes());
-      const int groups = static_cast<int>(L.groups_per_row());
-      const unsigned char* rows[kRowTiles];
-      const bf16* scales[kRowTiles];
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r) {
-        const bf16* m = kGateUp ? matrix[r] : matrix[2];
-        const std::int64_t n0 = kGateUp ? static_cast<std::int64_t>(blockIdx.x) * kGateUpRows
-                                        : static_cast<std::int64_t>(blockIdx.x) * kDownRows + 16 * r;
-        const auto* base = reinterpret_cast<const unsigned char*>(m);
-        rows[r] = base + n0 * row_bytes;
-        scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
-      }
-      quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc);
+  for (int nt = 0; nt < kTokTiles; ++nt) {
+    const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
+    if constexpr (kGateUp) {
+      const int slot = p.sorted_slot[tile.row_start + c];
+      tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K;
     } else {
-      // Base pointers of the block's 2 row tiles, from the expert's matrices.
-      const bf16* rows[kRowTiles];
-      if constexpr (kGateUp) {
-        const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
-        rows[0] = matrix[0] + n0 * K;
-        rows[1] = matrix[1] + n0 * K;
-      } else {
-        const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
-        rows[0] = matrix[2] + h0 * K;
-        rows[1] = matrix[2] + (h0 + 16) * K;
-      }
-      const int k_per_warp = K / kWarps;
-      const int k0 = warp * k_per_warp + 8 * q;
+      tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K;
+    }
+  }
+  float acc[kRowTiles][kTokTiles][4] = {};
+  if constexpr (P::kQuantized) {
+    // The matrix (packed, moe/quant_layout.hpp): N rows of K values, row_bytes each, then the scales.
+    const quant::MatrixLayout L =
+        kGateUp ? P::w13(p.intermediate, p.hidden) : P::w2(p.intermediate, p.hidden);
+    const std::int64_t row_bytes = static_cast<std::int64_t>(L.row_bytes());
+    const int groups = static_cast<int>(L.groups_per_row());
+    const unsigned char* rows[kRowTiles];
+    const bf16* scales[kRowTiles];
 #pragma unroll
-      for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
-      const bf16* a_lo[kRowTiles];
-      const bf16* a_hi[kRowTiles];
+    for (int r = 0; r < kRowTiles; ++r) {
+      const bf16* m = kGateUp ? tile.matrix[r] : tile.matrix[2];
+      const std::int64_t n0 = kGateUp ? static_cast<std::int64_t>(blockIdx.x) * kGateUpRows
+                                      : static_cast<std::int64_t>(blockIdx.x) * kDownRows + 16 * r;
+      const auto* base = reinterpret_cast<const unsigned char*>(m);
+      rows[r] = base + n0 * row_bytes;
+      scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
+    }
+    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc);
+  } else {
+    // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
+    const bf16* rows[kRowTiles];
+    if constexpr (kGateUp) {
+      const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
+      rows[0] = tile.matrix[0] + n0 * K;
+      rows[1] = tile.matrix[1] + n0 * K;
+    } else {
+      const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
+      const bf16* base = tile.matrix[2];
+      rows[0] = base + h0 * K;
+      rows[1] = base + (h0 + 16) * K;
+    }
+    const int k_per_warp = K / kWarps;
+    const int k0 = warp * k_per_warp + 8 * q;
 #pragma unroll
-      for (int r = 0; r < kRowTiles; ++r) {
-        a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
-        a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
-      }
+    for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
+    const bf16* a_lo[kRowTiles];
+    const bf16* a_hi[kRowTiles];
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
+      a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
+    }
 
-      const int steps = k_per_warp / kKStep;
-      for (int s = 0; s < steps; s += kUnroll) {
-        uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
-        // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
-        // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
+    const int steps = k_per_warp / kKStep;
+    for (int s = 0; s < steps; s += kUnroll) {
+      uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
+      // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
+      // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int k = min(s + u, steps - 1) * kKStep;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = min(s + u, steps - 1) * kKStep;
 #pragma unroll
-          for (int r = 0; r < kRowTiles; ++r) {
-            alo[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_lo[r] + k);
-            ahi[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_hi[r] + k);
-          }
-#pragma unroll
-          for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
+        for (int r = 0; r < kRowTiles; ++r) {
+          alo[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_lo[r] + k);
+          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_hi[r] + k);
         }
 #pragma unroll
-        for (int u = 1; u < kUnroll; ++u)
-          if (s + u >= steps)
-#pragma unroll
-            for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-          for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-            for (int nt = 0; nt < kTokTiles; ++nt) {
-              ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
-                                  b[u][nt].y);
-              ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
-                                  b[u][nt].w);
-            }
+        for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
       }
-    }  // bf16
-
-    // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
-    __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];
-    if (warp > 0) {
 #pragma unroll
-      for (int r = 0; r < kRowTiles; ++r)
+      for (int u = 1; u < kUnroll; ++u)
+        if (s + u >= steps)
 #pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt)
+          for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) red[warp - 1][r][nt][i][lane] = acc[r][nt][i];
-    }
-    __syncthreads();
-    if (warp == 0) {  // warps 1.. are done
-#pragma unroll
-      for (int w = 0; w < kWarps - 1; ++w)
+      for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r)
 #pragma unroll
-          for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[r][nt][i] += red[w][r][nt][i][lane];
+          for (int nt = 0; nt < kTokTiles; ++nt) {
+            ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
+                                b[u][nt].y);
+            ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
+                                b[u][nt].w);
+          }
+    }
+  }  // bf16
 
-              // Accumulator (r, nt, i): weight row g + 8·(i/2) of row tile r, token nt·8 + 2q + (i % 2).
+  // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
+  __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];
+  if (warp > 0) {
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = nt * 8 + 2 * q + (i % 2);
-          if (c >= count) continue;
-          const int row = g + 8 * (i / 2);
-          if constexpr (kGateUp) {
-            const int f = blockIdx.x * kGateUpRows + row;
-            p.act[static_cast<std::int64_t>(act_row(c)) * p.intermediate + f] =
-                __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
-          } else {
-            bf16* yrow = p.y + static_cast<std::int64_t>(slot_of(c)) * p.hidden + blockIdx.x * kDownRows;
-#pragma unroll
-            for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
-          }
-        }
-    }
+        for (int i = 0; i < 4; ++i) red[warp - 1][r][nt][i][lane] = acc[r][nt][i];
   }
-  if constexpr (!kGateUp && kCombine)
-    if (warp == 0) combine_if_last(p);
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][nt][i] += red[w][r][nt][i][lane];
+
+          // Accumulator (r, nt, i): weight row g + 8·(i/2) of row tile r, token nt·8 + 2q + (i % 2).
+#pragma unroll
+  for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = nt * 8 + 2 * q + (i % 2);
+      if (c >= tile.count) continue;
+      const int row = g + 8 * (i / 2);
+      if constexpr (kGateUp) {
+        const int n = blockIdx.x * kGateUpRows + row;
+        p.act[static_cast<std::int64_t>(tile.row_start + c) * p.intermediate + n] =
+            __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
+      } else {
+        const int slot = p.sorted_slot[tile.row_start + c];
+        bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
+      }
+    }
 }
 
 }  // namespace amoeba::kernels::decode

@@ -15,15 +15,6 @@ namespace amoeba::kernels {
 // wgmma grouped GEMM on sm_90 devices (mma.sync elsewhere); kGroupedMma forces the mma.sync grouped GEMM.
 enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
-// What the decode path folds into its two GEMV launches (few tokens: the layer's fixed launches are a large
-// part of its time). kRouting: no routing launch; each block finds its expert and rows from the top-k ids
-// (one block row per slot, the expert's first slot of each tile's worth leading), while the slots fit one
-// block's threads. kRoutingAndCombine: that, and no combine launch either (the last down block of each row
-// slice sums the tokens' slots; up to kFusedCombineMaxTokens tokens, else kRouting). Other paths ignore it.
-// Results are bit-identical whichever is chosen.
-enum class DecodeFusion { kNone, kRouting, kRoutingAndCombine };
-inline constexpr int kFusedCombineMaxTokens = 32;
-
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
   int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
@@ -32,7 +23,6 @@ struct MoeConfig {
   int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
   int grouped_rows = 128;     // sm_90 grouped GEMM, bf16: weight rows per block, 128 (two blocks per SM) or
                               // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
-  DecodeFusion decode_fusion = DecodeFusion::kNone;  // decode: launches folded into the GEMVs
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

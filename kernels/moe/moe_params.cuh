@@ -9,7 +9,6 @@
 #include <type_traits>
 
 #include "moe/addressing.cuh"
-#include "moe/moe_config.hpp"
 
 namespace amoeba::kernels {
 
@@ -43,7 +42,6 @@ struct MoeParams {
   const int* num_tiles;    // [1]
   bf16* act;               // [S, F] SiLU(gate)·up, expert-sorted rows
   bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
-  int* combine_count;      // [H / 32] decode down blocks done per row slice (DecodeFusion: fused combine)
 };
 
 // Expert of slot s, or -1 when the routed id is outside [0, E) (such slots contribute nothing).

@@ -310,7 +310,6 @@ class PagedMoe {
     p.num_tiles = static_cast<int*>(at(lay.num_tiles));
     p.act = static_cast<bf16*>(at(lay.act));
     p.y = static_cast<bf16*>(at(lay.y));
-    p.combine_count = static_cast<int*>(at(lay.combine_count));
     r.total_experts = s.total_experts();
     r.tile_rows = choice.tile_tokens;
     r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
@@ -321,11 +320,22 @@ class PagedMoe {
     r.vals = static_cast<int*>(at(lay.vals));
     r.sorted_keys = static_cast<int*>(at(lay.sorted_keys));
 
-    const DecodeFusion fusion = fusion_of(choice, s);
-
-    // 1. Routing preparation (unless the decode blocks route themselves).
-    if (fusion == DecodeFusion::kNone)
-      if (Status st = route(r, at(lay.sort_temp), lay.sort_temp_bytes, stream); !st) return st;
+    // 1. Routing preparation.
+    if (p.num_slots <= routing::kSmallSlots) {
+      routing::small_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
+      if (Status st = launched("routing::small_kernel"); !st) return st;
+    } else {
+      routing::expand_kernel<Addressing><<<(p.num_slots + 255) / 256, 256, 0, stream>>>(r);
+      if (Status st = launched("routing::expand_kernel"); !st) return st;
+      std::size_t temp_bytes = lay.sort_temp_bytes;
+      if (cudaError_t e = cub::DeviceRadixSort::SortPairs(at(lay.sort_temp), temp_bytes, r.keys,
+                                                          r.sorted_keys, r.vals, r.sorted_slot, p.num_slots,
+                                                          0, routing::key_bits(r.total_experts), stream);
+          e != cudaSuccess)
+        return Status::error("cub::DeviceRadixSort", cudaGetErrorString(e));
+      routing::finalize_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
+      if (Status st = launched("routing::finalize_kernel"); !st) return st;
+    }
 
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
@@ -350,11 +360,10 @@ class PagedMoe {
           !st)
         return st;
     } else {
-      if (Status st = run_decode(p, s, choice, fusion, grid_tiles, stream); !st) return st;
+      if (Status st = run_decode(p, s, choice, grid_tiles, stream); !st) return st;
     }
 
-    // 4. Combine (unless the down stage's last blocks did).
-    if (fusion == DecodeFusion::kRoutingAndCombine) return Status::success();
+    // 4. Combine.
     const std::int64_t threads = static_cast<std::int64_t>(s.num_tokens) * (s.hidden / 8);
     return launch(detail::combine_kernel<Addressing>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
                   0, stream, p, "combine_kernel");
@@ -362,8 +371,7 @@ class PagedMoe {
 
  private:
   struct Layout {
-    std::size_t expert_offset, num_tiles, tiles, sorted_slot, keys, vals, sorted_keys, sort_temp, act, y,
-        combine_count;
+    std::size_t expert_offset, num_tiles, tiles, sorted_slot, keys, vals, sorted_keys, sort_temp, act, y;
     std::size_t sort_temp_bytes, total;
   };
 
@@ -396,7 +404,6 @@ class PagedMoe {
     l.sort_temp = take(l.sort_temp_bytes);
     l.act = take(slots * static_cast<std::size_t>(s.intermediate) * sizeof(bf16));
     l.y = take(slots * static_cast<std::size_t>(s.hidden) * sizeof(bf16));
-    l.combine_count = take(static_cast<std::size_t>(s.hidden / decode::kDownRows) * sizeof(int));
     l.total = off;
     return l;
   }
@@ -446,69 +453,30 @@ class PagedMoe {
         p, s, grid_tiles, Gemm::kSlices, Gemm::kSmem, device, stream, Gemm::kGateUpName, Gemm::kDownName);
   }
 
-  // The expert-sorted rows and work tiles (moe/routing.cuh): one block for small calls, CUB's radix sort
-  // beyond.
-  static Status route(const routing::RoutingParams<Addressing>& r, void* sort_temp, std::size_t temp_bytes,
-                      cudaStream_t stream) {
-    const int slots = r.moe.num_slots;
-    if (slots <= routing::kSmallSlots) {
-      routing::small_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
-      return launched("routing::small_kernel");
-    }
-    routing::expand_kernel<Addressing><<<(slots + 255) / 256, 256, 0, stream>>>(r);
-    if (Status st = launched("routing::expand_kernel"); !st) return st;
-    if (cudaError_t e = cub::DeviceRadixSort::SortPairs(sort_temp, temp_bytes, r.keys, r.sorted_keys, r.vals,
-                                                        r.sorted_slot, slots, 0,
-                                                        routing::key_bits(r.total_experts), stream);
-        e != cudaSuccess)
-      return Status::error("cub::DeviceRadixSort", cudaGetErrorString(e));
-    routing::finalize_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
-    return launched("routing::finalize_kernel");
-  }
-
-  // The decode fusion this call runs: the configuration's, as far as the shape allows (inline routing while
-  // the slots fit one block's threads, the fused combine up to kFusedCombineMaxTokens tokens); none on the
-  // other paths.
-  static constexpr DecodeFusion fusion_of(const MoeConfig& c, const MoeShape& s) {
-    if (c.path != MoePath::kDecode || s.num_slots() > 32LL * c.decode_warps) return DecodeFusion::kNone;
-    if (c.decode_fusion == DecodeFusion::kRoutingAndCombine && s.num_tokens > kFusedCombineMaxTokens)
-      return DecodeFusion::kRouting;
-    return c.decode_fusion;
-  }
-
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                           DecodeFusion fusion, unsigned grid_tiles, cudaStream_t stream) {
+                           unsigned grid_tiles, cudaStream_t stream) {
     Status st = Status::success();
-    auto run = [&]<class T>(T) {
-      switch (fusion) {
-        case DecodeFusion::kNone:
-          st = run_decode_tile<T, DecodeFusion::kNone>(p, s, grid_tiles, stream);
-          break;
-        case DecodeFusion::kRouting:  // one block row per slot
-          st = run_decode_tile<T, DecodeFusion::kRouting>(p, s, static_cast<unsigned>(p.num_slots), stream);
-          break;
-        case DecodeFusion::kRoutingAndCombine:
-          st = run_decode_tile<T, DecodeFusion::kRoutingAndCombine>(p, s, static_cast<unsigned>(p.num_slots),
-                                                                    stream);
-          break;
-      }
-    };
-    std::apply([&](auto... t) { ((names<decltype(t)>(c) ? (run(t), 0) : 0), ...); }, DecodeTiles{});
+    std::apply(
+        [&](auto... t) {
+          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, stream), 0) : 0),
+           ...);
+        },
+        DecodeTiles{});
     return st;
   }
 
-  template <class T, DecodeFusion kFusion>
-  static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_rows,
+  template <class T>
+  static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
                                 cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
-    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, T, Precision, kFusion>,
-                           dim3(s.intermediate / decode::kGateUpRows, grid_rows), T::kThreads, 0, stream, p,
+    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, T, Precision>,
+                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads, 0, stream, p,
                            "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
-    return launch(gemv_kernel<Addressing, Stage::kDown, T, Precision, kFusion>,
-                  dim3(s.hidden / decode::kDownRows, grid_rows), T::kThreads, 0, stream, p,
+    return launch(gemv_kernel<Addressing, Stage::kDown, T, Precision>,
+                  dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, 0, stream, p,
                   "decode::gemv_kernel<kDown>");
   }
 

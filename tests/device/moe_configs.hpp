@@ -1,7 +1,6 @@
 // Configurations of PagedMoe shared by the device tests (paged_moe_test.cu, quant_moe_test.cu) and
-// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, the default
-// table with another width of the sm_90 grouped GEMM's blocks, and with another decode fusion. Host-only
-// (moe/moe_config.hpp).
+// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, and the
+// default table with another width of the sm_90 grouped GEMM's blocks. Host-only (moe/moe_config.hpp).
 #pragma once
 
 #include "moe/moe_config.hpp"
@@ -34,22 +33,6 @@ struct GroupedRowsConfig {
                                                        kernels::MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested);
     c.grouped_rows = kRows;
-    return c;
-  }
-};
-
-// DefaultMoeConfig's choice with another decode fusion (what the decode path folds into its two launches).
-template <kernels::DecodeFusion kFusion>
-struct FusionConfig {
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.decode_fusion = kFusion;
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s,
-                                                       kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested);
-    c.decode_fusion = kFusion;
     return c;
   }
 };

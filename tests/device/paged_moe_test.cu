@@ -156,8 +156,8 @@ std::vector<std::uint16_t> check_case(ExpertStore& store, const MoeShape& shape,
   const auto out_p = paged.run(r, shape, store.paged_args(), path, with_shared_weights);
   const auto out_c = contiguous.run(r, shape, store.contiguous_args(), path, with_shared_weights);
   const kernels::MoeConfig chosen = PagedMoe<kernels::Paged, Config>::config(paged.args);
-  INFO(store.spec().name << " T=" << shape.num_tokens << " path=" << path_name(chosen.path) << " tile="
-                         << chosen.tile_tokens << " fusion=" << static_cast<int>(chosen.decode_fusion));
+  INFO(store.spec().name << " T=" << shape.num_tokens << " path=" << path_name(chosen.path)
+                         << " tile=" << chosen.tile_tokens);
   CHECK(count_nonfinite(out_p) == 0);
   CHECK(count_nonfinite(out_c) == 0);
   // Same instructions on the same values: paged and contiguous agree bit for bit.
@@ -503,75 +503,4 @@ TEST_CASE("the wide grouped GEMM equals the two-block grouped GEMM", "[gpu][wide
     ExpertStore store(spec, 33);
     for (int tokens : {64, 1024}) check_wide_case(store, tokens, 1300 + tokens);
   }
-}
-
-// Decode fusions (MoeConfig::decode_fusion) change where the routing and the combine happen, never a value:
-// each fused layer equals the unfused decode layer bit for bit (and passes check_case's references), with
-// shared experts, repeated experts, an expert with more rows than a tile (several inline blocks lead a tile
-// of it each), past the fusions' limits (more than kFusedCombineMaxTokens tokens: routing only; more slots
-// than a block has threads: none) and on the default table's decode tiles.
-// The default table's decode choice, or one decode tile (kTile != 0), with decode fusion kFusion.
-template <kernels::DecodeFusion kFusion, int kTile = 0, int kWarps = 4, int kUnroll = 1>
-struct FusedConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (kTile != 0 && c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll};
-    c.decode_fusion = kFusion;
-    return c;
-  }
-};
-
-template <int kTile = 0, int kWarps = 4, int kUnroll = 1>
-void check_fusions(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  using kernels::DecodeFusion;
-  const MoeShape shape = shape_of(store.spec(), tokens);
-  const bool cpu = store.spec().hidden <= 256;
-  const auto none = check_case<FusedConfig<DecodeFusion::kNone, kTile, kWarps, kUnroll>>(
-      store, shape, MoePath::kDecode, cpu, 16, seed, hot_expert);
-  const auto routing = check_case<FusedConfig<DecodeFusion::kRouting, kTile, kWarps, kUnroll>>(
-      store, shape, MoePath::kDecode, false, 16, seed, hot_expert);
-  const auto both = check_case<FusedConfig<DecodeFusion::kRoutingAndCombine, kTile, kWarps, kUnroll>>(
-      store, shape, MoePath::kDecode, false, 16, seed, hot_expert);
-  INFO(store.spec().name << " T=" << tokens << " tile=" << kTile << (hot_expert >= 0 ? " skewed" : "")
-                         << ": fused against unfused decode");
-  CHECK(std::memcmp(routing.data(), none.data(), none.size() * 2) == 0);
-  CHECK(std::memcmp(both.data(), none.data(), none.size() * 2) == 0);
-}
-
-TEST_CASE("decode fusions equal the unfused decode layer", "[gpu][small][sanitize]") {
-  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 3 slots per token
-  ExpertStore store(tiny, 41, 3);
-  for (int tokens : {1, 3, 12, 32, 33, 43}) check_fusions(store, tokens, 1500 + tokens);
-  check_fusions(store, 32, 1600, 5);
-  // 8-token tiles: the shared expert's 12 and 32 rows (and the hot expert's) are led by several slots.
-  check_fusions<8, 4, 2>(store, 12, 1700, 5);
-  check_fusions<8, 4, 2>(store, 32, 1800);
-}
-
-TEST_CASE("decode fusions on model shapes", "[gpu][models]") {
-  for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
-    ExpertStore store(spec, 43);
-    for (int tokens : {1, 3, 14, 20, 40}) check_fusions(store, tokens, 1800 + tokens);
-  }
-}
-
-TEST_CASE("decode fusions skip ids outside [0, E)", "[gpu][small]") {
-  using kernels::DecodeFusion;
-  const ModelSpec spec{"tiny", 8, 2, 256, 128, 0};
-  ExpertStore store(spec, 3, 0);
-  RoutingSet r = make_routing(spec, 9, 5);
-  std::vector<std::int32_t> ids = r.ids_host;
-  for (int t = 0; t < 9; ++t) ids[2 * t + (t % 2)] = (t % 3) ? -1 : 99;
-  ids[0] = ids[1] = 3;  // one token routed twice to the same expert
-  r.ids.upload(ids);
-  const MoeShape shape = shape_of(spec, 9);
-  Runner<kernels::Contiguous, FusedConfig<DecodeFusion::kNone>> none;
-  Runner<kernels::Contiguous, FusedConfig<DecodeFusion::kRouting>> routing;
-  Runner<kernels::Paged, FusedConfig<DecodeFusion::kRoutingAndCombine>> both;
-  const auto a = none.run(r, shape, store.contiguous_args(), MoePath::kDecode, false);
-  const auto b = routing.run(r, shape, store.contiguous_args(), MoePath::kDecode, false);
-  const auto c = both.run(r, shape, store.paged_args(), MoePath::kDecode, false);
-  CHECK(count_nonfinite(a) == 0);
-  CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
-  CHECK(std::memcmp(a.data(), c.data(), a.size() * 2) == 0);
 }

@@ -317,43 +317,6 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   }
 }
 
-// Decode fusions on quantized experts (the same decode kernels): bit-identical to the unfused layer, paged
-// and contiguous, and within the reference's tolerance.
-template <class Precision>
-void check_quant_fusions(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  using kernels::DecodeFusion;
-  const MoeShape shape = shape_of(store.spec, tokens);
-  const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
-  const long long stride = store.stride();
-  const auto none = run_layer<kernels::Contiguous, Precision, FusionConfig<DecodeFusion::kNone>>(
-      r, shape, store.contiguous_args(), stride, MoePath::kDecode);
-  const auto routing = run_layer<kernels::Paged, Precision, FusionConfig<DecodeFusion::kRouting>>(
-      r, shape, store.paged_args(), stride, MoePath::kDecode);
-  const auto both = run_layer<kernels::Paged, Precision, FusionConfig<DecodeFusion::kRoutingAndCombine>>(
-      r, shape, store.paged_args(), stride, MoePath::kDecode);
-  INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
-                       << (hot_expert >= 0 ? " skewed" : "") << ": fused against unfused decode");
-  CHECK(std::memcmp(routing.data(), none.data(), none.size() * 2) == 0);
-  CHECK(std::memcmp(both.data(), none.data(), none.size() * 2) == 0);
-  check_quant_case<Precision, FusionConfig<DecodeFusion::kRoutingAndCombine>>(store, tokens, seed,
-                                                                              MoePath::kDecode, hot_expert);
-}
-
-TEST_CASE("quantized experts: decode fusions equal the unfused layer", "[gpu][small][quant]") {
-  const QuantStore s8(kSmall, Bits::kInt8, 51), s4(kSmall, Bits::kInt4, 52);
-  for (int tokens : {1, 3, 16, 33}) {  // 33: past kFusedCombineMaxTokens, unfused
-    check_quant_fusions<kernels::Int8>(s8, tokens, 1500 + tokens);
-    check_quant_fusions<kernels::Int4>(s4, tokens, 1600 + tokens);
-  }
-  check_quant_fusions<kernels::Int8>(s8, 16, 1700, 3);
-}
-
-TEST_CASE("quantized experts: decode fusions on model shapes", "[gpu][models][quant]") {
-  const QuantStore q8(kQwen15, Bits::kInt8, 53), q4(kQwen3, Bits::kInt4, 54);
-  check_quant_fusions<kernels::Int8>(q8, 3, 1800);
-  check_quant_fusions<kernels::Int4>(q4, 3, 1900);
-}
-
 TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant]") {
   using Moe8 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int8>;
   using Moe4 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int4>;

@@ -82,12 +82,19 @@ struct DefaultMoeConfig {
   static constexpr int kDecodeTile = 32;           // the largest decode tile (kDecode asked for at any size)
   static constexpr double kDecodeMeanBatch = 1.0;  // kAuto decodes while the mean routed batch is below this
   static constexpr int kQuantDecodeTile = 32;      // quantized experts: decode while the batch fits this many
+  static constexpr int kQuantSharedDecodeTokens = 128;  // ... and shared chunks (every token) this many
   static constexpr int kGroupedTile = 128;
   static constexpr int kWideMinIntermediate = 8192;  // 256-row grouped blocks from this F ...
   static constexpr double kWideMinMeanBatch = 256;   // ... and this mean routed batch
 
-  // Quantized experts (select_quantized): the decode collective while the expected largest batch fits
-  // kQuantDecodeTile tokens, the grouped GEMM (wgmma, dequantising in shared memory) beyond. Their rows, from
+  // Quantized experts (select_quantized): the decode collective while the expected largest routed batch fits
+  // kQuantDecodeTile tokens and shared chunks, which take every token, at most kQuantSharedDecodeTokens; the
+  // grouped GEMM (wgmma, dequantising in shared memory) beyond. Measured on the H200 with idle warpgroups
+  // skipping their wgmma (docs/results/quantized_h200.md, "Where decode and grouped cross"): grouped over
+  // decode 1.15–1.22× (int8) and 1.21–1.41× (int4) at the last decoded sizes (Qwen3 at 256 tokens, Mixtral
+  // at 64), 0.69–0.84× at the first grouped ones (Qwen3 at 512, Mixtral at 128); Qwen1.5 with its 4 shared
+  // chunks 1.18× / 1.36× at 128 tokens and 0.85× / 0.94× at 256 (mean routed batch 17: decoded by the routed
+  // rule alone). The decode rows, from
   // the quantized sweep on the H200 (docs/results/quantized_h200.md, "Choosing the quantized decode tiles"):
   // the dequantising main loop needs about twice the registers of the bf16 one, so the tiles that keep fewest
   // live (8 or 16 tokens, one k-step in flight) run fastest; 8-token tiles even when a few experts' batches
@@ -119,12 +126,15 @@ struct DefaultMoeConfig {
   }
 
   // The configuration for quantized experts (PagedMoe<..., Int8|Int4>): kAuto picks the path by
-  // kQuantDecodeTile; on the decode path the first row of kQuantDecodeRows the shape satisfies, else
-  // 32-token tiles.
+  // kQuantDecodeTile and kQuantSharedDecodeTokens; on the decode path the first row of kQuantDecodeRows the
+  // shape satisfies, else 32-token tiles.
   static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested) {
     MoePath path = requested;
-    if (path == MoePath::kAuto)
-      path = config_detail::fits(mean_batch(s), kQuantDecodeTile) ? MoePath::kDecode : MoePath::kGrouped;
+    if (path == MoePath::kAuto) {
+      const bool shared_fits = s.num_shared_chunks == 0 || s.num_tokens <= kQuantSharedDecodeTokens;
+      path = config_detail::fits(mean_batch(s), kQuantDecodeTile) && shared_fits ? MoePath::kDecode
+                                                                                 : MoePath::kGrouped;
+    }
     if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
     for (const DecodeRow& r : kQuantDecodeRows)
       if (matches(r, s)) return {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch};
@@ -167,6 +177,22 @@ static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, Moe
               MoeConfig{MoePath::kDecode, 16, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
+// The last decoded and the first grouped sizes: Qwen3 256 / 512 tokens, Mixtral 64 / 128, Qwen1.5 with its
+// shared chunks 128 / 256.
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
+              MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({512, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
+              MoePath::kGrouped);
+static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto).path ==
+              MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto).path ==
+              MoePath::kGrouped);
+static_assert(DefaultMoeConfig::select_quantized({128, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path ==
+              MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path ==
+              MoePath::kGrouped);
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 0}, MoePath::kAuto).path ==
+              MoePath::kDecode);
 static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kDecode) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped) ==

@@ -12,7 +12,9 @@
 // --seed: the page-permutation seeds, one paged view per placement and seed; --seconds: time per view per
 // case; --config: configurations measured side by side, the first at every size and the one reported
 // (bf16_configs() and quant_configs() list them; an unknown name is refused before anything runs):
-// default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's;
+// default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's
+// (t8w4u3, t8w4u4, t8w8u2, t8w8u4 alike: 8-token tiles with 4 or 8 warps and 3 or 4 k-steps of loads in
+// flight, the more bytes in flight per block at 1–3 tokens);
 // p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 / 128 weight rows per block (grouped sizes only); int8 /
@@ -165,10 +167,21 @@ struct Graph : GraphBase {
   }
 };
 
+// PagedMoe's default decode tiles plus T when they lack it (each tile once: a tile listed twice would run
+// twice).
+template <class T, class Tiles = kernels::detail::DefaultDecodeTiles>
+struct with_tile;
+template <class T, class... Ts>
+struct with_tile<T, std::tuple<Ts...>> {
+  using type = std::conditional_t<(std::is_same_v<T, Ts> || ...), std::tuple<Ts...>, std::tuple<Ts..., T>>;
+};
+
 // Configurations compared against the default (A/B): one decode tile wherever it holds the expected largest
-// batch and K allows its warps, the default's choice elsewhere.
+// batch and K allows its warps, the default's choice elsewhere; tiles the default does not instantiate are
+// added to the configuration's own.
 template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
 struct DecodeTileConfig {
+  using DecodeTiles = typename with_tile<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>::type;
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path != MoePath::kDecode) return c;
@@ -221,6 +234,10 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"t8", {&make_graphs<DecodeTileConfig<8, 4, 2>>, Where::kDecode}},
           {"t32", {&make_graphs<DecodeTileConfig<32, 4, 1>>, Where::kDecode}},
           {"w8", {&make_graphs<DecodeTileConfig<32, 8, 2>>, Where::kDecode}},
+          {"t8w4u3", {&make_graphs<DecodeTileConfig<8, 4, 3>>, Where::kDecode}},
+          {"t8w4u4", {&make_graphs<DecodeTileConfig<8, 4, 4>>, Where::kDecode}},
+          {"t8w8u2", {&make_graphs<DecodeTileConfig<8, 8, 2>>, Where::kDecode}},
+          {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
           {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},

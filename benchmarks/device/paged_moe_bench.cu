@@ -194,9 +194,14 @@ struct DecodeTileConfig {
   }
 };
 
-// The default table's choice with another L2 prefetch hint on the decode path.
+// The default table's choice with another L2 prefetch hint on the decode path (its own tile list: the
+// default's and the 256-byte variants of the tiles the default lacks them for).
 template <int kPrefetch>
 struct PrefetchConfig {
+  using DecodeTiles = decltype(std::tuple_cat(
+      kernels::detail::DefaultDecodeTiles{},
+      std::tuple<kernels::decode::Tile<1, 4, 3, 256>, kernels::decode::Tile<1, 4, 4, 256>,
+                 kernels::decode::Tile<1, 8, 2, 256>>{}));
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path == MoePath::kDecode) c.decode_prefetch = kPrefetch;

@@ -52,10 +52,15 @@ constexpr bool fits(double mean, double limit) {
 // tokens: 0.4–5.6% faster), 128 elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral
 // at 256 tokens). The decode tile is the first row of kDecodeRows the shape satisfies. Each row is the
 // fastest of the tiles measured on the H200 for its shapes (docs/kernel.md, "Decode tiles"; same process,
-// contiguous medians):
-//  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles, 4–12% faster than 32-token ones;
-//  - one or two routed slots on huge experts (Mixtral at 1 token): the down projection has only H/32 blocks
-//    per expert, so 8 warps split K: 6% faster, but 1.5–20% slower wherever there are more blocks;
+// contiguous medians; the 8-token rows with 3 or 4 k-steps or 8 warps: docs/results/paged_moe_h200.md,
+// "Decode tiles with more bytes in flight", 3 processes):
+//  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles with two k-steps in flight, 4–12%
+//    faster than 32-token ones, 0.1–10% faster than three or four k-steps;
+//  - up to 6 routed slots on huge experts (Mixtral at 1 and 3 tokens): 8-token tiles with 8 warps splitting K
+//    (the down projection has only H/32 blocks per expert): 0.945× and 0.926× the 32-token tiles' time;
+//  - more slots on small experts, still below one token per expert (Qwen at 8 and 14 tokens): 8-token tiles
+//    with more loads in flight than the 32-token tile's one k-step: three k-steps where F <= 1024 (Qwen3:
+//    0.931–0.948×; four: 0.962–0.972×), four up to F = 2048 (Qwen1.5: 0.936–0.986×; three: 0.958–0.991×);
 //  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 16-token tiles
 //    were 1–6% faster on Qwen at 16 and 33 tokens but made the paged layer up to 3% slower than the
 //    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
@@ -75,7 +80,9 @@ struct DefaultMoeConfig {
   static constexpr DecodeRow kDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch
       {24,        0,      2048,    8,      8,   4,    2,     128},
-      {2,         8192,   1 << 30, 32,     32,  8,    2,     128},
+      {6,         8192,   1 << 30, 8,      8,   8,    2,     128},
+      {1LL << 40, 0,      1024,    8,      8,   4,    3,     128},
+      {1LL << 40, 0,      2048,    8,      8,   4,    4,     128},
       {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128},
   };
   // clang-format on
@@ -208,16 +215,18 @@ static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto
 static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({8, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32, 4, 1});
+              MoeConfig{MoePath::kDecode, 8, 4, 3});
+static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 4});
 static_assert(DefaultMoeConfig::select({15, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
 static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({16, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kGrouped);
 static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32, 8, 2});
+              MoeConfig{MoePath::kDecode, 8, 8, 2});
 static_assert(DefaultMoeConfig::select({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 32, 4, 1});
+              MoeConfig{MoePath::kDecode, 8, 8, 2});
 static_assert(DefaultMoeConfig::select({4, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
 static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==

@@ -1,0 +1,127 @@
+// DefaultMoeConfig (kernels/moe/moe_config.hpp) on the model shapes the kernels are measured on, at every
+// token count from 1 to 32768: the rules its comments state hold for every choice, not only for the
+// static_assert examples in the header (which this file also compiles on machines without CUDA).
+#include "moe/moe_config.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+namespace {
+
+using amoeba::kernels::DefaultMoeConfig;
+using amoeba::kernels::MoeConfig;
+using amoeba::kernels::MoePath;
+using amoeba::kernels::MoeShape;
+
+struct Model {
+  const char* name;
+  MoeShape shape;  // num_tokens set per case
+};
+
+const std::vector<Model>& models() {
+  static const std::vector<Model> m = {
+      {"qwen1.5-moe-a2.7b", {0, 2048, 1408, 60, 4, 0}},
+      {"qwen1.5-moe-a2.7b+shared", {0, 2048, 1408, 60, 4, 4}},
+      {"qwen3-30b-a3b", {0, 2048, 768, 128, 8, 0}},
+      {"mixtral-8x7b", {0, 4096, 14336, 8, 2, 0}},
+  };
+  return m;
+}
+
+// The decode tiles PagedMoe instantiates by default (kernels/moe/paged_moe.cuh, detail::DefaultDecodeTiles
+// and DefaultQuantDecodeTiles): tokens, warps, k-steps in flight, prefetch bytes.
+bool bf16_tile_instantiated(const MoeConfig& c) {
+  struct T {
+    int tokens, warps, unroll, prefetch;
+  };
+  for (const T t : {T{8, 4, 2, 128}, T{8, 4, 3, 128}, T{8, 4, 4, 128}, T{8, 8, 2, 128}, T{32, 4, 1, 128},
+                    T{32, 8, 2, 128}, T{8, 4, 2, 256}, T{32, 4, 1, 256}, T{32, 8, 2, 256}})
+    if (c.tile_tokens == t.tokens && c.decode_warps == t.warps && c.decode_unroll == t.unroll &&
+        c.decode_prefetch == t.prefetch)
+      return true;
+  return false;
+}
+bool quant_tile_instantiated(const MoeConfig& c) {
+  struct T {
+    int tokens, warps, unroll;
+  };
+  for (const T t : {T{8, 4, 1}, T{8, 8, 1}, T{16, 4, 1}, T{32, 4, 1}})
+    if (c.tile_tokens == t.tokens && c.decode_warps == t.warps && c.decode_unroll == t.unroll) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("bf16: decode below one token per routed expert, grouped from there, never back", "[moe_config]") {
+  for (const Model& m : models()) {
+    INFO(m.name);
+    bool grouped_seen = false, wide_seen = false;
+    for (int t = 1; t <= 32768; ++t) {
+      MoeShape s = m.shape;
+      s.num_tokens = t;
+      const MoeConfig c = DefaultMoeConfig::select(s, MoePath::kAuto);
+      INFO("T=" << t);
+      const bool below_one = static_cast<long long>(t) * s.top_k < s.num_experts;
+      CHECK((c.path == MoePath::kDecode) == below_one);
+      if (c.path == MoePath::kDecode) {
+        CHECK_FALSE(grouped_seen);
+        CHECK(bf16_tile_instantiated(c));
+        // K is split over the warps in 32-value steps.
+        CHECK(s.hidden % (32 * c.decode_warps) == 0);
+        CHECK(s.intermediate % (32 * c.decode_warps) == 0);
+      } else {
+        grouped_seen = true;
+        CHECK(c.tile_tokens == 128);
+        CHECK((c.grouped_rows == 128 || c.grouped_rows == 256));
+        // 256-row blocks only on wide experts, and once taken, kept.
+        if (c.grouped_rows == 256) CHECK(s.intermediate >= DefaultMoeConfig::kWideMinIntermediate);
+        if (wide_seen) CHECK(c.grouped_rows == 256);
+        wide_seen = wide_seen || c.grouped_rows == 256;
+      }
+    }
+    CHECK(grouped_seen);
+  }
+}
+
+TEST_CASE("bf16: the decode path asked for at any size names an instantiated tile", "[moe_config]") {
+  for (const Model& m : models())
+    for (int t : {1, 3, 8, 14, 16, 33, 64, 256, 1024, 4096, 16384}) {
+      MoeShape s = m.shape;
+      s.num_tokens = t;
+      const MoeConfig c = DefaultMoeConfig::select(s, MoePath::kDecode);
+      INFO(m.name << " T=" << t);
+      CHECK(c.path == MoePath::kDecode);
+      CHECK(bf16_tile_instantiated(c));
+      CHECK(s.hidden % (32 * c.decode_warps) == 0);
+      CHECK(s.intermediate % (32 * c.decode_warps) == 0);
+    }
+}
+
+TEST_CASE("quantized: decode up to a crossover, grouped from there, never back", "[moe_config]") {
+  for (const Model& m : models()) {
+    INFO(m.name);
+    bool grouped_seen = false;
+    int last_decoded = 0;
+    for (int t = 1; t <= 32768; ++t) {
+      MoeShape s = m.shape;
+      s.num_tokens = t;
+      const MoeConfig c = DefaultMoeConfig::select_quantized(s, MoePath::kAuto);
+      INFO("T=" << t);
+      if (c.path == MoePath::kDecode) {
+        CHECK_FALSE(grouped_seen);
+        CHECK(quant_tile_instantiated(c));
+        last_decoded = t;
+      } else {
+        CHECK(c.path == MoePath::kGrouped);
+        CHECK(c.tile_tokens == 128);
+        CHECK(c.grouped_rows == 128);  // the wide kernel reads bf16 experts only
+        grouped_seen = true;
+      }
+    }
+    // Shared chunks take every token: decoded up to kQuantSharedDecodeTokens at most.
+    if (m.shape.num_shared_chunks > 0) CHECK(last_decoded <= DefaultMoeConfig::kQuantSharedDecodeTokens);
+    CHECK(last_decoded > 0);
+    CHECK(grouped_seen);
+  }
+}

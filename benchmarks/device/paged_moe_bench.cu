@@ -198,10 +198,8 @@ struct DecodeTileConfig {
 // default's and the 256-byte variants of the tiles the default lacks them for).
 template <int kPrefetch>
 struct PrefetchConfig {
-  using DecodeTiles = decltype(std::tuple_cat(
-      kernels::detail::DefaultDecodeTiles{},
-      std::tuple<kernels::decode::Tile<1, 4, 3, 256>, kernels::decode::Tile<1, 4, 4, 256>,
-                 kernels::decode::Tile<1, 8, 2, 256>>{}));
+  using DecodeTiles = decltype(std::tuple_cat(kernels::detail::DefaultDecodeTiles{},
+                                              std::tuple<kernels::decode::Tile<1, 8, 2, 256>>{}));
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path == MoePath::kDecode) c.decode_prefetch = kPrefetch;

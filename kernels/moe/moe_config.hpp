@@ -52,16 +52,18 @@ constexpr bool fits(double mean, double limit) {
 // tokens: 0.4–5.6% faster), 128 elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral
 // at 256 tokens). The decode tile is the first row of kDecodeRows the shape satisfies. Each row is the
 // fastest of the tiles measured on the H200 for its shapes (docs/kernel.md, "Decode tiles"; same process,
-// contiguous medians; the 8-token rows with 3 or 4 k-steps or 8 warps: docs/results/paged_moe_h200.md,
+// contiguous medians; the 8-token tiles with 8 warps or 3–4 k-steps: docs/results/paged_moe_h200.md,
 // "Decode tiles with more bytes in flight", 3 processes):
 //  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles with two k-steps in flight, 4–12%
 //    faster than 32-token ones, 0.1–10% faster than three or four k-steps;
 //  - up to 6 routed slots on huge experts (Mixtral at 1 and 3 tokens): 8-token tiles with 8 warps splitting K
 //    (the down projection has only H/32 blocks per expert): 0.945× and 0.926× the 32-token tiles' time;
-//  - more slots on small experts, still below one token per expert (Qwen at 8 and 14 tokens): 8-token tiles
-//    with more loads in flight than the 32-token tile's one k-step: three k-steps where F <= 1024 (Qwen3:
-//    0.931–0.948×; four: 0.962–0.972×), four up to F = 2048 (Qwen1.5: 0.936–0.986×; three: 0.958–0.991×);
-//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 16-token tiles
+//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 8-token tiles
+//    with three or four k-steps took 0.931–0.986× their time on Qwen at 8 and 14 tokens under the benchmark's
+//    uniform router, but made the CUDA backend's decode steps at batch 7–14 on Qwen1.5 with its shared chunks
+//    up to 1.3× slower: an expert's batch can reach T (the shared chunks always do, a skewed router often),
+//    and every 8 tokens more re-read the expert, so the 8-token rows are kept to shapes where no expert can
+//    get more than 8 tokens (docs/results/calibration_h200.md). 16-token tiles
 //    were 1–6% faster on Qwen at 16 and 33 tokens but made the paged layer up to 3% slower than the
 //    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
 //  - the weights' L2 prefetch hint: 128 bytes everywhere. Against 256 (docs/results/paged_moe_h200.md, one
@@ -81,8 +83,6 @@ struct DefaultMoeConfig {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch
       {24,        0,      2048,    8,      8,   4,    2,     128},
       {6,         8192,   1 << 30, 8,      8,   8,    2,     128},
-      {1LL << 40, 0,      1024,    8,      8,   4,    3,     128},
-      {1LL << 40, 0,      2048,    8,      8,   4,    4,     128},
       {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128},
   };
   // clang-format on
@@ -215,9 +215,9 @@ static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto
 static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({8, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 3});
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 4});
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({15, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});

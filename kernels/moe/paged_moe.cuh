@@ -115,14 +115,13 @@ Status set_smem(int device, int bytes) {
 }
 
 // The decode tiles PagedMoe instantiates unless its configuration lists its own: DefaultMoeConfig's rows
-// (8-token tiles with 2, 3 or 4 k-steps in flight, with 8 warps; the 32-token tile), the 32-token tile with 8
-// warps its Mixtral row had before, and the first three's 256-byte L2 prefetch variants
+// (8-token tiles with 4 warps and 2 k-steps or with 8 warps; the 32-token tile), the 32-token tile with 8
+// warps its Mixtral row had before, and the 256-byte L2 prefetch variants of three of them
 // (docs/results/paged_moe_h200.md: Qwen's many small experts gain with 128 bytes, Mixtral's few big ones are
 // mixed).
 using DefaultDecodeTiles =
-    std::tuple<decode::Tile<1, 4, 2>, decode::Tile<1, 4, 3>, decode::Tile<1, 4, 4>, decode::Tile<1, 8, 2>,
-               decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>, decode::Tile<1, 4, 2, 256>,
-               decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
+    std::tuple<decode::Tile<1, 4, 2>, decode::Tile<1, 8, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>,
+               decode::Tile<1, 4, 2, 256>, decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
 // Quantized experts' tiles (DefaultMoeConfig::kQuantDecodeRows and the 32-token fallback), for configurations
 // that choose quantized tiles themselves (quantized_moe_config); the others' select() names bf16 tiles.
 using DefaultQuantDecodeTiles =

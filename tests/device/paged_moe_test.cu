@@ -466,8 +466,6 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
     check_case<DecodeTileConfig<8, 4, 2, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 4, 1, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<32, 8, 2, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
-    check_case<DecodeTileConfig<8, 4, 3>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
-    check_case<DecodeTileConfig<8, 4, 4>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
 }
@@ -480,8 +478,6 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
       check_case<DecodeTileConfig<8, 4, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
-      check_case<DecodeTileConfig<8, 4, 3>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
-      check_case<DecodeTileConfig<8, 4, 4>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
     }
   }

@@ -35,8 +35,8 @@ bool bf16_tile_instantiated(const MoeConfig& c) {
   struct T {
     int tokens, warps, unroll, prefetch;
   };
-  for (const T t : {T{8, 4, 2, 128}, T{8, 4, 3, 128}, T{8, 4, 4, 128}, T{8, 8, 2, 128}, T{32, 4, 1, 128},
-                    T{32, 8, 2, 128}, T{8, 4, 2, 256}, T{32, 4, 1, 256}, T{32, 8, 2, 256}})
+  for (const T t : {T{8, 4, 2, 128}, T{8, 8, 2, 128}, T{32, 4, 1, 128}, T{32, 8, 2, 128}, T{8, 4, 2, 256},
+                    T{32, 4, 1, 256}, T{32, 8, 2, 256}})
     if (c.tile_tokens == t.tokens && c.decode_warps == t.warps && c.decode_unroll == t.unroll &&
         c.decode_prefetch == t.prefetch)
       return true;
@@ -67,6 +67,9 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
       if (c.path == MoePath::kDecode) {
         CHECK_FALSE(grouped_seen);
         CHECK(bf16_tile_instantiated(c));
+        // A tile smaller than the largest decode tile must hold any expert's batch, which can reach T (shared
+        // chunks always, a skewed router often): an expert that overflows it is read once per tile.
+        if (c.tile_tokens < DefaultMoeConfig::kDecodeTile) CHECK(t <= c.tile_tokens);
         // K is split over the warps in 32-value steps.
         CHECK(s.hidden % (32 * c.decode_warps) == 0);
         CHECK(s.intermediate % (32 * c.decode_warps) == 0);

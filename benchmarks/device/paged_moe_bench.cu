@@ -6,6 +6,10 @@
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
 //                   [--sets 8] [--placement shuffled,adjacent] [--seed 1,2,3] [--seconds 0.1]
+//                   [--router uniform|hot:E|zipf:S]
+// --router: how each token's k experts are drawn (tests/device/routing_draw.hpp; uniform by default, as in
+// every result so far): zipf:S skews them as a trained router does (popularity ∝ 1 / rank^S), hot:E puts
+// expert E in every other token;
 // --placement: where the paged views put the matrices (testing::Placement: `shuffled` scatters every matrix,
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
@@ -334,6 +338,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> configs = {"default"};
   int num_sets = 8;
   double seconds = 0.1;
+  Router router;  // uniform
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--json")
@@ -348,12 +353,34 @@ int main(int argc, char** argv) {
       seeds = parse_ints(v);
     else if (k == "--seconds")
       seconds = std::stod(v);
-    else if (k == "--models")
+    else if (k == "--router") {
+      try {
+        router = Router::parse(v);
+      } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+      }
+    } else if (k == "--models")
       models = split(v);
     else if (k == "--config")
       configs = split(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  const std::map<std::string, ModelSpec> specs = {
+      {"qwen15", kQwen15Routed}, {"qwen15_shared", kQwen15}, {"qwen3", kQwen3}, {"mixtral", kMixtral}};
+  for (const std::string& m : models) {
+    const auto it = specs.find(m);
+    if (it == specs.end()) {
+      std::fprintf(stderr, "--models: unknown model '%s' (known: qwen15, qwen15_shared, qwen3, mixtral)\n",
+                   m.c_str());
+      return 2;
+    }
+    if (router.kind == Router::Kind::kHot && router.hot_expert >= it->second.num_experts) {
+      std::fprintf(stderr, "--router %s: %s has %d routed experts (ids 0..%d)\n", router.name().c_str(),
+                   m.c_str(), it->second.num_experts, it->second.num_experts - 1);
       return 2;
     }
   }
@@ -378,17 +405,17 @@ int main(int argc, char** argv) {
   const double read_gbs = read_bandwidth_gbs(prop.multiProcessorCount);
   std::printf("%s: device copy %.0f GB/s (read+write), read %.0f GB/s\n", prop.name, copy_gbs, read_gbs);
 
-  const std::map<std::string, ModelSpec> specs = {
-      {"qwen15", kQwen15Routed}, {"qwen15_shared", kQwen15}, {"qwen3", kQwen3}, {"mixtral", kMixtral}};
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   cudaEvent_t ev[2];
   for (auto& e : ev) cudaEventCreate(&e);
 
   std::FILE* js = std::fopen(json_path.c_str(), "w");
-  std::fprintf(
-      js, "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"read_gbs\": %.1f,\n \"sets\": %d,\n \"cases\": [\n",
-      prop.name, copy_gbs, read_gbs, num_sets);
+  std::fprintf(js,
+               "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"read_gbs\": %.1f,\n \"sets\": %d,\n "
+               "\"router\": \"%s\",\n "
+               "\"cases\": [\n",
+               prop.name, copy_gbs, read_gbs, num_sets, router.name().c_str());
   bool first = true;
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
@@ -413,7 +440,7 @@ int main(int argc, char** argv) {
       std::vector<RoutingSet> sets;
       double distinct = 0;
       for (int i = 0; i < num_sets; ++i) {
-        sets.push_back(make_routing(spec, t, 7919ULL * t + i));
+        sets.push_back(make_routing(spec, t, 7919ULL * t + i, router));
         distinct += sets.back().distinct_experts;
       }
       distinct /= num_sets;

@@ -17,6 +17,7 @@
 
 #include "moe/addressing.cuh"
 #include "moe/moe_shape.hpp"
+#include "routing_draw.hpp"
 
 namespace amoeba::testing {
 
@@ -256,9 +257,10 @@ class ExpertStore {
   int num_buffered_ = 0;
 };
 
-// Inputs of one layer call: tokens, each routed to k distinct uniformly drawn experts with positive weights
-// that sum to 1, and a per-token shared weight in (0, 1) (a sigmoid gate's range). With `hot_expert` >= 0,
-// every other token (half of them) has that expert among its k: skewed routing, one expert far over a tile.
+// Inputs of one layer call: tokens and their routing as routing_draw.hpp draws it (by default each token's k
+// distinct experts uniformly, positive weights summing to 1, a per-token shared weight in (0, 1)). With
+// `hot_expert` >= 0, every other token (half of them) has that expert among its k: skewed routing, one expert
+// far over a tile; `router` names any of the drawn routers (uniform, hot, zipf).
 struct RoutingSet {
   int tokens = 0;
   DeviceBuffer<bf16> x;
@@ -270,34 +272,16 @@ struct RoutingSet {
   int distinct_experts = 0;
 };
 
-inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t seed, int hot_expert = -1) {
+inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t seed, const Router& router) {
   RoutingSet r;
   r.tokens = tokens;
   r.x = DeviceBuffer<bf16>(static_cast<std::size_t>(tokens) * m.hidden);
   if (tokens > 0) fill_uniform(r.x.get(), r.x.size(), seed ^ 0x5151, 1.0f);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> uni(0.05f, 1.0f);
-  std::vector<int> perm(m.num_experts);
-  std::vector<char> used(m.num_experts, 0);
-  r.ids_host.resize(static_cast<std::size_t>(tokens) * m.top_k);
-  r.weights_host.resize(r.ids_host.size());
-  r.shared_host.resize(tokens);
-  for (int t = 0; t < tokens; ++t) {
-    std::iota(perm.begin(), perm.end(), 0);
-    const bool hot = hot_expert >= 0 && t % 2 == 0;
-    if (hot) std::swap(perm[0], perm[hot_expert]);
-    float sum = 0;
-    for (int j = 0; j < m.top_k; ++j) {
-      std::uniform_int_distribution<int> pick(j, m.num_experts - 1);
-      if (!(hot && j == 0)) std::swap(perm[j], perm[pick(rng)]);
-      r.ids_host[static_cast<std::size_t>(t) * m.top_k + j] = perm[j];
-      used[perm[j]] = 1;
-      sum += (r.weights_host[static_cast<std::size_t>(t) * m.top_k + j] = uni(rng));
-    }
-    for (int j = 0; j < m.top_k; ++j) r.weights_host[static_cast<std::size_t>(t) * m.top_k + j] /= sum;
-    r.shared_host[t] = uni(rng);
-  }
-  r.distinct_experts = static_cast<int>(std::count(used.begin(), used.end(), 1));
+  DrawnRouting d = draw_routing(m.num_experts, m.top_k, tokens, seed, router);
+  r.ids_host = std::move(d.ids);
+  r.weights_host = std::move(d.weights);
+  r.shared_host = std::move(d.shared);
+  r.distinct_experts = d.distinct_experts;
   r.ids = DeviceBuffer<std::int32_t>(r.ids_host.size());
   r.weights = DeviceBuffer<float>(r.weights_host.size());
   r.shared = DeviceBuffer<float>(r.shared_host.size());
@@ -307,6 +291,12 @@ inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t see
     r.shared.upload(r.shared_host);
   }
   return r;
+}
+
+inline RoutingSet make_routing(const ModelSpec& m, int tokens, std::uint64_t seed, int hot_expert = -1) {
+  Router router;
+  if (hot_expert >= 0) router = {Router::Kind::kHot, hot_expert, 0.0};
+  return make_routing(m, tokens, seed, router);
 }
 
 // A PagedMoe::Arguments of any addressing, configuration and precision for one layer call on `r`: its tokens,

@@ -84,7 +84,7 @@ TEST_CASE("uniform and hot keep the benchmark's historical draws", "[routing_dra
   CHECK(draw_routing(60, 4, 5, 7, Router::parse("hot:9")).ids == hot);
 }
 
-TEST_CASE("uniform: flat counts; hot: its expert in every other token", "[routing_draw]") {
+TEST_CASE("uniform: flat counts, hot: its expert in every other token", "[routing_draw]") {
   const int experts = 60, k = 4, tokens = 30000;
   const std::vector<int> c = counts(draw_routing(experts, k, tokens, 21), experts);
   const double mean = static_cast<double>(tokens) * k / experts;                         // 2000

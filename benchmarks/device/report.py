@@ -42,6 +42,11 @@ def main():
     ap.add_argument("--note", default="", help="an extra line under the command (how the binaries were built)")
     a = ap.parse_args()
     runs = [json.load(open(f)) for f in a.bench]
+    # How the benchmark drew the routing (paged_moe_bench --router; files from before the option: uniform).
+    routers = sorted({r.get("router", "uniform") for r in runs})
+    if len(routers) != 1:
+        raise SystemExit(f"report.py: the bench files were drawn with different routers ({', '.join(routers)})")
+    router = routers[0]
     try:
         torch = json.load(open(a.torch))
     except (OSError, ValueError):
@@ -92,7 +97,9 @@ def main():
         row["paged_over_datasheet_floor"], row["paged_over_datasheet_floor_sd"] = mean_sd(p / ds_floor for p in samples)
         t = tmap.get((row["model"], row["tokens"]), {})
         row["torch_us"], row["torch_graph_us"] = t.get("torch_us"), t.get("torch_graph_us")
-        v = VLLM_US.get(row["model"], {}).get(row["tokens"]) if row["shared_chunks"] == 0 else None
+        # vLLM was measured with uniform routing: compared only on the same.
+        v = (VLLM_US.get(row["model"], {}).get(row["tokens"])
+             if row["shared_chunks"] == 0 and router == "uniform" else None)
         row["vllm_us"] = v
         row["paged_over_vllm"], row["paged_over_vllm_sd"] = mean_sd(p / v for p in samples) if v else (None, None)
         rows.append(row)
@@ -112,12 +119,15 @@ def main():
     out = {"gpu": runs[0]["gpu"], "date": a.date, "commit": a.commit, "command": a.command,
            "processes": len(runs), "read_gbs": read_gbs, "copy_gbs": copy_gbs, "matmul_tflops": tflops,
            "datasheet_gbs": DATASHEET_GBS, "datasheet_tflops": DATASHEET_TFLOPS, "torch": torch.get("torch"),
-           "rotating_sets": runs[0]["sets"], "summary": summary, "cases": rows}
+           "rotating_sets": runs[0]["sets"], "router": router, "summary": summary, "cases": rows}
     json.dump(out, open(a.out_json, "w"), indent=1)
 
     md = ["# PagedMoe on the H200", ""]
     md.append(f"GPU: {runs[0]['gpu']}; date {a.date}; commit {a.commit}; torch {torch.get('torch')}.  ")
     md.append(f"Command: `{a.command}`.  ")
+    if router != "uniform":
+        md.append(f"Routing: `--router {router}` (tests/device/routing_draw.hpp); the vLLM times were measured "
+                  "with uniform routing, so no vLLM column.  ")
     if a.note:
         md.append(a.note + "  ")
     md.append(f"Measured in the same call: read {read_gbs:.0f} GB/s, device copy {copy_gbs:.0f} GB/s (read+write), "

@@ -6,7 +6,7 @@
 //  tile);
 //  - zipf:    expert popularity ∝ 1 / rank^s over a fixed random ranking of the experts (the same for every
 //    seed, as a trained router favours the same experts step after step), each token's k drawn without
-//    replacement in proportion to it (Gumbel top-k). s = 0 is uniform; real MoE routers are skewed, and a
+//    replacement in proportion to it (Gumbel top-k). s = 0 is uniform; trained MoE routers are skewed, and a
 //    kernel choice that reads an expert once per 8 tokens pays for it only when some experts get many tokens.
 // Weights: positive, summing to 1 per token; a per-token shared weight in (0, 1) (a sigmoid gate's range).
 #pragma once

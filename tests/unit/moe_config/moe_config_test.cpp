@@ -68,7 +68,7 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
         CHECK_FALSE(grouped_seen);
         CHECK(bf16_tile_instantiated(c));
         // A tile smaller than the largest decode tile must hold any expert's batch, which can reach T (shared
-        // chunks always, a skewed router often): an expert that overflows it is read once per tile.
+        // chunks always do): an expert that overflows it is read once per tile.
         if (c.tile_tokens < DefaultMoeConfig::kDecodeTile) CHECK(t <= c.tile_tokens);
         // K is split over the warps in 32-value steps.
         CHECK(s.hidden % (32 * c.decode_warps) == 0);

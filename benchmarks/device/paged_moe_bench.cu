@@ -171,39 +171,32 @@ struct Graph : GraphBase {
   }
 };
 
-// PagedMoe's default decode tiles plus T when they lack it (each tile once: a tile listed twice would run
-// twice).
-template <class T, class Tiles = kernels::detail::DefaultDecodeTiles>
-struct with_tile;
-template <class T, class... Ts>
-struct with_tile<T, std::tuple<Ts...>> {
-  using type = std::conditional_t<(std::is_same_v<T, Ts> || ...), std::tuple<Ts...>, std::tuple<Ts..., T>>;
-};
-
 // Configurations compared against the default (A/B): one decode tile wherever it holds the expected largest
 // batch and K allows its warps, the default's choice elsewhere; tiles the default does not instantiate are
 // added to the configuration's own.
 template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
 struct DecodeTileConfig {
-  using DecodeTiles = typename with_tile<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>::type;
+  using DecodeTiles = kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>;
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path != MoePath::kDecode) return c;
     const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
-    const double room = kTile - 1.0 - mean;
     const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
-    if (room >= 0 && 9.0 * mean <= room * room && k_ok)
+    if (kernels::config_detail::fits(mean, kTile) && k_ok)
       c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
     return c;
   }
 };
 
 // The default table's choice with another L2 prefetch hint on the decode path (its own tile list: the
-// default's and the 256-byte variants of the tiles the default lacks them for).
+// default's tiles with that hint).
+template <class... Ts, int kPrefetch>
+auto with_prefetch(std::tuple<Ts...>, std::integral_constant<int, kPrefetch>)
+    -> kernels::DecodeTilesWith<kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, kPrefetch>...>;
 template <int kPrefetch>
 struct PrefetchConfig {
-  using DecodeTiles = decltype(std::tuple_cat(kernels::detail::DefaultDecodeTiles{},
-                                              std::tuple<kernels::decode::Tile<1, 8, 2, 256>>{}));
+  using DecodeTiles = decltype(with_prefetch(kernels::detail::DefaultDecodeTiles{},
+                                             std::integral_constant<int, kPrefetch>{}));
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path == MoePath::kDecode) c.decode_prefetch = kPrefetch;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 
 #include "moe/moe_shape.hpp"
 
@@ -41,6 +42,43 @@ constexpr bool fits(double mean, double limit) {
 
 }  // namespace config_detail
 
+// A decode tile's compile-time shape, host-side: decode::Tile<tile_tokens / 8, warps, unroll, prefetch>.
+struct DecodeTileShape {
+  int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
+  friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
+};
+constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {
+  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch};
+}
+
+// At most N decode tiles, each once, in the order first added.
+template <std::size_t N>
+struct DecodeTileList {
+  DecodeTileShape tiles[N]{};
+  std::size_t size = 0;
+  constexpr bool contains(const DecodeTileShape& t) const {
+    for (std::size_t i = 0; i < size; ++i)
+      if (tiles[i] == t) return true;
+    return false;
+  }
+  constexpr void add(const DecodeTileShape& t) {
+    if (!contains(t)) tiles[size++] = t;
+  }
+};
+
+namespace config_detail {
+
+// The tiles of a table's rows and its fallback tile, each once.
+template <class Row, std::size_t R>
+constexpr DecodeTileList<R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
+  DecodeTileList<R + 1> list;
+  for (const Row& r : rows) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch});
+  list.add(fallback);
+  return list;
+}
+
+}  // namespace config_detail
+
 // The default table. Decode while a routed expert's mean batch is below one token (T·k < E: most experts
 // get none or one), the grouped GEMM (128-token tiles) from there on. On the H200 the sm_90 grouped GEMM (its
 // weight reads near the HBM floor, a warpgroup with no tokens skipping its wgmma) takes 0.915–0.996× the
@@ -68,7 +106,7 @@ constexpr bool fits(double mean, double limit) {
 //    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
 //  - the weights' L2 prefetch hint: 128 bytes everywhere. Against 256 (docs/results/paged_moe_h200.md, one
 //    process per hint): Qwen shapes 2.4–12.9% faster; Mixtral −2.3% … +4.1%, not yet measured over several
-//    processes, so its rows keep 128 until they are (the 256-byte tiles are instantiated for that).
+//    processes, so its rows keep 128 until they are (paged_moe_bench's p256 instantiates the 256-byte tiles).
 // Skewed routing stays correct on either path: an expert with more tokens than a tile gets several tiles.
 struct DefaultMoeConfig {
   struct DecodeRow {
@@ -86,7 +124,8 @@ struct DefaultMoeConfig {
       {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128},
   };
   // clang-format on
-  static constexpr int kDecodeTile = 32;           // the largest decode tile (kDecode asked for at any size)
+  static constexpr int kDecodeTile = 32;  // the largest decode tile (kDecode asked for at any size)
+  static constexpr DecodeTileShape kFallbackTile{kDecodeTile, 4, 1, 128};  // when no row matches
   static constexpr double kDecodeMeanBatch = 1.0;  // kAuto decodes while the mean routed batch is below this
   static constexpr int kQuantDecodeTile = 32;      // quantized experts: decode while the batch fits this many
   static constexpr int kQuantSharedDecodeTokens = 128;  // ... and shared chunks (every token) this many
@@ -115,6 +154,10 @@ struct DefaultMoeConfig {
       {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128},
   };
   // clang-format on
+  // The decode tiles select() and select_quantized() can name (their rows' and kFallbackTile): what PagedMoe
+  // instantiates by default (kernels/moe/paged_moe.cuh builds its tile types from these lists).
+  static constexpr auto kDecodeTiles = config_detail::tiles_of(kDecodeRows, kFallbackTile);
+  static constexpr auto kQuantDecodeTiles = config_detail::tiles_of(kQuantDecodeRows, kFallbackTile);
 
   static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
     MoePath path = requested;
@@ -129,7 +172,7 @@ struct DefaultMoeConfig {
     for (const DecodeRow& r : kDecodeRows)  // bf16 tiles split K over their warps in 32-value steps
       if (matches(r, s) && s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0)
         return {path, r.tile_tokens, r.warps, r.unroll, r.prefetch};
-    return {path, kDecodeTile, 4, 1};
+    return fallback(path);
   }
 
   // The configuration for quantized experts (PagedMoe<..., Int8|Int4>): kAuto picks the path by
@@ -145,10 +188,14 @@ struct DefaultMoeConfig {
     if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
     for (const DecodeRow& r : kQuantDecodeRows)
       if (matches(r, s)) return {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch};
-    return {MoePath::kDecode, kDecodeTile, 4, 1};
+    return fallback(MoePath::kDecode);
   }
 
  private:
+  static constexpr MoeConfig fallback(MoePath path) {
+    return {path, kFallbackTile.tile_tokens, kFallbackTile.warps, kFallbackTile.unroll,
+            kFallbackTile.prefetch};
+  }
   // A uniform router's mean batch per routed expert.
   static constexpr double mean_batch(const MoeShape& s) {
     return s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;

@@ -24,6 +24,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
@@ -114,18 +115,30 @@ Status set_smem(int device, int bytes) {
   return Status::success();
 }
 
-// The decode tiles PagedMoe instantiates unless its configuration lists its own: DefaultMoeConfig's rows
-// (8-token tiles with 4 warps and 2 k-steps or with 8 warps; the 32-token tile), the 32-token tile with 8
-// warps its Mixtral row had before, and the 256-byte L2 prefetch variants of three of them
-// (docs/results/paged_moe_h200.md: Qwen's many small experts gain with 128 bytes, Mixtral's few big ones are
-// mixed).
-using DefaultDecodeTiles =
-    std::tuple<decode::Tile<1, 4, 2>, decode::Tile<1, 8, 2>, decode::Tile<4, 4, 1>, decode::Tile<4, 8, 2>,
-               decode::Tile<1, 4, 2, 256>, decode::Tile<4, 4, 1, 256>, decode::Tile<4, 8, 2, 256>>;
-// Quantized experts' tiles (DefaultMoeConfig::kQuantDecodeRows and the 32-token fallback), for configurations
-// that choose quantized tiles themselves (quantized_moe_config); the others' select() names bf16 tiles.
-using DefaultQuantDecodeTiles =
-    std::tuple<decode::Tile<1, 4, 1>, decode::Tile<1, 8, 1>, decode::Tile<2, 4, 1>, decode::Tile<4, 4, 1>>;
+// The decode::Tile types of a DecodeTileList (moe/moe_config.hpp).
+template <const auto& kList, std::size_t... I>
+auto tile_types(std::index_sequence<I...>)
+    -> std::tuple<decode::Tile<kList.tiles[I].tile_tokens / 8, kList.tiles[I].warps, kList.tiles[I].unroll,
+                               kList.tiles[I].prefetch>...>;
+template <const auto& kList>
+using tile_types_t = decltype(tile_types<kList>(std::make_index_sequence<kList.size>{}));
+
+// The decode tiles PagedMoe instantiates unless its configuration lists its own: exactly those the default
+// table can name, bf16 (DefaultMoeConfig::kDecodeTiles) and quantized (kQuantDecodeTiles, for configurations
+// that choose quantized tiles themselves, quantized_moe_config; the others' select() names bf16 tiles).
+using DefaultDecodeTiles = tile_types_t<DefaultMoeConfig::kDecodeTiles>;
+using DefaultQuantDecodeTiles = tile_types_t<DefaultMoeConfig::kQuantDecodeTiles>;
+
+// Tiles plus the `Extra` tiles they lack, each once (a tile listed twice would run twice).
+template <class Tiles, class... Extra>
+struct with_tiles {
+  using type = Tiles;
+};
+template <class... Ts, class T, class... Rest>
+struct with_tiles<std::tuple<Ts...>, T, Rest...>
+    : with_tiles<std::conditional_t<(std::is_same_v<T, Ts> || ...), std::tuple<Ts...>, std::tuple<Ts..., T>>,
+                 Rest...> {};
+
 template <class Config, class Precision>
 struct decode_tiles_of {
   using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
@@ -144,6 +157,11 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
 }
 
 }  // namespace detail
+
+// The default decode tiles plus `Extra` decode::Tile types: the `DecodeTiles` of a configuration that names
+// tiles the default table does not (`using DecodeTiles = DecodeTilesWith<decode::Tile<1, 4, 4>>;`).
+template <class... Extra>
+using DecodeTilesWith = typename detail::with_tiles<detail::DefaultDecodeTiles, Extra...>::type;
 
 // What one layer call takes (PagedMoe<Addressing, ...>::Arguments).
 template <expert_addressing Addressing>

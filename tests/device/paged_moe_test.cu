@@ -445,9 +445,11 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
       check_case(store, shape_of(tiny, tokens), path, false, 16, 300 + tokens);
 }
 
-// Every instantiated decode tile (PagedMoe::DecodeTiles) is checked, whichever shapes the table gives it.
+// Every default decode tile (detail::DefaultDecodeTiles) and the others measured against them are checked,
+// whichever shapes the table gives them (a tile the default lacks is added to the configuration's own).
 template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
 struct DecodeTileConfig {
+  using DecodeTiles = kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>;
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};

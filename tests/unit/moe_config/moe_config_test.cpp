@@ -9,6 +9,7 @@
 
 namespace {
 
+using amoeba::kernels::decode_tile_of;
 using amoeba::kernels::DefaultMoeConfig;
 using amoeba::kernels::MoeConfig;
 using amoeba::kernels::MoePath;
@@ -29,26 +30,13 @@ const std::vector<Model>& models() {
   return m;
 }
 
-// The decode tiles PagedMoe instantiates by default (kernels/moe/paged_moe.cuh, detail::DefaultDecodeTiles
-// and DefaultQuantDecodeTiles): tokens, warps, k-steps in flight, prefetch bytes.
+// PagedMoe instantiates exactly DefaultMoeConfig::kDecodeTiles / kQuantDecodeTiles by default
+// (kernels/moe/paged_moe.cuh, detail::DefaultDecodeTiles and DefaultQuantDecodeTiles).
 bool bf16_tile_instantiated(const MoeConfig& c) {
-  struct T {
-    int tokens, warps, unroll, prefetch;
-  };
-  for (const T t : {T{8, 4, 2, 128}, T{8, 8, 2, 128}, T{32, 4, 1, 128}, T{32, 8, 2, 128}, T{8, 4, 2, 256},
-                    T{32, 4, 1, 256}, T{32, 8, 2, 256}})
-    if (c.tile_tokens == t.tokens && c.decode_warps == t.warps && c.decode_unroll == t.unroll &&
-        c.decode_prefetch == t.prefetch)
-      return true;
-  return false;
+  return DefaultMoeConfig::kDecodeTiles.contains(decode_tile_of(c));
 }
 bool quant_tile_instantiated(const MoeConfig& c) {
-  struct T {
-    int tokens, warps, unroll;
-  };
-  for (const T t : {T{8, 4, 1}, T{8, 8, 1}, T{16, 4, 1}, T{32, 4, 1}})
-    if (c.tile_tokens == t.tokens && c.decode_warps == t.warps && c.decode_unroll == t.unroll) return true;
-  return false;
+  return DefaultMoeConfig::kQuantDecodeTiles.contains(decode_tile_of(c));
 }
 
 }  // namespace

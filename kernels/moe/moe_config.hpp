@@ -99,9 +99,11 @@ constexpr DecodeTileList<R + 1> tiles_of(const Row (&rows)[R], const DecodeTileS
 //  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 8-token tiles
 //    with three or four k-steps took 0.931–0.986× their time on Qwen at 8 and 14 tokens under the benchmark's
 //    uniform router, but made the CUDA backend's decode steps at batch 7–14 on Qwen1.5 with its shared chunks
-//    up to 1.3× slower (docs/results/calibration_h200.md; the cause is not isolated). The 8-token rows are
-//    kept to shapes where no expert can get more than 8 tokens: an expert's batch can reach T (shared chunks
-//    always do), and an 8-token tile re-reads the expert per 8 tokens. 16-token tiles
+//    up to 1.3× slower (docs/results/calibration_h200.md; the cause is not isolated). On the measured models
+//    the 8-token rows apply only where no expert can get more than 8 tokens (T ≤ 6; tests/unit/moe_config):
+//    an expert's batch can reach T (shared chunks always do), and an 8-token tile re-reads the expert per 8
+//    tokens. The rows' slot limits are what keep it so; a model with F ≤ 2048 and k = 1 (2) would meet row 1
+//    at up to 24 (12) tokens. 16-token tiles
 //    were 1–6% faster on Qwen at 16 and 33 tokens but made the paged layer up to 3% slower than the
 //    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
 //  - the weights' L2 prefetch hint: 128 bytes everywhere. Against 256 (docs/results/paged_moe_h200.md, one

@@ -242,6 +242,9 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
+          {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
+          {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
+          {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
           {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
@@ -270,6 +273,15 @@ struct FixedTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     return {MoePath::kDecode, kTile, kWarps, kUnroll, 128};
   }
+};
+
+// The default table on rolling decode tiles (decode::Tile's kRolling: each warp's next k-step loads while
+// the current one is dequantised): the default's quantized tiles, each rolling.
+template <class... Ts>
+auto rolling_tiles(std::tuple<Ts...>)
+    -> std::tuple<kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch, true>...>;
+struct RollingQuantConfig : kernels::DefaultMoeConfig {
+  using DecodeTiles = decltype(rolling_tiles(kernels::detail::DefaultQuantDecodeTiles{}));
 };
 
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
@@ -303,6 +315,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
+      {"int8-rolling", &make_quant_graph<kernels::Int8, RollingQuantConfig>},
+      {"int4-rolling", &make_quant_graph<kernels::Int4, RollingQuantConfig>},
   };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");

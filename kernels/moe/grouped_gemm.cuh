@@ -55,14 +55,14 @@ __device__ __forceinline__ const bf16* tile_matrix(const WorkTile& t, int j) {
   return j == 0 ? t.matrix[0] : j == 1 ? t.matrix[1] : t.matrix[2];
 }
 
-// One operand's 64-k step — 128 rows of 64 bf16 — copied by kLoaders threads into a swizzled [128][64] stage:
-// thread t copies chunk t % 8 of rows t / 8 + (kLoaders / 8)·i, from src[i] (the row's chunk at k = 0) with
-// bytes[i] (16, or 0 to zero-fill a row past the tile's tokens). ALoader and BLoader fill src and bytes.
-template <int kLoaders>
+// One operand's 64-k step — kRows rows of 64 bf16 — copied by kLoaders threads into a swizzled [kRows][64]
+// stage: thread t copies chunk t % 8 of rows t / 8 + (kLoaders / 8)·i, from src[i] (the row's chunk at k = 0)
+// with bytes[i] (16, or 0 to zero-fill a row past the tile's tokens). ALoader and BLoader fill src and bytes.
+template <int kLoaders, int kRows = 128>
 struct RowCopier {
-  static_assert(kBlockM == 128 && kBlockN == 128, "A and B stages have the same 128 rows");
   static constexpr int kRowsPerPass = kLoaders / 8;
-  static constexpr int kPasses = kBlockM / kRowsPerPass;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kRows % kRowsPerPass == 0, "whole passes");
   static_assert(kRowsPerPass % 8 == 0, "the passes' rows must share (row & 7): one swizzle offset");
   const bf16* src[kPasses];
   int bytes[kPasses];
@@ -78,13 +78,13 @@ struct RowCopier {
   }
 };
 
-// The A operand: the tile's 128 token rows (gate/up: input rows gathered through the permutation; down: `act`
-// rows), rows past the tile's count zero-filled.
-template <Stage kStage, int kLoaders>
-struct ALoader : RowCopier<kLoaders> {
+// The A operand: the tile's kRows token rows (gate/up: input rows gathered through the permutation; down:
+// `act` rows), rows past the tile's count zero-filled.
+template <Stage kStage, int kLoaders, int kRows = kBlockM>
+struct ALoader : RowCopier<kLoaders, kRows> {
   template <class Addressing>
   __device__ __forceinline__ ALoader(const MoeParams<Addressing>& p, const WorkTile& tile, int t)
-      : RowCopier<kLoaders>(t) {
+      : RowCopier<kLoaders, kRows>(t) {
     const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
 #pragma unroll
     for (int i = 0; i < this->kPasses; ++i) {

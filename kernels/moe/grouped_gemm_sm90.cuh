@@ -430,6 +430,64 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_tile<kStage>(p, tile, 2 * pair + 1, acc1, wg * 64, warp_in_wg, lane);
 }
 
+// The small-batch variant (bf16 experts; MoeConfig::tile_tokens = 64): one warpgroup per block multiplies a
+// work tile of at most 64 tokens by 128 weight rows. A stage is 24 KiB instead of 32 (no A rows that a tile
+// of <= 64 tokens would zero-fill), so kStagesT stages fit kMinBlocksT blocks per SM and the weight loads run
+// kStagesT − 1 steps ahead instead of 2: more of the weight stream in flight for the memory-bound small
+// batches. The k order of every output is the two-block kernel's (the same four wgmma per 64-k step on the
+// same 64 token rows), so the results are bit-identical to it.
+inline constexpr int kSmallM = 64;
+inline constexpr int kSmallThreads = 128;
+template <int kStagesT>
+inline constexpr int kSmallSmemBytes = kStagesT*(kSmallM + kBlockN) * kBlockK * 2 + 1024;
+
+template <class Addressing, Stage kStage, int kStagesT, int kMinBlocksT>
+__global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
+    gemm_wgmma_small_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  static_assert(kStagesT >= 2, "at least one step in flight");
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  WorkTile tile;
+  int slice;
+  if (!unit_of(p, tile, slice)) return;
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  constexpr int kATile = kSmallM * kBlockK, kBTile = kBlockN * kBlockK;
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][64][64]
+  bf16* smem_b = smem_a + kStagesT * kATile;                       // [stages][128][64]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
+  const int k_tiles = K / kBlockK;
+  const ALoader<kStage, kSmallThreads, kSmallM> a_loader(p, tile, tid);
+  const BLoader<kStage, kSmallThreads> b_loader(p, tile, slice, tid);
+  auto load_stage = [&](int kt) {  // one commit group, empty past the last step
+    if (kt < k_tiles) {
+      const int s = kt % kStagesT;
+      a_loader.load(smem_a + s * kATile, kt);
+      b_loader.load(smem_b + s * kBTile, kt);
+    }
+    ptx::cp_async_commit();
+  };
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int kt = 0; kt < kStagesT - 1; ++kt) load_stage(kt);
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::cp_async_wait<kStagesT - 2>();  // step kt's copies, this thread's
+    wgmma::fence_proxy_async();          // ... visible to wgmma's proxy
+    __syncthreads();                     // ... from every thread; the wgmma of step kt − 1 has finished
+    load_stage(kt + kStagesT - 1);       // into the stage of step kt − 1
+    const int s = kt % kStagesT;
+    issue_step(acc, smem_a + s * kATile, smem_b + s * kBTile);
+    wgmma::wait<0>();
+    wgmma::pin(acc);
+  }
+  ptx::cp_async_wait<0>();
+  store_tile<kStage>(p, tile, slice, acc, 0, warp, lane);
+}
+
 // What PagedMoe launches on sm_90: the two-block wgmma kernel (any precision, 128 weight rows per block) or
 // the wide one (bf16, 256) — each stage's kernel, threads per block, shared memory, weight slices per block
 // and name.
@@ -438,6 +496,7 @@ struct Sm90Gemm {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_wgmma_kernel<Addressing, kStage, Precision>;
   static constexpr int kSmem = wgmma_smem_bytes<Precision>();
+  static constexpr int kThreads = grouped::kThreads;
   static constexpr int kSlices = 1;
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_wgmma_kernel<kDown>";
@@ -447,9 +506,21 @@ struct Sm90WideGemm {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_wgmma_wide_kernel<Addressing, kStage>;
   static constexpr int kSmem = kWideSmemBytes;
+  static constexpr int kThreads = grouped::kThreads;
   static constexpr int kSlices = 2;
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_wide_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_wgmma_wide_kernel<kDown>";
+};
+template <class Addressing, int kStagesT, int kMinBlocksT>
+struct Sm90SmallGemm {
+  static_assert(kMinBlocksT * (kSmallSmemBytes<kStagesT> + 1024) <= 228 * 1024, "the blocks must fit one SM");
+  template <Stage kStage>
+  static constexpr auto kKernel = &gemm_wgmma_small_kernel<Addressing, kStage, kStagesT, kMinBlocksT>;
+  static constexpr int kSmem = kSmallSmemBytes<kStagesT>;
+  static constexpr int kThreads = kSmallThreads;
+  static constexpr int kSlices = 1;
+  static constexpr const char* kGateUpName = "grouped::gemm_wgmma_small_kernel<kGateUp>";
+  static constexpr const char* kDownName = "grouped::gemm_wgmma_small_kernel<kDown>";
 };
 
 }  // namespace amoeba::kernels::grouped

@@ -139,6 +139,22 @@ struct with_tiles<std::tuple<Ts...>, T, Rest...>
     : with_tiles<std::conditional_t<(std::is_same_v<T, Ts> || ...), std::tuple<Ts...>, std::tuple<Ts..., T>>,
                  Rest...> {};
 
+// The stages and minimum blocks per SM of the small-batch grouped GEMM (64-token tiles,
+// grouped::gemm_wgmma_small_kernel): the configuration's kSmallStages / kSmallBlocks where it has them, else
+// 4 stages and 2 blocks.
+template <class Config>
+struct small_gemm_of {
+  static constexpr int kStages = 4, kBlocks = 2;
+};
+template <class Config>
+requires requires {
+  Config::kSmallStages;
+  Config::kSmallBlocks;
+}
+struct small_gemm_of<Config> {
+  static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
+};
+
 template <class Config, class Precision>
 struct decode_tiles_of {
   using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
@@ -209,9 +225,17 @@ class PagedMoe {
           "path", static_cast<long long>(a.path),
           "quantized experts' grouped GEMM is the sm_90 wgmma kernel (kAuto, kDecode or kGrouped)");
     const MoeConfig c = config(a);
-    if (c.path == MoePath::kAuto || (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM))
+    const bool small = c.path == MoePath::kGrouped && c.tile_tokens == grouped::kSmallM;
+    if (c.path == MoePath::kAuto ||
+        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small))
       return Status::error("config.tile_tokens", c.tile_tokens,
-                           "must be 128 on the grouped paths (kAuto resolved)");
+                           "must be 128 on the grouped paths, or 64 on kGrouped (kAuto resolved)");
+    if (small && Precision::kQuantized)
+      return Status::error(
+          "config.tile_tokens", c.tile_tokens,
+          "must be 128 for quantized experts on the grouped path (64-token tiles read bf16)");
+    if (small && c.grouped_rows != grouped::kBlockN)
+      return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 with 64-token grouped tiles");
     if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 or 256");
     if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
@@ -274,7 +298,8 @@ class PagedMoe {
 
   static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
 
-  // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 128 grouped).
+  // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
+  // grouped).
   // Quantized experts: the configuration's quantized choice where it has one (quantized_moe_config), else
   // select()'s with kAuto read as kDecode and 128-row grouped blocks. On a device without wgmma (not sm_90)
   // run() replaces a quantized grouped choice by kQuantFallback.
@@ -307,6 +332,8 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = config(a);
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
+    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
+      choice.tile_tokens = grouped::kBlockM;  // the mma.sync grouped GEMM's tiles
 
     routing::RoutingParams<Addressing> r{};
     MoeParams<Addressing>& p = r.moe;
@@ -364,8 +391,14 @@ class PagedMoe {
       // the wide kernel).
       using Narrow = grouped::Sm90Gemm<Addressing, Precision>;
       using Wide = std::conditional_t<Precision::kQuantized, Narrow, grouped::Sm90WideGemm<Addressing>>;
+      using SmallShape = detail::small_gemm_of<Config>;
+      using Small =
+          std::conditional_t<Precision::kQuantized, Narrow,
+                             grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
       if (Status st = choice.grouped_rows == 2 * grouped::kBlockN
                           ? run_sm90<Wide>(p, s, grid_tiles, dev.device, stream)
+                      : choice.tile_tokens == grouped::kSmallM
+                          ? run_sm90<Small>(p, s, grid_tiles, dev.device, stream)
                           : run_sm90<Narrow>(p, s, grid_tiles, dev.device, stream);
           !st)
         return st;
@@ -452,17 +485,16 @@ class PagedMoe {
   template <auto kGateUp, auto kDown>
   static Status run_grouped(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
                             int slices, int smem, int device, cudaStream_t stream, const char* gate_up_name,
-                            const char* down_name) {
+                            const char* down_name, unsigned threads = grouped::kThreads) {
     if (Status st = detail::set_smem<kGateUp>(device, smem); !st) return st;
     if (Status st = detail::set_smem<kDown>(device, smem); !st) return st;
     const unsigned gate_up_blocks =
         static_cast<unsigned>(s.intermediate / (grouped::kGateUpFeatures * slices));
-    if (Status st = launch(kGateUp, dim3(gate_up_blocks, grid_tiles), grouped::kThreads, smem, stream, p,
-                           gate_up_name);
+    if (Status st = launch(kGateUp, dim3(gate_up_blocks, grid_tiles), threads, smem, stream, p, gate_up_name);
         !st)
       return st;
     const unsigned down_blocks = static_cast<unsigned>(s.hidden / (grouped::kBlockN * slices));
-    return launch(kDown, dim3(down_blocks, grid_tiles), grouped::kThreads, smem, stream, p, down_name);
+    return launch(kDown, dim3(down_blocks, grid_tiles), threads, smem, stream, p, down_name);
   }
   // The sm_90 grouped GEMM described by Gemm (grouped::Sm90Gemm, grouped::Sm90WideGemm).
   template <class Gemm>
@@ -470,7 +502,8 @@ class PagedMoe {
                          cudaStream_t stream) {
     using grouped::Stage;
     return run_grouped<Gemm::template kKernel<Stage::kGateUp>, Gemm::template kKernel<Stage::kDown>>(
-        p, s, grid_tiles, Gemm::kSlices, Gemm::kSmem, device, stream, Gemm::kGateUpName, Gemm::kDownName);
+        p, s, grid_tiles, Gemm::kSlices, Gemm::kSmem, device, stream, Gemm::kGateUpName, Gemm::kDownName,
+        Gemm::kThreads);
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,

@@ -37,4 +37,21 @@ struct GroupedRowsConfig {
   }
 };
 
+// DefaultMoeConfig's choice with 64-token tiles wherever it runs the 128-row grouped GEMM on bf16 experts
+// (grouped::gemm_wgmma_small_kernel with kStages stages, kBlocks blocks per SM); quantized experts keep the
+// default's choice.
+template <int kStages, int kBlocks>
+struct SmallGroupedConfig {
+  static constexpr int kSmallStages = kStages, kSmallBlocks = kBlocks;
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    if (c.path == kernels::MoePath::kGrouped && c.grouped_rows == 128) c.tile_tokens = 64;
+    return c;
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s,
+                                                       kernels::MoePath requested) {
+    return kernels::DefaultMoeConfig::select_quantized(s, requested);
+  }
+};
+
 }  // namespace amoeba::testing

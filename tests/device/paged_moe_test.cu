@@ -498,6 +498,35 @@ void check_wide_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot
   CHECK(std::memcmp(wide.data(), plain.data(), wide.size() * 2) == 0);
 }
 
+// The small-batch grouped GEMM (64-token tiles, grouped::gemm_wgmma_small_kernel) runs the two-block kernel's
+// wgmma steps on the same token rows: bit-identical outputs, whatever its stages and blocks per SM.
+template <int kStages, int kBlocks>
+void check_small_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+  const MoeShape shape = shape_of(store.spec(), tokens);
+  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
+  const auto small = check_case<SmallGroupedConfig<kStages, kBlocks>>(store, shape, MoePath::kGrouped, cpu,
+                                                                      32, seed, hot_expert);
+  const auto plain = check_case(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
+  INFO(store.spec().name << " T=" << tokens << " small (" << kStages << " stages, " << kBlocks
+                         << " blocks) against the two-block grouped GEMM");
+  CHECK(std::memcmp(small.data(), plain.data(), small.size() * 2) == 0);
+}
+
+TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gpu][small]") {
+  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 2 and 4 k-steps: fewer than the stages
+  ExpertStore small(tiny, 35, 3);
+  for (int tokens : {1, 37, 300}) {
+    check_small_case<4, 2>(small, tokens, 1400 + tokens);
+    check_small_case<3, 3>(small, tokens, 1400 + tokens);
+    check_small_case<8, 1>(small, tokens, 1400 + tokens);
+  }
+  check_small_case<4, 2>(small, 300, 1500, 5);  // one hot expert: several 64-token tiles of one expert
+  for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
+    ExpertStore store(spec, 37);
+    for (int tokens : {16, 64, 256}) check_small_case<4, 2>(store, tokens, 1600 + tokens);
+  }
+}
+
 TEST_CASE("the wide grouped GEMM equals the two-block grouped GEMM", "[gpu][wide]") {
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 2 and 4 k-steps: fewer than the stages
   ExpertStore small(tiny, 31, 3);

@@ -241,6 +241,14 @@ struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default t
   }
 };
 
+// Tile T alone (its own DecodeTiles: a rolling tile names the same MoeConfig as its non-rolling twin).
+template <class T>
+struct OnlyTileConfig : QuantTileConfig<T> {
+  using DecodeTiles = std::tuple<T>;
+};
+template <class T>
+using Rolling = kernels::decode::Tile<T::kTokTiles, T::kWarps, T::kUnroll, T::kPrefetch, true>;
+
 // A configuration that instantiates only the 8-token decode tile and chooses the grouped GEMM at every size.
 struct OnlyT8Grouped : QuantGroupedConfig {
   using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1>>;
@@ -314,6 +322,39 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
     }
     check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 64, 364, MoePath::kGrouped);
     check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, 64, 464, MoePath::kGrouped);
+  }
+}
+
+// The rolling main loop (the next k-step's loads issued before the current one is used) adds the same
+// partial sums in the same order as the default one: bit-identical outputs, on model shapes whose warps get
+// odd and even step counts (Qwen1.5 down: 22 int8 / 11 int4 steps over 4 warps), and the reference holds.
+TEST_CASE("quantized experts: rolling decode tiles = their default twins bit for bit",
+          "[gpu][models][quant]") {
+  for (const ModelSpec& m : {kQwen15, kQwen3}) {
+    const QuantStore s8(m, Bits::kInt8, 23), s4(m, Bits::kInt4, 24);
+    for (int tokens : {1, 3, 16, 37}) {
+      const MoeShape shape = shape_of(m, tokens);
+      const RoutingSet r = make_routing(m, tokens, 1500 + tokens, tokens == 37 ? 2 : -1);
+      std::apply(
+          [&](auto... tile) {
+            auto same = [&]<class Precision, class T>(const QuantStore& st) {
+              INFO(m.name << " T=" << tokens << " tile " << T::kTileTokens << "w" << T::kWarps << " int"
+                          << kernels::quant::bit_count(st.bits));
+              const auto a = run_layer<kernels::Paged, Precision, OnlyTileConfig<T>>(
+                  r, shape, st.paged_args(), st.stride(), MoePath::kDecode);
+              const auto b = run_layer<kernels::Paged, Precision, OnlyTileConfig<Rolling<T>>>(
+                  r, shape, st.paged_args(), st.stride(), MoePath::kDecode);
+              CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
+            };
+            (same.template operator()<kernels::Int8, decltype(tile)>(s8), ...);
+            (same.template operator()<kernels::Int4, decltype(tile)>(s4), ...);
+          },
+          kernels::detail::DefaultQuantDecodeTiles{});
+      check_quant_case<kernels::Int8, OnlyTileConfig<Rolling<kernels::decode::Tile<1, 4, 1>>>>(
+          s8, tokens, 1600 + tokens, MoePath::kDecode);
+      check_quant_case<kernels::Int4, OnlyTileConfig<Rolling<kernels::decode::Tile<1, 4, 1>>>>(
+          s4, tokens, 1700 + tokens, MoePath::kDecode);
+    }
   }
 }
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Two small-batch variants of PagedMoe side by side with the default, in one device call:
+# (1) their GPU tests: the 64-token grouped GEMM (grouped::gemm_wgmma_small_kernel, bit for bit against the
+#     two-block grouped GEMM) and the rolling quantized decode tiles (decode::Tile's kRolling, bit for bit
+#     against their default twins);
+# (2) bf16 at the grouped GEMM's small batches: the default against `small4` / `small3` / `small8` (64-token
+#     tiles with 4 stages and 2 blocks per SM, 3 and 3, 8 and 1), one process per seed;
+# (3) int8 / int4 decode: the default tiles against `int8-rolling` / `int4-rolling`, one process per seed;
+# (4) with NCU=1, Nsight Compute's duration and DRAM throughput of the gate/up and down launches of the
+#     default and the small4 grouped GEMM at Qwen3 64 tokens.
+#   BIN=.gpu OUT=$OUT [SEEDS=3] bash benchmarks/device/small_batch_run.sh
+# Writes $OUT/small_batch.tgz: small_seed<i>.json and rolling_seed<i>.json (paged_moe_bench's format;
+# `python3 benchmarks/device/compare.py default small4 small_seed*.json`, `compare.py int8 int8-rolling
+# rolling_seed*.json`), the tests' and the profiler's logs.
+set -uo pipefail
+: "${BIN:?BIN must name the folder holding paged_moe_bench, paged_moe_device_test and quant_moe_device_test}"
+: "${OUT:?OUT must name an output folder}"
+export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+timeout 200 "$BIN/paged_moe_device_test" "the small-batch grouped GEMM equals the two-block grouped GEMM" \
+  >"$OUT/small_test.txt" 2>&1
+echo "small-batch grouped test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/small_test.txt" | tail -1)"
+timeout 200 "$BIN/quant_moe_device_test" "quantized experts: rolling decode tiles = their default twins bit for bit" \
+  >"$OUT/rolling_test.txt" 2>&1
+echo "rolling decode test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/rolling_test.txt" | tail -1)"
+for seed in $(seq 1 "${SEEDS:-3}"); do
+  timeout 150 "$BIN/paged_moe_bench" --models qwen15,qwen15_shared,qwen3,mixtral --tokens 16,33,64,128,256 \
+    --placement shuffled --seed "$seed" --config default,small4,small3,small8 \
+    --json "$OUT/small_seed$seed.json" >"$OUT/small_seed$seed.txt" 2>&1
+  echo "bf16 small-batch seed $seed rc=$?"
+  timeout 150 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 1,3,8,16,33,64,128 \
+    --placement shuffled --seed "$seed" --config default,int8,int8-rolling,int4,int4-rolling \
+    --json "$OUT/rolling_seed$seed.json" >"$OUT/rolling_seed$seed.txt" 2>&1
+  echo "quantized rolling seed $seed rc=$?"
+done
+if [[ "${NCU:-0}" == 1 ]] && command -v ncu >/dev/null; then
+  for c in default small4; do
+    timeout 100 ncu --clock-control none -k "regex:gemm_wgmma" --launch-count 4 \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+      --csv "$BIN/paged_moe_bench" --models qwen3 --tokens 64 --config "$c" --placement shuffled --seed 1 \
+      --seconds 0.001 --json /dev/null >"$OUT/ncu_$c.csv" 2>&1
+    echo "ncu $c rc=$?"
+  done
+fi
+# Few files come back from a device call: everything travels as one archive.
+(cd "$OUT" && tar czf small_batch.tgz --exclude=small_batch.tgz ./* && find . -maxdepth 1 -type f ! -name small_batch.tgz -delete)

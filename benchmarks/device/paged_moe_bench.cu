@@ -242,6 +242,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
+          {"tile128", {&make_graphs<GroupedTileConfig<128>>, Where::kGrouped}},
           {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
           {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
           {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
@@ -275,13 +276,21 @@ struct FixedTileConfig {
   }
 };
 
-// The default table on rolling decode tiles (decode::Tile's kRolling: each warp's next k-step loads while
-// the current one is dequantised): the default's quantized tiles, each rolling.
+// The default table with every quantized decode tile rolling (kRoll) or none (decode::Tile's kRolling: each
+// warp's next k-step loads while the current one is dequantised); its tiles: the default's and their twins.
 template <class... Ts>
-auto rolling_tiles(std::tuple<Ts...>)
-    -> std::tuple<kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch, true>...>;
+auto with_twins(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>,
+    kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch, !Ts::kRolling>...>::type;
+template <bool kRoll>
 struct RollingQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(rolling_tiles(kernels::detail::DefaultQuantDecodeTiles{}));
+  using DecodeTiles = decltype(with_twins(kernels::detail::DefaultQuantDecodeTiles{}));
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    c.decode_rolling = kRoll;
+    return c;
+  }
 };
 
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
@@ -315,8 +324,10 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
-      {"int8-rolling", &make_quant_graph<kernels::Int8, RollingQuantConfig>},
-      {"int4-rolling", &make_quant_graph<kernels::Int4, RollingQuantConfig>},
+      {"int8-rolling", &make_quant_graph<kernels::Int8, RollingQuantConfig<true>>},
+      {"int4-rolling", &make_quant_graph<kernels::Int4, RollingQuantConfig<true>>},
+      {"int8-steady", &make_quant_graph<kernels::Int8, RollingQuantConfig<false>>},
+      {"int4-steady", &make_quant_graph<kernels::Int4, RollingQuantConfig<false>>},
   };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");

@@ -70,52 +70,54 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
   const int steps = K / kStep;
   const int my_steps = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;
-  if constexpr (T::kRolling) {
-    // One k-step's operands: the two row tiles' low and high rows, their scales, the token chunks.
-    struct Step {
-      uint4 wlo[kRowTiles], whi[kRowTiles], b[kTokTiles][kChunks];
-      float slo[kRowTiles], shi[kRowTiles];
-    };
-    auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
-      const int s = warp + kWarps * i;
-      const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
-      const int group = s * kStep / static_cast<int>(quant::kGroup);
+  // One k-step's operands: the two row tiles' low and high rows, their group scales, the token chunks.
+  struct Step {
+    uint4 wlo[kRowTiles], whi[kRowTiles], b[kTokTiles][kChunks];
+    float slo[kRowTiles], shi[kRowTiles];
+  };
+  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
+    const int s = warp + kWarps * i;
+    const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
+    const int group = s * kStep / static_cast<int>(quant::kGroup);
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + g * row_bytes + byte);
+      st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + (g + 8) * row_bytes + byte);
+      st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
+      st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
+    }
+    const int k = s * kStep + kValues * q;
+#pragma unroll
+    for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + k + 8 * c);
+  };
+  // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
+  // g + 8·(e/2), the low or the high row's scale.
+  auto compute = [&](const Step& st) {
+    float part[kRowTiles][kTokTiles][4] = {};
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + g * row_bytes + byte);
-        st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + (g + 8) * row_bytes + byte);
-        st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
-        st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
+        const uint4 lo = dequant::chunk<P::kBits>(st.wlo[r], c), hi = dequant::chunk<P::kBits>(st.whi[r], c);
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt) {
+          ptx::mma_bf16_16816(part[r][nt], lo.x, hi.x, lo.y, hi.y, st.b[nt][c].x, st.b[nt][c].y);
+          ptx::mma_bf16_16816(part[r][nt], lo.z, hi.z, lo.w, hi.w, st.b[nt][c].z, st.b[nt][c].w);
+        }
       }
-      const int k = s * kStep + kValues * q;
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + k + 8 * c);
-    };
-    auto compute = [&](const Step& st) {
-      float part[kRowTiles][kTokTiles][4] = {};
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-        for (int r = 0; r < kRowTiles; ++r) {
-          const uint4 lo = dequant::chunk<P::kBits>(st.wlo[r], c),
-                      hi = dequant::chunk<P::kBits>(st.whi[r], c);
-#pragma unroll
-          for (int nt = 0; nt < kTokTiles; ++nt) {
-            ptx::mma_bf16_16816(part[r][nt], lo.x, hi.x, lo.y, hi.y, st.b[nt][c].x, st.b[nt][c].y);
-            ptx::mma_bf16_16816(part[r][nt], lo.z, hi.z, lo.w, hi.w, st.b[nt][c].z, st.b[nt][c].w);
-          }
-        }
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
-    };
+        for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
+  };
+  if constexpr (T::kRolling) {
+    // Two register sets: step i + 1 is loaded before step i is used, so a step is always in flight.
     if (my_steps == 0) return;
-    Step x, y;  // steps 2j in x, 2j + 1 in y: each loaded before the other is used
+    Step x, y;  // steps 2j in x, 2j + 1 in y
     load(x, 0);
     for (int i = 0; i < my_steps; i += 2) {
       if (i + 1 < my_steps) load(y, i + 1);
@@ -124,61 +126,22 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       if (i + 2 < my_steps) load(x, i + 2);
       compute(y);
     }
-    return;
   } else {
     for (int i = 0; i < my_steps; i += kUnroll) {
-      uint4 wlo[kUnroll][kRowTiles], whi[kUnroll][kRowTiles], b[kUnroll][kTokTiles][kChunks];
-      float slo[kUnroll][kRowTiles], shi[kUnroll][kRowTiles];
       // Every load of kUnroll steps first; steps past the warp's last reload its last one (an L2 hit) with
       // zeroed tokens, so the loads stay unconditional.
+      Step st[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int s = warp + kWarps * min(i + u, my_steps - 1);
-        const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
-        const int group = s * kStep / static_cast<int>(quant::kGroup);
-#pragma unroll
-        for (int r = 0; r < kRowTiles; ++r) {
-          wlo[u][r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + g * row_bytes + byte);
-          whi[u][r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + (g + 8) * row_bytes + byte);
-          slo[u][r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
-          shi[u][r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
-        }
-        const int k = s * kStep + kValues * q;
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c) b[u][nt][c] = ptx::ld_cached_16(tok[nt] + k + 8 * c);
-      }
+      for (int u = 0; u < kUnroll; ++u) load(st[u], min(i + u, my_steps - 1));
 #pragma unroll
       for (int u = 1; u < kUnroll; ++u)
         if (i + u >= my_steps)
 #pragma unroll
           for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c) b[u][nt][c] = make_uint4(0, 0, 0, 0);
+            for (int c = 0; c < kChunks; ++c) st[u].b[nt][c] = make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float part[kRowTiles][kTokTiles][4] = {};
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-          for (int r = 0; r < kRowTiles; ++r) {
-            const uint4 lo = dequant::chunk<P::kBits>(wlo[u][r], c),
-                        hi = dequant::chunk<P::kBits>(whi[u][r], c);
-#pragma unroll
-            for (int nt = 0; nt < kTokTiles; ++nt) {
-              ptx::mma_bf16_16816(part[r][nt], lo.x, hi.x, lo.y, hi.y, b[u][nt][c].x, b[u][nt][c].y);
-              ptx::mma_bf16_16816(part[r][nt], lo.z, hi.z, lo.w, hi.w, b[u][nt][c].z, b[u][nt][c].w);
-            }
-          }
-          // Element i of a fragment is row g + 8·(i/2): the low or the high row's scale.
-#pragma unroll
-        for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-          for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? slo[u][r] : shi[u][r]);
-      }
+      for (int u = 0; u < kUnroll; ++u) compute(st[u]);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "moe/moe_shape.hpp"
+#include "moe/quant_layout.hpp"
 
 namespace amoeba::kernels {
 
@@ -18,12 +19,14 @@ enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
-  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 128 (grouped)
-  int decode_warps = 4;       // decode: warps per block, splitting K
-  int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
-  int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
-  int grouped_rows = 128;     // sm_90 grouped GEMM, bf16: weight rows per block, 128 (two blocks per SM) or
-                              // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
+  int tile_tokens = 8;          // tokens per work tile: 8, 16 or 32 (decode), 64 or 128 (grouped)
+  int decode_warps = 4;         // decode: warps per block, splitting K
+  int decode_unroll = 2;        // decode: k-steps of weight loads each thread has in flight
+  int decode_prefetch = 128;    // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
+  int grouped_rows = 128;       // sm_90 grouped GEMM, bf16: weight rows per block, 128 (two blocks per SM) or
+                                // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
+  bool decode_rolling = false;  // decode, quantized experts: the next k-step's loads issued before the
+                                // current one is used (decode::Tile's kRolling; unroll 1)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -42,13 +45,15 @@ constexpr bool fits(double mean, double limit) {
 
 }  // namespace config_detail
 
-// A decode tile's compile-time shape, host-side: decode::Tile<tile_tokens / 8, warps, unroll, prefetch>.
+// A decode tile's compile-time shape, host-side: decode::Tile<tile_tokens / 8, warps, unroll, prefetch,
+// rolling>.
 struct DecodeTileShape {
   int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
+  bool rolling = false;
   friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
 };
 constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {
-  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch};
+  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch, c.decode_rolling};
 }
 
 // At most N decode tiles, each once, in the order first added.
@@ -68,11 +73,15 @@ struct DecodeTileList {
 
 namespace config_detail {
 
-// The tiles of a table's rows and its fallback tile, each once.
+// The tiles of a table's rows (a row whose int8 layers roll: its tile and the rolling one, int4 layers
+// running the other) and its fallback tile, each once.
 template <class Row, std::size_t R>
-constexpr DecodeTileList<R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
-  DecodeTileList<R + 1> list;
-  for (const Row& r : rows) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch});
+constexpr DecodeTileList<2 * R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
+  DecodeTileList<2 * R + 1> list;
+  for (const Row& r : rows) {
+    list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, false});
+    if (r.int8_rolling) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, true});
+  }
   list.add(fallback);
   return list;
 }
@@ -88,7 +97,13 @@ constexpr DecodeTileList<R + 1> tiles_of(const Row (&rows)[R], const DecodeTileS
 // paged_moe_h200.md, "Decode or grouped"). The grouped GEMM's blocks are 256 weight rows wide (one block per
 // SM) where the experts are wide (F >= 8192) and the mean batch reaches 256 tokens (Mixtral from 1024
 // tokens: 0.4–5.6% faster), 128 elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral
-// at 256 tokens). The decode tile is the first row of kDecodeRows the shape satisfies. Each row is the
+// at 256 tokens). Where the expected largest routed batch fits 64 tokens (mean + 3σ + 1 <= 64: a mean of up
+// to ~42), the 128-row blocks take 64-token tiles (grouped::gemm_wgmma_small_kernel: one warpgroup, 24 KiB
+// stages, 4 stages and 2 blocks per SM, the weight loads 3 steps ahead instead of 2): 0.933–0.955× the
+// 128-token tiles' time at 16–256 tokens on Qwen (routed and with shared chunks) and at 16–128 on Mixtral,
+// 1.097× at Mixtral 256 (mean batch 64: every expert in two tiles); 3 stages and 3 blocks 0.907–0.984×, 8
+// stages and 1 block 0.928–0.982× (docs/results/paged_moe_h200.md, "Small batches on 64-token grouped
+// tiles", 3 processes). The decode tile is the first row of kDecodeRows the shape satisfies. Each row is the
 // fastest of the tiles measured on the H200 for its shapes (docs/kernel.md, "Decode tiles"; same process,
 // contiguous medians; the 8-token tiles with 8 warps or 3–4 k-steps: docs/results/paged_moe_h200.md,
 // "Decode tiles with more bytes in flight", 3 processes):
@@ -116,14 +131,15 @@ struct DefaultMoeConfig {
     int min_intermediate, max_intermediate;
     int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
     int tile_tokens, warps, unroll;
-    int prefetch;  // L2 prefetch hint of the weight loads, bytes
+    int prefetch;       // L2 prefetch hint of the weight loads, bytes
+    bool int8_rolling;  // quantized rows: int8 layers run the tile rolling (decode::Tile's kRolling)
   };
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch
-      {24,        0,      2048,    8,      8,   4,    2,     128},
-      {6,         8192,   1 << 30, 8,      8,   8,    2,     128},
-      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch rolling
+      {24,        0,      2048,    8,      8,   4,    2,     128,     false},
+      {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     false},
+      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     false},
   };
   // clang-format on
   static constexpr int kDecodeTile = 32;  // the largest decode tile (kDecode asked for at any size)
@@ -132,6 +148,7 @@ struct DefaultMoeConfig {
   static constexpr int kQuantDecodeTile = 32;      // quantized experts: decode while the batch fits this many
   static constexpr int kQuantSharedDecodeTokens = 128;  // ... and shared chunks (every token) this many
   static constexpr int kGroupedTile = 128;
+  static constexpr int kSmallGroupedTile = 64;       // bf16 grouped tiles while the expected batch fits this
   static constexpr int kWideMinIntermediate = 8192;  // 256-row grouped blocks from this F ...
   static constexpr double kWideMinMeanBatch = 256;   // ... and this mean routed batch
 
@@ -147,13 +164,21 @@ struct DefaultMoeConfig {
   // the dequantising main loop needs about twice the registers of the bf16 one, so the tiles that keep fewest
   // live (8 or 16 tokens, one k-step in flight) run fastest; 8-token tiles even when a few experts' batches
   // overflow into a second tile (Qwen at 64 tokens), 16-token tiles beyond (Mixtral at 33 and 64 tokens), and
-  // 8 warps splitting K where one or two routed slots meet huge experts (Mixtral at 1 token).
+  // 8 warps splitting K where one or two routed slots meet huge experts (Mixtral at 1 token). int8 layers run
+  // the 8-token tiles rolling (each warp's next k-step loads while it dequantises the current one: one step
+  // in flight throughout, for ~45 more registers) up to 64 routed slots: 0.875–0.978× the default main loop's
+  // time at 1–8 tokens on Qwen and 1–16 on Mixtral (Qwen1.5 with shared chunks at 16: 0.988×), but
+  // 1.005–1.11× from 128 slots on (Qwen3 at 16 tokens: 1.021×; Mixtral's 16-token tiles 1.06–1.07×); int4,
+  // whose token operand takes twice the registers, lost nearly everywhere (1.008–1.43×; 0.95–0.96× at 1 token
+  // on Qwen, 1.156× on Mixtral) and never rolls (docs/results/quantized_h200.md, "Rolling decode tiles", 3
+  // processes).
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch
-      {2,         8192,   1 << 30, 8,      8,   8,    1,     128},
-      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128},
-      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch rolling (int8)
+      {2,         8192,   1 << 30, 8,      8,   8,    1,     128,     true},
+      {64,        0,      1 << 30, 12,     8,   4,    1,     128,     true},
+      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,     false},
+      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,     false},
   };
   // clang-format on
   // The decode tiles select() and select_quantized() can name (their rows' and kFallbackTile): what PagedMoe
@@ -169,6 +194,8 @@ struct DefaultMoeConfig {
       MoeConfig c{path, kGroupedTile, 4, 1};
       if (s.intermediate >= kWideMinIntermediate && mean_batch(s) >= kWideMinMeanBatch && s.hidden % 256 == 0)
         c.grouped_rows = 256;
+      else if (path == MoePath::kGrouped && config_detail::fits(mean_batch(s), kSmallGroupedTile))
+        c.tile_tokens = kSmallGroupedTile;  // the sm_90 kernel's (run() takes 128 on other devices)
       return c;
     }
     for (const DecodeRow& r : kDecodeRows)  // bf16 tiles split K over their warps in 32-value steps
@@ -177,10 +204,10 @@ struct DefaultMoeConfig {
     return fallback(path);
   }
 
-  // The configuration for quantized experts (PagedMoe<..., Int8|Int4>): kAuto picks the path by
+  // The configuration for quantized experts of `bits` (PagedMoe<..., Int8|Int4>): kAuto picks the path by
   // kQuantDecodeTile and kQuantSharedDecodeTokens; on the decode path the first row of kQuantDecodeRows the
-  // shape satisfies, else 32-token tiles.
-  static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested) {
+  // shape satisfies (rolling for int8 where the row says so), else 32-token tiles.
+  static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested, quant::Bits bits) {
     MoePath path = requested;
     if (path == MoePath::kAuto) {
       const bool shared_fits = s.num_shared_chunks == 0 || s.num_tokens <= kQuantSharedDecodeTokens;
@@ -189,7 +216,14 @@ struct DefaultMoeConfig {
     }
     if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
     for (const DecodeRow& r : kQuantDecodeRows)
-      if (matches(r, s)) return {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch};
+      if (matches(r, s))
+        return {MoePath::kDecode,
+                r.tile_tokens,
+                r.warps,
+                r.unroll,
+                r.prefetch,
+                kGroupedTile,
+                r.int8_rolling && bits == quant::Bits::kInt8};
     return fallback(MoePath::kDecode);
   }
 
@@ -212,50 +246,82 @@ struct DefaultMoeConfig {
 static_assert(moe_config<DefaultMoeConfig>);
 // A configuration that chooses its own tiles for quantized experts (PagedMoe asks it instead of select).
 template <class C>
-concept quantized_moe_config = requires(const MoeShape& s, MoePath requested) {
-  { C::select_quantized(s, requested) } -> std::same_as<MoeConfig>;
+concept quantized_moe_config = requires(const MoeShape& s, MoePath requested, quant::Bits bits) {
+  { C::select_quantized(s, requested, bits) } -> std::same_as<MoeConfig>;
 };
 static_assert(quantized_moe_config<DefaultMoeConfig>);
 // Quantized examples (T, H, F, E, k, m): Qwen1.5 and Qwen3 up to 64 tokens on 8-token tiles, Mixtral at 1
 // token with 8 warps, at 33 and 64 tokens on 16-token tiles; many tokens per expert: the grouped GEMM (or
 // 32-token decode tiles when asked for the decode path).
-static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 8, 1});
-static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 8, 1});
+static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
+static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
 // The last decoded and the first grouped sizes: Qwen3 256 / 512 tokens, Mixtral 64 / 128, Qwen1.5 with its
 // shared chunks 128 / 256.
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
-              MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({512, 2048, 768, 128, 8, 0}, MoePath::kAuto).path ==
-              MoePath::kGrouped);
-static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto).path ==
-              MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto).path ==
-              MoePath::kGrouped);
-static_assert(DefaultMoeConfig::select_quantized({128, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path ==
-              MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path ==
-              MoePath::kGrouped);
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 0}, MoePath::kAuto).path ==
-              MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kDecode) ==
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .path == MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({512, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .path == MoePath::kGrouped);
+static_assert(
+    DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto, quant::Bits::kInt4).path ==
+    MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .path == MoePath::kGrouped);
+static_assert(DefaultMoeConfig::select_quantized({128, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .path == MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .path == MoePath::kGrouped);
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .path == MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kDecode,
+                                                 quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped) ==
+static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped,
+                                                 quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
+// int8 layers roll on the 8-token tiles up to 64 routed slots (Mixtral at 1 and 16 tokens, Qwen3 at 8); int4
+// layers never; from 128 slots int8 runs the default main loop too (Qwen3 at 16 tokens).
+static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, true});
+static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, true});
+static_assert(DefaultMoeConfig::select_quantized({8, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, true});
+static_assert(DefaultMoeConfig::select_quantized({16, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 16, 4, 1});
 static_assert([] {
-  for (const auto& r : DefaultMoeConfig::kQuantDecodeRows)
+  for (const auto& r : DefaultMoeConfig::kQuantDecodeRows) {
     if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch
+    if (r.int8_rolling && r.unroll != 1) return false;           // a rolling tile keeps one step in flight
+  }
+  for (const auto& r : DefaultMoeConfig::kDecodeRows)
+    if (r.int8_rolling) return false;  // bf16 tiles never roll
   return true;
 }());
 // Examples (T, H, F, E, k, m).
@@ -269,7 +335,7 @@ static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAut
               MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({15, 2048, 768, 128, 8, 0}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+              MoeConfig{MoePath::kGrouped, 64, 4, 1});
 static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({16, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kGrouped);
 static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
@@ -277,7 +343,13 @@ static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto
 static_assert(DefaultMoeConfig::select({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 8, 2});
 static_assert(DefaultMoeConfig::select({4, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+              MoeConfig{MoePath::kGrouped, 64, 4, 1});
+// 64-token grouped tiles while the expected largest batch fits them: Qwen3 up to 512 tokens (mean 32),
+// Mixtral up to 128; 128-token tiles from a mean of 64 (Mixtral 256, Qwen3 1024), and on the mma.sync path.
+static_assert(DefaultMoeConfig::select({512, 2048, 768, 128, 8, 0}, MoePath::kAuto).tile_tokens == 64);
+static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).tile_tokens == 128);
+static_assert(DefaultMoeConfig::select({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto).tile_tokens == 64);
+static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kGroupedMma).tile_tokens == 128);
 static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
 // Wide grouped blocks: Mixtral from 1024 tokens (mean batch 256), never on Qwen's narrow experts.

@@ -119,7 +119,7 @@ Status set_smem(int device, int bytes) {
 template <const auto& kList, std::size_t... I>
 auto tile_types(std::index_sequence<I...>)
     -> std::tuple<decode::Tile<kList.tiles[I].tile_tokens / 8, kList.tiles[I].warps, kList.tiles[I].unroll,
-                               kList.tiles[I].prefetch>...>;
+                               kList.tiles[I].prefetch, kList.tiles[I].rolling>...>;
 template <const auto& kList>
 using tile_types_t = decltype(tile_types<kList>(std::make_index_sequence<kList.size>{}));
 
@@ -255,12 +255,15 @@ class PagedMoe {
             "quantized experts need the 32-token decode tile (4 warps, unroll 1) instantiated "
             "for devices without wgmma (PagedMoe::DecodeTiles)");
     }
+    if (c.path == MoePath::kDecode && c.decode_rolling && !Precision::kQuantized)
+      return Status::error("config.decode_rolling", 1, "rolling decode tiles read quantized experts only");
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
-        return Status::error("config.tile_tokens", c.tile_tokens,
-                             "with decode_warps, decode_unroll and decode_prefetch must name an instantiated "
-                             "decode tile (PagedMoe::DecodeTiles)");
+        return Status::error(
+            "config.tile_tokens", c.tile_tokens,
+            "with decode_warps, decode_unroll, decode_prefetch and decode_rolling must name an "
+            "instantiated decode tile (PagedMoe::DecodeTiles)");
       if constexpr (Precision::kQuantized) {
         // K is dealt to the warps in whole k-steps, each inside one scale group.
         if (s.hidden % Precision::kKStep != 0)
@@ -305,10 +308,11 @@ class PagedMoe {
   // run() replaces a quantized grouped choice by kQuantFallback.
   static constexpr MoeConfig config(const Arguments& a) {
     if constexpr (Precision::kQuantized && quantized_moe_config<Config>) {
-      return Config::select_quantized(a.shape, a.path);
-    } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128-row grouped blocks
+      return Config::select_quantized(a.shape, a.path, Precision::kBits);
+    } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
       c.grouped_rows = grouped::kBlockN;
+      if (c.path != MoePath::kDecode) c.tile_tokens = grouped::kBlockM;
       return c;
     } else {
       return Config::select(a.shape, a.path);
@@ -469,7 +473,7 @@ class PagedMoe {
   template <class T>
   static constexpr bool names(const MoeConfig& c) {
     return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll &&
-           c.decode_prefetch == T::kPrefetch;
+           c.decode_prefetch == T::kPrefetch && c.decode_rolling == T::kRolling;
   }
   template <class T>
   static constexpr int k_multiple_of(const MoeConfig& c) {

@@ -14,8 +14,9 @@ struct PathConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath) {
     return kernels::DefaultMoeConfig::select(s, kPath);
   }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath) {
-    return kernels::DefaultMoeConfig::select_quantized(s, kPath);
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath,
+                                                       kernels::quant::Bits bits) {
+    return kernels::DefaultMoeConfig::select_quantized(s, kPath, bits);
   }
 };
 using QuantGroupedConfig = PathConfig<kernels::MoePath::kGrouped>;
@@ -29,29 +30,31 @@ struct GroupedRowsConfig {
     c.grouped_rows = kRows;
     return c;
   }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s,
-                                                       kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested);
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
     c.grouped_rows = kRows;
     return c;
   }
 };
 
-// DefaultMoeConfig's choice with 64-token tiles wherever it runs the 128-row grouped GEMM on bf16 experts
-// (grouped::gemm_wgmma_small_kernel with kStages stages, kBlocks blocks per SM); quantized experts keep the
-// default's choice.
-template <int kStages, int kBlocks>
-struct SmallGroupedConfig {
+// DefaultMoeConfig's choice with kTile-token tiles (64 or 128) wherever it runs the 128-row grouped GEMM on
+// bf16 experts; 64: grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks per SM. Quantized
+// experts keep the default's choice.
+template <int kTile, int kStages = 4, int kBlocks = 2>
+struct GroupedTileConfig {
   static constexpr int kSmallStages = kStages, kSmallBlocks = kBlocks;
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == kernels::MoePath::kGrouped && c.grouped_rows == 128) c.tile_tokens = 64;
+    if (c.path == kernels::MoePath::kGrouped && c.grouped_rows == 128) c.tile_tokens = kTile;
     return c;
   }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s,
-                                                       kernels::MoePath requested) {
-    return kernels::DefaultMoeConfig::select_quantized(s, requested);
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
   }
 };
+template <int kStages, int kBlocks>
+using SmallGroupedConfig = GroupedTileConfig<64, kStages, kBlocks>;
 
 }  // namespace amoeba::testing

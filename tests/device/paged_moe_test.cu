@@ -255,7 +255,8 @@ TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu
 }
 
 // Configuration policies can_implement must refuse: a decode tile the kernels do not have, 8 warps where H or
-// F is not a multiple of 256, a grouped tile other than 128 ...
+// F is not a multiple of 256, a grouped tile other than 128 or 64 (64: kGrouped, 128-row blocks, bf16 only),
+// a rolling decode tile on bf16 experts ...
 struct BadTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kDecode, 24}; }
 };
@@ -265,7 +266,22 @@ struct EightWarpsConfig {
   }
 };
 struct BadGroupedConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 64}; }
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 96}; }
+};
+template <MoePath kPath, int kRows>
+struct SmallTileConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    return {kPath, 64, 4, 1, 128, kRows};
+  }
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
+    return {kPath, 64, 4, 1, 128, kRows};
+  }
+};
+struct RollingBf16Config {
+  using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, true>>;
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    return {MoePath::kDecode, 8, 4, 1, 128, 128, true};
+  }
 };
 // ... and (moe_configs.hpp's GroupedRowsConfig) grouped blocks of other than 128 or 256 weight rows, 256 on
 // quantized experts or where H % 256 != 0.
@@ -382,7 +398,29 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   fill(grouped);
   const kernels::Status stg = PagedMoe<kernels::Paged, BadGroupedConfig>::can_implement(grouped);
   CHECK(stg.field == "config.tile_tokens");
+  CHECK(stg.message.find("96") != std::string::npos);
   CHECK(stg.message.find("128") != std::string::npos);
+  // 64-token tiles: the sm_90 grouped GEMM's on 128-row blocks of bf16 experts, nowhere else.
+  using Small = PagedMoe<kernels::Paged, SmallTileConfig<MoePath::kGrouped, 128>>;
+  Small::Arguments small{};
+  fill(small);
+  CHECK(Small::can_implement(small).ok);
+  using SmallMma = PagedMoe<kernels::Paged, SmallTileConfig<MoePath::kGroupedMma, 128>>;
+  const kernels::Status stm = SmallMma::can_implement(small);
+  CHECK(stm.field == "config.tile_tokens");
+  CHECK(stm.message.find("64 on kGrouped") != std::string::npos);
+  using SmallWide = PagedMoe<kernels::Paged, SmallTileConfig<MoePath::kGrouped, 256>>;
+  const kernels::Status stw = SmallWide::can_implement(small);
+  CHECK(stw.field == "config.grouped_rows");
+  CHECK(stw.message.find("64-token") != std::string::npos);
+  using SmallInt8 = PagedMoe<kernels::Paged, SmallTileConfig<MoePath::kGrouped, 128>, kernels::Int8>;
+  const kernels::Status sts = SmallInt8::can_implement(small);
+  CHECK(sts.field == "config.tile_tokens");
+  CHECK(sts.message.find("quantized") != std::string::npos);
+  using RollingBf16 = PagedMoe<kernels::Paged, RollingBf16Config>;
+  const kernels::Status stl = RollingBf16::can_implement(small);
+  CHECK(stl.field == "config.decode_rolling");
+  CHECK(stl.message.find("quantized experts only") != std::string::npos);
 
   PagedMoe<kernels::Paged, GroupedRowsConfig<192>>::Arguments rows{};
   fill(rows);

@@ -236,8 +236,8 @@ constexpr ModelSpec kOddK{"small E6 k2 m0 H384 F128", 6, 2, 384, 128, 0};
 // One quantized decode tile T of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath) {
-    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch};
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
+    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128, T::kRolling};
   }
 };
 

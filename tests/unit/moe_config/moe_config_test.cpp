@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <vector>
 
 namespace {
@@ -14,6 +15,7 @@ using amoeba::kernels::DefaultMoeConfig;
 using amoeba::kernels::MoeConfig;
 using amoeba::kernels::MoePath;
 using amoeba::kernels::MoeShape;
+using Bits = amoeba::kernels::quant::Bits;
 
 struct Model {
   const char* name;
@@ -45,6 +47,7 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
   for (const Model& m : models()) {
     INFO(m.name);
     bool grouped_seen = false, wide_seen = false;
+    int last_grouped_tile = 0;
     for (int t = 1; t <= 32768; ++t) {
       MoeShape s = m.shape;
       s.num_tokens = t;
@@ -52,6 +55,7 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
       INFO("T=" << t);
       const bool below_one = static_cast<long long>(t) * s.top_k < s.num_experts;
       CHECK((c.path == MoePath::kDecode) == below_one);
+      CHECK_FALSE(c.decode_rolling);  // bf16 tiles never roll
       if (c.path == MoePath::kDecode) {
         CHECK_FALSE(grouped_seen);
         CHECK(bf16_tile_instantiated(c));
@@ -62,8 +66,14 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
         CHECK(s.hidden % (32 * c.decode_warps) == 0);
         CHECK(s.intermediate % (32 * c.decode_warps) == 0);
       } else {
+        // 64-token tiles while a uniform router's largest batch (mean + 3σ + 1) fits them, on 128-row blocks;
+        // 128-token tiles from there on, never back.
+        const double mean = static_cast<double>(t) * s.top_k / s.num_experts;
+        const bool fits64 = mean + 3.0 * std::sqrt(mean) + 1.0 <= 64.0;
+        CHECK(c.tile_tokens == (fits64 && c.grouped_rows == 128 ? 64 : 128));
+        if (grouped_seen && c.tile_tokens == 64) CHECK(last_grouped_tile == 64);
+        last_grouped_tile = c.tile_tokens;
         grouped_seen = true;
-        CHECK(c.tile_tokens == 128);
         CHECK((c.grouped_rows == 128 || c.grouped_rows == 256));
         // 256-row blocks only on wide experts, and once taken, kept.
         if (c.grouped_rows == 256) CHECK(s.intermediate >= DefaultMoeConfig::kWideMinIntermediate);
@@ -90,29 +100,42 @@ TEST_CASE("bf16: the decode path asked for at any size names an instantiated til
 }
 
 TEST_CASE("quantized: decode up to a crossover, grouped from there, never back", "[moe_config]") {
-  for (const Model& m : models()) {
-    INFO(m.name);
-    bool grouped_seen = false;
-    int last_decoded = 0;
-    for (int t = 1; t <= 32768; ++t) {
-      MoeShape s = m.shape;
-      s.num_tokens = t;
-      const MoeConfig c = DefaultMoeConfig::select_quantized(s, MoePath::kAuto);
-      INFO("T=" << t);
-      if (c.path == MoePath::kDecode) {
-        CHECK_FALSE(grouped_seen);
-        CHECK(quant_tile_instantiated(c));
-        last_decoded = t;
-      } else {
-        CHECK(c.path == MoePath::kGrouped);
-        CHECK(c.tile_tokens == 128);
-        CHECK(c.grouped_rows == 128);  // the wide kernel reads bf16 experts only
-        grouped_seen = true;
+  for (const Model& m : models())
+    for (const Bits bits : {Bits::kInt8, Bits::kInt4}) {
+      INFO(m.name << " int" << amoeba::kernels::quant::bit_count(bits));
+      bool grouped_seen = false;
+      int last_decoded = 0;
+      for (int t = 1; t <= 32768; ++t) {
+        MoeShape s = m.shape;
+        s.num_tokens = t;
+        const MoeConfig c = DefaultMoeConfig::select_quantized(s, MoePath::kAuto, bits);
+        INFO("T=" << t);
+        if (c.path == MoePath::kDecode) {
+          CHECK_FALSE(grouped_seen);
+          CHECK(quant_tile_instantiated(c));
+          // Rolling: int8 only, on 8-token tiles with one step in flight, up to 64 routed slots.
+          if (c.decode_rolling) {
+            CHECK(bits == Bits::kInt8);
+            CHECK(c.tile_tokens == 8);
+            CHECK(c.decode_unroll == 1);
+            CHECK(static_cast<long long>(t) * s.top_k <= 64);
+          }
+          // int8 and int4 run the same tile, rolling apart.
+          MoeConfig other = DefaultMoeConfig::select_quantized(
+              s, MoePath::kAuto, bits == Bits::kInt8 ? Bits::kInt4 : Bits::kInt8);
+          other.decode_rolling = c.decode_rolling;
+          CHECK(other == c);
+          last_decoded = t;
+        } else {
+          CHECK(c.path == MoePath::kGrouped);
+          CHECK(c.tile_tokens == 128);
+          CHECK(c.grouped_rows == 128);  // the wide kernel reads bf16 experts only
+          grouped_seen = true;
+        }
       }
+      // Shared chunks take every token: decoded up to kQuantSharedDecodeTokens at most.
+      if (m.shape.num_shared_chunks > 0) CHECK(last_decoded <= DefaultMoeConfig::kQuantSharedDecodeTokens);
+      CHECK(last_decoded > 0);
+      CHECK(grouped_seen);
     }
-    // Shared chunks take every token: decoded up to kQuantSharedDecodeTokens at most.
-    if (m.shape.num_shared_chunks > 0) CHECK(last_decoded <= DefaultMoeConfig::kQuantSharedDecodeTokens);
-    CHECK(last_decoded > 0);
-    CHECK(grouped_seen);
-  }
 }

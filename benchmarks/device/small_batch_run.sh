@@ -8,7 +8,11 @@
 # (3) int8 / int4 decode: the default tiles against `int8-rolling` / `int4-rolling`, one process per seed;
 # (4) with NCU=1, Nsight Compute's duration and DRAM throughput of the gate/up and down launches of the
 #     default and the small4 grouped GEMM at Qwen3 64 tokens.
-#   BIN=.gpu OUT=$OUT [SEEDS=3] bash benchmarks/device/small_batch_run.sh
+# With CONFIRM=1 (once the table took both, commit c2db93d), instead of (2)-(4): the default against
+# `tile128` (128-token grouped tiles) around the table's switch (128-1024 tokens) and against `int8-steady` (no
+# rolling tile), one process per seed: `compare.py tile128 default confirm_tiles_seed*.json`, `compare.py
+# int8-steady int8 confirm_quant_seed*.json`.
+#   BIN=.gpu OUT=$OUT [SEEDS=3] [CONFIRM=0] bash benchmarks/device/small_batch_run.sh
 # Writes $OUT/small_batch.tgz: small_seed<i>.json and rolling_seed<i>.json (paged_moe_bench's format;
 # `python3 benchmarks/device/compare.py default small4 small_seed*.json`, `compare.py int8 int8-rolling
 # rolling_seed*.json`), the tests' and the profiler's logs.
@@ -22,6 +26,20 @@ echo "small-batch grouped test rc=$? $(grep -E 'All tests passed|test cases:' "$
 timeout 200 "$BIN/quant_moe_device_test" "quantized experts: rolling decode tiles = their default twins bit for bit" \
   >"$OUT/rolling_test.txt" 2>&1
 echo "rolling decode test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/rolling_test.txt" | tail -1)"
+if [[ "${CONFIRM:-0}" == 1 ]]; then
+  for seed in $(seq 1 "${SEEDS:-3}"); do
+    timeout 150 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 128,256,512,1024 \
+      --placement shuffled --seed "$seed" --config default,tile128 \
+      --json "$OUT/confirm_tiles_seed$seed.json" >"$OUT/confirm_tiles_seed$seed.txt" 2>&1
+    echo "bf16 tiles seed $seed rc=$?"
+    timeout 150 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 1,3,8,16,33,64,128 \
+      --placement shuffled --seed "$seed" --config default,int8,int8-steady,int4 \
+      --json "$OUT/confirm_quant_seed$seed.json" >"$OUT/confirm_quant_seed$seed.txt" 2>&1
+    echo "quantized seed $seed rc=$?"
+  done
+  (cd "$OUT" && tar czf small_batch.tgz --exclude=small_batch.tgz ./* && find . -maxdepth 1 -type f ! -name small_batch.tgz -delete)
+  exit 0
+fi
 for seed in $(seq 1 "${SEEDS:-3}"); do
   timeout 150 "$BIN/paged_moe_bench" --models qwen15,qwen15_shared,qwen3,mixtral --tokens 16,33,64,128,256 \
     --placement shuffled --seed "$seed" --config default,small4,small3,small8 \

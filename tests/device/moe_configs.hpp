@@ -22,12 +22,13 @@ struct PathConfig {
 using QuantGroupedConfig = PathConfig<kernels::MoePath::kGrouped>;
 
 // DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: two blocks per
-// SM; 256: the wide kernel, which can_implement refuses for quantized experts).
+// SM; 256: the wide kernel, on 128-token tiles, which can_implement refuses for quantized experts).
 template <int kRows>
 struct GroupedRowsConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     c.grouped_rows = kRows;
+    if (kRows != 128 && c.path != kernels::MoePath::kDecode) c.tile_tokens = 128;
     return c;
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,

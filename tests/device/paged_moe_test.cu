@@ -260,10 +260,8 @@ TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu
 struct BadTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kDecode, 24}; }
 };
-struct EightWarpsConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    return {MoePath::kDecode, 32, 8, 2};
-  }
+struct EightWarpsConfig {  // an instantiated tile (DefaultDecodeTiles): 8 tokens, 8 warps, 2 k-steps
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kDecode, 8, 8, 2}; }
 };
 struct BadGroupedConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 96}; }

@@ -11,7 +11,9 @@
 // expert's W1+W3 is 235 MB: streaming it once per 128-token tile cost 8–13%). The order depends only on the
 // tile list, never on where pages sit.
 // Quantized experts (Precision Int8 / Int4): B is staged packed and dequantised in shared memory, overlapped
-// with the tensor cores (see kPackedStepBytes below); everything else is the bf16 kernel.
+// with the tensor cores (see kPackedStepBytes below); everything else is the bf16 kernel. Two bf16 variants
+// follow it: 256 weight rows per block (gemm_wgmma_wide_kernel, large batches on wide experts) and 64-token
+// tiles on one warpgroup (gemm_wgmma_small_kernel, small batches).
 #pragma once
 
 #include "moe/grouped_gemm.cuh"

@@ -89,24 +89,24 @@ constexpr DecodeTileList<2 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
 }  // namespace config_detail
 
 // The default table. Decode while a routed expert's mean batch is below one token (T·k < E: most experts
-// get none or one), the grouped GEMM (128-token tiles) from there on. On the H200 the sm_90 grouped GEMM (its
-// weight reads near the HBM floor, a warpgroup with no tokens skipping its wgmma) takes 0.915–0.996× the
-// decode tiles' time at 8–64 tokens once the mean batch is one (Qwen1.5 and Qwen3 from 16 tokens, Mixtral
-// from 8) and 0.39–0.96× at 128–256; at 1 token it takes 1.14–1.49×, at 3 tokens 1.05–1.07× (Qwen1.5
-// routed-only 0.97×), at 8 tokens on Qwen within 3% (docs/results/
-// paged_moe_h200.md, "Decode or grouped"). The grouped GEMM's blocks are 256 weight rows wide (one block per
-// SM) where the experts are wide (F >= 8192) and the mean batch reaches 256 tokens (Mixtral from 1024
-// tokens: 0.4–5.6% faster), 128 elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral
-// at 256 tokens). Where the expected largest routed batch fits 64 tokens (mean + 3σ + 1 <= 64: a mean of up
-// to ~42), the 128-row blocks take 64-token tiles (grouped::gemm_wgmma_small_kernel: one warpgroup, 24 KiB
-// stages, 4 stages and 2 blocks per SM, the weight loads 3 steps ahead instead of 2): 0.933–0.955× the
-// 128-token tiles' time at 16–256 tokens on Qwen (routed and with shared chunks) and at 16–128 on Mixtral,
-// 1.097× at Mixtral 256 (mean batch 64: every expert in two tiles); 3 stages and 3 blocks 0.907–0.984×, 8
-// stages and 1 block 0.928–0.982× (docs/results/paged_moe_h200.md, "Small batches on 64-token grouped
-// tiles", 3 processes). The decode tile is the first row of kDecodeRows the shape satisfies. Each row is the
-// fastest of the tiles measured on the H200 for its shapes (docs/kernel.md, "Decode tiles"; same process,
-// contiguous medians; the 8-token tiles with 8 warps or 3–4 k-steps: docs/results/paged_moe_h200.md,
-// "Decode tiles with more bytes in flight", 3 processes):
+// get none or one), the grouped GEMM (64- or 128-token tiles, below) from there on. On the H200 the sm_90
+// grouped GEMM (its weight reads near the HBM floor, a warpgroup with no tokens skipping its wgmma) takes
+// 0.915–0.996× the decode tiles' time at 8–64 tokens once the mean batch is one (Qwen1.5 and Qwen3 from 16
+// tokens, Mixtral from 8) and 0.39–0.96× at 128–256; at 1 token it takes 1.14–1.49×, at 3 tokens 1.05–1.07×
+// (Qwen1.5 routed-only 0.97×), at 8 tokens on Qwen within 3% (docs/results/paged_moe_h200.md, "Decode or
+// grouped"). The grouped GEMM's blocks are 256 weight rows wide (one block per SM) where the experts are wide
+// (F >= 8192) and the mean batch reaches 256 tokens (Mixtral from 1024 tokens: 0.4–5.6% faster), 128
+// elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral at 256 tokens). Where the
+// expected largest routed batch fits 64 tokens (mean + 3σ + 1 <= 64: a mean of up to ~42), the 128-row blocks
+// take 64-token tiles (grouped::gemm_wgmma_small_kernel: one warpgroup, 24 KiB stages, 4 stages and 2 blocks
+// per SM, the weight loads 3 steps ahead instead of 2): 0.933–0.955× the 128-token tiles' time at 16–256
+// tokens on Qwen (routed and with shared chunks) and at 16–128 on Mixtral, 1.097× at Mixtral 256 (mean batch
+// 64: every expert in two tiles); 3 stages and 3 blocks 0.907–0.984×, 8 stages and 1 block 0.928–0.982×
+// (docs/results/paged_moe_h200.md, "Small batches on 64-token grouped tiles", 3 processes). The decode tile
+// is the first row of kDecodeRows the shape satisfies. Each row is the fastest of the tiles measured on the
+// H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians; the 8-token tiles
+// with 8 warps or 3–4 k-steps: docs/results/paged_moe_h200.md, "Decode tiles with more bytes in flight", 3
+// processes):
 //  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles with two k-steps in flight, 4–12%
 //    faster than 32-token ones, 0.1–10% faster than three or four k-steps;
 //  - up to 6 routed slots on huge experts (Mixtral at 1 and 3 tokens): 8-token tiles with 8 warps splitting K

@@ -123,6 +123,15 @@ __device__ __forceinline__ bool unit_of(const MoeParams<Addressing>& p, WorkTile
   return true;
 }
 
+// The start of every grouped-GEMM block: wait for the layer's previous kernels (programmatic dependent
+// launch), let the next kernel's blocks launch, and find this block's unit (false: a block past the work).
+template <class Addressing>
+__device__ __forceinline__ bool begin_unit(const MoeParams<Addressing>& p, WorkTile& tile, int& slice) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  return unit_of(p, tile, slice);
+}
+
 // The dynamic shared memory's first 1024-byte-aligned byte (wgmma's 128-byte swizzle needs 1024-byte bases).
 __device__ __forceinline__ unsigned char* aligned_smem(unsigned char* smem_dyn) {
   const std::uint32_t raw = ptx::smem_u32(smem_dyn);
@@ -272,11 +281,9 @@ __device__ __forceinline__ void issue_step(float (&acc)[64], const bf16* a_rows,
 template <class Addressing, Stage kStage, class Precision = Bf16>
 __global__ void __launch_bounds__(kThreads, 2)
     gemm_wgmma_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
   WorkTile tile;
   int slice;
-  if (!unit_of(p, tile, slice)) return;
+  if (!begin_unit(p, tile, slice)) return;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));
   bf16* smem_b = smem_a + kStages * kBlockM * kBlockK;
@@ -375,11 +382,9 @@ static_assert(kWideSmemBytes <= 227 * 1024, "the wide block must fit one SM");
 template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_wgmma_wide_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
   WorkTile tile;
   int pair;
-  if (!unit_of(p, tile, pair)) return;
+  if (!begin_unit(p, tile, pair)) return;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
   bf16* smem_b = smem_a + kWideStages * kBlockM * kBlockK;         // [stages][2 slices][128][64]
@@ -447,11 +452,9 @@ template <class Addressing, Stage kStage, int kStagesT, int kMinBlocksT>
 __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
     gemm_wgmma_small_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   static_assert(kStagesT >= 2, "at least one step in flight");
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
   WorkTile tile;
   int slice;
-  if (!unit_of(p, tile, slice)) return;
+  if (!begin_unit(p, tile, slice)) return;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   constexpr int kATile = kSmallM * kBlockK, kBTile = kBlockN * kBlockK;
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][64][64]

@@ -500,7 +500,7 @@ class PagedMoe {
     const unsigned down_blocks = static_cast<unsigned>(s.hidden / (grouped::kBlockN * slices));
     return launch(kDown, dim3(down_blocks, grid_tiles), threads, smem, stream, p, down_name);
   }
-  // The sm_90 grouped GEMM described by Gemm (grouped::Sm90Gemm, grouped::Sm90WideGemm).
+  // The sm_90 grouped GEMM described by Gemm (grouped::Sm90Gemm, Sm90WideGemm, Sm90SmallGemm).
   template <class Gemm>
   static Status run_sm90(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles, int device,
                          cudaStream_t stream) {

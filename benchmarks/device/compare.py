@@ -13,20 +13,29 @@ import sys
 from quant_report import mean_sd  # 'm ± sd' over the files, or the one value
 
 
+def tile(x):
+    """A configuration's path and tile as the results tables write it: decode/8, grouped/64, grouped/128×256."""
+    t = f'{x["path"]}/{x["tile_tokens"]}'
+    return t + "×256" if x["path"] != "decode" and x.get("grouped_rows") == 256 else t
+
+
 def main(base, other, files):
-    rows = {}
+    rows, tiles = {}, {}
     for f in files:
         for c in json.load(open(f))["cases"]:
-            r = rows.setdefault((c["model"], c["tokens"]), {})
+            key = (c["model"], c["tokens"])
+            r = rows.setdefault(key, {})
             for x in c["configs"]:
                 r.setdefault(x["config"], []).append(x["contiguous_us"])
-    print(f"| model | T | {base} µs | {other} µs | {other} / {base} |")
-    print("|---|---:|---:|---:|---:|")
+                tiles.setdefault(key, {})[x["config"]] = tile(x)
+    print(f"| model | T | {base} µs | {other} µs | {other} / {base} | tiles ({base}, {other}) |")
+    print("|---|---:|---:|---:|---:|---|")
     for (model, tokens), r in rows.items():
         a, b = r.get(other), r.get(base)
         if a and b:
+            t = tiles[(model, tokens)]
             print(f"| {model} | {tokens} | {mean_sd(b)} | {mean_sd(a)} | "
-                  f"{mean_sd([x / y for x, y in zip(a, b)], '{:.3f}')} |")
+                  f"{mean_sd([x / y for x, y in zip(a, b)], '{:.3f}')} | {t[base]}, {t[other]} |")
 
 
 if __name__ == "__main__":

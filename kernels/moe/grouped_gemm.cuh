@@ -119,12 +119,15 @@ struct BLoader : RowCopier<kLoaders> {
   }
 };
 
-// A and bf16 B of one (weight slice, work tile) block in two [kStages][128][64] rings, step kt in stage
-// kt % kStages: the cp.async pipeline both 128-row grouped GEMMs (mma.sync and sm_90 wgmma) run.
-template <Stage kStage>
+// A and bf16 B of one (weight slice, work tile) block in two rings, [kStagesN][kARows][64] and
+// [kStagesN][128][64], step kt in stage kt % kStagesN, copied by kLoaders threads: the cp.async pipeline of
+// the 128-row grouped GEMMs (mma.sync and sm_90 wgmma: 128 token rows, kStages stages, kThreads loaders) and
+// of the small-batch wgmma kernel (64 token rows, its own stages, one warpgroup).
+template <Stage kStage, int kLoaders = kThreads, int kARows = kBlockM, int kStagesN = kStages>
 struct StageLoader {
-  ALoader<kStage, kThreads> a;
-  BLoader<kStage, kThreads> b;
+  static constexpr int kATile = kARows * kBlockK, kBTile = kBlockN * kBlockK;
+  ALoader<kStage, kLoaders, kARows> a;
+  BLoader<kStage, kLoaders> b;
 
   template <class Addressing>
   __device__ __forceinline__ StageLoader(const MoeParams<Addressing>& p, const WorkTile& tile, int slice,
@@ -132,22 +135,22 @@ struct StageLoader {
       : a(p, tile, t), b(p, tile, slice, t) {}
   // Step kt's copies into stage `stage` (not committed).
   __device__ __forceinline__ void load(bf16* smem_a, bf16* smem_b, int stage, int kt) const {
-    a.load(smem_a + stage * kBlockM * kBlockK, kt);
-    b.load(smem_b + stage * kBlockN * kBlockK, kt);
+    a.load(smem_a + stage * kATile, kt);
+    b.load(smem_b + stage * kBTile, kt);
   }
-  // The prologue: steps 0 .. kStages − 2, one commit group each (empty past the last step).
+  // The prologue: steps 0 .. kStagesN − 2, one commit group each (empty past the last step).
   __device__ __forceinline__ void prologue(bf16* smem_a, bf16* smem_b, int k_tiles) const {
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kStagesN - 1; ++s) {
       if (s < k_tiles) load(smem_a, smem_b, s, s);
       ptx::cp_async_commit();
     }
   }
-  // Iteration kt's refill, once every thread is past step kt − 1: step kt + kStages − 1 into step kt − 1's
+  // Iteration kt's refill, once every thread is past step kt − 1: step kt + kStagesN − 1 into step kt − 1's
   // stage, one commit group (empty past the last step).
   __device__ __forceinline__ void refill(bf16* smem_a, bf16* smem_b, int kt, int k_tiles) const {
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) load(smem_a, smem_b, next % kStages, next);
+    const int next = kt + kStagesN - 1;
+    if (next < k_tiles) load(smem_a, smem_b, next % kStagesN, next);
     ptx::cp_async_commit();
   }
 };

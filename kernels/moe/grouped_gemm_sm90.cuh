@@ -456,36 +456,26 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
   int slice;
   if (!begin_unit(p, tile, slice)) return;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
-  constexpr int kATile = kSmallM * kBlockK, kBTile = kBlockN * kBlockK;
+  using Loader = StageLoader<kStage, kSmallThreads, kSmallM, kStagesT>;
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][64][64]
-  bf16* smem_b = smem_a + kStagesT * kATile;                       // [stages][128][64]
+  bf16* smem_b = smem_a + kStagesT * Loader::kATile;               // [stages][128][64]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
-  const ALoader<kStage, kSmallThreads, kSmallM> a_loader(p, tile, tid);
-  const BLoader<kStage, kSmallThreads> b_loader(p, tile, slice, tid);
-  auto load_stage = [&](int kt) {  // one commit group, empty past the last step
-    if (kt < k_tiles) {
-      const int s = kt % kStagesT;
-      a_loader.load(smem_a + s * kATile, kt);
-      b_loader.load(smem_b + s * kBTile, kt);
-    }
-    ptx::cp_async_commit();
-  };
+  const Loader loader(p, tile, slice, tid);
 
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-#pragma unroll
-  for (int kt = 0; kt < kStagesT - 1; ++kt) load_stage(kt);
+  loader.prologue(smem_a, smem_b, k_tiles);
   for (int kt = 0; kt < k_tiles; ++kt) {
     ptx::cp_async_wait<kStagesT - 2>();  // step kt's copies, this thread's
     wgmma::fence_proxy_async();          // ... visible to wgmma's proxy
     __syncthreads();                     // ... from every thread; the wgmma of step kt − 1 has finished
-    load_stage(kt + kStagesT - 1);       // into the stage of step kt − 1
+    loader.refill(smem_a, smem_b, kt, k_tiles);  // into the stage of step kt − 1
     const int s = kt % kStagesT;
-    issue_step(acc, smem_a + s * kATile, smem_b + s * kBTile);
+    issue_step(acc, smem_a + s * Loader::kATile, smem_b + s * Loader::kBTile);
     wgmma::wait<0>();
     wgmma::pin(acc);
   }

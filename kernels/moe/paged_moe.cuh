@@ -174,6 +174,11 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
 
 }  // namespace detail
 
+// The host-only table's grouped tile sizes are the kernels' (moe/moe_config.hpp cannot include them).
+static_assert(DefaultMoeConfig::kGroupedTile == grouped::kBlockM &&
+                  DefaultMoeConfig::kSmallGroupedTile == grouped::kSmallM,
+              "DefaultMoeConfig's grouped tiles must be the grouped kernels' token rows");
+
 // The default decode tiles plus `Extra` decode::Tile types: the `DecodeTiles` of a configuration that names
 // tiles the default table does not (`using DecodeTiles = DecodeTilesWith<decode::Tile<1, 4, 4>>;`).
 template <class... Extra>

@@ -26,31 +26,22 @@ echo "small-batch grouped test rc=$? $(grep -E 'All tests passed|test cases:' "$
 timeout 200 "$BIN/quant_moe_device_test" "quantized experts: rolling decode tiles = their default twins bit for bit" \
   >"$OUT/rolling_test.txt" 2>&1
 echo "rolling decode test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/rolling_test.txt" | tail -1)"
-if [[ "${CONFIRM:-0}" == 1 ]]; then
-  for seed in $(seq 1 "${SEEDS:-3}"); do
-    timeout 150 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 128,256,512,1024 \
-      --placement shuffled --seed "$seed" --config default,tile128 \
-      --json "$OUT/confirm_tiles_seed$seed.json" >"$OUT/confirm_tiles_seed$seed.txt" 2>&1
-    echo "bf16 tiles seed $seed rc=$?"
-    timeout 150 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 1,3,8,16,33,64,128 \
-      --placement shuffled --seed "$seed" --config default,int8,int8-steady,int4 \
-      --json "$OUT/confirm_quant_seed$seed.json" >"$OUT/confirm_quant_seed$seed.txt" 2>&1
-    echo "quantized seed $seed rc=$?"
-  done
-  (cd "$OUT" && tar czf small_batch.tgz --exclude=small_batch.tgz ./* && find . -maxdepth 1 -type f ! -name small_batch.tgz -delete)
-  exit 0
-fi
+# bench NAME SEED MODELS TOKENS CONFIGS: one process, $OUT/NAME_seedSEED.{json,txt}.
+bench() {
+  timeout 150 "$BIN/paged_moe_bench" --models "$3" --tokens "$4" --placement shuffled --seed "$2" \
+    --config "$5" --json "$OUT/$1_seed$2.json" >"$OUT/$1_seed$2.txt" 2>&1
+  echo "$1 seed $2 rc=$?"
+}
 for seed in $(seq 1 "${SEEDS:-3}"); do
-  timeout 150 "$BIN/paged_moe_bench" --models qwen15,qwen15_shared,qwen3,mixtral --tokens 16,33,64,128,256 \
-    --placement shuffled --seed "$seed" --config default,small4,small3,small8 \
-    --json "$OUT/small_seed$seed.json" >"$OUT/small_seed$seed.txt" 2>&1
-  echo "bf16 small-batch seed $seed rc=$?"
-  timeout 150 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens 1,3,8,16,33,64,128 \
-    --placement shuffled --seed "$seed" --config default,int8,int8-rolling,int4,int4-rolling \
-    --json "$OUT/rolling_seed$seed.json" >"$OUT/rolling_seed$seed.txt" 2>&1
-  echo "quantized rolling seed $seed rc=$?"
+  if [[ "${CONFIRM:-0}" == 1 ]]; then
+    bench confirm_tiles "$seed" qwen15_shared,qwen3,mixtral 128,256,512,1024 default,tile128
+    bench confirm_quant "$seed" qwen15_shared,qwen3,mixtral 1,3,8,16,33,64,128 default,int8,int8-steady,int4
+  else
+    bench small "$seed" qwen15,qwen15_shared,qwen3,mixtral 16,33,64,128,256 default,small4,small3,small8
+    bench rolling "$seed" qwen15_shared,qwen3,mixtral 1,3,8,16,33,64,128 default,int8,int8-rolling,int4,int4-rolling
+  fi
 done
-if [[ "${NCU:-0}" == 1 ]] && command -v ncu >/dev/null; then
+if [[ "${NCU:-0}" == 1 && "${CONFIRM:-0}" != 1 ]] && command -v ncu >/dev/null; then
   for c in default small4; do
     timeout 100 ncu --clock-control none -k "regex:gemm_wgmma" --launch-count 4 \
       --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active \

@@ -338,6 +338,7 @@ TEST_CASE("quantized experts: rolling decode tiles = their default twins bit for
       std::apply(
           [&](auto... tile) {
             auto same = [&]<class Precision, class T>(const QuantStore& st) {
+              if constexpr (T::kRolling) return;  // a rolling default tile is its own twin
               INFO(m.name << " T=" << tokens << " tile " << T::kTileTokens << "w" << T::kWarps << " int"
                           << kernels::quant::bit_count(st.bits));
               const auto a = run_layer<kernels::Paged, Precision, OnlyTileConfig<T>>(

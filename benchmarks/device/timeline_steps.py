@@ -4,6 +4,7 @@ diagnoses in docs/results/calibration_h200.md.
 
     python3 benchmarks/device/timeline_steps.py kinds MEASURED.csv [--simulated SIMULATED.csv]
     python3 benchmarks/device/timeline_steps.py pairs MEASURED.csv SIMULATED.csv
+    python3 benchmarks/device/timeline_steps.py priced MEASURED.csv [--max-batch 16]
 
 kinds: forward steps grouped by kind (decode: every sequence adds one token; with-prefill: the rest) and by
 whether the step's token count appeared before in the run (a new size), with the count of steps, the medians
@@ -14,6 +15,9 @@ pairs: measured and simulated steps paired in order by (running, tokens), each s
 relative difference of their H2D bytes, |sim / meas - 1| over pairs where the measured step copied: median and
 p90, over all pairs and over pairs of at most 4 sequences (what makes a paired step error more than the cost
 model's).
+priced: the decode steps by batch size (every sequence adds one token), with the count of steps, the median
+of priced_ms / step_ms - 1 (the simulator pricing the measured step itself) and the medians of MoE and step
+milliseconds; batches above --max-batch in groups of 8.
 """
 import argparse
 import csv
@@ -91,6 +95,20 @@ def pairs(args):
                   f"p90 {100 * p90(v):.1f}%")
 
 
+def priced(args):
+    groups = defaultdict(list)
+    for r in forward_rows(args.measured):
+        if not is_decode(r):
+            continue
+        b = int(r["batch_tokens"])
+        groups[b if b <= args.max_batch else b // 8 * 8].append(r)
+    print(f"{'batch':>5} {'steps':>6} {'priced err':>10} {'MoE ms':>7} {'step ms':>8}")
+    for b, rows in sorted(groups.items()):
+        err = st.median(float(r["priced_ms"]) / float(r["step_ms"]) - 1 for r in rows)
+        print(f"{b:>5} {len(rows):>6} {100 * err:>+9.1f}% {st.median(float(r['moe_ms']) for r in rows):>7.2f} "
+              f"{st.median(float(r['step_ms']) for r in rows):>8.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -100,8 +118,11 @@ def main():
     p = sub.add_parser("pairs")
     p.add_argument("measured")
     p.add_argument("simulated")
+    q = sub.add_parser("priced")
+    q.add_argument("measured")
+    q.add_argument("--max-batch", type=int, default=16)
     args = ap.parse_args()
-    {"kinds": kinds, "pairs": pairs}[args.cmd](args)
+    {"kinds": kinds, "pairs": pairs, "priced": priced}[args.cmd](args)
 
 
 if __name__ == "__main__":

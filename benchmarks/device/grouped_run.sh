@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The bf16 grouped GEMM's two sm_90 kernels side by side in one device call: the two-block one (128 weight
-# rows per block) and the wide one (256, MoeConfig::grouped_rows). (1) The wide kernel's GPU test
-# (paged_moe_device_test "[wide]": bit for bit against the two-block kernel); (2) the layer on both, interleaved
-# in one process per seed at the grouped sizes (configs `narrow` and `wide`: the default's choice with each
-# width); (3) with NCU=1, Nsight Compute's speed of light, warp stall reasons, scheduler and tensor-pipe
-# statistics of one gate/up and one down launch of each kernel at Mixtral 4096 tokens.
-#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=256,1024,4096,16384] [NCU=0] bash benchmarks/device/grouped_run.sh
+# The bf16 grouped GEMM's sm_90 kernels side by side in one device call: by default the two-block one (128
+# weight rows per block) and the wide one (256, MoeConfig::grouped_rows); CONFIGS and TEST_TAG name others
+# (CONFIGS=default,tma,narrow TEST_TAG="[tma]" NCU_KERNELS="gemm_wgmma_kernel gemm_tma_kernel": the
+# persistent TMA kernel, MoeConfig::grouped_tma). (1) The GPU test of TEST_TAG (paged_moe_device_test "[wide]":
+# bit for bit against the two-block kernel); (2) the layer on every configuration, interleaved in one process
+# per seed at the grouped sizes (`narrow` and `wide`: the default's choice with each width); (3) with NCU=1,
+# Nsight Compute's speed of light, warp stall reasons, scheduler and tensor-pipe statistics of one gate/up and
+# one down launch of each kernel in NCU_KERNELS at Mixtral 4096 tokens.
+#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=256,1024,4096,16384] [CONFIGS=narrow,wide] [TEST_TAG="[wide]"] [NCU=0]
+#   bash benchmarks/device/grouped_run.sh
 # Writes $OUT/grouped.tgz: grouped_seed<i>.json (paged_moe_bench's format; `python3
 # benchmarks/device/compare.py narrow wide grouped_seed*.json`), the test's and the profiler's
 # logs.
@@ -13,19 +16,21 @@ set -uo pipefail
 : "${BIN:?BIN must name the folder holding paged_moe_bench and paged_moe_device_test}"
 : "${OUT:?OUT must name an output folder}"
 export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
-timeout 240 "$BIN/paged_moe_device_test" "[wide]" >"$OUT/wide_test.txt" 2>&1
-echo "[wide] test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/wide_test.txt" | tail -1)"
+tag="${TEST_TAG:-[wide]}"
+configs="${CONFIGS:-narrow,wide}"
+timeout 240 "$BIN/paged_moe_device_test" "$tag" >"$OUT/grouped_test.txt" 2>&1
+echo "$tag test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/grouped_test.txt" | tail -1)"
 for seed in $(seq 1 "${SEEDS:-3}"); do
   timeout 240 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral \
-    --tokens "${TOKENS:-256,1024,4096,16384}" --placement shuffled --seed "$seed" --config narrow,wide \
+    --tokens "${TOKENS:-256,1024,4096,16384}" --placement shuffled --seed "$seed" --config "$configs" \
     --json "$OUT/grouped_seed$seed.json" >"$OUT/grouped_seed$seed.txt" 2>&1
   echo "bench seed $seed rc=$?"
 done
 if [[ "${NCU:-0}" == 1 ]] && command -v ncu >/dev/null; then
-  for k in gemm_wgmma_kernel gemm_wgmma_wide_kernel; do
+  for k in ${NCU_KERNELS:-gemm_wgmma_kernel gemm_wgmma_wide_kernel}; do
     timeout 150 ncu --clock-control none --kernel-name "regex:$k" --launch-count 2 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-      "$BIN/paged_moe_bench" --models mixtral --tokens 4096 --config narrow,wide \
+      "$BIN/paged_moe_bench" --models mixtral --tokens 4096 --config "$configs" \
       --placement shuffled --seed 1 --seconds 0.01 --json /dev/null >"$OUT/ncu_$k.txt" 2>&1
     echo "ncu $k rc=$?"
   done

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 
+#include <array>
 #include <concepts>
 #include <cstdint>
 #include <type_traits>
@@ -57,8 +58,17 @@ struct Contiguous {
   __device__ __forceinline__ static const bf16* matrix_base(const Params& p, int e, int j) {
     return p.weights + (3 * static_cast<std::int64_t>(e) + j) * p.matrix_elems;
   }
+  // The regions matrices live in, for kernels that copy by tensor map (grouped::gemm_tma_kernel).
+  static std::array<const void*, 2> tma_regions(const Params& p) { return {p.weights, nullptr}; }
 };
 static_assert(expert_addressing<Contiguous>);
+
+// An addressing policy whose matrices lie in at most two regions, each a whole number of matrices from its
+// base (what a tensor map over the region needs): tma_regions() names them, the second may be null.
+template <class A>
+concept tma_addressing = expert_addressing<A> && requires(const typename A::Params& params) {
+  { A::tma_regions(params) } -> std::same_as<std::array<const void*, 2>>;
+};
 
 // Experts in a page pool (page p at pool_base + p·F·H elements, i.e. p·F·H·2 bytes: DESIGN's
 // addr_e(n, t) = B_P + p_e(n)·f·d + (n mod f)·d + t) or in a load buffer (slot s holds W1, W3, W2 back to
@@ -89,6 +99,9 @@ struct Paged {
     return loc.buffer_slot >= 0
                ? p.args.load_buffer + (3 * static_cast<std::int64_t>(loc.buffer_slot) + j) * p.matrix_elems
                : p.args.pool_base + static_cast<std::int64_t>(loc.page[j]) * p.matrix_elems;
+  }
+  static std::array<const void*, 2> tma_regions(const Params& p) {
+    return {p.args.pool_base, p.args.load_buffer};
   }
 };
 static_assert(expert_addressing<Paged>);

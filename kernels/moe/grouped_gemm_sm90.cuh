@@ -18,6 +18,7 @@
 
 #include "moe/grouped_gemm.cuh"
 #include "moe/precision.cuh"
+#include "moe/tma.cuh"
 
 namespace amoeba::kernels::grouped {
 
@@ -111,15 +112,21 @@ static_assert(2 * (wgmma_smem_bytes<Int8>() + 1024) <= 228 * 1024, "two quantize
 // Block u of a grid (slices, max tiles) → its work tile and weight slice, expert-major: an expert's units run
 // slice by slice, token tiles innermost. False for blocks past the work (the grid is sized for the most
 // tiles).
+// Unit u of nx slices per work tile (u < tiles · nx) → its work tile and weight slice.
+template <class Addressing>
+__device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, int nx, WorkTile& tile,
+                                        int& slice) {
+  const WorkTile& bucket = p.tiles[u / nx];
+  const int local = u - bucket.first_tile * nx;
+  slice = local / bucket.expert_tiles;
+  tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
+}
 template <class Addressing>
 __device__ __forceinline__ bool unit_of(const MoeParams<Addressing>& p, WorkTile& tile, int& slice) {
   const int nx = static_cast<int>(gridDim.x);
   const int u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
   if (u >= *p.num_tiles * nx) return false;
-  const WorkTile& bucket = p.tiles[u / nx];
-  const int local = u - bucket.first_tile * nx;
-  slice = local / bucket.expert_tiles;
-  tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
+  unit_at(p, u, nx, tile, slice);
   return true;
 }
 
@@ -481,6 +488,173 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
   }
   ptx::cp_async_wait<0>();
   store_tile<kStage>(p, tile, slice, acc, 0, warp, lane);
+}
+
+// The TMA variant (bf16 experts; MoeConfig::grouped_tma): a persistent, warp-specialised kernel on 128
+// tokens × 256 weight rows, one block of three warpgroups per SM. Warpgroup 0 produces: one thread copies
+// the step's 256 weight rows with TMA (tma.cuh: one tensor map per region of expert matrices, so a box comes
+// straight from any page), the warpgroup's 128 threads gather the 128 token rows with cp.async, and both
+// arrive on the stage's `full` mbarrier. Warpgroups 1 and 2 consume: each multiplies its 64 token rows by
+// both 128-row halves (two accumulators, as in the wide kernel), keeps one step of wgmma in flight, and
+// releases a stage on its `empty` mbarrier once that step's wgmma has finished. Blocks walk the units
+// (work tile × pair of weight slices, expert-major as everywhere) with a stride of the grid, and the
+// producer runs up to kTmaStages steps ahead across units, so the next unit's loads overlap this one's
+// epilogue. Gate/up pairs hold 128 features: W1's rows in the first half, W3's same rows in the second, so
+// accumulator i of both halves is gate and up of one (token, feature). Every output is the same wgmma
+// steps in the same k order as in the two-block kernel: bit-identical to it.
+inline constexpr int kTmaStages = 4;
+inline constexpr int kTmaThreads = 384;
+inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
+inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
+inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStages * 8 + 1024;
+inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
+static_assert(kTmaSmemBytes <= 227 * 1024, "the TMA block must fit one SM");
+static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
+
+// The kernel's parameters: the layer's, plus the stage's B tensor maps over the (at most two) regions the
+// addressing policy keeps expert matrices in (tma_regions()). A matrix lies in the region with the highest
+// base at or below it.
+template <class Addressing>
+struct TmaParams {
+  MoeParams<Addressing> moe;
+  CUtensorMap maps[2];
+  const unsigned char* regions[2];
+};
+
+// Tensor row of weight row 0 of `matrix` (the K of its stage), and which map reads it.
+template <class Addressing>
+__device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf16* matrix, int k, int& map) {
+  const auto* m = reinterpret_cast<const unsigned char*>(matrix);
+  const unsigned char *r0 = tp.regions[0], *r1 = tp.regions[1];
+  map = (r1 != nullptr && m >= r1 && (r1 > r0 || m < r0)) ? 1 : 0;
+  return static_cast<int>((m - (map ? r1 : r0)) / (2 * static_cast<std::int64_t>(k)));
+}
+
+// Gate/up epilogue of a 128-feature pair: SiLU(gate)·up of gate (W1 half) and up (W3 half) accumulators.
+template <class Addressing>
+__device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& p, const WorkTile& tile,
+                                                   int pair, const float (&gate)[64], const float (&up)[64],
+                                                   int row_base, int warp_in_wg, int lane) {
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int m = row_base + 16 * warp_in_wg + g + 8 * half;
+    if (m >= tile.count) continue;
+    bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
+                 pair * 2 * kGateUpFeatures + 2 * q;
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const int i = 4 * c + 2 * half;
+      *reinterpret_cast<std::uint32_t*>(arow + 8 * c) =
+          ptx::pack_bf16x2(silu(gate[i]) * up[i], silu(gate[i + 1]) * up[i + 1]);
+    }
+  }
+}
+
+template <class Addressing, Stage kStage>
+__global__ void __launch_bounds__(kTmaThreads, 1)
+    gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
+  const MoeParams<Addressing>& p = tp.moe;
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
+  bf16* smem_b = smem_a + kTmaStages * kTmaATile;                  // [stages][256][64]
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem_b + kTmaStages * kTmaBTile);
+  std::uint64_t* empty = full + kTmaStages;
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
+  if (tid == 0) {
+    for (int s = 0; s < kTmaStages; ++s) {
+      tma::mbarrier_init(&full[s], 128 + 1);  // the producers' cp.async arrivals + the TMA thread's
+      tma::mbarrier_init(&empty[s], 256);     // every consumer thread
+    }
+    tma::fence_barrier_init();
+    tma::prefetch_map(&tp.maps[0]);
+    if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
+  }
+  __syncthreads();
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
+  const int K = kGateUp ? p.hidden : p.intermediate;
+  const int k_tiles = K / kBlockK;
+  const int pairs = kGateUp ? p.intermediate / (2 * kGateUpFeatures) : p.hidden / (2 * kBlockN);
+  const int units = *p.num_tiles * pairs;
+
+  if (wg == 0) {  // producer
+    tma::release_registers<kTmaProducerRegs>();
+    int it = 0;
+    for (int u = static_cast<int>(blockIdx.x); u < units; u += static_cast<int>(gridDim.x)) {
+      WorkTile tile;
+      int pair;
+      unit_at(p, u, pairs, tile, pair);
+      const ALoader<kStage, 128> a(p, tile, t);
+      int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
+      if (t == 0) {
+        if constexpr (kGateUp) {
+          row0 = tma_row(tp, tile.matrix[0], K, map0) + pair * 2 * kGateUpFeatures;
+          row1 = tma_row(tp, tile.matrix[1], K, map1) + pair * 2 * kGateUpFeatures;
+        } else {
+          row0 = tma_row(tp, tile.matrix[2], K, map0) + pair * 2 * kBlockN;
+        }
+      }
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % kTmaStages;
+        if (it >= kTmaStages) tma::wait(&empty[s], ((it / kTmaStages) - 1) & 1);
+        if (t == 0) {
+          bf16* b = smem_b + s * kTmaBTile;
+          tma::arrive_expect_tx(&full[s], kTmaBTile * 2);
+          if constexpr (kGateUp) {
+            tma::load_2d(b, &tp.maps[map0], &full[s], kt * kBlockK, row0);
+            tma::load_2d(b + kBlockN * kBlockK, &tp.maps[map1], &full[s], kt * kBlockK, row1);
+          } else {
+            tma::load_2d(b, &tp.maps[map0], &full[s], kt * kBlockK, row0);
+          }
+        }
+        a.load(smem_a + s * kTmaATile, kt);
+        tma::cp_async_arrive(&full[s]);
+      }
+    }
+  } else {  // consumers
+    tma::claim_registers<kTmaConsumerRegs>();
+    const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
+    int it = 0;
+    for (int u = static_cast<int>(blockIdx.x); u < units; u += static_cast<int>(gridDim.x)) {
+      WorkTile tile;
+      int pair;
+      unit_at(p, u, pairs, tile, pair);
+      // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
+      // every stage).
+      const bool active = cw * 64 < tile.count;
+      float acc0[64], acc1[64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % kTmaStages;
+        tma::wait(&full[s], (it / kTmaStages) & 1);
+        wgmma::fence_proxy_async();  // the token rows came through cp.async (the generic proxy)
+        if (active) {
+          const bf16* a_rows = smem_a + s * kTmaATile + cw * 64 * kBlockK;
+          const bf16* b = smem_b + s * kTmaBTile;
+          wgmma::fence();
+          issue_mmas(acc0, a_rows, b);
+          issue_mmas(acc1, a_rows, b + kBlockN * kBlockK);
+          wgmma::commit();
+          wgmma::wait<1>();  // step it − 1's wgmma has finished
+        }
+        if (kt > 0) tma::arrive(&empty[(it - 1) % kTmaStages]);
+      }
+      wgmma::wait<0>();
+      wgmma::pin(acc0);
+      wgmma::pin(acc1);
+      tma::arrive(&empty[(it - 1) % kTmaStages]);
+      if constexpr (kGateUp) {
+        store_gate_up_pair(p, tile, pair, acc0, acc1, cw * 64, warp_in_wg, lane);
+      } else {
+        store_tile<kStage>(p, tile, 2 * pair, acc0, cw * 64, warp_in_wg, lane);
+        store_tile<kStage>(p, tile, 2 * pair + 1, acc1, cw * 64, warp_in_wg, lane);
+      }
+    }
+  }
 }
 
 // What PagedMoe launches on sm_90: the two-block wgmma kernel (any precision, 128 weight rows per block) or

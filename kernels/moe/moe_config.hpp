@@ -27,6 +27,9 @@ struct MoeConfig {
                                 // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
   bool decode_rolling = false;  // decode, quantized experts: the next k-step's loads issued before the
                                 // current one is used (decode::Tile's kRolling; unroll 1)
+  bool grouped_tma =
+      false;  // sm_90 grouped GEMM, bf16, 256-row blocks: the persistent warp-specialised
+              // kernel with TMA weight copies (grouped::gemm_tma_kernel) instead of the wide one
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -252,6 +252,23 @@ class PagedMoe {
                              "must be a multiple of 256 with config.grouped_rows = 256 (down blocks of 256 "
                              "rows)");
     }
+    if (c.path != MoePath::kDecode && c.grouped_tma) {
+      if (c.path != MoePath::kGrouped)
+        return Status::error("config.grouped_tma", 1,
+                             "needs the kGrouped path (the sm_90 wgmma grouped GEMM)");
+      if (c.grouped_rows != 2 * grouped::kBlockN)
+        return Status::error("config.grouped_tma", 1, "needs config.grouped_rows = 256 (its blocks' width)");
+      if constexpr (!tma_addressing<Addressing>)
+        return Status::error("config.grouped_tma", 1,
+                             "needs an addressing policy with tma_regions() (its tensor maps' regions)");
+      const long long stride = a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes
+                                                          : Precision::matrix_bytes(s.intermediate, s.hidden);
+      if (stride % (2LL * s.hidden) != 0 || stride % (2LL * s.intermediate) != 0)
+        return Status::error(
+            "matrix_stride_bytes", stride,
+            "must be a multiple of 2·hidden and 2·intermediate bytes with config.grouped_tma "
+            "(each matrix starts on a tensor-map row)");
+    }
     if constexpr (Precision::kQuantized) {
       // Off sm_90 a quantized grouped choice runs kQuantFallback's decode tile (run()).
       if (c.path == MoePath::kGrouped && decode_k_multiple(kQuantFallback) == 0)
@@ -404,7 +421,8 @@ class PagedMoe {
       using Small =
           std::conditional_t<Precision::kQuantized, Narrow,
                              grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
-      if (Status st = choice.grouped_rows == 2 * grouped::kBlockN
+      if (Status st = choice.grouped_tma ? run_tma(p, s, grid_tiles, dev, stream)
+                      : choice.grouped_rows == 2 * grouped::kBlockN
                           ? run_sm90<Wide>(p, s, grid_tiles, dev.device, stream)
                       : choice.tile_tokens == grouped::kSmallM
                           ? run_sm90<Small>(p, s, grid_tiles, dev.device, stream)
@@ -515,6 +533,42 @@ class PagedMoe {
         Gemm::kThreads);
   }
 
+  // The persistent TMA grouped GEMM (bf16, tma_addressing): each stage's tensor maps over the addressing's
+  // regions (K = H, boxes of 128 weight rows for gate/up; K = F, 256 rows for down), one block per SM at
+  // most.
+  static Status run_tma(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
+                        const detail::DeviceInfo& dev, cudaStream_t stream) {
+    if constexpr (tma_addressing<Addressing> && !Precision::kQuantized) {
+      using grouped::Stage;
+      auto stage = [&]<Stage kStage>(int k, int box_rows, int pairs, const char* name) -> Status {
+        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage>;
+        grouped::TmaParams<Addressing> tp{};
+        tp.moe = p;
+        const std::array<const void*, 2> regions = Addressing::tma_regions(p.addr);
+        for (int i = 0; i < 2; ++i) {
+          tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
+          if (regions[i] == nullptr) continue;
+          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows}); !st) return st;
+        }
+        if (Status st = detail::set_smem<kernel>(dev.device, grouped::kTmaSmemBytes); !st) return st;
+        const long long units = static_cast<long long>(grid_tiles) * pairs;
+        const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
+        return launch(kernel, dim3(grid), grouped::kTmaThreads, grouped::kTmaSmemBytes, stream, tp, name);
+      };
+      if (Status st = stage.template operator()<Stage::kGateUp>(
+              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures),
+              "grouped::gemm_tma_kernel<kGateUp>");
+          !st)
+        return st;
+      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
+                                                     s.hidden / (2 * grouped::kBlockN),
+                                                     "grouped::gemm_tma_kernel<kDown>");
+    } else {
+      (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream;
+      return Status::error("config.grouped_tma", 1, "needs bf16 experts and tma_regions() (can_implement)");
+    }
+  }
+
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
                            unsigned grid_tiles, cudaStream_t stream) {
     Status st = Status::success();
@@ -546,9 +600,9 @@ class PagedMoe {
   // while the previous kernel drains and wait in ptx::grid_dependency_wait(), which hides the launch gap (a
   // few µs per kernel against a ~16 µs decode floor). Works under stream capture (graph edges become
   // programmatic).
-  template <class Kernel>
+  template <class Kernel, class Params>
   static Status launch(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
-                       const MoeParams<Addressing>& p, const char* what) {
+                       const Params& p, const char* what) {
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;

@@ -40,6 +40,24 @@ struct GroupedRowsConfig {
   }
 };
 
+// DefaultMoeConfig's choice with the persistent TMA grouped GEMM (grouped::gemm_tma_kernel: 128-token tiles,
+// 256-row blocks) wherever it takes the kGrouped path; quantized experts keep the default's choice.
+struct TmaGroupedConfig {
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    if (c.path == kernels::MoePath::kGrouped) {
+      c.tile_tokens = 128;
+      c.grouped_rows = 256;
+      c.grouped_tma = true;
+    }
+    return c;
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+  }
+};
+
 // DefaultMoeConfig's choice with kTile-token tiles (64 or 128) wherever it runs the 128-row grouped GEMM on
 // bf16 experts; 64: grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks per SM. Quantized
 // experts keep the default's choice.

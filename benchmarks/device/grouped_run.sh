@@ -1,22 +1,20 @@
 #!/usr/bin/env bash
-# The bf16 grouped GEMM's sm_90 kernels side by side in one device call: by default the two-block one (128
-# weight rows per block) and the wide one (256, MoeConfig::grouped_rows); CONFIGS and TEST_TAG name others
-# (CONFIGS=default,tma,narrow TEST_TAG="[tma]" NCU_KERNELS="gemm_wgmma_kernel gemm_tma_kernel": the
-# persistent TMA kernel, MoeConfig::grouped_tma). (1) The GPU test of TEST_TAG (paged_moe_device_test "[wide]":
-# bit for bit against the two-block kernel); (2) the layer on every configuration, interleaved in one process
-# per seed at the grouped sizes (`narrow` and `wide`: the default's choice with each width); (3) with NCU=1,
-# Nsight Compute's speed of light, warp stall reasons, scheduler and tensor-pipe statistics of one gate/up and
-# one down launch of each kernel in NCU_KERNELS at Mixtral 4096 tokens.
-#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=256,1024,4096,16384] [CONFIGS=narrow,wide] [TEST_TAG="[wide]"] [NCU=0]
-#   bash benchmarks/device/grouped_run.sh
+# The bf16 grouped GEMM's sm_90 kernels side by side in one device call: the two-block cp.async one (128
+# weight rows per block, config `narrow`) and the persistent TMA one (256, MoeConfig::grouped_rows; `wide`),
+# or the configurations CONFIGS names. (1) The GPU test of TEST_TAG (paged_moe_device_test "[tma]": bit for
+# bit against the two-block kernel); (2) the layer on every configuration, interleaved in one process per
+# seed at the grouped sizes; (3) with NCU=1, Nsight Compute's speed of light, warp stall reasons, scheduler
+# and tensor-pipe statistics of one gate/up and one down launch of each kernel in NCU_KERNELS at Mixtral 4096
+# tokens.
+#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=256,1024,4096,16384] [CONFIGS=narrow,wide] [TEST_TAG="[tma]"]
+#   [NCU=0] [NCU_KERNELS="gemm_wgmma_kernel gemm_tma_kernel"] bash benchmarks/device/grouped_run.sh
 # Writes $OUT/grouped.tgz: grouped_seed<i>.json (paged_moe_bench's format; `python3
-# benchmarks/device/compare.py narrow wide grouped_seed*.json`), the test's and the profiler's
-# logs.
+# benchmarks/device/compare.py narrow wide grouped_seed*.json`), the test's and the profiler's logs.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding paged_moe_bench and paged_moe_device_test}"
 : "${OUT:?OUT must name an output folder}"
 export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
-tag="${TEST_TAG:-[wide]}"
+tag="${TEST_TAG:-[tma]}"
 configs="${CONFIGS:-narrow,wide}"
 timeout 240 "$BIN/paged_moe_device_test" "$tag" >"$OUT/grouped_test.txt" 2>&1
 echo "$tag test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/grouped_test.txt" | tail -1)"
@@ -27,7 +25,7 @@ for seed in $(seq 1 "${SEEDS:-3}"); do
   echo "bench seed $seed rc=$?"
 done
 if [[ "${NCU:-0}" == 1 ]] && command -v ncu >/dev/null; then
-  for k in ${NCU_KERNELS:-gemm_wgmma_kernel gemm_wgmma_wide_kernel}; do
+  for k in ${NCU_KERNELS:-gemm_wgmma_kernel gemm_tma_kernel}; do
     timeout 150 ncu --clock-control none --kernel-name "regex:$k" --launch-count 2 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
       "$BIN/paged_moe_bench" --models mixtral --tokens 4096 --config "$configs" \

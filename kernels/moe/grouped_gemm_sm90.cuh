@@ -3,8 +3,7 @@
 // so the descriptors point at them unchanged). One block per (weight slice, work tile): 128 tokens × 128
 // weight rows × 64 k, 3 stages, wgmma drained every k-step, two blocks per SM (the second covers the drain).
 //  - gate/up: B = 64 features of W1 and the same 64 of W3, interleaved by 16, so each thread holds gate and
-//  up
-//    of the same (token, feature): SiLU·mul is fused into the epilogue (bf16 `act` rows).
+//    up of the same (token, feature): SiLU·mul is fused into the epilogue (bf16 `act` rows).
 //  - down: B = 128 rows of W2; the epilogue writes bf16 rows of `y` at their slot index.
 // Blocks walk the work expert-major: an expert's blocks run weight slice by weight slice with its token tiles
 // innermost, so the blocks resident at one time share a weight slice and read it from DRAM once (a Mixtral
@@ -12,8 +11,9 @@
 // tile list, never on where pages sit.
 // Quantized experts (Precision Int8 / Int4): B is staged packed and dequantised in shared memory, overlapped
 // with the tensor cores (see kPackedStepBytes below); everything else is the bf16 kernel. Two bf16 variants
-// follow it: 256 weight rows per block (gemm_wgmma_wide_kernel, large batches on wide experts) and 64-token
-// tiles on one warpgroup (gemm_wgmma_small_kernel, small batches).
+// follow it: the persistent warp-specialised TMA kernel on 128 tokens × 256 weight rows (gemm_tma_kernel,
+// every batch past 64 tokens per expert) and 64-token tiles on one warpgroup (gemm_wgmma_small_kernel, small
+// batches).
 #pragma once
 
 #include "moe/grouped_gemm.cuh"
@@ -374,76 +374,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   store_tile<kStage>(p, tile, slice, acc, wg * 64, warp_in_wg, lane);
 }
 
-// The wide variant (bf16 experts; MoeConfig::grouped_rows = 256): one block per (pair of weight slices 2w and
-// 2w + 1, work tile) — 128 tokens × 256 weight rows, each warpgroup's 64 token rows against both slices (two
-// accumulators) — so a block reads 48 KiB of A and B from L2 per 64-k step for 4.2 MFLOP instead of 32 KiB
-// for 2.1 (the two-block kernel is limited by L2 throughput at large batches: Nsight Compute, Mixtral 4096
-// tokens, 82% of L2 peak, 15% of DRAM's; docs/results/paged_moe_h200.md, "Grouped blocks of 128 or 256"). One
-// block per SM (193 KiB of shared memory), so the wgmma of a step stays in flight while the next is issued:
-// kWideStages stages, loaded kWideStages − 2 steps ahead into the stage whose wgmma the block's last barrier
-// saw finish.
-inline constexpr int kWideStages = 4;
-inline constexpr int kWideSmemBytes = kWideStages * (kBlockM + 2 * kBlockN) * kBlockK * 2 + 1024;
-static_assert(kWideSmemBytes <= 227 * 1024, "the wide block must fit one SM");
-
-template <class Addressing, Stage kStage>
-__global__ void __launch_bounds__(kThreads, 1)
-    gemm_wgmma_wide_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  WorkTile tile;
-  int pair;
-  if (!begin_unit(p, tile, pair)) return;
-  extern __shared__ __align__(1024) unsigned char smem_dyn[];
-  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
-  bf16* smem_b = smem_a + kWideStages * kBlockM * kBlockK;         // [stages][2 slices][128][64]
-  constexpr int kATile = kBlockM * kBlockK, kBTile = kBlockN * kBlockK;
-
-  const int tid = threadIdx.x, wg = tid / 128, warp_in_wg = (tid % 128) / 32, lane = tid % 32;
-  const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
-  const int k_tiles = K / kBlockK;
-  const ALoader<kStage, kThreads> a_loader(p, tile, tid);
-  const BLoader<kStage, kThreads> b_loader0(p, tile, 2 * pair, tid), b_loader1(p, tile, 2 * pair + 1, tid);
-  auto load_stage = [&](int kt) {
-    if (kt >= k_tiles) return;
-    const int s = kt % kWideStages;
-    a_loader.load(smem_a + s * kATile, kt);
-    b_loader0.load(smem_b + 2 * s * kBTile, kt);
-    b_loader1.load(smem_b + (2 * s + 1) * kBTile, kt);
-  };
-
-  const bool active = wg * 64 < tile.count;
-  float acc0[64], acc1[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
-  constexpr int kAhead = kWideStages - 2;
-#pragma unroll
-  for (int kt = 0; kt < kAhead; ++kt) {
-    load_stage(kt);
-    ptx::cp_async_commit();
-  }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    ptx::cp_async_wait<kAhead - 1>();  // step kt's copies, this thread's
-    wgmma::fence_proxy_async();        // ... visible to wgmma's proxy
-    __syncthreads();                   // ... from every thread; every wgmma of step kt − 2 has finished
-    load_stage(kt + kAhead);           // into the stage of step kt − 2
-    ptx::cp_async_commit();
-    const int s = kt % kWideStages;
-    const bf16* a_rows = smem_a + s * kATile + wg * 64 * kBlockK;
-    if (active) {  // as in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma
-      wgmma::fence();
-      issue_mmas(acc0, a_rows, smem_b + 2 * s * kBTile);
-      issue_mmas(acc1, a_rows, smem_b + (2 * s + 1) * kBTile);
-      wgmma::commit();
-    }
-    wgmma::wait<1>();  // step kt − 1's wgmma has finished
-  }
-  wgmma::wait<0>();
-  wgmma::pin(acc0);
-  wgmma::pin(acc1);
-  ptx::cp_async_wait<0>();
-  store_tile<kStage>(p, tile, 2 * pair, acc0, wg * 64, warp_in_wg, lane);
-  store_tile<kStage>(p, tile, 2 * pair + 1, acc1, wg * 64, warp_in_wg, lane);
-}
-
 // The small-batch variant (bf16 experts; MoeConfig::tile_tokens = 64): one warpgroup per block multiplies a
 // work tile of at most 64 tokens by 128 weight rows. A stage is 24 KiB instead of 32 (no A rows that a tile
 // of <= 64 tokens would zero-fill), so kStagesT stages fit kMinBlocksT blocks per SM and the weight loads run
@@ -490,12 +420,12 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
   store_tile<kStage>(p, tile, slice, acc, 0, warp, lane);
 }
 
-// The TMA variant (bf16 experts; MoeConfig::grouped_tma): a persistent, warp-specialised kernel on 128
+// The TMA variant (bf16 experts; MoeConfig::grouped_rows = 256): a persistent, warp-specialised kernel on 128
 // tokens × 256 weight rows, one block of three warpgroups per SM. Warpgroup 0 produces: one thread copies
 // the step's 256 weight rows with TMA (tma.cuh: one tensor map per region of expert matrices, so a box comes
 // straight from any page), the warpgroup's 128 threads gather the 128 token rows with cp.async, and both
 // arrive on the stage's `full` mbarrier. Warpgroups 1 and 2 consume: each multiplies its 64 token rows by
-// both 128-row halves (two accumulators, as in the wide kernel), keeps one step of wgmma in flight, and
+// both 128-row halves (two accumulators), keeps one step of wgmma in flight, and
 // releases a stage on its `empty` mbarrier once that step's wgmma has finished. Blocks walk the units
 // (work tile × pair of weight slices, expert-major as everywhere) with a stride of the grid, and the
 // producer runs up to kTmaStages steps ahead across units, so the next unit's loads overlap this one's
@@ -657,9 +587,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   }
 }
 
-// What PagedMoe launches on sm_90: the two-block wgmma kernel (any precision, 128 weight rows per block) or
-// the wide one (bf16, 256) — each stage's kernel, threads per block, shared memory, weight slices per block
-// and name.
+// What PagedMoe launches on sm_90 besides the TMA kernel (which has its own launcher, run_tma): the two-block
+// wgmma kernel (any precision) or the small-batch one (bf16, 64-token tiles) — each stage's kernel, threads
+// per block, shared memory, weight slices per block and name.
 template <class Addressing, class Precision>
 struct Sm90Gemm {
   template <Stage kStage>
@@ -669,16 +599,6 @@ struct Sm90Gemm {
   static constexpr int kSlices = 1;
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_wgmma_kernel<kDown>";
-};
-template <class Addressing>
-struct Sm90WideGemm {
-  template <Stage kStage>
-  static constexpr auto kKernel = &gemm_wgmma_wide_kernel<Addressing, kStage>;
-  static constexpr int kSmem = kWideSmemBytes;
-  static constexpr int kThreads = grouped::kThreads;
-  static constexpr int kSlices = 2;
-  static constexpr const char* kGateUpName = "grouped::gemm_wgmma_wide_kernel<kGateUp>";
-  static constexpr const char* kDownName = "grouped::gemm_wgmma_wide_kernel<kDown>";
 };
 template <class Addressing, int kStagesT, int kMinBlocksT>
 struct Sm90SmallGemm {

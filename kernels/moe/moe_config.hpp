@@ -19,17 +19,15 @@ enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
-  int tile_tokens = 8;          // tokens per work tile: 8, 16 or 32 (decode), 64 or 128 (grouped)
-  int decode_warps = 4;         // decode: warps per block, splitting K
-  int decode_unroll = 2;        // decode: k-steps of weight loads each thread has in flight
-  int decode_prefetch = 128;    // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
-  int grouped_rows = 128;       // sm_90 grouped GEMM, bf16: weight rows per block, 128 (two blocks per SM) or
-                                // 256 (one, the wide kernel); 128 for quantized experts and off sm_90
+  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 64 or 128 (grouped)
+  int decode_warps = 4;       // decode: warps per block, splitting K
+  int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
+  int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
+  int grouped_rows = 128;     // sm_90 grouped GEMM, bf16: weight rows per block, 128 (the two-block cp.async
+                           // kernels) or 256 (the persistent TMA kernel, grouped::gemm_tma_kernel); 128 for
+                           // quantized experts, ignored off sm_90
   bool decode_rolling = false;  // decode, quantized experts: the next k-step's loads issued before the
                                 // current one is used (decode::Tile's kRolling; unroll 1)
-  bool grouped_tma =
-      false;  // sm_90 grouped GEMM, bf16, 256-row blocks: the persistent warp-specialised
-              // kernel with TMA weight copies (grouped::gemm_tma_kernel) instead of the wide one
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -97,14 +95,16 @@ constexpr DecodeTileList<2 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
 // 0.915–0.996× the decode tiles' time at 8–64 tokens once the mean batch is one (Qwen1.5 and Qwen3 from 16
 // tokens, Mixtral from 8) and 0.39–0.96× at 128–256; at 1 token it takes 1.14–1.49×, at 3 tokens 1.05–1.07×
 // (Qwen1.5 routed-only 0.97×), at 8 tokens on Qwen within 3% (docs/results/paged_moe_h200.md, "Decode or
-// grouped"). The grouped GEMM's blocks are 256 weight rows wide (one block per SM) where the experts are wide
-// (F >= 8192) and the mean batch reaches 256 tokens (Mixtral from 1024 tokens: 0.4–5.6% faster), 128
-// elsewhere (the wide blocks were 2.4–5% slower on Qwen shapes and on Mixtral at 256 tokens). Where the
-// expected largest routed batch fits 64 tokens (mean + 3σ + 1 <= 64: a mean of up to ~42), the 128-row blocks
-// take 64-token tiles (grouped::gemm_wgmma_small_kernel: one warpgroup, 24 KiB stages, 4 stages and 2 blocks
-// per SM, the weight loads 3 steps ahead instead of 2): 0.933–0.955× the 128-token tiles' time at 16–256
-// tokens on Qwen (routed and with shared chunks) and at 16–128 on Mixtral, 1.097× at Mixtral 256 (mean batch
-// 64: every expert in two tiles); 3 stages and 3 blocks 0.907–0.984×, 8 stages and 1 block 0.928–0.982×
+// grouped"). Where the expected largest routed batch exceeds 64 tokens, the grouped GEMM is the persistent
+// TMA kernel (grouped::gemm_tma_kernel: 128 tokens × 256 weight rows, one block of a producer and two
+// consumer warpgroups per SM; grouped_rows = 256, on H multiples of 256): 0.786–0.937× the cp.async
+// kernels' time at 1024–16384 tokens on every model and 0.928× at Mixtral 256
+// (docs/results/paged_moe_h200.md, "The persistent TMA grouped GEMM"). Where the expected largest routed
+// batch fits 64 tokens (mean + 3σ + 1 <= 64: a mean of up to ~42), the 128-row blocks take 64-token tiles
+// (grouped::gemm_wgmma_small_kernel: one warpgroup, 24 KiB stages, 4 stages and 2 blocks per SM, the weight
+// loads 3 steps ahead instead of 2): 0.933–0.955× the 128-token tiles' time at 16–256 tokens on Qwen (routed
+// and with shared chunks) and at 16–128 on Mixtral, 1.097× at Mixtral 256 (mean batch 64: every expert in two
+// tiles); 3 stages and 3 blocks 0.907–0.984×, 8 stages and 1 block 0.928–0.982×
 // (docs/results/paged_moe_h200.md, "Small batches on 64-token grouped tiles", 3 processes). The decode tile
 // is the first row of kDecodeRows the shape satisfies. Each row is the fastest of the tiles measured on the
 // H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians; the 8-token tiles
@@ -151,9 +151,8 @@ struct DefaultMoeConfig {
   static constexpr int kQuantDecodeTile = 32;      // quantized experts: decode while the batch fits this many
   static constexpr int kQuantSharedDecodeTokens = 128;  // ... and shared chunks (every token) this many
   static constexpr int kGroupedTile = 128;
-  static constexpr int kSmallGroupedTile = 64;       // bf16 grouped tiles while the expected batch fits this
-  static constexpr int kWideMinIntermediate = 8192;  // 256-row grouped blocks from this F ...
-  static constexpr double kWideMinMeanBatch = 256;   // ... and this mean routed batch
+  static constexpr int kSmallGroupedTile = 64;  // bf16 grouped tiles while the expected batch fits this
+  static constexpr int kTmaRows = 256;          // bf16 grouped blocks beyond: the TMA kernel's width
 
   // Quantized experts (select_quantized): the decode collective while the expected largest routed batch fits
   // kQuantDecodeTile tokens and shared chunks, which take every token, at most kQuantSharedDecodeTokens; the
@@ -195,10 +194,10 @@ struct DefaultMoeConfig {
       path = mean_batch(s) < kDecodeMeanBatch ? MoePath::kDecode : MoePath::kGrouped;
     if (path != MoePath::kDecode) {
       MoeConfig c{path, kGroupedTile, 4, 1};
-      if (s.intermediate >= kWideMinIntermediate && mean_batch(s) >= kWideMinMeanBatch && s.hidden % 256 == 0)
-        c.grouped_rows = 256;
-      else if (path == MoePath::kGrouped && config_detail::fits(mean_batch(s), kSmallGroupedTile))
+      if (path == MoePath::kGrouped && config_detail::fits(mean_batch(s), kSmallGroupedTile))
         c.tile_tokens = kSmallGroupedTile;  // the sm_90 kernel's (run() takes 128 on other devices)
+      else if (path == MoePath::kGrouped && s.hidden % kTmaRows == 0)
+        c.grouped_rows = kTmaRows;  // the TMA kernel (PagedMoe::config falls back to 128 where it cannot run)
       return c;
     }
     for (const DecodeRow& r : kDecodeRows)  // bf16 tiles split K over their warps in 32-value steps
@@ -353,12 +352,16 @@ static_assert(DefaultMoeConfig::select({512, 2048, 768, 128, 8, 0}, MoePath::kAu
 static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).tile_tokens == 128);
 static_assert(DefaultMoeConfig::select({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto).tile_tokens == 64);
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kGroupedMma).tile_tokens == 128);
+// The TMA kernel (256-row blocks) wherever the tiles hold 128 tokens on kGrouped: Mixtral from 256 tokens,
+// Qwen from 1024; never on the mma.sync path, nor where H is not a multiple of 256.
 static_assert(DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1});
-// Wide grouped blocks: Mixtral from 1024 tokens (mean batch 256), never on Qwen's narrow experts.
-static_assert(DefaultMoeConfig::select({1024, 4096, 14336, 8, 2, 0}, MoePath::kAuto).grouped_rows == 256);
-static_assert(DefaultMoeConfig::select({16384, 2048, 768, 128, 8, 0}, MoePath::kAuto).grouped_rows == 128);
-static_assert(DefaultMoeConfig::select({16384, 2048, 1408, 60, 4, 4}, MoePath::kAuto).grouped_rows == 128);
+              MoeConfig{MoePath::kGrouped, 128, 4, 1, 128, 256});
+static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).grouped_rows == 256);
+static_assert(DefaultMoeConfig::select({16384, 2048, 1408, 60, 4, 4}, MoePath::kAuto).grouped_rows == 256);
+static_assert(DefaultMoeConfig::select({512, 2048, 768, 128, 8, 0}, MoePath::kAuto).grouped_rows == 128);
+static_assert(DefaultMoeConfig::select({4096, 2048, 768, 128, 8, 0}, MoePath::kGroupedMma).grouped_rows ==
+              128);
+static_assert(DefaultMoeConfig::select({4096, 2176, 768, 128, 8, 0}, MoePath::kAuto).grouped_rows == 128);
 static_assert(DefaultMoeConfig::select({4096, 2048, 1408, 60, 4, 4}, MoePath::kDecode).tile_tokens == 32);
 // Every row names a tile that holds its largest expected batch.
 static_assert([] {

@@ -246,28 +246,11 @@ class PagedMoe {
     if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
       if (Precision::kQuantized)
         return Status::error("config.grouped_rows", c.grouped_rows,
-                             "must be 128 for quantized experts (the wide grouped GEMM reads bf16 experts)");
+                             "must be 128 for quantized experts (the TMA grouped GEMM reads bf16 experts)");
       if (s.hidden % (2 * grouped::kBlockN) != 0)
         return Status::error("shape.hidden", s.hidden,
                              "must be a multiple of 256 with config.grouped_rows = 256 (down blocks of 256 "
                              "rows)");
-    }
-    if (c.path != MoePath::kDecode && c.grouped_tma) {
-      if (c.path != MoePath::kGrouped)
-        return Status::error("config.grouped_tma", 1,
-                             "needs the kGrouped path (the sm_90 wgmma grouped GEMM)");
-      if (c.grouped_rows != 2 * grouped::kBlockN)
-        return Status::error("config.grouped_tma", 1, "needs config.grouped_rows = 256 (its blocks' width)");
-      if constexpr (!tma_addressing<Addressing>)
-        return Status::error("config.grouped_tma", 1,
-                             "needs an addressing policy with tma_regions() (its tensor maps' regions)");
-      const long long stride = a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes
-                                                          : Precision::matrix_bytes(s.intermediate, s.hidden);
-      if (stride % (2LL * s.hidden) != 0 || stride % (2LL * s.intermediate) != 0)
-        return Status::error(
-            "matrix_stride_bytes", stride,
-            "must be a multiple of 2·hidden and 2·intermediate bytes with config.grouped_tma "
-            "(each matrix starts on a tensor-map row)");
     }
     if constexpr (Precision::kQuantized) {
       // Off sm_90 a quantized grouped choice runs kQuantFallback's decode tile (run()).
@@ -337,7 +320,24 @@ class PagedMoe {
       if (c.path != MoePath::kDecode) c.tile_tokens = grouped::kBlockM;
       return c;
     } else {
-      return Config::select(a.shape, a.path);
+      MoeConfig c = Config::select(a.shape, a.path);
+      if (c.grouped_rows == 2 * grouped::kBlockN && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
+      return c;
+    }
+  }
+  // The TMA grouped GEMM reads weights through tensor maps over the addressing's regions (tma_regions()),
+  // in rows of H (gate/up) and F (down) values: every matrix must start on such a row. Where one cannot
+  // (another addressing policy, pages padded to a size that is no multiple of 2H and 2F bytes), config()
+  // takes 128-row blocks, the two-block cp.async kernel.
+  static constexpr bool tma_fits(const Arguments& a) {
+    if constexpr (!tma_addressing<Addressing>) {
+      return false;
+    } else {
+      const long long stride = a.matrix_stride_bytes != 0
+                                   ? a.matrix_stride_bytes
+                                   : Precision::matrix_bytes(a.shape.intermediate, a.shape.hidden);
+      return a.shape.hidden > 0 && a.shape.intermediate > 0 && stride % (2LL * a.shape.hidden) == 0 &&
+             stride % (2LL * a.shape.intermediate) == 0;
     }
   }
   // The decode tile quantized layers run where the wgmma grouped GEMM cannot (devices other than sm_90).
@@ -413,17 +413,13 @@ class PagedMoe {
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
-      // 256-row blocks: bf16 only (can_implement refuses them for quantized experts, which never instantiate
-      // the wide kernel).
+      // 256-row blocks (the TMA kernel): bf16 only (can_implement refuses them for quantized experts).
       using Narrow = grouped::Sm90Gemm<Addressing, Precision>;
-      using Wide = std::conditional_t<Precision::kQuantized, Narrow, grouped::Sm90WideGemm<Addressing>>;
       using SmallShape = detail::small_gemm_of<Config>;
       using Small =
           std::conditional_t<Precision::kQuantized, Narrow,
                              grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
-      if (Status st = choice.grouped_tma ? run_tma(p, s, grid_tiles, dev, stream)
-                      : choice.grouped_rows == 2 * grouped::kBlockN
-                          ? run_sm90<Wide>(p, s, grid_tiles, dev.device, stream)
+      if (Status st = choice.grouped_rows == 2 * grouped::kBlockN ? run_tma(p, s, grid_tiles, dev, stream)
                       : choice.tile_tokens == grouped::kSmallM
                           ? run_sm90<Small>(p, s, grid_tiles, dev.device, stream)
                           : run_sm90<Narrow>(p, s, grid_tiles, dev.device, stream);
@@ -523,7 +519,7 @@ class PagedMoe {
     const unsigned down_blocks = static_cast<unsigned>(s.hidden / (grouped::kBlockN * slices));
     return launch(kDown, dim3(down_blocks, grid_tiles), threads, smem, stream, p, down_name);
   }
-  // The sm_90 grouped GEMM described by Gemm (grouped::Sm90Gemm, Sm90WideGemm, Sm90SmallGemm).
+  // The sm_90 cp.async grouped GEMM described by Gemm (grouped::Sm90Gemm, Sm90SmallGemm).
   template <class Gemm>
   static Status run_sm90(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles, int device,
                          cudaStream_t stream) {
@@ -565,7 +561,8 @@ class PagedMoe {
                                                      "grouped::gemm_tma_kernel<kDown>");
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream;
-      return Status::error("config.grouped_tma", 1, "needs bf16 experts and tma_regions() (can_implement)");
+      return Status::error("config.grouped_rows", 2 * grouped::kBlockN,
+                           "needs bf16 experts and tma_regions() (can_implement, config)");
     }
   }
 

@@ -22,8 +22,9 @@ struct PathConfig {
 };
 using QuantGroupedConfig = PathConfig<kernels::MoePath::kGrouped>;
 
-// DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: two blocks per
-// SM; 256: the wide kernel, on 128-token tiles, which can_implement refuses for quantized experts).
+// DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: the two-block
+// cp.async kernel; 256: the persistent TMA kernel, on 128-token tiles, which can_implement refuses for
+// quantized experts).
 template <int kRows>
 struct GroupedRowsConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
@@ -37,24 +38,6 @@ struct GroupedRowsConfig {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
     c.grouped_rows = kRows;
     return c;
-  }
-};
-
-// DefaultMoeConfig's choice with the persistent TMA grouped GEMM (grouped::gemm_tma_kernel: 128-token tiles,
-// 256-row blocks) wherever it takes the kGrouped path; quantized experts keep the default's choice.
-struct TmaGroupedConfig {
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == kernels::MoePath::kGrouped) {
-      c.tile_tokens = 128;
-      c.grouped_rows = 256;
-      c.grouped_tma = true;
-    }
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
   }
 };
 

@@ -266,15 +266,6 @@ struct EightWarpsConfig {  // an instantiated tile (DefaultDecodeTiles): 8 token
 struct BadGroupedConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kGrouped, 96}; }
 };
-// The TMA grouped GEMM named on a path or width it does not run on.
-template <MoePath kPath, int kRows>
-struct TmaOnConfig {
-  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    kernels::MoeConfig c{kPath, 128, 4, 1, 128, kRows};
-    c.grouped_tma = true;
-    return c;
-  }
-};
 template <MoePath kPath, int kRows>
 struct SmallTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
@@ -453,26 +444,16 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(stq.field == "config.grouped_rows");
   CHECK(stq.message.find("quantized") != std::string::npos);
 
-  // The TMA grouped GEMM: kGrouped, 256-row blocks, matrices on tensor-map rows.
-  using Tma = PagedMoe<kernels::Paged, TmaOnConfig<MoePath::kGrouped, 256>>;
-  Tma::Arguments tma{};
-  fill(tma);
-  REQUIRE(Tma::can_implement(tma).ok);
-  const kernels::Status stt =
-      PagedMoe<kernels::Paged, TmaOnConfig<MoePath::kGrouped, 128>>::can_implement(tma);
-  CHECK(stt.field == "config.grouped_tma");
-  CHECK(stt.message.find("grouped_rows = 256") != std::string::npos);
-  const kernels::Status stu =
-      PagedMoe<kernels::Paged, TmaOnConfig<MoePath::kGroupedMma, 256>>::can_implement(tma);
-  CHECK(stu.field == "config.grouped_tma");
-  CHECK(stu.message.find("kGrouped") != std::string::npos);
-  tma.matrix_stride_bytes = 2LL * tma.shape.hidden * tma.shape.intermediate + 16;  // padded off a tensor row
-  const kernels::Status stp = Tma::can_implement(tma);
-  CHECK(stp.field == "matrix_stride_bytes");
-  CHECK(stp.message.find("2·hidden") != std::string::npos);
-  tma.matrix_stride_bytes = 4LL * tma.shape.hidden * tma.shape.intermediate;  // padded by whole rows of both
-  CHECK(Tma::can_implement(tma).ok);
-
+  // The TMA kernel (256-row blocks) needs every matrix on a tensor-map row; config() takes 128-row blocks
+  // where pages are padded off them.
+  wide.shape.hidden = 2048;
+  REQUIRE(Wide::config(wide).grouped_rows == 256);
+  wide.matrix_stride_bytes = 2LL * wide.shape.hidden * wide.shape.intermediate + 16;  // padded off a row
+  CHECK(Wide::config(wide).grouped_rows == 128);
+  CHECK(Wide::can_implement(wide).ok);
+  wide.matrix_stride_bytes =
+      4LL * wide.shape.hidden * wide.shape.intermediate;  // padded by whole rows of both
+  CHECK(Wide::config(wide).grouped_rows == 256);
   // run() checks the workspace it is given.
   std::size_t bytes = P::workspace_size(good);
   CHECK(P{}.run(good, nullptr, bytes, nullptr).field == "workspace");
@@ -501,7 +482,7 @@ TEST_CASE("skewed routing on model shapes", "[gpu][models]") {
 }
 
 // Small enough for compute-sanitizer (memcheck, racecheck): both paths, both routing paths (S <= 8192 and
-// not).
+// not); kGrouped runs the 64-token tiles at 5 tokens and the TMA kernel at 3000.
 TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanitize]") {
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
   ExpertStore store(tiny, 5, 3);
@@ -550,17 +531,18 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
   }
 }
 
-// The wide grouped GEMM (grouped::gemm_wgmma_wide_kernel, MoeConfig::grouped_rows = 256) must compute exactly
-// what the two-block grouped GEMM computes: the same wgmma steps in the same order for every output.
-
-void check_wide_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+// The TMA grouped GEMM (grouped::gemm_tma_kernel, MoeConfig::grouped_rows = 256) runs the two-block kernel's
+// wgmma steps on the same token and weight rows, only copied and scheduled differently: bit-identical
+// outputs.
+void check_tma_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec(), tokens);
   const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
-  const auto wide =
+  const auto tma =
       check_case<GroupedRowsConfig<256>>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
-  const auto plain = check_case(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
-  INFO(store.spec().name << " T=" << tokens << " wide against the two-block grouped GEMM");
-  CHECK(std::memcmp(wide.data(), plain.data(), wide.size() * 2) == 0);
+  const auto plain =
+      check_case<GroupedRowsConfig<128>>(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
+  INFO(store.spec().name << " T=" << tokens << " TMA against the two-block grouped GEMM");
+  CHECK(std::memcmp(tma.data(), plain.data(), tma.size() * 2) == 0);
 }
 
 // The small-batch grouped GEMM (64-token tiles, grouped::gemm_wgmma_small_kernel) runs the two-block kernel's
@@ -592,18 +574,6 @@ TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gp
   }
 }
 
-// The persistent TMA grouped GEMM (grouped::gemm_tma_kernel, MoeConfig::grouped_tma) runs the two-block
-// kernel's wgmma steps on the same token rows and weight rows, only copied and scheduled differently:
-// bit-identical outputs.
-void check_tma_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  const MoeShape shape = shape_of(store.spec(), tokens);
-  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
-  const auto tma = check_case<TmaGroupedConfig>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
-  const auto plain = check_case(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
-  INFO(store.spec().name << " T=" << tokens << " TMA against the two-block grouped GEMM");
-  CHECK(std::memcmp(tma.data(), plain.data(), tma.size() * 2) == 0);
-}
-
 TEST_CASE("the TMA grouped GEMM equals the two-block grouped GEMM", "[gpu][tma]") {
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 2 and 4 k-steps: fewer than the stages
   ExpertStore small(tiny, 41, 3);
@@ -612,16 +582,5 @@ TEST_CASE("the TMA grouped GEMM equals the two-block grouped GEMM", "[gpu][tma]"
   for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
     ExpertStore store(spec, 43);
     for (int tokens : {64, 1024, 4096}) check_tma_case(store, tokens, 1900 + tokens);
-  }
-}
-
-TEST_CASE("the wide grouped GEMM equals the two-block grouped GEMM", "[gpu][wide]") {
-  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 2 and 4 k-steps: fewer than the stages
-  ExpertStore small(tiny, 31, 3);
-  for (int tokens : {1, 37, 300, 3000}) check_wide_case(small, tokens, 1100 + tokens);
-  check_wide_case(small, 3000, 1200, 5);  // one hot expert: many tiles of one expert
-  for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
-    ExpertStore store(spec, 33);
-    for (int tokens : {64, 1024}) check_wide_case(store, tokens, 1300 + tokens);
   }
 }

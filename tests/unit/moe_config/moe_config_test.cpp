@@ -67,16 +67,14 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
         CHECK(s.intermediate % (32 * c.decode_warps) == 0);
       } else {
         // 64-token tiles while a uniform router's largest batch (mean + 3σ + 1) fits them, on 128-row blocks;
-        // 128-token tiles from there on, never back.
+        // 128-token tiles on the TMA kernel's 256-row blocks (H a multiple of 256) from there on, never back.
         const double mean = static_cast<double>(t) * s.top_k / s.num_experts;
         const bool fits64 = mean + 3.0 * std::sqrt(mean) + 1.0 <= 64.0;
-        CHECK(c.tile_tokens == (fits64 && c.grouped_rows == 128 ? 64 : 128));
+        CHECK(c.tile_tokens == (fits64 ? 64 : 128));
+        CHECK(c.grouped_rows == (fits64 || s.hidden % 256 != 0 ? 128 : 256));
         if (grouped_seen && c.tile_tokens == 64) CHECK(last_grouped_tile == 64);
         last_grouped_tile = c.tile_tokens;
         grouped_seen = true;
-        CHECK((c.grouped_rows == 128 || c.grouped_rows == 256));
-        // 256-row blocks only on wide experts, and once taken, kept.
-        if (c.grouped_rows == 256) CHECK(s.intermediate >= DefaultMoeConfig::kWideMinIntermediate);
         if (wide_seen) CHECK(c.grouped_rows == 256);
         wide_seen = wide_seen || c.grouped_rows == 256;
       }
@@ -129,7 +127,7 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
         } else {
           CHECK(c.path == MoePath::kGrouped);
           CHECK(c.tile_tokens == 128);
-          CHECK(c.grouped_rows == 128);  // the wide kernel reads bf16 experts only
+          CHECK(c.grouped_rows == 128);  // the TMA kernel reads bf16 experts only
           grouped_seen = true;
         }
       }

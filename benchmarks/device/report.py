@@ -74,7 +74,7 @@ def main():
         contig = mean_sd(c["contiguous_us"] for c in cs)
         row = {k: c0[k] for k in ("model", "tokens", "E", "k", "H", "F", "shared_chunks", "path", "tile_tokens",
                                   "distinct_experts", "expert_bytes", "flops")}
-        row["grouped_rows"] = c0.get("grouped_rows", 128)  # files from before the wide grouped GEMM: 128
+        row["grouped_rows"] = c0.get("grouped_rows", 128)  # files from before 256-row grouped blocks: 128
         row.update(processes=len(cs), contiguous_us=contig[0], contiguous_sd_us=contig[1],
                    floor_us=floor, floor_memory_us=mem_us, floor_compute_us=cmp_us, floor_datasheet_us=ds_floor,
                    floor_kind="mem" if mem_us >= cmp_us else "math")

@@ -231,16 +231,19 @@ class PagedMoe {
           "quantized experts' grouped GEMM is the sm_90 wgmma kernel (kAuto, kDecode or kGrouped)");
     const MoeConfig c = config(a);
     const bool small = c.path == MoePath::kGrouped && c.tile_tokens == grouped::kSmallM;
+    const bool tall = c.path == MoePath::kGrouped && (c.tile_tokens == 256 || c.tile_tokens == 384);
     if (c.path == MoePath::kAuto ||
-        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small))
-      return Status::error("config.tile_tokens", c.tile_tokens,
-                           "must be 128 on the grouped paths, or 64 on kGrouped (kAuto resolved)");
-    if (small && Precision::kQuantized)
+        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small && !tall))
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
-          "must be 128 for quantized experts on the grouped path (64-token tiles read bf16)");
-    if (small && c.grouped_rows != grouped::kBlockN)
-      return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 with 64-token grouped tiles");
+          "must be 128 on the grouped paths, or 64, 256 or 384 on kGrouped (kAuto resolved)");
+    if ((small || tall) && Precision::kQuantized)
+      return Status::error(
+          "config.tile_tokens", c.tile_tokens,
+          "must be 128 for quantized experts on the grouped path (64-, 256- and 384-token tiles read bf16)");
+    if ((small || tall) && c.grouped_rows != grouped::kBlockN)
+      return Status::error("config.grouped_rows", c.grouped_rows,
+                           "must be 128 with 64-, 256- or 384-token grouped tiles");
     if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 or 256");
     if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
@@ -321,9 +324,19 @@ class PagedMoe {
       return c;
     } else {
       MoeConfig c = Config::select(a.shape, a.path);
-      if (c.grouped_rows == 2 * grouped::kBlockN && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
+      if (uses_tma(c) && !tma_fits(a)) {
+        c.grouped_rows = grouped::kBlockN;
+        c.tile_tokens = grouped::kBlockM;
+      }
       return c;
     }
+  }
+  // The configurations the TMA grouped GEMM runs (grouped::gemm_tma_kernel): 128-token tiles on 256-row
+  // blocks (TmaShape<1, 2>), 256- and 384-token tiles on 128-row blocks (<2, 1>, <3, 1>).
+  static constexpr bool uses_tma(const MoeConfig& c) {
+    return c.path == MoePath::kGrouped &&
+           ((c.tile_tokens == grouped::kBlockM && c.grouped_rows == 2 * grouped::kBlockN) ||
+            c.tile_tokens == 256 || c.tile_tokens == 384);
   }
   // The TMA grouped GEMM reads weights through tensor maps over the addressing's regions (tma_regions()),
   // in rows of H (gate/up) and F (down) values: every matrix must start on such a row. Where one cannot
@@ -358,7 +371,7 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = config(a);
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
+    if (choice.path == MoePath::kGrouped && choice.tile_tokens != grouped::kBlockM && dev.major != 9)
       choice.tile_tokens = grouped::kBlockM;  // the mma.sync grouped GEMM's tiles
 
     routing::RoutingParams<Addressing> r{};
@@ -419,7 +432,7 @@ class PagedMoe {
       using Small =
           std::conditional_t<Precision::kQuantized, Narrow,
                              grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
-      if (Status st = choice.grouped_rows == 2 * grouped::kBlockN ? run_tma(p, s, grid_tiles, dev, stream)
+      if (Status st = uses_tma(choice) ? run_tma(p, s, choice, grid_tiles, dev, stream)
                       : choice.tile_tokens == grouped::kSmallM
                           ? run_sm90<Small>(p, s, grid_tiles, dev.device, stream)
                           : run_sm90<Narrow>(p, s, grid_tiles, dev.device, stream);
@@ -529,41 +542,48 @@ class PagedMoe {
         Gemm::kThreads);
   }
 
-  // The persistent TMA grouped GEMM (bf16, tma_addressing): each stage's tensor maps over the addressing's
-  // regions (K = H, boxes of 128 weight rows for gate/up; K = F, 256 rows for down), one block per SM at
-  // most.
-  static Status run_tma(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                        const detail::DeviceInfo& dev, cudaStream_t stream) {
+  // The persistent TMA grouped GEMM (bf16, tma_addressing) in the shape the configuration names: each
+  // stage's tensor maps over the addressing's regions (gate/up: K = H, boxes of a unit's W1 and W3 rows;
+  // down: K = F, boxes of a unit's W2 rows), one block per SM at most.
+  static Status run_tma(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                        unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
     if constexpr (tma_addressing<Addressing> && !Precision::kQuantized) {
-      using grouped::Stage;
-      auto stage = [&]<Stage kStage>(int k, int box_rows, int pairs, const char* name) -> Status {
-        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage>;
-        grouped::TmaParams<Addressing> tp{};
-        tp.moe = p;
-        const std::array<const void*, 2> regions = Addressing::tma_regions(p.addr);
-        for (int i = 0; i < 2; ++i) {
-          tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
-          if (regions[i] == nullptr) continue;
-          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows}); !st) return st;
-        }
-        if (Status st = detail::set_smem<kernel>(dev.device, grouped::kTmaSmemBytes); !st) return st;
-        const long long units = static_cast<long long>(grid_tiles) * pairs;
-        const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
-        return launch(kernel, dim3(grid), grouped::kTmaThreads, grouped::kTmaSmemBytes, stream, tp, name);
-      };
-      if (Status st = stage.template operator()<Stage::kGateUp>(
-              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures),
-              "grouped::gemm_tma_kernel<kGateUp>");
-          !st)
-        return st;
-      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
-                                                     s.hidden / (2 * grouped::kBlockN),
-                                                     "grouped::gemm_tma_kernel<kDown>");
+      if (c.tile_tokens == 384) return run_tma_shape<grouped::TmaShape<3, 1>>(p, s, grid_tiles, dev, stream);
+      if (c.tile_tokens == 256) return run_tma_shape<grouped::TmaShape<2, 1>>(p, s, grid_tiles, dev, stream);
+      return run_tma_shape<grouped::TmaShape<1, 2>>(p, s, grid_tiles, dev, stream);
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream;
-      return Status::error("config.grouped_rows", 2 * grouped::kBlockN,
-                           "needs bf16 experts and tma_regions() (can_implement, config)");
+      return Status::error(
+          "config.grouped_rows", c.grouped_rows,
+          "the TMA grouped GEMM needs bf16 experts and tma_regions() (can_implement, config)");
     }
+  }
+  template <class Shape>
+  static Status run_tma_shape(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
+                              const detail::DeviceInfo& dev, cudaStream_t stream) {
+    using grouped::Stage;
+    auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
+      constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage, Shape>;
+      grouped::TmaParams<Addressing> tp{};
+      tp.moe = p;
+      const std::array<const void*, 2> regions = Addressing::tma_regions(p.addr);
+      for (int i = 0; i < 2; ++i) {
+        tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
+        if (regions[i] == nullptr) continue;
+        if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows}); !st) return st;
+      }
+      if (Status st = detail::set_smem<kernel>(dev.device, Shape::kSmemBytes); !st) return st;
+      const long long units = static_cast<long long>(grid_tiles) * slices;
+      const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
+      return launch(kernel, dim3(grid), grouped::kTmaThreads, Shape::kSmemBytes, stream, tp, name);
+    };
+    if (Status st = stage.template operator()<Stage::kGateUp>(s.hidden, Shape::kRows / 2,
+                                                              s.intermediate / (Shape::kRows / 2),
+                                                              "grouped::gemm_tma_kernel<kGateUp>");
+        !st)
+      return st;
+    return stage.template operator()<Stage::kDown>(s.intermediate, Shape::kRows, s.hidden / Shape::kRows,
+                                                   "grouped::gemm_tma_kernel<kDown>");
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,

@@ -247,8 +247,6 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
-          {"tall256", {&make_graphs<TallTileConfig<256>>, Where::kGrouped}},
-          {"tall384", {&make_graphs<TallTileConfig<384>>, Where::kGrouped}},
           {"tile128", {&make_graphs<GroupedTileConfig<128>>, Where::kGrouped}},
           {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
           {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},

@@ -420,46 +420,41 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
   store_tile<kStage>(p, tile, slice, acc, 0, warp, lane);
 }
 
-// The TMA variant (bf16 experts; MoeConfig::grouped_rows = 256 or tile_tokens > 128): a persistent,
-// warp-specialised kernel, one block of three warpgroups per SM. Its shape TmaShape<kMA, kNB>: a unit is a
-// work tile of 128·kMA tokens × 128·kNB weight rows; each consumer warpgroup owns 64·kMA token rows (kMA
-// 64-row A blocks) against all 128·kNB rows (kNB 128-row B halves), kMA·kNB accumulators of 64 floats.
-// Warpgroup 0 produces: one thread copies the step's weight rows with TMA (tma.cuh: one tensor map per
-// region of expert matrices, so a box comes straight from any page), the warpgroup's 128 threads gather the
-// token rows with cp.async, and both arrive on the stage's `full` mbarrier. Warpgroups 1 and 2 consume: each
-// multiplies its A blocks by the B halves, keeps one step of wgmma in flight, and releases a stage on its
-// `empty` mbarrier once that step's wgmma has finished. Blocks walk the units (expert-major as everywhere)
-// with a stride of the grid, and the producer runs up to kStages steps ahead across units, so the next unit's
-// loads overlap this one's epilogue. Gate/up units hold 64·kNB features: W1's rows in the first half of B,
-// W3's same rows in the second, so gate and up of one (token, feature) sit in the same thread. Every output
-// is the same wgmma steps in the same k order as in the two-block kernel: bit-identical to it.
-//  - TmaShape<1, 2> (128 × 256): wide experts at large batches, the default beyond 64-token tiles;
-//  - TmaShape<2, 1>, <3, 1> (256 / 384 × 128): one unit covers all of an expert's tokens up to 256 / 384, so
-//    each weight slice is read once, not once per 128-token tile.
-template <int kMA_, int kNB_>
-struct TmaShape {
-  static constexpr int kMA = kMA_, kNB = kNB_;
-  static_assert(kMA >= 1 && kNB >= 1 && kMA * kNB <= 3, "at most 3 accumulators of 64 floats per thread");
-  static constexpr int kTokens = 2 * 64 * kMA;                                // token rows per unit
-  static constexpr int kRows = kBlockN * kNB;                                 // weight rows per unit
-  static constexpr int kATile = kTokens * kBlockK, kBTile = kRows * kBlockK;  // elements per stage
-  static constexpr int kStageBytes = (kATile + kBTile) * 2;
-  static constexpr int kStages = (220 * 1024) / kStageBytes < 4 ? (220 * 1024) / kStageBytes : 4;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
-  static_assert(kStages >= 2 && kSmemBytes <= 227 * 1024, "the TMA block must fit one SM");
-};
+// The TMA variant (bf16 experts; MoeConfig::grouped_rows = 256): a persistent, warp-specialised kernel on
+// units of 128 tokens × 256 weight rows, one block of three warpgroups per SM. Warpgroup 0 produces: one
+// thread copies the step's 256 weight rows with TMA (tma.cuh: one tensor map per region of expert matrices,
+// so a box comes straight from any page), the warpgroup's 128 threads gather the 128 token rows with
+// cp.async, and both arrive on the stage's `full` mbarrier. Warpgroups 1 and 2 consume: each multiplies its
+// 64 token rows by both 128-row halves (two accumulators), keeps one step of wgmma in flight, and releases a
+// stage on its `empty` mbarrier once that step's wgmma has finished. The producer runs up to kTmaStages steps
+// ahead, across units, so the next unit's loads overlap this one's epilogue.
+// Units are handed out in order from a counter (the producer takes the next one when it starts a unit and
+// passes its index to the consumers with the unit's first stage): the walk is expert-major, so the 2–3
+// token tiles of an expert's weight slice start together on whichever blocks are free and read the slice
+// from DRAM once. (A fixed stride of the grid let blocks drift apart, and on Qwen3 at 4096 tokens the
+// gate/up stage read its weights from DRAM about twice.)
+// Gate/up units hold 128 features: W1's rows in the first half of B, W3's same rows in the second, so
+// accumulator i of both halves is gate and up of one (token, feature). Every output is the same wgmma steps
+// in the same k order as in the two-block kernel: bit-identical to it.
+inline constexpr int kTmaStages = 4;
 inline constexpr int kTmaThreads = 384;
-inline constexpr int kTmaProducerRegs = 40, kTmaConsumerRegs = 232;
+inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
+inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
+inline constexpr int kTmaSmemBytes =
+    kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
+inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
+static_assert(kTmaSmemBytes <= 227 * 1024, "the TMA block must fit one SM");
 static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
 
-// The kernel's parameters: the layer's, plus the stage's B tensor maps over the (at most two) regions the
-// addressing policy keeps expert matrices in (tma_regions()). A matrix lies in the region with the highest
-// base at or below it.
+// The kernel's parameters: the layer's, the stage's unit counter (zeroed by routing), and the stage's B
+// tensor maps over the (at most two) regions the addressing policy keeps expert matrices in (tma_regions()).
+// A matrix lies in the region with the highest base at or below it.
 template <class Addressing>
 struct TmaParams {
   MoeParams<Addressing> moe;
   CUtensorMap maps[2];
   const unsigned char* regions[2];
+  int* unit_counter;
 };
 
 // Tensor row of weight row 0 of `matrix` (the K of its stage), and which map reads it.
@@ -471,23 +466,17 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
   return static_cast<int>((m - (map ? r1 : r0)) / (2 * static_cast<std::int64_t>(k)));
 }
 
-// The producer's token rows: kRows rows of one unit, thread t copying chunk t % 8 of rows t / 8 + 16·i, kept
-// as row indices (gate/up: the token; down: the `act` row) and a validity mask, not as pointers: the
-// producer runs on 40 registers.
-template <Stage kStage, int kRows>
+// The producer's 128 token rows of a unit, thread t copying chunk t % 8 of rows t / 8 + 16·i, kept as row
+// indices (gate/up: the token; down: the `act` row) and a validity mask rather than pointers: the producer
+// runs on kTmaProducerRegs registers.
+template <Stage kStage>
 struct TmaARows {
-  static constexpr int kPasses = kRows / 16;
-  static_assert(kPasses <= 32, "one validity bit per pass");
+  static constexpr int kPasses = kBlockM / 16;
   int row[kPasses];
   unsigned valid = 0;
-  const bf16* base;
-  int k, offset;
 
   template <class Addressing>
-  __device__ __forceinline__ TmaARows(const MoeParams<Addressing>& p, const WorkTile& tile, int t)
-      : base(kStage == Stage::kGateUp ? p.input : p.act),
-        k(kStage == Stage::kGateUp ? p.hidden : p.intermediate),
-        offset(swizzle(t / 8, t % 8)) {
+  __device__ __forceinline__ TmaARows(const MoeParams<Addressing>& p, const WorkTile& tile, int t) {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int m = t / 8 + 16 * i;
@@ -500,7 +489,11 @@ struct TmaARows {
         row[i] = tile.row_start + mm;
     }
   }
-  __device__ __forceinline__ void load(bf16* stage, int kt, int t) const {
+  template <class Addressing>
+  __device__ __forceinline__ void load(const MoeParams<Addressing>& p, bf16* stage, int kt, int t) const {
+    const bf16* base = kStage == Stage::kGateUp ? p.input : p.act;
+    const int k = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
+    const int offset = swizzle(t / 8, t % 8);
 #pragma unroll
     for (int i = 0; i < kPasses; ++i)
       ptx::cp_async_16(ptx::smem_u32(stage + offset + 16 * i * kBlockK),
@@ -509,20 +502,41 @@ struct TmaARows {
   }
 };
 
-template <class Addressing, Stage kStage, class Shape>
+// Gate/up epilogue of a 128-feature unit: SiLU(gate)·up of gate (W1 half) and up (W3 half) accumulators.
+template <class Addressing>
+__device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& p, const WorkTile& tile,
+                                                   int pair, const float (&gate)[64], const float (&up)[64],
+                                                   int row_base, int warp_in_wg, int lane) {
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int m = row_base + 16 * warp_in_wg + g + 8 * half;
+    if (m >= tile.count) continue;
+    bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
+                 pair * 2 * kGateUpFeatures + 2 * q;
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const int i = 4 * c + 2 * half;
+      *reinterpret_cast<std::uint32_t*>(arow + 8 * c) =
+          ptx::pack_bf16x2(silu(gate[i]) * up[i], silu(gate[i + 1]) * up[i + 1]);
+    }
+  }
+}
+
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
-  constexpr int kMA = Shape::kMA, kNB = Shape::kNB, kS = Shape::kStages;
-  constexpr int kAcc = kMA * kNB;
   const MoeParams<Addressing>& p = tp.moe;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
-  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][tokens][64]
-  bf16* smem_b = smem_a + kS * Shape::kATile;                      // [stages][rows][64]
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem_b + kS * Shape::kBTile);
-  std::uint64_t* empty = full + kS;
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
+  bf16* smem_b = smem_a + kTmaStages * kTmaATile;                  // [stages][256][64]
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem_b + kTmaStages * kTmaBTile);
+  std::uint64_t* empty = full + kTmaStages;
+  int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
+  int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   if (tid == 0) {
-    for (int s = 0; s < kS; ++s) {
+    for (int s = 0; s < kTmaStages; ++s) {
       tma::mbarrier_init(&full[s], 128 + 1);  // the producers' cp.async arrivals + the TMA thread's
       tma::mbarrier_init(&empty[s], 256);     // every consumer thread
     }
@@ -535,109 +549,97 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   ptx::launch_dependents();
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
-  constexpr int kFeatures = Shape::kRows / 2;  // gate/up: W1 (and W3) rows per unit
   const int K = kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
-  const int slices = kGateUp ? p.intermediate / kFeatures : p.hidden / Shape::kRows;
-  const int units = *p.num_tiles * slices;
+  const int pairs = kGateUp ? p.intermediate / (2 * kGateUpFeatures) : p.hidden / (2 * kBlockN);
+  const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
     tma::release_registers<kTmaProducerRegs>();
     int it = 0;
-    for (int u = static_cast<int>(blockIdx.x); u < units; u += static_cast<int>(gridDim.x)) {
+    for (int n = 0;; ++n) {
+      if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
+      tma::sync_warpgroup();
+      const int u = next_unit[n & 1];
+      const int s0 = it % kTmaStages;
+      if (it >= kTmaStages) tma::wait(&empty[s0], ((it / kTmaStages) - 1) & 1);
+      if (u >= units) {  // no unit left: an empty stage tells the consumers
+        if (t == 0) {
+          stage_unit[s0] = -1;
+          tma::arrive(&full[s0]);
+        }
+        tma::arrive(&full[s0]);
+        break;
+      }
       WorkTile tile;
-      int slice;
-      unit_at(p, u, slices, tile, slice);
-      const TmaARows<kStage, Shape::kTokens> a(p, tile, t);
+      int pair;
+      unit_at(p, u, pairs, tile, pair);
+      const TmaARows<kStage> a(p, tile, t);
       int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
       if (t == 0) {
         if constexpr (kGateUp) {
-          row0 = tma_row(tp, tile.matrix[0], K, map0) + slice * kFeatures;
-          row1 = tma_row(tp, tile.matrix[1], K, map1) + slice * kFeatures;
+          row0 = tma_row(tp, tile.matrix[0], K, map0) + pair * 2 * kGateUpFeatures;
+          row1 = tma_row(tp, tile.matrix[1], K, map1) + pair * 2 * kGateUpFeatures;
         } else {
-          row0 = tma_row(tp, tile.matrix[2], K, map0) + slice * Shape::kRows;
+          row0 = tma_row(tp, tile.matrix[2], K, map0) + pair * 2 * kBlockN;
         }
+        stage_unit[s0] = u;
       }
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kS;
-        if (it >= kS) tma::wait(&empty[s], ((it / kS) - 1) & 1);
+        const int s = it % kTmaStages;
+        if (kt > 0 && it >= kTmaStages) tma::wait(&empty[s], ((it / kTmaStages) - 1) & 1);
         if (t == 0) {
-          bf16* b = smem_b + s * Shape::kBTile;
-          tma::arrive_expect_tx(&full[s], Shape::kBTile * 2);
+          bf16* b = smem_b + s * kTmaBTile;
+          tma::arrive_expect_tx(&full[s], kTmaBTile * 2);
           tma::load_2d(b, &tp.maps[map0], &full[s], kt * kBlockK, row0);
           if constexpr (kGateUp)
-            tma::load_2d(b + kFeatures * kBlockK, &tp.maps[map1], &full[s], kt * kBlockK, row1);
+            tma::load_2d(b + kBlockN * kBlockK, &tp.maps[map1], &full[s], kt * kBlockK, row1);
         }
-        a.load(smem_a + s * Shape::kATile, kt, t);
+        a.load(p, smem_a + s * kTmaATile, kt, t);
         tma::cp_async_arrive(&full[s]);
       }
     }
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
-    const int row_base = cw * 64 * kMA;  // this warpgroup's first token row
     int it = 0;
-    for (int u = static_cast<int>(blockIdx.x); u < units; u += static_cast<int>(gridDim.x)) {
+    for (;;) {
+      tma::wait(&full[it % kTmaStages], (it / kTmaStages) & 1);
+      const int u = stage_unit[it % kTmaStages];
+      if (u < 0) break;
       WorkTile tile;
-      int slice;
-      unit_at(p, u, slices, tile, slice);
-      float acc[kAcc][64];
+      int pair;
+      unit_at(p, u, pairs, tile, pair);
+      // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
+      // every stage).
+      const bool active = cw * 64 < tile.count;
+      float acc0[64], acc1[64];
 #pragma unroll
-      for (int a = 0; a < kAcc; ++a)
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc[a][i] = 0.f;
-      // As in gemm_wgmma_kernel: a 64-row A block past the tile's tokens skips its wgmma (the warpgroup
-      // still releases every stage).
-      const int blocks = min(kMA, max(0, (tile.count - row_base + 63) / 64));
+      for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kS;
-        tma::wait(&full[s], (it / kS) & 1);
+        const int s = it % kTmaStages;
+        if (kt > 0) tma::wait(&full[s], (it / kTmaStages) & 1);
         wgmma::fence_proxy_async();  // the token rows came through cp.async (the generic proxy)
-        if (blocks > 0) {
-          const bf16* a_rows = smem_a + s * Shape::kATile + row_base * kBlockK;
-          const bf16* b = smem_b + s * Shape::kBTile;
+        if (active) {
+          const bf16* a_rows = smem_a + s * kTmaATile + cw * 64 * kBlockK;
+          const bf16* b = smem_b + s * kTmaBTile;
           wgmma::fence();
-#pragma unroll
-          for (int ma = 0; ma < kMA; ++ma)
-            if (ma < blocks)
-#pragma unroll
-              for (int nb = 0; nb < kNB; ++nb)
-                issue_mmas(acc[ma * kNB + nb], a_rows + ma * 64 * kBlockK, b + nb * kBlockN * kBlockK);
+          issue_mmas(acc0, a_rows, b);
+          issue_mmas(acc1, a_rows, b + kBlockN * kBlockK);
           wgmma::commit();
           wgmma::wait<1>();  // step it − 1's wgmma has finished
         }
-        if (kt > 0) tma::arrive(&empty[(it - 1) % kS]);
+        if (kt > 0) tma::arrive(&empty[(it - 1) % kTmaStages]);
       }
       wgmma::wait<0>();
-#pragma unroll
-      for (int a = 0; a < kAcc; ++a) wgmma::pin(acc[a]);
-      tma::arrive(&empty[(it - 1) % kS]);
-#pragma unroll
-      for (int ma = 0; ma < kMA; ++ma) {
-        const int rows = row_base + 64 * ma;
-        if constexpr (kGateUp) {
-          // Feature f = 8c + 2q + (i % 2) of the unit: gate at B row f, up at B row kFeatures + f.
-          const int g = lane / 4, q = lane % 4;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int m = rows + 16 * warp_in_wg + g + 8 * half;
-            if (m >= tile.count) continue;
-            bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
-                         slice * kFeatures + 2 * q;
-#pragma unroll
-            for (int c = 0; c < kFeatures / 8; ++c) {
-              constexpr int kUpChunk = kFeatures / 8;
-              const int ga = ma * kNB + c / 16, ua = ma * kNB + (c + kUpChunk) / 16;
-              const int gi = 4 * (c % 16) + 2 * half, ui = 4 * ((c + kUpChunk) % 16) + 2 * half;
-              *reinterpret_cast<std::uint32_t*>(arow + 8 * c) =
-                  ptx::pack_bf16x2(silu(acc[ga][gi]) * acc[ua][ui], silu(acc[ga][gi + 1]) * acc[ua][ui + 1]);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int nb = 0; nb < kNB; ++nb)
-            store_tile<kStage>(p, tile, slice * kNB + nb, acc[ma * kNB + nb], rows, warp_in_wg, lane);
-        }
+      wgmma::pin(acc0);
+      wgmma::pin(acc1);
+      tma::arrive(&empty[(it - 1) % kTmaStages]);
+      if constexpr (kGateUp) {
+        store_gate_up_pair(p, tile, pair, acc0, acc1, cw * 64, warp_in_wg, lane);
+      } else {
+        store_tile<kStage>(p, tile, 2 * pair, acc0, cw * 64, warp_in_wg, lane);
+        store_tile<kStage>(p, tile, 2 * pair + 1, acc1, cw * 64, warp_in_wg, lane);
       }
     }
   }

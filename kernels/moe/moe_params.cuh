@@ -40,6 +40,7 @@ struct MoeParams {
   const int* sorted_slot;  // [S] slot index of each row of the expert-sorted order
   const WorkTile* tiles;   // [max_tiles]
   const int* num_tiles;    // [1]
+  int* unit_counters;      // [2] the TMA grouped GEMM's next unit (gate/up, down), zeroed by routing
   bf16* act;               // [S, F] SiLU(gate)·up, expert-sorted rows
   bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
 };

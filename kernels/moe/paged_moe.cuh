@@ -231,19 +231,17 @@ class PagedMoe {
           "quantized experts' grouped GEMM is the sm_90 wgmma kernel (kAuto, kDecode or kGrouped)");
     const MoeConfig c = config(a);
     const bool small = c.path == MoePath::kGrouped && c.tile_tokens == grouped::kSmallM;
-    const bool tall = c.path == MoePath::kGrouped && (c.tile_tokens == 256 || c.tile_tokens == 384);
     if (c.path == MoePath::kAuto ||
-        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small && !tall))
+        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small))
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
           "must be 128 on the grouped paths, or 64, 256 or 384 on kGrouped (kAuto resolved)");
-    if ((small || tall) && Precision::kQuantized)
+    if (small && Precision::kQuantized)
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
-          "must be 128 for quantized experts on the grouped path (64-, 256- and 384-token tiles read bf16)");
-    if ((small || tall) && c.grouped_rows != grouped::kBlockN)
-      return Status::error("config.grouped_rows", c.grouped_rows,
-                           "must be 128 with 64-, 256- or 384-token grouped tiles");
+          "must be 128 for quantized experts on the grouped path (64-token tiles read bf16)");
+    if (small && c.grouped_rows != grouped::kBlockN)
+      return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 with 64-token grouped tiles");
     if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 or 256");
     if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
@@ -324,19 +322,13 @@ class PagedMoe {
       return c;
     } else {
       MoeConfig c = Config::select(a.shape, a.path);
-      if (uses_tma(c) && !tma_fits(a)) {
-        c.grouped_rows = grouped::kBlockN;
-        c.tile_tokens = grouped::kBlockM;
-      }
+      if (uses_tma(c) && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
       return c;
     }
   }
-  // The configurations the TMA grouped GEMM runs (grouped::gemm_tma_kernel): 128-token tiles on 256-row
-  // blocks (TmaShape<1, 2>), 256- and 384-token tiles on 128-row blocks (<2, 1>, <3, 1>).
+  // The configurations the TMA grouped GEMM runs (grouped::gemm_tma_kernel): 256-row blocks on kGrouped.
   static constexpr bool uses_tma(const MoeConfig& c) {
-    return c.path == MoePath::kGrouped &&
-           ((c.tile_tokens == grouped::kBlockM && c.grouped_rows == 2 * grouped::kBlockN) ||
-            c.tile_tokens == 256 || c.tile_tokens == 384);
+    return c.path == MoePath::kGrouped && c.grouped_rows == 2 * grouped::kBlockN;
   }
   // The TMA grouped GEMM reads weights through tensor maps over the addressing's regions (tma_regions()),
   // in rows of H (gate/up) and F (down) values: every matrix must start on such a row. Where one cannot
@@ -371,7 +363,7 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = config(a);
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.path == MoePath::kGrouped && choice.tile_tokens != grouped::kBlockM && dev.major != 9)
+    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice.tile_tokens = grouped::kBlockM;  // the mma.sync grouped GEMM's tiles
 
     routing::RoutingParams<Addressing> r{};
@@ -394,6 +386,7 @@ class PagedMoe {
     p.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
     p.tiles = static_cast<WorkTile*>(at(lay.tiles));
     p.num_tiles = static_cast<int*>(at(lay.num_tiles));
+    p.unit_counters = static_cast<int*>(at(lay.unit_counters));
     p.act = static_cast<bf16*>(at(lay.act));
     p.y = static_cast<bf16*>(at(lay.y));
     r.total_experts = s.total_experts();
@@ -460,7 +453,8 @@ class PagedMoe {
 
  private:
   struct Layout {
-    std::size_t expert_offset, num_tiles, tiles, sorted_slot, keys, vals, sorted_keys, sort_temp, act, y;
+    std::size_t expert_offset, num_tiles, unit_counters, tiles, sorted_slot, keys, vals, sorted_keys,
+        sort_temp, act, y;
     std::size_t sort_temp_bytes, total;
   };
 
@@ -483,6 +477,7 @@ class PagedMoe {
     };
     l.expert_offset = take((experts + 1) * sizeof(int));
     l.num_tiles = take(sizeof(int));
+    l.unit_counters = take(2 * sizeof(int));
     l.tiles = take(static_cast<std::size_t>(max_tiles(s, 8)) * sizeof(WorkTile));
     l.sorted_slot = take(slots * sizeof(int));
     const bool large = slots > static_cast<std::size_t>(routing::kSmallSlots);
@@ -542,48 +537,43 @@ class PagedMoe {
         Gemm::kThreads);
   }
 
-  // The persistent TMA grouped GEMM (bf16, tma_addressing) in the shape the configuration names: each
-  // stage's tensor maps over the addressing's regions (gate/up: K = H, boxes of a unit's W1 and W3 rows;
-  // down: K = F, boxes of a unit's W2 rows), one block per SM at most.
+  // The persistent TMA grouped GEMM (bf16, tma_addressing): each stage's tensor maps over the addressing's
+  // regions (gate/up: K = H, boxes of a unit's 128 W1 rows and 128 W3 rows; down: K = F, boxes of its 256 W2
+  // rows) and unit counter, one block per SM at most.
   static Status run_tma(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
                         unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
     if constexpr (tma_addressing<Addressing> && !Precision::kQuantized) {
-      if (c.tile_tokens == 384) return run_tma_shape<grouped::TmaShape<3, 1>>(p, s, grid_tiles, dev, stream);
-      if (c.tile_tokens == 256) return run_tma_shape<grouped::TmaShape<2, 1>>(p, s, grid_tiles, dev, stream);
-      return run_tma_shape<grouped::TmaShape<1, 2>>(p, s, grid_tiles, dev, stream);
+      using grouped::Stage;
+      auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
+        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage>;
+        grouped::TmaParams<Addressing> tp{};
+        tp.moe = p;
+        tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);
+        const std::array<const void*, 2> regions = Addressing::tma_regions(p.addr);
+        for (int i = 0; i < 2; ++i) {
+          tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
+          if (regions[i] == nullptr) continue;
+          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows}); !st) return st;
+        }
+        if (Status st = detail::set_smem<kernel>(dev.device, grouped::kTmaSmemBytes); !st) return st;
+        const long long units = static_cast<long long>(grid_tiles) * slices;
+        const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
+        return launch(kernel, dim3(grid), grouped::kTmaThreads, grouped::kTmaSmemBytes, stream, tp, name);
+      };
+      if (Status st = stage.template operator()<Stage::kGateUp>(
+              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures),
+              "grouped::gemm_tma_kernel<kGateUp>");
+          !st)
+        return st;
+      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
+                                                     s.hidden / (2 * grouped::kBlockN),
+                                                     "grouped::gemm_tma_kernel<kDown>");
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream;
       return Status::error(
           "config.grouped_rows", c.grouped_rows,
           "the TMA grouped GEMM needs bf16 experts and tma_regions() (can_implement, config)");
     }
-  }
-  template <class Shape>
-  static Status run_tma_shape(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                              const detail::DeviceInfo& dev, cudaStream_t stream) {
-    using grouped::Stage;
-    auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
-      constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage, Shape>;
-      grouped::TmaParams<Addressing> tp{};
-      tp.moe = p;
-      const std::array<const void*, 2> regions = Addressing::tma_regions(p.addr);
-      for (int i = 0; i < 2; ++i) {
-        tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
-        if (regions[i] == nullptr) continue;
-        if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows}); !st) return st;
-      }
-      if (Status st = detail::set_smem<kernel>(dev.device, Shape::kSmemBytes); !st) return st;
-      const long long units = static_cast<long long>(grid_tiles) * slices;
-      const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
-      return launch(kernel, dim3(grid), grouped::kTmaThreads, Shape::kSmemBytes, stream, tp, name);
-    };
-    if (Status st = stage.template operator()<Stage::kGateUp>(s.hidden, Shape::kRows / 2,
-                                                              s.intermediate / (Shape::kRows / 2),
-                                                              "grouped::gemm_tma_kernel<kGateUp>");
-        !st)
-      return st;
-    return stage.template operator()<Stage::kDown>(s.intermediate, Shape::kRows, s.hidden / Shape::kRows,
-                                                   "grouped::gemm_tma_kernel<kDown>");
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,

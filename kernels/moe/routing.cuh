@@ -61,6 +61,8 @@ __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int 
   }
   if (e == 0) {
     *r.num_tiles = total;
+    r.moe.unit_counters[0] = 0;
+    r.moe.unit_counters[1] = 0;
     r.expert_offset[r.total_experts] = r.moe.num_slots;
   }
 }

@@ -75,6 +75,11 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
 }
 
+// Barrier 1 among the 128 threads of the calling warpgroup (barrier 0 is __syncthreads).
+__device__ __forceinline__ void sync_warpgroup() {
+  asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
 // Register reallocation: a warpgroup gives registers back (producer) or takes them (consumers).
 template <int kRegs>
 __device__ __forceinline__ void release_registers() {

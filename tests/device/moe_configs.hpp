@@ -41,25 +41,6 @@ struct GroupedRowsConfig {
   }
 };
 
-// DefaultMoeConfig's choice with the TMA grouped GEMM on kTile-token tiles (256 or 384) and 128-row blocks
-// (grouped::TmaShape<kTile / 128, 1>) wherever it takes 128-token tiles on kGrouped; quantized experts keep
-// the default's choice.
-template <int kTile>
-struct TallTileConfig {
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == kernels::MoePath::kGrouped && c.tile_tokens == 128) {
-      c.tile_tokens = kTile;
-      c.grouped_rows = 128;
-    }
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-  }
-};
-
 // DefaultMoeConfig's choice with kTile-token tiles (64 or 128) wherever it runs the 128-row grouped GEMM on
 // bf16 experts; 64: grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks per SM. Quantized
 // experts keep the default's choice.

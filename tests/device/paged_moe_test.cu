@@ -584,35 +584,3 @@ TEST_CASE("the TMA grouped GEMM equals the two-block grouped GEMM", "[gpu][tma]"
     for (int tokens : {64, 1024, 4096}) check_tma_case(store, tokens, 1900 + tokens);
   }
 }
-
-// The TMA kernel's tall shapes (256 / 384 tokens × 128 weight rows): the same wgmma steps again.
-template <int kTile>
-void check_tall_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  const MoeShape shape = shape_of(store.spec(), tokens);
-  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
-  const auto tall =
-      check_case<TallTileConfig<kTile>>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
-  const auto plain =
-      check_case<GroupedRowsConfig<128>>(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
-  INFO(store.spec().name << " T=" << tokens << " TMA with " << kTile
-                         << "-token tiles against the two-block "
-                            "grouped GEMM");
-  CHECK(std::memcmp(tall.data(), plain.data(), tall.size() * 2) == 0);
-}
-
-TEST_CASE("the TMA grouped GEMM's 256- and 384-token tiles equal the two-block grouped GEMM", "[gpu][tma]") {
-  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
-  ExpertStore small(tiny, 45, 3);
-  for (int tokens : {300, 3000}) {
-    check_tall_case<256>(small, tokens, 2000 + tokens);
-    check_tall_case<384>(small, tokens, 2000 + tokens);
-  }
-  check_tall_case<384>(small, 3000, 2100, 5);  // one hot expert: many tiles of one expert
-  for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
-    ExpertStore store(spec, 47);
-    for (int tokens : {1024, 4096}) {
-      check_tall_case<256>(store, tokens, 2200 + tokens);
-      check_tall_case<384>(store, tokens, 2200 + tokens);
-    }
-  }
-}

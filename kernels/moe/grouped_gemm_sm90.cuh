@@ -523,7 +523,7 @@ __device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& 
   }
 }
 
-template <class Addressing, Stage kStage>
+template <class Addressing, Stage kStage, bool kOrdered = true>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
@@ -558,9 +558,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     tma::release_registers<kTmaProducerRegs>();
     int it = 0;
     for (int n = 0;; ++n) {
-      if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
-      tma::sync_warpgroup();
-      const int u = next_unit[n & 1];
+      int u = static_cast<int>(blockIdx.x) + n * static_cast<int>(gridDim.x);  // kOrdered = false: a stride
+      if constexpr (kOrdered) {
+        if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
+        tma::sync_warpgroup();
+        u = next_unit[n & 1];
+      }
       const int s0 = it % kTmaStages;
       if (it >= kTmaStages) tma::wait(&empty[s0], ((it / kTmaStages) - 1) & 1);
       if (u >= units) {  // no unit left: an empty stage tells the consumers

@@ -41,6 +41,12 @@ struct GroupedRowsConfig {
   }
 };
 
+// DefaultMoeConfig with the TMA grouped GEMM's units at a fixed stride of the grid instead of handed out in
+// order (detail::tma_ordered_of).
+struct StridedUnitsConfig : kernels::DefaultMoeConfig {
+  static constexpr bool kTmaOrderedUnits = false;
+};
+
 // DefaultMoeConfig's choice with kTile-token tiles (64 or 128) wherever it runs the 128-row grouped GEMM on
 // bf16 experts; 64: grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks per SM. Quantized
 // experts keep the default's choice.

@@ -442,12 +442,9 @@ inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
 inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
 inline constexpr int kTmaSmemBytes =
     kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
+inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
 static_assert(kTmaSmemBytes <= 227 * 1024, "the TMA block must fit one SM");
-// setmaxnreg: the producer warpgroup keeps kProducerRegs registers per thread, the consumers take the rest of
-// the register file, rounded down to a multiple of 8 (40 → 232, 56 → 224).
-template <int kProducerRegs>
-inline constexpr int kTmaConsumerRegs = (65536 - kProducerRegs * 128) / 256 / 8 * 8;
-static_assert(kTmaConsumerRegs<40> == 232 && kTmaConsumerRegs<56> == 224);
+static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
 
 // The kernel's parameters: the layer's, the stage's unit counter (zeroed by routing), and the stage's B
 // tensor maps over the (at most two) regions the addressing policy keeps expert matrices in (tma_regions()).
@@ -471,7 +468,7 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
 
 // The producer's 128 token rows of a unit, thread t copying chunk t % 8 of rows t / 8 + 16·i, kept as row
 // indices (gate/up: the token; down: the `act` row) and a validity mask rather than pointers: the producer
-// runs on few registers.
+// runs on kTmaProducerRegs registers.
 template <Stage kStage>
 struct TmaARows {
   static constexpr int kPasses = kBlockM / 16;
@@ -526,7 +523,7 @@ __device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& 
   }
 }
 
-template <class Addressing, Stage kStage, bool kOrdered = true, int kProducerRegs = 40>
+template <class Addressing, Stage kStage, bool kOrdered = true>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
@@ -558,7 +555,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
-    tma::release_registers<kProducerRegs>();
+    tma::release_registers<kTmaProducerRegs>();
     int it = 0;
     for (int n = 0;; ++n) {
       int u = static_cast<int>(blockIdx.x) + n * static_cast<int>(gridDim.x);  // kOrdered = false: a stride
@@ -606,7 +603,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
     }
   } else {  // consumers
-    tma::claim_registers<kTmaConsumerRegs<kProducerRegs>>();
+    tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
     int it = 0;
     for (;;) {

@@ -165,16 +165,6 @@ requires requires {
 }
 inline constexpr bool tma_ordered_of<Config> = Config::kTmaOrderedUnits;
 
-// The TMA grouped GEMM's producer registers (setmaxnreg; the consumers get the rest): 40, unless the
-// configuration sets kTmaProducerRegisters.
-template <class Config>
-inline constexpr int tma_producer_regs_of = 40;
-template <class Config>
-requires requires {
-  Config::kTmaProducerRegisters;
-}
-inline constexpr int tma_producer_regs_of<Config> = Config::kTmaProducerRegisters;
-
 template <class Config, class Precision>
 struct decode_tiles_of {
   using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
@@ -565,8 +555,7 @@ class PagedMoe {
     if constexpr (tma_addressing<Addressing> && !Precision::kQuantized) {
       using grouped::Stage;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
-        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage, detail::tma_ordered_of<Config>,
-                                                          detail::tma_producer_regs_of<Config>>;
+        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage, detail::tma_ordered_of<Config>>;
         grouped::TmaParams<Addressing> tp{};
         tp.moe = p;
         tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);

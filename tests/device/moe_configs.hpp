@@ -47,12 +47,6 @@ struct StridedUnitsConfig : kernels::DefaultMoeConfig {
   static constexpr bool kTmaOrderedUnits = false;
 };
 
-// DefaultMoeConfig with the TMA grouped GEMM's producer on 56 registers and its consumers on 224
-// (detail::tma_producer_regs_of; the default is 40 and 232).
-struct Producer56Config : kernels::DefaultMoeConfig {
-  static constexpr int kTmaProducerRegisters = 56;
-};
-
 // DefaultMoeConfig's choice with kTile-token tiles (64 or 128) wherever it runs the 128-row grouped GEMM on
 // bf16 experts; 64: grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks per SM. Quantized
 // experts keep the default's choice.

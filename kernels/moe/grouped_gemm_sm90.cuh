@@ -565,8 +565,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         u = next_unit[n & 1];
       }
       const int s0 = it % kTmaStages;
+      if (it >= kTmaStages) tma::wait(&empty[s0], ((it / kTmaStages) - 1) & 1);
       if (u >= units) {  // no unit left: an empty stage tells the consumers
-        if (it >= kTmaStages) tma::wait(&empty[s0], ((it / kTmaStages) - 1) & 1);
         if (t == 0) {
           stage_unit[s0] = -1;
           tma::arrive(&full[s0]);
@@ -574,8 +574,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         tma::arrive(&full[s0]);
         break;
       }
-      // The unit's tile, token rows and tensor rows are read while the previous unit's stages are still
-      // queued: only then does the producer wait for a free stage.
       WorkTile tile;
       int pair;
       unit_at(p, u, pairs, tile, pair);
@@ -588,11 +586,11 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         } else {
           row0 = tma_row(tp, tile.matrix[2], K, map0) + pair * 2 * kBlockN;
         }
+        stage_unit[s0] = u;
       }
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % kTmaStages;
-        if (it >= kTmaStages) tma::wait(&empty[s], ((it / kTmaStages) - 1) & 1);
-        if (kt == 0 && t == 0) stage_unit[s] = u;
+        if (kt > 0 && it >= kTmaStages) tma::wait(&empty[s], ((it / kTmaStages) - 1) & 1);
         if (t == 0) {
           bf16* b = smem_b + s * kTmaBTile;
           tma::arrive_expect_tx(&full[s], kTmaBTile * 2);

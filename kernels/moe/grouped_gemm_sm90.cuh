@@ -18,6 +18,7 @@
 
 #include "moe/grouped_gemm.cuh"
 #include "moe/precision.cuh"
+#include "moe/tensor_rows.hpp"
 #include "moe/tma.cuh"
 
 namespace amoeba::kernels::grouped {
@@ -457,13 +458,14 @@ struct TmaParams {
   int* unit_counter;
 };
 
-// Tensor row of weight row 0 of `matrix` (the K of its stage), and which map reads it.
+// Tensor row of weight row 0 of `matrix` (the K of its stage), and which map reads it (moe/tensor_rows.hpp).
 template <class Addressing>
 __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf16* matrix, int k, int& map) {
-  const auto* m = reinterpret_cast<const unsigned char*>(matrix);
-  const unsigned char *r0 = tp.regions[0], *r1 = tp.regions[1];
-  map = (r1 != nullptr && m >= r1 && (r1 > r0 || m < r0)) ? 1 : 0;
-  return static_cast<int>((m - (map ? r1 : r0)) / (2 * static_cast<std::int64_t>(k)));
+  const tensor_rows::Location at = tensor_rows::locate(reinterpret_cast<std::uintptr_t>(matrix),
+                                                       reinterpret_cast<std::uintptr_t>(tp.regions[0]),
+                                                       reinterpret_cast<std::uintptr_t>(tp.regions[1]), k);
+  map = at.map;
+  return static_cast<int>(at.row);
 }
 
 // The producer's 128 token rows of a unit, thread t copying chunk t % 8 of rows t / 8 + 16·i, kept as row

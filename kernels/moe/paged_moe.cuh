@@ -34,6 +34,7 @@
 #include "moe/moe_params.cuh"
 #include "moe/precision.cuh"
 #include "moe/routing.cuh"
+#include "moe/tensor_rows.hpp"
 
 namespace amoeba::kernels {
 
@@ -351,8 +352,7 @@ class PagedMoe {
       const long long stride = a.matrix_stride_bytes != 0
                                    ? a.matrix_stride_bytes
                                    : Precision::matrix_bytes(a.shape.intermediate, a.shape.hidden);
-      return a.shape.hidden > 0 && a.shape.intermediate > 0 && stride % (2LL * a.shape.hidden) == 0 &&
-             stride % (2LL * a.shape.intermediate) == 0;
+      return tensor_rows::on_rows(stride, a.shape.hidden, a.shape.intermediate);
     }
   }
   // The decode tile quantized layers run where the wgmma grouped GEMM cannot (devices other than sm_90).

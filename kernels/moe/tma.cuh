@@ -3,12 +3,8 @@
 // shared memory, cp.async arrivals on an mbarrier, register reallocation between warpgroups (setmaxnreg), and
 // the host side: a 2-D tensor map over a region of expert matrices, encoded through the driver entry point
 // the runtime hands out (no link against libcuda).
-//
-// Why a tensor map over a whole region works for pages: a region (the page pool, a load buffer, one
-// contiguous array) is read as rows of K bf16 values — [rows][K], row pitch 2K bytes — and every expert
-// matrix in it starts at a multiple of 2K bytes from the region's base (pages and slots are whole matrices of
-// F·K elements), so weight row n of the matrix at `base` is tensor row (base − region) / 2K + n. One map per
-// (region, K) serves every page, whatever its position.
+// One map per (region, K) serves every page of the region, whatever its position: moe/tensor_rows.hpp says
+// why and finds a matrix's map and row.
 #pragma once
 
 #include <cuda.h>

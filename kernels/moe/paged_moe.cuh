@@ -7,7 +7,7 @@
 // sum in slot order, fp32, bf16 out). The gate/up and down stages use one of two collectives, chosen per call
 // by the shape through the configuration policy (moe/moe_config.hpp): decode (tensor-core GEMV streaming
 // weights; the default table's choice below one token per routed expert) or grouped (tiled grouped GEMM; on
-// sm_90 wgmma blocks of 128 or 256 weight rows). Both are templates
+// sm_90 wgmma blocks of 128 weight rows on cp.async, or 256 on the persistent TMA kernel). Both are templates
 // over the addressing policy, so Paged and Contiguous run the same code. Precision (moe/precision.cuh): bf16
 // experts (the default), or int8 / int4 experts packed as moe/quant_layout.hpp says: the decode GEMV
 // dequantises in its main loop, the wgmma grouped GEMM dequantises each packed B stage in shared memory

@@ -1,6 +1,7 @@
 // Configurations of PagedMoe shared by the device tests (paged_moe_test.cu, quant_moe_test.cu) and
 // benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, and the
-// default table with another width or token tile of the sm_90 grouped GEMM's blocks. Host-only
+// default table with another width or token tile of the sm_90 grouped GEMM's blocks, or with the TMA
+// kernel's units at a fixed stride of the grid. Host-only
 // (moe/moe_config.hpp).
 #pragma once
 

@@ -23,10 +23,8 @@
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the default's 128-row grouped GEMM always on
-// 128-token tiles; strided: the default with the TMA kernel's units at a fixed stride of the grid; tall256 /
-// tall384: the TMA kernel on 256- / 384-token tiles and 128-row blocks wherever the default runs 128-token
-// tiles on kGrouped; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
-// and 2 blocks per SM, 3 and 3, 8 and 1 (these five at grouped sizes only); int8 / int4: the default's tiles
+// 128-token tiles; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
+// and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes only); int8 / int4: the default's tiles
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-rolling / int8-steady (int4 alike): the default's quantized choice with every
@@ -247,7 +245,6 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
-          {"strided", {&make_graphs<StridedUnitsConfig>, Where::kGrouped}},
           {"tile128", {&make_graphs<GroupedTileConfig<128>>, Where::kGrouped}},
           {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
           {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},

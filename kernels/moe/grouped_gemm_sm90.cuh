@@ -468,42 +468,6 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
   return static_cast<int>(at.row);
 }
 
-// The producer's 128 token rows of a unit, thread t copying chunk t % 8 of rows t / 8 + 16·i, kept as row
-// indices (gate/up: the token; down: the `act` row) and a validity mask rather than pointers: the producer
-// runs on kTmaProducerRegs registers.
-template <Stage kStage>
-struct TmaARows {
-  static constexpr int kPasses = kBlockM / 16;
-  int row[kPasses];
-  unsigned valid = 0;
-
-  template <class Addressing>
-  __device__ __forceinline__ TmaARows(const MoeParams<Addressing>& p, const WorkTile& tile, int t) {
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int m = t / 8 + 16 * i;
-      const bool ok = m < tile.count;
-      const int mm = ok ? m : 0;
-      valid |= ok ? 1u << i : 0u;
-      if constexpr (kStage == Stage::kGateUp)
-        row[i] = p.sorted_slot[tile.row_start + mm] / p.slots_per_token;
-      else
-        row[i] = tile.row_start + mm;
-    }
-  }
-  template <class Addressing>
-  __device__ __forceinline__ void load(const MoeParams<Addressing>& p, bf16* stage, int kt, int t) const {
-    const bf16* base = kStage == Stage::kGateUp ? p.input : p.act;
-    const int k = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
-    const int offset = swizzle(t / 8, t % 8);
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i)
-      ptx::cp_async_16(ptx::smem_u32(stage + offset + 16 * i * kBlockK),
-                       base + static_cast<std::int64_t>(row[i]) * k + kt * kBlockK + (t % 8) * 8,
-                       (valid >> i) & 1u ? 16 : 0);
-  }
-};
-
 // Gate/up epilogue of a 128-feature unit: SiLU(gate)·up of gate (W1 half) and up (W3 half) accumulators.
 template <class Addressing>
 __device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& p, const WorkTile& tile,
@@ -525,7 +489,7 @@ __device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& 
   }
 }
 
-template <class Addressing, Stage kStage, bool kOrdered = true>
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
@@ -560,12 +524,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     tma::release_registers<kTmaProducerRegs>();
     int it = 0;
     for (int n = 0;; ++n) {
-      int u = static_cast<int>(blockIdx.x) + n * static_cast<int>(gridDim.x);  // kOrdered = false: a stride
-      if constexpr (kOrdered) {
-        if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
-        tma::sync_warpgroup();
-        u = next_unit[n & 1];
-      }
+      if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
+      tma::sync_warpgroup();
+      const int u = next_unit[n & 1];
       const int s0 = it % kTmaStages;
       if (it >= kTmaStages) tma::wait(&empty[s0], ((it / kTmaStages) - 1) & 1);
       if (u >= units) {  // no unit left: an empty stage tells the consumers
@@ -579,7 +540,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       WorkTile tile;
       int pair;
       unit_at(p, u, pairs, tile, pair);
-      const TmaARows<kStage> a(p, tile, t);
+      const ALoader<kStage, 128> a(p, tile, t);  // the warpgroup's 128 threads gather the 128 token rows
       int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
       if (t == 0) {
         if constexpr (kGateUp) {
@@ -600,7 +561,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
           if constexpr (kGateUp)
             tma::load_2d(b + kBlockN * kBlockK, &tp.maps[map1], &full[s], kt * kBlockK, row1);
         }
-        a.load(p, smem_a + s * kTmaATile, kt, t);
+        a.load(smem_a + s * kTmaATile, kt);
         tma::cp_async_arrive(&full[s]);
       }
     }

@@ -156,16 +156,6 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
-// How the TMA grouped GEMM hands out units (grouped::gemm_tma_kernel's kOrdered): in order from a counter,
-// unless the configuration sets kTmaOrderedUnits = false (a fixed stride of the grid, for comparison).
-template <class Config>
-inline constexpr bool tma_ordered_of = true;
-template <class Config>
-requires requires {
-  Config::kTmaOrderedUnits;
-}
-inline constexpr bool tma_ordered_of<Config> = Config::kTmaOrderedUnits;
-
 template <class Config, class Precision>
 struct decode_tiles_of {
   using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
@@ -555,7 +545,7 @@ class PagedMoe {
     if constexpr (tma_addressing<Addressing> && !Precision::kQuantized) {
       using grouped::Stage;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
-        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage, detail::tma_ordered_of<Config>>;
+        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage>;
         grouped::TmaParams<Addressing> tp{};
         tp.moe = p;
         tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);

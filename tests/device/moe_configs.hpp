@@ -1,7 +1,6 @@
 // Configurations of PagedMoe shared by the device tests (paged_moe_test.cu, quant_moe_test.cu) and
 // benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, and the
-// default table with another width or token tile of the sm_90 grouped GEMM's blocks, or with the TMA
-// kernel's units at a fixed stride of the grid. Host-only
+// default table with another width or token tile of the sm_90 grouped GEMM's blocks. Host-only
 // (moe/moe_config.hpp).
 #pragma once
 
@@ -40,12 +39,6 @@ struct GroupedRowsConfig {
     c.grouped_rows = kRows;
     return c;
   }
-};
-
-// DefaultMoeConfig with the TMA grouped GEMM's units at a fixed stride of the grid instead of handed out in
-// order (detail::tma_ordered_of).
-struct StridedUnitsConfig : kernels::DefaultMoeConfig {
-  static constexpr bool kTmaOrderedUnits = false;
 };
 
 // DefaultMoeConfig's choice with kTile-token tiles (64 or 128) wherever it runs the 128-row grouped GEMM on

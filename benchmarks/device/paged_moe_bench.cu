@@ -22,8 +22,8 @@
 // p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
-// tiles) / 128 (the two-block cp.async kernel); tile128: the default's 128-row grouped GEMM always on
-// 128-token tiles; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
+// tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
+// kGrouped; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
 // and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes only); int8 / int4: the default's tiles
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized

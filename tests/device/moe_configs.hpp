@@ -41,15 +41,19 @@ struct GroupedRowsConfig {
   }
 };
 
-// DefaultMoeConfig's choice with kTile-token tiles (64 or 128) wherever it runs the 128-row grouped GEMM on
-// bf16 experts; 64: grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks per SM. Quantized
-// experts keep the default's choice.
+// DefaultMoeConfig's choice with the 128-row grouped GEMM on kTile-token tiles (64 or 128) wherever it takes
+// kGrouped on bf16 experts: 128, the two-block cp.async kernel (the reference the other sm_90 grouped kernels
+// are compared with bit for bit); 64, grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks
+// per SM. Quantized experts keep the default's choice.
 template <int kTile, int kStages = 4, int kBlocks = 2>
 struct GroupedTileConfig {
   static constexpr int kSmallStages = kStages, kSmallBlocks = kBlocks;
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == kernels::MoePath::kGrouped && c.grouped_rows == 128) c.tile_tokens = kTile;
+    if (c.path == kernels::MoePath::kGrouped) {
+      c.tile_tokens = kTile;
+      c.grouped_rows = 128;
+    }
     return c;
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,

@@ -531,32 +531,29 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
   }
 }
 
-// The TMA grouped GEMM (grouped::gemm_tma_kernel, MoeConfig::grouped_rows = 256) runs the two-block kernel's
-// wgmma steps on the same token and weight rows, only copied and scheduled differently: bit-identical
-// outputs.
-void check_tma_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+// The small-batch kernel (64-token tiles, grouped::gemm_wgmma_small_kernel) and the TMA kernel
+// (grouped::gemm_tma_kernel, 256-row blocks) run the two-block kernel's wgmma steps on the same token and
+// weight rows, only copied and scheduled differently: Config's outputs must equal the two-block kernel's
+// (GroupedTileConfig<128>) bit for bit.
+template <class Config>
+void check_against_two_block(ExpertStore& store, int tokens, std::uint64_t seed, const std::string& what,
+                             int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec(), tokens);
   const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
-  const auto tma =
-      check_case<GroupedRowsConfig<256>>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
-  const auto plain =
-      check_case<GroupedRowsConfig<128>>(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
-  INFO(store.spec().name << " T=" << tokens << " TMA against the two-block grouped GEMM");
-  CHECK(std::memcmp(tma.data(), plain.data(), tma.size() * 2) == 0);
+  const auto out = check_case<Config>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
+  const auto two_block =
+      check_case<GroupedTileConfig<128>>(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
+  INFO(store.spec().name << " T=" << tokens << " " << what << " against the two-block grouped GEMM");
+  CHECK(std::memcmp(out.data(), two_block.data(), out.size() * 2) == 0);
 }
-
-// The small-batch grouped GEMM (64-token tiles, grouped::gemm_wgmma_small_kernel) runs the two-block kernel's
-// wgmma steps on the same token rows: bit-identical outputs, whatever its stages and blocks per SM.
 template <int kStages, int kBlocks>
 void check_small_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  const MoeShape shape = shape_of(store.spec(), tokens);
-  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
-  const auto small = check_case<SmallGroupedConfig<kStages, kBlocks>>(store, shape, MoePath::kGrouped, cpu,
-                                                                      32, seed, hot_expert);
-  const auto plain = check_case(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
-  INFO(store.spec().name << " T=" << tokens << " small (" << kStages << " stages, " << kBlocks
-                         << " blocks) against the two-block grouped GEMM");
-  CHECK(std::memcmp(small.data(), plain.data(), small.size() * 2) == 0);
+  check_against_two_block<SmallGroupedConfig<kStages, kBlocks>>(
+      store, tokens, seed,
+      "small (" + std::to_string(kStages) + " stages, " + std::to_string(kBlocks) + " blocks)", hot_expert);
+}
+void check_tma_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+  check_against_two_block<GroupedRowsConfig<256>>(store, tokens, seed, "TMA", hot_expert);
 }
 
 TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gpu][small]") {

@@ -272,29 +272,24 @@ static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, Moe
 static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
-// The last decoded and the first grouped sizes: Qwen3 256 / 512 tokens, Mixtral 64 / 128, Qwen1.5 with its
-// shared chunks 128 / 256.
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4)
-                  .path == MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({512, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4)
-                  .path == MoePath::kGrouped);
-static_assert(
-    DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto, quant::Bits::kInt4).path ==
-    MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4)
-                  .path == MoePath::kGrouped);
-static_assert(DefaultMoeConfig::select_quantized({128, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt4)
-                  .path == MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt4)
-                  .path == MoePath::kGrouped);
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4)
-                  .path == MoePath::kDecode);
+// The last decoded and the first grouped sizes (int4): Qwen3 256 / 512 tokens, Mixtral 64 / 128, Qwen1.5
+// with its shared chunks 128 / 256, routed-only at 256 still decoded.
+static_assert([] {
+  struct Crossing {
+    MoeShape shape;
+    MoePath path;
+  };
+  constexpr Crossing kCrossings[] = {
+      {{256, 2048, 768, 128, 8, 0}, MoePath::kDecode}, {{512, 2048, 768, 128, 8, 0}, MoePath::kGrouped},
+      {{64, 4096, 14336, 8, 2, 0}, MoePath::kDecode},  {{128, 4096, 14336, 8, 2, 0}, MoePath::kGrouped},
+      {{128, 2048, 1408, 60, 4, 4}, MoePath::kDecode}, {{256, 2048, 1408, 60, 4, 4}, MoePath::kGrouped},
+      {{256, 2048, 1408, 60, 4, 0}, MoePath::kDecode},
+  };
+  for (const Crossing& c : kCrossings)
+    if (DefaultMoeConfig::select_quantized(c.shape, MoePath::kAuto, quant::Bits::kInt4).path != c.path)
+      return false;
+  return true;
+}());
 static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kDecode,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});

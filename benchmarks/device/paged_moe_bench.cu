@@ -28,7 +28,9 @@
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-rolling / int8-steady (int4 alike): the default's quantized choice with every
-// decode tile rolling / none; int8-t8w4u2 and the like: one quantized decode tile at every token count (tile
+// decode tile rolling / none; int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its
+// grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-t8w4u2 and
+// the like: one quantized decode tile at every token count (tile
 // tokens, warps, unroll), the sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
 
@@ -331,6 +333,10 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-rolling", &make_quant_graph<kernels::Int4, RollingQuantConfig<true>>},
       {"int8-steady", &make_quant_graph<kernels::Int8, RollingQuantConfig<false>>},
       {"int4-steady", &make_quant_graph<kernels::Int4, RollingQuantConfig<false>>},
+      {"int8-tma", &make_quant_graph<kernels::Int8, GroupedRowsConfig<256>>},
+      {"int4-tma", &make_quant_graph<kernels::Int4, GroupedRowsConfig<256>>},
+      {"int8-twoblock", &make_quant_graph<kernels::Int8, GroupedRowsConfig<128>>},
+      {"int4-twoblock", &make_quant_graph<kernels::Int4, GroupedRowsConfig<128>>},
   };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");

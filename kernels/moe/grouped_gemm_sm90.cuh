@@ -458,12 +458,14 @@ struct TmaParams {
   int* unit_counter;
 };
 
-// Tensor row of weight row 0 of `matrix` (the K of its stage), and which map reads it (moe/tensor_rows.hpp).
+// Tensor row of weight row 0 of `matrix` (rows `pitch` bytes apart: 2K for bf16), and which map reads it
+// (moe/tensor_rows.hpp).
 template <class Addressing>
-__device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf16* matrix, int k, int& map) {
-  const tensor_rows::Location at = tensor_rows::locate(reinterpret_cast<std::uintptr_t>(matrix),
-                                                       reinterpret_cast<std::uintptr_t>(tp.regions[0]),
-                                                       reinterpret_cast<std::uintptr_t>(tp.regions[1]), k);
+__device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf16* matrix, int pitch,
+                                       int& map) {
+  const tensor_rows::Location at = tensor_rows::locate(
+      reinterpret_cast<std::uintptr_t>(matrix), reinterpret_cast<std::uintptr_t>(tp.regions[0]),
+      reinterpret_cast<std::uintptr_t>(tp.regions[1]), pitch);
   map = at.map;
   return static_cast<int>(at.row);
 }
@@ -544,10 +546,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
       if (t == 0) {
         if constexpr (kGateUp) {
-          row0 = tma_row(tp, tile.matrix[0], K, map0) + pair * 2 * kGateUpFeatures;
-          row1 = tma_row(tp, tile.matrix[1], K, map1) + pair * 2 * kGateUpFeatures;
+          row0 = tma_row(tp, tile.matrix[0], 2 * K, map0) + pair * 2 * kGateUpFeatures;
+          row1 = tma_row(tp, tile.matrix[1], 2 * K, map1) + pair * 2 * kGateUpFeatures;
         } else {
-          row0 = tma_row(tp, tile.matrix[2], K, map0) + pair * 2 * kBlockN;
+          row0 = tma_row(tp, tile.matrix[2], 2 * K, map0) + pair * 2 * kBlockN;
         }
         stage_unit[s0] = u;
       }

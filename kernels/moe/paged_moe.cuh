@@ -30,6 +30,7 @@
 #include "moe/decode_gemv.cuh"
 #include "moe/grouped_gemm.cuh"
 #include "moe/grouped_gemm_sm90.cuh"
+#include "moe/grouped_gemm_tma_quant.cuh"
 #include "moe/moe_config.hpp"
 #include "moe/moe_params.cuh"
 #include "moe/precision.cuh"
@@ -246,9 +247,6 @@ class PagedMoe {
     if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 or 256");
     if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
-      if (Precision::kQuantized)
-        return Status::error("config.grouped_rows", c.grouped_rows,
-                             "must be 128 for quantized experts (the TMA grouped GEMM reads bf16 experts)");
       if (s.hidden % (2 * grouped::kBlockN) != 0)
         return Status::error("shape.hidden", s.hidden,
                              "must be a multiple of 256 with config.grouped_rows = 256 (down blocks of 256 "
@@ -315,7 +313,9 @@ class PagedMoe {
   // run() replaces a quantized grouped choice by kQuantFallback.
   static constexpr MoeConfig config(const Arguments& a) {
     if constexpr (Precision::kQuantized && quantized_moe_config<Config>) {
-      return Config::select_quantized(a.shape, a.path, Precision::kBits);
+      MoeConfig c = Config::select_quantized(a.shape, a.path, Precision::kBits);
+      if (uses_tma(c) && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
+      return c;
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
       c.grouped_rows = grouped::kBlockN;
@@ -331,18 +331,22 @@ class PagedMoe {
   static constexpr bool uses_tma(const MoeConfig& c) {
     return c.path == MoePath::kGrouped && c.grouped_rows == 2 * grouped::kBlockN;
   }
-  // The TMA grouped GEMM reads weights through tensor maps over the addressing's regions (tma_regions()),
-  // in rows of H (gate/up) and F (down) values: every matrix must start on such a row. Where one cannot
-  // (another addressing policy, pages padded to a size that is no multiple of 2H and 2F bytes), config()
-  // takes 128-row blocks, the two-block cp.async kernel.
+  // The TMA grouped GEMMs read weights through tensor maps over the addressing's regions (tma_regions()),
+  // in rows of H (gate/up) and F (down) values (2H / 2F bytes bf16, the packed row bytes quantized): every
+  // matrix must start on such a row. Where one cannot (another addressing policy, pages padded to a size
+  // that is no multiple of both rows), config() takes 128-row blocks, the two-block cp.async kernel.
   static constexpr bool tma_fits(const Arguments& a) {
     if constexpr (!tma_addressing<Addressing>) {
       return false;
     } else {
-      const long long stride = a.matrix_stride_bytes != 0
-                                   ? a.matrix_stride_bytes
-                                   : Precision::matrix_bytes(a.shape.intermediate, a.shape.hidden);
-      return tensor_rows::on_rows(stride, a.shape.hidden, a.shape.intermediate);
+      const long long f = a.shape.intermediate, h = a.shape.hidden;
+      const long long stride =
+          a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes : Precision::matrix_bytes(f, h);
+      if constexpr (Precision::kQuantized)
+        return tensor_rows::on_rows(stride, static_cast<long long>(Precision::w13(f, h).row_bytes()),
+                                    static_cast<long long>(Precision::w2(f, h).row_bytes()));
+      else
+        return tensor_rows::on_rows(stride, 2 * h, 2 * f);
     }
   }
   // The decode tile quantized layers run where the wgmma grouped GEMM cannot (devices other than sm_90).
@@ -419,13 +423,15 @@ class PagedMoe {
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
-      // 256-row blocks (the TMA kernel): bf16 only (can_implement refuses them for quantized experts).
+      // 256-row blocks: the TMA kernels (bf16 or quantized); 128: the two-block kernel or the small-batch
+      // one.
       using Narrow = grouped::Sm90Gemm<Addressing, Precision>;
       using SmallShape = detail::small_gemm_of<Config>;
       using Small =
           std::conditional_t<Precision::kQuantized, Narrow,
                              grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
-      if (Status st = uses_tma(choice) ? run_tma(p, s, choice, grid_tiles, dev, stream)
+      if (Status st = uses_tma(choice) ? run_tma(p, s, choice, grid_tiles, dev, stream,
+                                                 static_cast<bf16*>(at(lay.permuted_input)))
                       : choice.tile_tokens == grouped::kSmallM
                           ? run_sm90<Small>(p, s, grid_tiles, dev.device, stream)
                           : run_sm90<Narrow>(p, s, grid_tiles, dev.device, stream);
@@ -454,7 +460,7 @@ class PagedMoe {
  private:
   struct Layout {
     std::size_t expert_offset, num_tiles, unit_counters, tiles, sorted_slot, keys, vals, sorted_keys,
-        sort_temp, act, y;
+        sort_temp, act, y, permuted_input;
     std::size_t sort_temp_bytes, total;
   };
 
@@ -488,6 +494,10 @@ class PagedMoe {
     l.sort_temp = take(l.sort_temp_bytes);
     l.act = take(slots * static_cast<std::size_t>(s.intermediate) * sizeof(bf16));
     l.y = take(slots * static_cast<std::size_t>(s.hidden) * sizeof(bf16));
+    // Quantized experts: the input with K permuted for the TMA grouped GEMM (grouped::permute_k_kernel).
+    l.permuted_input = take(Precision::kQuantized ? static_cast<std::size_t>(s.num_tokens) *
+                                                        static_cast<std::size_t>(s.hidden) * sizeof(bf16)
+                                                  : 0);
     l.total = off;
     return l;
   }
@@ -537,42 +547,73 @@ class PagedMoe {
         Gemm::kThreads);
   }
 
-  // The persistent TMA grouped GEMM (bf16, tma_addressing): each stage's tensor maps over the addressing's
-  // regions (gate/up: K = H, boxes of a unit's 128 W1 rows and 128 W3 rows; down: K = F, boxes of its 256 W2
-  // rows) and unit counter, one block per SM at most.
+  // The persistent TMA grouped GEMMs (tma_addressing): grouped::gemm_tma_kernel on bf16 experts,
+  // grouped::gemm_tma_quant_kernel on int8 / int4 ones (after grouped::permute_k_kernel writes the input with
+  // K permuted into `permuted_input`); each stage's tensor maps over the addressing's regions (gate/up: K =
+  // H, boxes of a unit's 128 W1 rows and 128 W3 rows; down: K = F, boxes of its 256 W2 rows) and unit
+  // counter, one block per SM at most.
   static Status run_tma(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                        unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
-    if constexpr (tma_addressing<Addressing> && !Precision::kQuantized) {
+                        unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream,
+                        bf16* permuted_input) {
+    if constexpr (tma_addressing<Addressing>) {
       using grouped::Stage;
+      constexpr int kBits = [] {
+        if constexpr (Precision::kQuantized)
+          return static_cast<int>(quant::bit_count(Precision::kBits));
+        else
+          return 16;
+      }();
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
-        constexpr auto kernel = &grouped::gemm_tma_kernel<Addressing, kStage>;
+        constexpr auto kernel = [] {
+          if constexpr (Precision::kQuantized)
+            return &grouped::gemm_tma_quant_kernel<Addressing, kStage, Precision>;
+          else
+            return &grouped::gemm_tma_kernel<Addressing, kStage>;
+        }();
+        constexpr int kSmem = [] {
+          if constexpr (Precision::kQuantized)
+            return grouped::TmaQuant<Precision>::kSmemBytes;
+          else
+            return grouped::kTmaSmemBytes;
+        }();
         grouped::TmaParams<Addressing> tp{};
         tp.moe = p;
+        if (Precision::kQuantized && kStage == Stage::kGateUp) tp.moe.input = permuted_input;
         tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);
         const std::array<const void*, 2> regions = Addressing::tma_regions(p.addr);
         for (int i = 0; i < 2; ++i) {
           tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
           if (regions[i] == nullptr) continue;
-          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows}); !st) return st;
+          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, kBits}); !st) return st;
         }
-        if (Status st = detail::set_smem<kernel>(dev.device, grouped::kTmaSmemBytes); !st) return st;
+        if (Status st = detail::set_smem<kernel>(dev.device, kSmem); !st) return st;
         const long long units = static_cast<long long>(grid_tiles) * slices;
         const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
-        return launch(kernel, dim3(grid), grouped::kTmaThreads, grouped::kTmaSmemBytes, stream, tp, name);
+        return launch(kernel, dim3(grid), grouped::kTmaThreads, kSmem, stream, tp, name);
       };
+      if constexpr (Precision::kQuantized) {
+        const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
+        if (Status st =
+                launch_args(grouped::permute_k_kernel, dim3(static_cast<unsigned>((threads + 255) / 256)),
+                            256, 0, stream, "grouped::permute_k_kernel", p.input, permuted_input,
+                            static_cast<long long>(s.num_tokens), s.hidden);
+            !st)
+          return st;
+      }
+      const char* gate_up_name = Precision::kQuantized ? "grouped::gemm_tma_quant_kernel<kGateUp>"
+                                                       : "grouped::gemm_tma_kernel<kGateUp>";
+      const char* down_name =
+          Precision::kQuantized ? "grouped::gemm_tma_quant_kernel<kDown>" : "grouped::gemm_tma_kernel<kDown>";
       if (Status st = stage.template operator()<Stage::kGateUp>(
-              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures),
-              "grouped::gemm_tma_kernel<kGateUp>");
+              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), gate_up_name);
           !st)
         return st;
       return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
-                                                     s.hidden / (2 * grouped::kBlockN),
-                                                     "grouped::gemm_tma_kernel<kDown>");
+                                                     s.hidden / (2 * grouped::kBlockN), down_name);
     } else {
-      (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream;
-      return Status::error(
-          "config.grouped_rows", c.grouped_rows,
-          "the TMA grouped GEMM needs bf16 experts and tma_regions() (can_implement, config)");
+      (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream, (void)permuted_input;
+      return Status::error("config.grouped_rows", c.grouped_rows,
+                           "the TMA grouped GEMM needs tma_regions() (can_implement, config)");
     }
   }
 
@@ -610,6 +651,13 @@ class PagedMoe {
   template <class Kernel, class Params>
   static Status launch(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
                        const Params& p, const char* what) {
+    return launch_args(kernel, grid, threads, smem, stream, what, p);
+  }
+
+  // launch() for a kernel of several arguments.
+  template <class Kernel, class... Args>
+  static Status launch_args(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
+                            const char* what, Args... args) {
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
@@ -620,7 +668,7 @@ class PagedMoe {
     config.stream = stream;
     config.attrs = &attr;
     config.numAttrs = 1;
-    if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p); e != cudaSuccess)
+    if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, args...); e != cudaSuccess)
       return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
     return launched(what);
   }

@@ -92,16 +92,19 @@ __device__ __forceinline__ void claim_registers() {
 
 // ---- host ----------------------------------------------------------------------------------------------
 
-// A region of expert matrices read as [rows][k] bf16 rows.
+// A region of expert matrices read as rows of K values: bf16 (bits 16) or packed int8 / int4 weight rows
+// (bits 8 / 4, moe/quant_layout.hpp: K · bits / 8 bytes per row).
 struct Region {
   const void* base = nullptr;
   int k = 0;         // values per row (the matrices' K)
-  int box_rows = 0;  // rows per copy; a copy is 64 k (128 bytes) wide
+  int box_rows = 0;  // rows per copy; a copy is 64 k wide (128 bytes bf16, 64 / 32 bytes packed)
+  int bits = 16;     // 16: bf16; 8, 4: packed bytes
 };
 
-// The region's tensor map: 2-D, bf16, 128-byte swizzle (the grouped GEMM's shared-memory layout), boxes of
-// 64 k × box_rows rows. The row count is left at 2^31 − 1: the map is only ever read at rows inside the
-// region (each matrix's rows), and pages carry no size here.
+// The region's tensor map: 2-D, boxes of 64 k × box_rows rows. bf16: 128-byte swizzle (the grouped GEMM's
+// shared-memory layout); packed: bytes, unswizzled (the quantized kernel's threads read their own rows). The
+// row count is left at 2^31 − 1: the map is only ever read at rows inside the region (each matrix's rows),
+// and pages carry no size here.
 inline Status encode(CUtensorMap& map, const Region& r) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                               const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -116,16 +119,24 @@ inline Status encode(CUtensorMap& map, const Region& r) {
     return reinterpret_cast<Encode>(f);
   }();
   if (fn == nullptr) return Status::error("cuTensorMapEncodeTiled", "not available from the driver");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(r.k), (1ull << 31) - 1};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(r.k) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(r.box_rows)};
+  if (r.bits != 16 && r.bits != 8 && r.bits != 4)
+    return Status::error("tma::Region::bits", r.bits, "must be 16 (bf16), 8 or 4 (packed)");
+  const bool bf16 = r.bits == 16;
+  const cuuint64_t row_elems =
+      bf16 ? static_cast<cuuint64_t>(r.k) : static_cast<cuuint64_t>(r.k) * r.bits / 8;
+  const cuuint64_t dims[2] = {row_elems, (1ull << 31) - 1};
+  const cuuint64_t strides[1] = {bf16 ? row_elems * 2 : row_elems};
+  const cuuint32_t box[2] = {bf16 ? 64u : static_cast<cuuint32_t>(64 * r.bits / 8),
+                             static_cast<cuuint32_t>(r.box_rows)};
   const cuuint32_t elem[2] = {1, 1};
-  const CUresult e = fn(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(r.base), dims, strides,
-                        box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult e = fn(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+                        const_cast<void*>(r.base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        bf16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (e != CUDA_SUCCESS)
     return Status::error("cuTensorMapEncodeTiled", "error " + std::to_string(static_cast<int>(e)) +
                                                        " (k = " + std::to_string(r.k) +
+                                                       ", bits = " + std::to_string(r.bits) +
                                                        ", box rows = " + std::to_string(r.box_rows) + ")");
   return Status::success();
 }

@@ -180,10 +180,11 @@ std::vector<double> cpu_reference(const QuantStore& store, const RoutingSet& r, 
 template <class Addressing, class Precision, class Config = kernels::DefaultMoeConfig>
 std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
                                      typename Addressing::Arguments weights, long long stride,
-                                     MoePath expected) {
+                                     MoePath expected, int expected_rows = 0) {
   Runner<Addressing, Config, Precision> runner;
   const std::vector<std::uint16_t> out = runner.run(r, shape, weights, MoePath::kAuto, true, stride);
   CHECK(decltype(runner)::Moe::config(runner.args).path == expected);
+  if (expected_rows != 0) CHECK(decltype(runner)::Moe::config(runner.args).grouped_rows == expected_rows);
   return out;
 }
 
@@ -193,16 +194,17 @@ constexpr double kAbs = 4e-2, kRel = 1e-2;
 // One layer call through Paged and Contiguous on `expected`'s path, checked against each other and the double
 // reference.
 template <class Precision, class Config = kernels::DefaultMoeConfig>
+// expected_rows: the grouped blocks' weight rows the configuration must resolve to (0: not checked).
 void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, MoePath expected,
-                      int hot_expert = -1) {
+                      int hot_expert = -1, int expected_rows = 0) {
   const MoeShape shape = shape_of(store.spec, tokens);
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
   const long long stride = store.stride();
-  const auto out_p =
-      run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride, expected);
-  const auto out_c =
-      run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(), stride, expected);
-  const char* path_name = expected == MoePath::kDecode ? "decode" : "grouped";
+  const auto out_p = run_layer<kernels::Paged, Precision, Config>(r, shape, store.paged_args(), stride,
+                                                                  expected, expected_rows);
+  const auto out_c = run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(),
+                                                                       stride, expected, expected_rows);
+  const char* path_name = expected == MoePath::kDecode ? "decode" : expected_rows == 256 ? "tma" : "grouped";
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens << " "
                        << path_name << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
@@ -311,6 +313,36 @@ TEST_CASE(
   const QuantStore p8(kSmall, Bits::kInt8, 35, 48), p4(kSmall, Bits::kInt4, 36, 4096);
   check_quant_case<kernels::Int8, QuantGroupedConfig>(p8, 300, 1300, MoePath::kGrouped);
   check_quant_case<kernels::Int4, QuantGroupedConfig>(p4, 300, 1400, MoePath::kGrouped);
+}
+
+TEST_CASE(
+    "quantized experts: the TMA grouped GEMM (weights dequantised in registers), paged = contiguous, "
+    "against the reference",
+    "[gpu][small][quant][tma]") {
+  const QuantStore s8(kSmall, Bits::kInt8, 41), s4(kSmall, Bits::kInt4, 42);
+  // 1..40 tokens: one partial tile per expert; 200: full and partial; 700: several full tiles per expert.
+  for (int tokens : {1, 3, 40, 200, 700}) {
+    check_quant_case<kernels::Int8, QuantTmaConfig>(s8, tokens, 1500 + tokens, MoePath::kGrouped, -1, 256);
+    check_quant_case<kernels::Int4, QuantTmaConfig>(s4, tokens, 1600 + tokens, MoePath::kGrouped, -1, 256);
+  }
+  // One hot expert with half of 700 tokens: three 128-token tiles of one expert.
+  check_quant_case<kernels::Int8, QuantTmaConfig>(s8, 700, 15, MoePath::kGrouped, 5, 256);
+  check_quant_case<kernels::Int4, QuantTmaConfig>(s4, 700, 16, MoePath::kGrouped, 2, 256);
+  // Pages padded by whole packed rows (the tensor maps still reach every page) ...
+  const QuantStore r8(kSmall, Bits::kInt8, 43, 4096), r4(kSmall, Bits::kInt4, 44, 4096);
+  check_quant_case<kernels::Int8, QuantTmaConfig>(r8, 300, 1700, MoePath::kGrouped, -1, 256);
+  check_quant_case<kernels::Int4, QuantTmaConfig>(r4, 300, 1800, MoePath::kGrouped, -1, 256);
+  // ... and off a row: PagedMoe::config takes the two-block kernel instead.
+  const QuantStore p8(kSmall, Bits::kInt8, 45, 48);
+  check_quant_case<kernels::Int8, QuantTmaConfig>(p8, 300, 1900, MoePath::kGrouped, -1, 128);
+}
+
+TEST_CASE("quantized experts: the TMA grouped GEMM on model shapes", "[gpu][models][quant][tma]") {
+  for (const ModelSpec& m : {kQwen15, kQwen3}) {
+    const QuantStore s8(m, Bits::kInt8, 51), s4(m, Bits::kInt4, 52);
+    check_quant_case<kernels::Int8, QuantTmaConfig>(s8, 64, 2064, MoePath::kGrouped, -1, 256);
+    check_quant_case<kernels::Int4, QuantTmaConfig>(s4, 64, 2164, MoePath::kGrouped, -1, 256);
+  }
 }
 
 TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {

@@ -1,0 +1,404 @@
+// The quantized experts' prefill GEMM on Hopper (sm_90a): the persistent warp-specialised TMA kernel of
+// grouped_gemm_sm90.cuh (units of 128 tokens × 256 weight rows handed out in order, one producer warpgroup,
+// two consumer warpgroups, mbarrier stages) with int8 / int4 weights dequantised in registers.
+//
+// The producer copies each k-step's 256 packed weight rows (64 or 32 bytes each) with TMA from a byte tensor
+// map over the pages (tma::Region, bits 8 / 4) and gathers the 128 token rows by cp.async, as the bf16
+// kernel does. The weights are wgmma's A operand, from registers: consumer warpgroup w owns 128 of the 256
+// rows as two 64-row m-tiles (gate/up: 64 features of W1 and the same 64 of W3, so each thread holds gate
+// and up of one (feature, token); down: 128 rows of W2) against all 128 tokens (n = 128). Each thread reads
+// the packed bytes of its 4 rows with one 16-byte (int8) or 8-byte (int4) shared load per row and k-step,
+// turns them into bf16 pairs (moe/precision.cuh's exact conversions) and multiplies each pair by its row's
+// group scale, w = bf16(q · scale) as in the two-block quantized kernel. Nothing is written back to shared
+// memory: per k-step the SM reads 16 KiB of token rows per warpgroup and 16 (8) KiB of packed weights, where
+// dequantising into a bf16 tile would add 32 KiB of writes and 64 KiB of wgmma reads.
+// Registers hold the fragments of one half-step (32 k) while the tensor cores work on the other: issue half
+// h, wait for half h − 1, dequantise half h + 1.
+// The k order: wgmma hands a thread eight scattered k pairs per step; the tokens' K is permuted inside each
+// 64-block (moe/k_permutation.hpp) so those are eight consecutive pairs of the packed row. The gate/up stage
+// reads a permuted copy of the input (permute_k_kernel, once per layer), its epilogue writes `act` permuted
+// through shared memory (coalesced 16-byte rows), and the down stage's output `y` is in natural order.
+// Scales: each thread loads its 4 rows' bf16 scale of the next 128-k group one group ahead (two k-steps),
+// straight from the page (scale slab after the weights, moe/quant_layout.hpp).
+#pragma once
+
+#include "moe/grouped_gemm_sm90.cuh"
+#include "moe/k_permutation.hpp"
+
+namespace amoeba::kernels::grouped {
+
+namespace wgmma {
+
+// D(64×128, fp32) += A(64×16, registers: this thread's four bf16 pairs, mma.m16n8k16's A fragment of its
+// warp's 16 rows) · B(128×16, smem)ᵀ.
+__device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const std::uint32_t (&a)[4],
+                                                  std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  __trap();  // built without sm_90a: PagedMoe never selects this kernel then
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void pin_u32(std::uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+}  // namespace wgmma
+
+// Shapes of the quantized TMA kernel for one precision.
+template <class Precision>
+struct TmaQuant {
+  static constexpr int kStep = kPackedStepBytes<Precision>;  // packed bytes of one row's 64-k step
+  static constexpr int kStages = 4;
+  static constexpr int kATile = kBlockM * kBlockK;     // bf16 elements: 128 token rows × 64 k
+  static constexpr int kBBytes = 2 * kBlockN * kStep;  // 256 packed rows
+  static constexpr int kStagingPitch = kBlockN + 8;    // bf16 per staged token row (+8: no bank conflicts)
+  static constexpr int kStagingElems = kBlockM * kStagingPitch;  // per consumer warpgroup
+  static constexpr int kSmemBytes =
+      kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "the quantized TMA block must fit one SM");
+  static_assert(kBlockK == k_permutation::kBlock, "a k-step is one permuted block");
+};
+
+// One thread's packed bytes of one row and k-step: int8 16 bytes (pairs 8q..8q+7 of the row's step), int4 8.
+template <class Precision>
+struct PackedRow {
+  static constexpr bool kInt8 = Precision::kBits == quant::Bits::kInt8;
+  std::uint32_t w[kInt8 ? 4 : 2];
+  __device__ __forceinline__ void load(std::uint32_t addr) {
+    if constexpr (kInt8) {
+      const uint4 v = ptx::ld_shared_16(addr);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w[0]), "=r"(w[1]) : "r"(addr));
+    }
+  }
+  // Sub-step s (0..3) of the step: bf16 pairs (8q + 2s) and (8q + 2s + 1), scaled.
+  __device__ __forceinline__ void pairs(int s, __nv_bfloat162 scale, std::uint32_t& lo,
+                                        std::uint32_t& hi) const {
+    std::uint32_t v[2];
+    if constexpr (kInt8) {
+      dequant::int8x4(w[s], v);
+    } else {
+      std::uint32_t all[4];
+      dequant::int4x8(w[s / 2], all);
+      v[0] = all[2 * (s % 2)];
+      v[1] = all[2 * (s % 2) + 1];
+    }
+    const __nv_bfloat162 a = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v[0]), scale);
+    const __nv_bfloat162 b = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v[1]), scale);
+    lo = *reinterpret_cast<const std::uint32_t*>(&a);
+    hi = *reinterpret_cast<const std::uint32_t*>(&b);
+  }
+};
+
+__device__ __forceinline__ __nv_bfloat162 scale_pair(std::uint16_t bits) {
+  const std::uint32_t s2 = static_cast<std::uint32_t>(bits) * 0x10001u;
+  return *reinterpret_cast<const __nv_bfloat162*>(&s2);
+}
+
+// Barrier 2 + w among the 128 threads of consumer warpgroup w (1 is the producer's, 0 __syncthreads).
+__device__ __forceinline__ void sync_consumer(int w) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + w) : "memory");
+}
+
+template <class Addressing, Stage kStage, class Precision>
+__global__ void __launch_bounds__(kTmaThreads, 1)
+    gemm_tma_quant_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
+  using Q = TmaQuant<Precision>;
+  const MoeParams<Addressing>& p = tp.moe;
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64] token rows
+  unsigned char* smem_b =
+      reinterpret_cast<unsigned char*>(smem_a + Q::kStages * Q::kATile);      // [stages][256][kStep]
+  bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][128][kStagingPitch]
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * Q::kStagingElems);
+  std::uint64_t* empty = full + Q::kStages;
+  int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
+  int* next_unit = stage_unit + Q::kStages;
+  const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
+  if (tid == 0) {
+    for (int s = 0; s < Q::kStages; ++s) {
+      tma::mbarrier_init(&full[s], 128 + 1);
+      tma::mbarrier_init(&empty[s], 256);
+    }
+    tma::fence_barrier_init();
+    tma::prefetch_map(&tp.maps[0]);
+    if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
+  }
+  __syncthreads();
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
+  const quant::MatrixLayout layout =
+      kGateUp ? Precision::w13(p.intermediate, p.hidden) : Precision::w2(p.intermediate, p.hidden);
+  const int K = kGateUp ? p.hidden : p.intermediate;
+  const int k_tiles = K / kBlockK;
+  const int pairs = kGateUp ? p.intermediate / (2 * kGateUpFeatures) : p.hidden / (2 * kBlockN);
+  const int units = *p.num_tiles * pairs;
+
+  if (wg == 0) {  // producer: the bf16 kernel's, with packed boxes
+    tma::release_registers<kTmaProducerRegs>();
+    const int pitch = static_cast<int>(layout.row_bytes());
+    int it = 0;
+    for (int n = 0;; ++n) {
+      if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
+      tma::sync_warpgroup();
+      const int u = next_unit[n & 1];
+      const int s0 = it % Q::kStages;
+      if (it >= Q::kStages) tma::wait(&empty[s0], ((it / Q::kStages) - 1) & 1);
+      if (u >= units) {
+        if (t == 0) {
+          stage_unit[s0] = -1;
+          tma::arrive(&full[s0]);
+        }
+        tma::arrive(&full[s0]);
+        break;
+      }
+      WorkTile tile;
+      int pair;
+      unit_at(p, u, pairs, tile, pair);
+      const ALoader<kStage, 128> a(p, tile, t);
+      int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
+      if (t == 0) {
+        if constexpr (kGateUp) {
+          row0 = tma_row(tp, tile.matrix[0], pitch, map0) + pair * 2 * kGateUpFeatures;
+          row1 = tma_row(tp, tile.matrix[1], pitch, map1) + pair * 2 * kGateUpFeatures;
+        } else {
+          row0 = tma_row(tp, tile.matrix[2], pitch, map0) + pair * 2 * kBlockN;
+        }
+        stage_unit[s0] = u;
+      }
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % Q::kStages;
+        if (kt > 0 && it >= Q::kStages) tma::wait(&empty[s], ((it / Q::kStages) - 1) & 1);
+        if (t == 0) {
+          unsigned char* b = smem_b + s * Q::kBBytes;
+          tma::arrive_expect_tx(&full[s], Q::kBBytes);
+          tma::load_2d(b, &tp.maps[map0], &full[s], kt * Q::kStep, row0);
+          if constexpr (kGateUp)
+            tma::load_2d(b + kBlockN * Q::kStep, &tp.maps[map1], &full[s], kt * Q::kStep, row1);
+        }
+        a.load(smem_a + s * Q::kATile, kt);
+        tma::cp_async_arrive(&full[s]);
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  tma::claim_registers<kTmaConsumerRegs>();
+  const int cw = wg - 1, warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  bf16* stage_out = staging + cw * Q::kStagingElems;
+  // This thread's packed rows in a stage, [m-tile][row g, row g + 8], and their rows in their matrices.
+  int srow[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      srow[mt][h] = (kGateUp ? kBlockN * mt + 64 * cw : 128 * cw + 64 * mt) + 16 * warp + g + 8 * h;
+  const int groups = static_cast<int>(layout.groups_per_row());
+  int it = 0;
+  for (;;) {
+    tma::wait(&full[it % Q::kStages], (it / Q::kStages) & 1);
+    const int u = stage_unit[it % Q::kStages];
+    if (u < 0) break;
+    WorkTile tile;
+    int pair;
+    unit_at(p, u, pairs, tile, pair);
+    // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights).
+    const std::uint16_t* scales[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = kGateUp ? mt : 2;
+        const int n = kGateUp ? pair * 2 * kGateUpFeatures + 64 * cw + 16 * warp + g + 8 * h
+                              : pair * 2 * kBlockN + srow[mt][h];
+        scales[mt][h] = reinterpret_cast<const std::uint16_t*>(
+            reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + layout.scale_offset() +
+            2 * static_cast<std::int64_t>(n) * groups);
+      }
+    std::uint16_t next_scale[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) next_scale[mt][h] = __ldg(scales[mt][h]);
+    __nv_bfloat162 scale[2][2];
+
+    float acc[2][64];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[mt][i] = 0.f;
+    PackedRow<Precision> raw[2][2];
+    std::uint32_t frag[2][2][2][4];  // [half][m-tile][sub-step in half][a0..a3]
+
+    // The packed rows of step kt (its stage waited for) into raw; a new group's scales into scale, the next
+    // group's loads issued.
+    auto read_step = [&](int kt, int s) {
+      if (kt % 2 == 0) {  // a 64-k step lies in one 128-k group; even steps start one
+        const int group = kt / 2;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            scale[mt][h] = scale_pair(next_scale[mt][h]);
+            if (group + 1 < groups) next_scale[mt][h] = __ldg(scales[mt][h] + group + 1);
+          }
+      }
+      const std::uint32_t base = ptx::smem_u32(smem_b + s * Q::kBBytes) + q * (Q::kStep / 4);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) raw[mt][h].load(base + srow[mt][h] * Q::kStep);
+    };
+    auto dequant_half = [&](auto half_c) {
+      constexpr int kHalf = decltype(half_c)::value;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int ss = 0; ss < 2; ++ss) {
+          std::uint32_t(&a)[4] = frag[kHalf][mt][ss];
+          raw[mt][0].pairs(2 * kHalf + ss, scale[mt][0], a[0], a[2]);  // row g: k pairs 2q and 2q + 8
+          raw[mt][1].pairs(2 * kHalf + ss, scale[mt][1], a[1], a[3]);  // row g + 8
+        }
+    };
+    auto issue_half = [&](auto half_c, int s) {
+      constexpr int kHalf = decltype(half_c)::value;
+      const std::uint32_t sb = ptx::smem_u32(smem_a + s * Q::kATile);
+      wgmma::pin(acc[0]);
+      wgmma::pin(acc[1]);
+      wgmma::fence();
+#pragma unroll
+      for (int ss = 0; ss < 2; ++ss) {
+        const std::uint64_t desc = wgmma::descriptor(sb + (2 * kHalf + ss) * 32);
+        wgmma::mma_m64n128k16_rs(acc[0], frag[kHalf][0][ss], desc);
+        wgmma::mma_m64n128k16_rs(acc[1], frag[kHalf][1][ss], desc);
+      }
+      wgmma::commit();
+    };
+    using H0 = std::integral_constant<int, 0>;
+    using H1 = std::integral_constant<int, 1>;
+
+    wgmma::fence_proxy_async();  // the token rows came through cp.async (the generic proxy)
+    read_step(0, it % Q::kStages);
+    dequant_half(H0{});
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = it % Q::kStages;
+      issue_half(H0{}, s);
+      wgmma::wait<1>();  // half 1 of step kt − 1 has finished: its fragments and its stage are free
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[1][mt][0]), wgmma::pin_u32(frag[1][mt][1]);
+      if (kt > 0) tma::arrive(&empty[(it - 1) % Q::kStages]);
+      dequant_half(H1{});
+      issue_half(H1{}, s);
+      wgmma::wait<1>();  // half 0 of step kt has finished
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[0][mt][0]), wgmma::pin_u32(frag[0][mt][1]);
+      if (kt + 1 < k_tiles) {
+        const int s1 = (it + 1) % Q::kStages;
+        tma::wait(&full[s1], ((it + 1) / Q::kStages) & 1);
+        wgmma::fence_proxy_async();
+        read_step(kt + 1, s1);
+        dequant_half(H0{});
+      }
+    }
+    wgmma::wait<0>();
+    wgmma::pin(acc[0]);
+    wgmma::pin(acc[1]);
+    tma::arrive(&empty[(it - 1) % Q::kStages]);
+
+    // Epilogue through this warpgroup's staging rows ([token][row], bf16): accumulator 4c + i of m-tile mt
+    // holds row 16·warp + g + 8·(i / 2) of the m-tile and token 8c + 2q + (i % 2).
+#pragma unroll
+    for (int c = 0; c < 16; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = 16 * warp + g + 8 * (i / 2), token = 8 * c + 2 * q + (i % 2);
+        if constexpr (kGateUp) {
+          stage_out[token * Q::kStagingPitch + row] =
+              __float2bfloat16(silu(acc[0][4 * c + i]) * acc[1][4 * c + i]);
+        } else {
+          stage_out[token * Q::kStagingPitch + row] = __float2bfloat16(acc[0][4 * c + i]);
+          stage_out[token * Q::kStagingPitch + 64 + row] = __float2bfloat16(acc[1][4 * c + i]);
+        }
+      }
+    sync_consumer(cw);
+    if constexpr (kGateUp) {
+      // 64 features per token row, stored permuted: chunk c of the row is logical pairs c, 8 + c, 16 + c,
+      // 24 + c (moe/k_permutation.hpp).
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        const int idx = t + 128 * r, token = idx / 8, c = idx % 8;
+        if (token < tile.count) {
+          const std::uint32_t* src =
+              reinterpret_cast<const std::uint32_t*>(stage_out + token * Q::kStagingPitch);
+          const uint4 v = make_uint4(src[c], src[8 + c], src[16 + c], src[24 + c]);
+          *reinterpret_cast<uint4*>(p.act +
+                                    static_cast<std::int64_t>(tile.row_start + token) * p.intermediate +
+                                    pair * 2 * kGateUpFeatures + 64 * cw + 8 * c) = v;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const int idx = t + 128 * r, token = idx / 16, c = idx % 16;
+        if (token < tile.count) {
+          const int slot = p.sorted_slot[tile.row_start + token];
+          *reinterpret_cast<uint4*>(p.y + static_cast<std::int64_t>(slot) * p.hidden + pair * 2 * kBlockN +
+                                    128 * cw + 8 * c) =
+              *reinterpret_cast<const uint4*>(stage_out + token * Q::kStagingPitch + 8 * c);
+        }
+      }
+    }
+    sync_consumer(cw);  // the staging rows are free for the next unit
+  }
+}
+
+// The layer's input with K permuted inside each 64-block (moe/k_permutation.hpp) for the quantized TMA
+// kernel's gate/up stage: one thread per (token, 64-block), eight 16-byte loads and stores.
+__global__ void permute_k_kernel(const bf16* __restrict__ in, bf16* __restrict__ out, long long rows, int k) {
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int blocks = k / k_permutation::kBlock;
+  if (idx >= rows * blocks) return;
+  const uint4* src = reinterpret_cast<const uint4*>(in + idx * k_permutation::kBlock);
+  std::uint32_t w[32];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint4 v = src[i];
+    w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + idx * k_permutation::kBlock);
+#pragma unroll
+  for (int c = 0; c < 8; ++c) dst[c] = make_uint4(w[c], w[8 + c], w[16 + c], w[24 + c]);
+}
+
+}  // namespace amoeba::kernels::grouped

@@ -4,7 +4,10 @@
 # default tiles beside bf16 in PROCESSES separate processes (mean ± sd: `python3 benchmarks/device/quant_report.py quant_p*.json`).
 # (3) with PATHS=1, each precision held to the decode and to the grouped path at 16–1024 tokens, one process
 # (`quant_report.py --paths quant_paths.json`: where DefaultMoeConfig::kQuantDecodeTile switches).
+# EXTRA_CONFIGS (e.g. int8-twoblock,int4-twoblock) joins (2)'s processes: `python3 benchmarks/device/compare.py
+# int8-twoblock int8 quant_p*.json` is then an A/B in the same processes.
 #   BIN=.gpu OUT=$OUT [PROCESSES=3] [SWEEP=1] [PATHS=0] [TOKENS=1,3,16,33,64,256,1024,4096,16384]
+#   [EXTRA_CONFIGS=...]
 #   bash benchmarks/device/quant_run.sh
 # Writes $OUT/quant_sweep_<models>.json, $OUT/quant_paths.json and $OUT/quant_p<i>.json (paged_moe_bench's
 # format) and their logs, as one archive $OUT/quant.tgz.
@@ -31,7 +34,7 @@ fi
 for i in $(seq 1 "${PROCESSES:-3}"); do
   timeout 200 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral \
     --tokens "${TOKENS:-1,3,16,33,64,256,1024,4096,16384}" --placement shuffled --seed "$i" \
-    --config default,int8,int4 --json "$OUT/quant_p$i.json" >"$OUT/quant_p$i.txt" 2>&1
+    --config "default,int8,int4${EXTRA_CONFIGS:+,$EXTRA_CONFIGS}" --json "$OUT/quant_p$i.json" >"$OUT/quant_p$i.txt" 2>&1
   echo "process $i rc=$?"
 done
 # Few files come back from a device call: everything travels as one archive.

@@ -23,9 +23,9 @@ struct MoeConfig {
   int decode_warps = 4;       // decode: warps per block, splitting K
   int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
   int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
-  int grouped_rows = 128;     // sm_90 grouped GEMM, bf16: weight rows per block, 128 (the two-block cp.async
-                           // kernels) or 256 (the persistent TMA kernel, grouped::gemm_tma_kernel); 128 for
-                           // quantized experts, ignored off sm_90
+  int grouped_rows = 128;     // sm_90 grouped GEMM: weight rows per block, 128 (the two-block cp.async
+                           // kernels) or 256 (the persistent TMA kernels, grouped::gemm_tma_kernel for bf16,
+                           // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   bool decode_rolling = false;  // decode, quantized experts: the next k-step's loads issued before the
                                 // current one is used (decode::Tile's kRolling; unroll 1)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
@@ -156,24 +156,28 @@ struct DefaultMoeConfig {
 
   // Quantized experts (select_quantized): the decode collective while the expected largest routed batch fits
   // kQuantDecodeTile tokens and shared chunks, which take every token, at most kQuantSharedDecodeTokens; the
-  // grouped GEMM (wgmma, dequantising in shared memory) beyond. Measured on the H200 with idle warpgroups
-  // skipping their wgmma (docs/results/quantized_h200.md, "Where decode and grouped cross"): grouped over
-  // decode 1.15–1.22× (int8) and 1.21–1.41× (int4) at the last decoded sizes (Qwen3 at 256 tokens, Mixtral
-  // at 64), 0.69–0.84× at the first grouped ones (Qwen3 at 512, Mixtral at 128); Qwen1.5 with its 4 shared
-  // chunks 1.18× / 1.36× at 128 tokens and 0.85× / 0.94× at 256 (mean routed batch 17: decoded by the routed
-  // rule alone). The decode rows, from
-  // the quantized sweep on the H200 (docs/results/quantized_h200.md, "Choosing the quantized decode tiles"):
-  // the dequantising main loop needs about twice the registers of the bf16 one, so the tiles that keep fewest
-  // live (8 or 16 tokens, one k-step in flight) run fastest; 8-token tiles even when a few experts' batches
-  // overflow into a second tile (Qwen at 64 tokens), 16-token tiles beyond (Mixtral at 33 and 64 tokens), and
-  // 8 warps splitting K where one or two routed slots meet huge experts (Mixtral at 1 token). int8 layers run
-  // the 8-token tiles rolling (each warp's next k-step loads while it dequantises the current one: one step
-  // in flight throughout, for ~45 more registers) up to 64 routed slots: 0.875–0.978× the default main loop's
-  // time at 1–8 tokens on Qwen and 1–16 on Mixtral (Qwen1.5 with shared chunks at 16: 0.988×), but
-  // 1.005–1.11× from 128 slots on (Qwen3 at 16 tokens: 1.021×; Mixtral's 16-token tiles 1.06–1.07×); int4,
-  // whose token operand takes twice the registers, lost nearly everywhere (1.008–1.43×; 0.95–0.96× at 1 token
-  // on Qwen, 1.156× on Mixtral) and never rolls (docs/results/quantized_h200.md, "Rolling decode tiles", 3
-  // processes).
+  // grouped GEMM beyond: where the expected largest routed batch exceeds 64 tokens and H % 256 == 0 (bf16's
+  // rule) the persistent TMA kernel that dequantises the weights in registers
+  // (grouped::gemm_tma_quant_kernel, grouped_rows = 256: 0.78–0.93× (int8) and 0.71–0.86× (int4) the
+  // two-block kernel's time at 1024–16384 tokens on every model, 0.83× / 0.83× at Mixtral 256, but 1.09×
+  // / 1.12× at Qwen1.5 with shared chunks at 256 tokens, mean batch 17: docs/results/quantized_h200.md, "The
+  // TMA grouped GEMM on quantized experts"), else the two-block kernel dequantising in shared memory.
+  // Measured on the H200 with idle warpgroups skipping their wgmma (docs/results/quantized_h200.md, "Where
+  // decode and grouped cross"): grouped over decode 1.15–1.22× (int8) and 1.21–1.41× (int4) at the last
+  // decoded sizes (Qwen3 at 256 tokens, Mixtral at 64), 0.69–0.84× at the first grouped ones (Qwen3 at 512,
+  // Mixtral at 128); Qwen1.5 with its 4 shared chunks 1.18× / 1.36× at 128 tokens and 0.85× / 0.94× at 256
+  // (mean routed batch 17: decoded by the routed rule alone). The decode rows, from the quantized sweep on
+  // the H200 (docs/results/quantized_h200.md, "Choosing the quantized decode tiles"): the dequantising main
+  // loop needs about twice the registers of the bf16 one, so the tiles that keep fewest live (8 or 16 tokens,
+  // one k-step in flight) run fastest; 8-token tiles even when a few experts' batches overflow into a second
+  // tile (Qwen at 64 tokens), 16-token tiles beyond (Mixtral at 33 and 64 tokens), and 8 warps splitting K
+  // where one or two routed slots meet huge experts (Mixtral at 1 token). int8 layers run the 8-token tiles
+  // rolling (each warp's next k-step loads while it dequantises the current one: one step in flight
+  // throughout, for ~45 more registers) up to 64 routed slots: 0.875–0.978× the default main loop's time at
+  // 1–8 tokens on Qwen and 1–16 on Mixtral (Qwen1.5 with shared chunks at 16: 0.988×), but 1.005–1.11× from
+  // 128 slots on (Qwen3 at 16 tokens: 1.021×; Mixtral's 16-token tiles 1.06–1.07×); int4, whose token operand
+  // takes twice the registers, lost nearly everywhere (1.008–1.43×; 0.95–0.96× at 1 token on Qwen, 1.156× on
+  // Mixtral) and never rolls (docs/results/quantized_h200.md, "Rolling decode tiles", 3 processes).
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch rolling (int8)
@@ -216,7 +220,13 @@ struct DefaultMoeConfig {
       path = config_detail::fits(mean_batch(s), kQuantDecodeTile) && shared_fits ? MoePath::kDecode
                                                                                  : MoePath::kGrouped;
     }
-    if (path != MoePath::kDecode) return {path, kGroupedTile, 4, 1};
+    if (path != MoePath::kDecode) {
+      MoeConfig c{path, kGroupedTile, 4, 1};
+      if (path == MoePath::kGrouped && !config_detail::fits(mean_batch(s), kSmallGroupedTile) &&
+          s.hidden % kTmaRows == 0)
+        c.grouped_rows = kTmaRows;  // the TMA kernel, weights dequantised in registers (bf16's rule)
+      return c;
+    }
     for (const DecodeRow& r : kQuantDecodeRows)
       if (matches(r, s))
         return {MoePath::kDecode,
@@ -271,7 +281,16 @@ static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, Moe
               MoeConfig{MoePath::kDecode, 16, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+              MoeConfig{MoePath::kGrouped, 128, 4, 1, 128, 256});
+// The quantized grouped GEMM takes bf16's rule for the TMA kernel (256 rows where the mean routed batch
+// passes 64 tokens and H % 256 == 0): Qwen1.5 with its shared chunks at 256 tokens (mean batch 17) stays on
+// the two-block kernel, Mixtral at 256 (mean 64) does not.
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt8)
+                  .grouped_rows == 128);
+static_assert(DefaultMoeConfig::select_quantized({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8)
+                  .grouped_rows == 256);
 // The last decoded and the first grouped sizes (int4): Qwen3 256 / 512 tokens, Mixtral 64 / 128, Qwen1.5
 // with its shared chunks 128 / 256, routed-only at 256 still decoded.
 static_assert([] {

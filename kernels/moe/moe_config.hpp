@@ -158,10 +158,11 @@ struct DefaultMoeConfig {
   // kQuantDecodeTile tokens and shared chunks, which take every token, at most kQuantSharedDecodeTokens; the
   // grouped GEMM beyond: where the expected largest routed batch exceeds 64 tokens and H % 256 == 0 (bf16's
   // rule) the persistent TMA kernel that dequantises the weights in registers
-  // (grouped::gemm_tma_quant_kernel, grouped_rows = 256: 0.78–0.93× (int8) and 0.71–0.86× (int4) the
-  // two-block kernel's time at 1024–16384 tokens on every model, 0.83× / 0.83× at Mixtral 256, but 1.09×
-  // / 1.12× at Qwen1.5 with shared chunks at 256 tokens, mean batch 17: docs/results/quantized_h200.md, "The
-  // TMA grouped GEMM on quantized experts"), else the two-block kernel dequantising in shared memory.
+  // (grouped::gemm_tma_quant_kernel, grouped_rows = 256: 0.72–0.97× (int8) and 0.78–0.95× (int4) the
+  // two-block kernel's time at 1024–16384 tokens on every model and at Mixtral 256, 3 processes; but 1.09× /
+  // 1.12× at Qwen1.5 with shared chunks at 256 tokens, mean batch 17, one process:
+  // docs/results/quantized_h200.md, "The TMA grouped GEMM on quantized experts"), else the two-block kernel
+  // dequantising in shared memory.
   // Measured on the H200 with idle warpgroups skipping their wgmma (docs/results/quantized_h200.md, "Where
   // decode and grouped cross"): grouped over decode 1.15–1.22× (int8) and 1.21–1.41× (int4) at the last
   // decoded sizes (Qwen3 at 256 tokens, Mixtral at 64), 0.69–0.84× at the first grouped ones (Qwen3 at 512,

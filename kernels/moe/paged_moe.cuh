@@ -10,8 +10,9 @@
 // sm_90 wgmma blocks of 128 weight rows on cp.async, or 256 on the persistent TMA kernel). Both are templates
 // over the addressing policy, so Paged and Contiguous run the same code. Precision (moe/precision.cuh): bf16
 // experts (the default), or int8 / int4 experts packed as moe/quant_layout.hpp says: the decode GEMV
-// dequantises in its main loop, the wgmma grouped GEMM dequantises each packed B stage in shared memory
-// (sm_90 only: on other devices quantized layers stay on the decode path, with 32-token tiles).
+// dequantises in its main loop, the grouped GEMMs in registers (the TMA kernel, 256-row blocks) or in shared
+// memory (the two-block kernel, 128-row blocks) (sm_90 only: on other devices quantized layers stay on the
+// decode path, with 32-token tiles).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -436,13 +436,21 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sth.field == "shape.hidden");
   CHECK(sth.message.find("2176") != std::string::npos);
   CHECK(sth.message.find("multiple of 256") != std::string::npos);
+  // Quantized experts run 256-row blocks too (the TMA kernel that dequantises in registers), under the
+  // same rule on H; pages off a packed row take 128-row blocks.
   using WideInt8 = PagedMoe<kernels::Paged, GroupedRowsConfig<256>, kernels::Int8>;
   WideInt8::Arguments wide8{};
   fill(wide8);
   wide8.path = MoePath::kGrouped;
+  REQUIRE(WideInt8::can_implement(wide8).ok);
+  CHECK(WideInt8::config(wide8).grouped_rows == 256);
+  wide8.matrix_stride_bytes = kernels::Int8::matrix_bytes(wide8.shape.intermediate, wide8.shape.hidden) + 16;
+  CHECK(WideInt8::config(wide8).grouped_rows == 128);
+  wide8.matrix_stride_bytes = 0;
+  wide8.shape.hidden = 2176;
   const kernels::Status stq = WideInt8::can_implement(wide8);
-  CHECK(stq.field == "config.grouped_rows");
-  CHECK(stq.message.find("quantized") != std::string::npos);
+  CHECK(stq.field == "shape.hidden");
+  CHECK(stq.message.find("multiple of 256") != std::string::npos);
 
   // The TMA kernel (256-row blocks) needs every matrix on a tensor-map row; config() takes 128-row blocks
   // where pages are padded off them.

@@ -52,6 +52,23 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The 64 fp32 accumulators of a m64n128 wgmma as inline-asm text (operands %0..%63) and operands.
+#define AMOEBA_WGMMA_D64_REGS                                                        \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define AMOEBA_WGMMA_D64_OPERANDS(d)                                                                        \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),            \
+      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
+      "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),            \
+      "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),            \
+      "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),            \
+      "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),            \
+      "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // D(64×128, fp32) += A(64×16, smem) · B(128×16, smem)ᵀ.
 __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -59,23 +76,10 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], std::uint64_t des
       "{\n"
       ".reg .pred p;\n"
       "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " AMOEBA_WGMMA_D64_REGS
+      ", %64, %65, p, 1, 1, 0, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : AMOEBA_WGMMA_D64_OPERANDS(d)
       : "l"(desc_a), "l"(desc_b), "r"(1));
 #else
   __trap();  // built without sm_90a: PagedMoe never selects this kernel then
@@ -470,6 +474,85 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
   return static_cast<int>(at.row);
 }
 
+// The start of a TMA kernel's block: thread 0 initialises the stages' mbarriers (full: the producer
+// warpgroup's 128 cp.async arrivals + the TMA thread's; empty: the 256 consumer threads) and prefetches the
+// tensor maps; then programmatic dependent launch (wait for the layer's previous kernels, let the next one's
+// blocks launch).
+template <int kStages, class Addressing>
+__device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp, std::uint64_t* full,
+                                                std::uint64_t* empty) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbarrier_init(&full[s], 128 + 1);
+      tma::mbarrier_init(&empty[s], 256);
+    }
+    tma::fence_barrier_init();
+    tma::prefetch_map(&tp.maps[0]);
+    if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
+  }
+  __syncthreads();
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();
+}
+
+// The producer warpgroup of the TMA kernels (thread t of 128): takes units in order from the stage's
+// counter and passes each to the consumers with its first stage (stage_unit; -1 in an empty stage ends
+// them); per k-step one thread copies the unit's weight rows by TMA (gate/up: 128 W1 rows, then 128 W3
+// rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
+// stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
+// Runs up to kStages steps ahead, across units.
+template <Stage kStage, int kStages, class Addressing>
+__device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
+                                              int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
+                                              unsigned char* smem_b, std::uint64_t* full,
+                                              std::uint64_t* empty, int* stage_unit, int* next_unit, int t) {
+  constexpr bool kGateUp = kStage == Stage::kGateUp;
+  const MoeParams<Addressing>& p = tp.moe;
+  tma::release_registers<kTmaProducerRegs>();
+  int it = 0;
+  for (int n = 0;; ++n) {
+    if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
+    tma::sync_warpgroup();
+    const int u = next_unit[n & 1];
+    const int s0 = it % kStages;
+    if (it >= kStages) tma::wait(&empty[s0], ((it / kStages) - 1) & 1);
+    if (u >= units) {  // no unit left: an empty stage tells the consumers
+      if (t == 0) {
+        stage_unit[s0] = -1;
+        tma::arrive(&full[s0]);
+      }
+      tma::arrive(&full[s0]);
+      return;
+    }
+    WorkTile tile;
+    int pair;
+    unit_at(p, u, pairs, tile, pair);
+    const ALoader<kStage, 128> a(p, tile, t);  // the warpgroup's 128 threads gather the 128 token rows
+    int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
+    if (t == 0) {
+      if constexpr (kGateUp) {
+        row0 = tma_row(tp, tile.matrix[0], pitch, map0) + pair * 2 * kGateUpFeatures;
+        row1 = tma_row(tp, tile.matrix[1], pitch, map1) + pair * 2 * kGateUpFeatures;
+      } else {
+        row0 = tma_row(tp, tile.matrix[2], pitch, map0) + pair * 2 * kBlockN;
+      }
+      stage_unit[s0] = u;
+    }
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      if (kt > 0 && it >= kStages) tma::wait(&empty[s], ((it / kStages) - 1) & 1);
+      if (t == 0) {
+        unsigned char* b = smem_b + s * b_bytes;
+        tma::arrive_expect_tx(&full[s], b_bytes);
+        tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
+        if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
+      }
+      a.load(smem_a + s * kTmaATile, kt);
+      tma::cp_async_arrive(&full[s]);
+    }
+  }
+}
+
 // Gate/up epilogue of a 128-feature unit: SiLU(gate)·up of gate (W1 half) and up (W3 half) accumulators.
 template <class Addressing>
 __device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& p, const WorkTile& tile,
@@ -503,18 +586,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
   int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  if (tid == 0) {
-    for (int s = 0; s < kTmaStages; ++s) {
-      tma::mbarrier_init(&full[s], 128 + 1);  // the producers' cp.async arrivals + the TMA thread's
-      tma::mbarrier_init(&empty[s], 256);     // every consumer thread
-    }
-    tma::fence_barrier_init();
-    tma::prefetch_map(&tp.maps[0]);
-    if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
-  }
-  __syncthreads();
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  start_tma_block<kTmaStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
@@ -523,50 +595,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
-    tma::release_registers<kTmaProducerRegs>();
-    int it = 0;
-    for (int n = 0;; ++n) {
-      if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
-      tma::sync_warpgroup();
-      const int u = next_unit[n & 1];
-      const int s0 = it % kTmaStages;
-      if (it >= kTmaStages) tma::wait(&empty[s0], ((it / kTmaStages) - 1) & 1);
-      if (u >= units) {  // no unit left: an empty stage tells the consumers
-        if (t == 0) {
-          stage_unit[s0] = -1;
-          tma::arrive(&full[s0]);
-        }
-        tma::arrive(&full[s0]);
-        break;
-      }
-      WorkTile tile;
-      int pair;
-      unit_at(p, u, pairs, tile, pair);
-      const ALoader<kStage, 128> a(p, tile, t);  // the warpgroup's 128 threads gather the 128 token rows
-      int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
-      if (t == 0) {
-        if constexpr (kGateUp) {
-          row0 = tma_row(tp, tile.matrix[0], 2 * K, map0) + pair * 2 * kGateUpFeatures;
-          row1 = tma_row(tp, tile.matrix[1], 2 * K, map1) + pair * 2 * kGateUpFeatures;
-        } else {
-          row0 = tma_row(tp, tile.matrix[2], 2 * K, map0) + pair * 2 * kBlockN;
-        }
-        stage_unit[s0] = u;
-      }
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kTmaStages;
-        if (kt > 0 && it >= kTmaStages) tma::wait(&empty[s], ((it / kTmaStages) - 1) & 1);
-        if (t == 0) {
-          bf16* b = smem_b + s * kTmaBTile;
-          tma::arrive_expect_tx(&full[s], kTmaBTile * 2);
-          tma::load_2d(b, &tp.maps[map0], &full[s], kt * kBlockK, row0);
-          if constexpr (kGateUp)
-            tma::load_2d(b + kBlockN * kBlockK, &tp.maps[map1], &full[s], kt * kBlockK, row1);
-        }
-        a.load(smem_a + s * kTmaATile, kt);
-        tma::cp_async_arrive(&full[s]);
-      }
-    }
+    produce_units<kStage, kTmaStages>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
+                                      reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit,
+                                      next_unit, t);
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;

@@ -38,23 +38,10 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const std::uin
       "{\n"
       ".reg .pred p;\n"
       "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " AMOEBA_WGMMA_D64_REGS
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
-        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
-        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : AMOEBA_WGMMA_D64_OPERANDS(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #else
   __trap();  // built without sm_90a: PagedMoe never selects this kernel then
@@ -141,18 +128,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
   int* next_unit = stage_unit + Q::kStages;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  if (tid == 0) {
-    for (int s = 0; s < Q::kStages; ++s) {
-      tma::mbarrier_init(&full[s], 128 + 1);
-      tma::mbarrier_init(&empty[s], 256);
-    }
-    tma::fence_barrier_init();
-    tma::prefetch_map(&tp.maps[0]);
-    if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
-  }
-  __syncthreads();
-  ptx::grid_dependency_wait();
-  ptx::launch_dependents();
+  start_tma_block<Q::kStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const quant::MatrixLayout layout =
@@ -163,51 +139,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer: the bf16 kernel's, with packed boxes
-    tma::release_registers<kTmaProducerRegs>();
-    const int pitch = static_cast<int>(layout.row_bytes());
-    int it = 0;
-    for (int n = 0;; ++n) {
-      if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
-      tma::sync_warpgroup();
-      const int u = next_unit[n & 1];
-      const int s0 = it % Q::kStages;
-      if (it >= Q::kStages) tma::wait(&empty[s0], ((it / Q::kStages) - 1) & 1);
-      if (u >= units) {
-        if (t == 0) {
-          stage_unit[s0] = -1;
-          tma::arrive(&full[s0]);
-        }
-        tma::arrive(&full[s0]);
-        break;
-      }
-      WorkTile tile;
-      int pair;
-      unit_at(p, u, pairs, tile, pair);
-      const ALoader<kStage, 128> a(p, tile, t);
-      int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
-      if (t == 0) {
-        if constexpr (kGateUp) {
-          row0 = tma_row(tp, tile.matrix[0], pitch, map0) + pair * 2 * kGateUpFeatures;
-          row1 = tma_row(tp, tile.matrix[1], pitch, map1) + pair * 2 * kGateUpFeatures;
-        } else {
-          row0 = tma_row(tp, tile.matrix[2], pitch, map0) + pair * 2 * kBlockN;
-        }
-        stage_unit[s0] = u;
-      }
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % Q::kStages;
-        if (kt > 0 && it >= Q::kStages) tma::wait(&empty[s], ((it / Q::kStages) - 1) & 1);
-        if (t == 0) {
-          unsigned char* b = smem_b + s * Q::kBBytes;
-          tma::arrive_expect_tx(&full[s], Q::kBBytes);
-          tma::load_2d(b, &tp.maps[map0], &full[s], kt * Q::kStep, row0);
-          if constexpr (kGateUp)
-            tma::load_2d(b + kBlockN * Q::kStep, &tp.maps[map1], &full[s], kt * Q::kStep, row1);
-        }
-        a.load(smem_a + s * Q::kATile, kt);
-        tma::cp_async_arrive(&full[s]);
-      }
-    }
+    produce_units<kStage, Q::kStages>(tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()),
+                                      Q::kStep, Q::kBBytes, smem_a, smem_b, full, empty, stage_unit,
+                                      next_unit, t);
     return;
   }
 

@@ -165,23 +165,24 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     WorkTile tile;
     int pair;
     unit_at(p, u, pairs, tile, pair);
-    // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights); row g + 8's are
-    // 8 rows of scales after row g's.
-    const std::uint16_t* scales[2];
+    // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights).
+    const std::uint16_t* scales[2][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      const int j = kGateUp ? mt : 2;
-      const int n =
-          kGateUp ? pair * 2 * kGateUpFeatures + 64 * cw + 16 * warp + g : pair * 2 * kBlockN + srow[mt][0];
-      scales[mt] = reinterpret_cast<const std::uint16_t*>(
-          reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + layout.scale_offset() +
-          2 * static_cast<std::int64_t>(n) * groups);
-    }
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = kGateUp ? mt : 2;
+        const int n = kGateUp ? pair * 2 * kGateUpFeatures + 64 * cw + 16 * warp + g + 8 * h
+                              : pair * 2 * kBlockN + srow[mt][h];
+        scales[mt][h] = reinterpret_cast<const std::uint16_t*>(
+            reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + layout.scale_offset() +
+            2 * static_cast<std::int64_t>(n) * groups);
+      }
     std::uint16_t next_scale[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) next_scale[mt][h] = __ldg(scales[mt] + 8 * h * groups);
+      for (int h = 0; h < 2; ++h) next_scale[mt][h] = __ldg(scales[mt][h]);
     __nv_bfloat162 scale[2][2];
 
     float acc[2][64];
@@ -190,7 +191,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[mt][i] = 0.f;
     PackedRow<Precision> raw[2][2];
-    std::uint32_t frag[3][2][2][4];  // [buffer][m-tile][sub-step in half][a0..a3]: half-step j in j % 3
+    std::uint32_t frag[2][2][2][4];  // [half][m-tile][sub-step in half][a0..a3]
 
     // The packed rows of step kt (its stage waited for) into raw; a new group's scales into scale, the next
     // group's loads issued.
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             scale[mt][h] = scale_pair(next_scale[mt][h]);
-            if (group + 1 < groups) next_scale[mt][h] = __ldg(scales[mt] + 8 * h * groups + group + 1);
+            if (group + 1 < groups) next_scale[mt][h] = __ldg(scales[mt][h] + group + 1);
           }
       }
       const std::uint32_t base = ptx::smem_u32(smem_b + s * Q::kBBytes) + q * (Q::kStep / 4);
@@ -211,19 +212,19 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) raw[mt][h].load(base + srow[mt][h] * Q::kStep);
     };
-    auto dequant_half = [&](auto half_c, auto buf_c) {
-      constexpr int kHalf = decltype(half_c)::value, kBuf = decltype(buf_c)::value;
+    auto dequant_half = [&](auto half_c) {
+      constexpr int kHalf = decltype(half_c)::value;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int ss = 0; ss < 2; ++ss) {
-          std::uint32_t(&a)[4] = frag[kBuf][mt][ss];
+          std::uint32_t(&a)[4] = frag[kHalf][mt][ss];
           raw[mt][0].pairs(2 * kHalf + ss, scale[mt][0], a[0], a[2]);  // row g: k pairs 2q and 2q + 8
           raw[mt][1].pairs(2 * kHalf + ss, scale[mt][1], a[1], a[3]);  // row g + 8
         }
     };
-    auto issue_half = [&](auto half_c, auto buf_c, int s) {
-      constexpr int kHalf = decltype(half_c)::value, kBuf = decltype(buf_c)::value;
+    auto issue_half = [&](auto half_c, int s) {
+      constexpr int kHalf = decltype(half_c)::value;
       const std::uint32_t sb = ptx::smem_u32(smem_a + s * Q::kATile);
       wgmma::pin(acc[0]);
       wgmma::pin(acc[1]);
@@ -231,57 +232,36 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 #pragma unroll
       for (int ss = 0; ss < 2; ++ss) {
         const std::uint64_t desc = wgmma::descriptor(sb + (2 * kHalf + ss) * 32);
-        wgmma::mma_m64n128k16_rs(acc[0], frag[kBuf][0][ss], desc);
-        wgmma::mma_m64n128k16_rs(acc[1], frag[kBuf][1][ss], desc);
+        wgmma::mma_m64n128k16_rs(acc[0], frag[kHalf][0][ss], desc);
+        wgmma::mma_m64n128k16_rs(acc[1], frag[kHalf][1][ss], desc);
       }
       wgmma::commit();
     };
-    // A finished half-step's fragments stay live until here (the wgmma read them asynchronously).
-    auto retire = [&](auto buf_c) {
-      constexpr int kBuf = decltype(buf_c)::value;
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[kBuf][mt][0]), wgmma::pin_u32(frag[kBuf][mt][1]);
-    };
     using H0 = std::integral_constant<int, 0>;
     using H1 = std::integral_constant<int, 1>;
-    // Step kt (kt % 3 == kB): half-steps 2kt and 2kt + 1 in buffers 2kB % 3 and (2kB + 1) % 3. Each half-step
-    // is issued, the next one dequantised while it and the one before are queued, then the one before waited
-    // for: two wgmma groups in flight while a thread converts.
-    auto step = [&](auto b_c, int kt) {
-      constexpr int kB = decltype(b_c)::value;
-      using Buf0 = std::integral_constant<int, (2 * kB) % 3>;
-      using Buf1 = std::integral_constant<int, (2 * kB + 1) % 3>;
-      using Buf2 =
-          std::integral_constant<int, (2 * kB + 2) % 3>;  // step kt + 1's half 0 (was kt − 1's half 1)
+
+    wgmma::fence_proxy_async();  // the token rows came through cp.async (the generic proxy)
+    read_step(0, it % Q::kStages);
+    dequant_half(H0{});
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % Q::kStages;
-      issue_half(H0{}, Buf0{}, s);
-      dequant_half(H1{}, Buf1{});
+      issue_half(H0{}, s);
       wgmma::wait<1>();  // half 1 of step kt − 1 has finished: its fragments and its stage are free
-      retire(Buf2{});
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[1][mt][0]), wgmma::pin_u32(frag[1][mt][1]);
       if (kt > 0) tma::arrive(&empty[(it - 1) % Q::kStages]);
-      issue_half(H1{}, Buf1{}, s);
+      dequant_half(H1{});
+      issue_half(H1{}, s);
+      wgmma::wait<1>();  // half 0 of step kt has finished
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[0][mt][0]), wgmma::pin_u32(frag[0][mt][1]);
       if (kt + 1 < k_tiles) {
         const int s1 = (it + 1) % Q::kStages;
         tma::wait(&full[s1], ((it + 1) / Q::kStages) & 1);
         wgmma::fence_proxy_async();
         read_step(kt + 1, s1);
-        dequant_half(H0{}, Buf2{});
+        dequant_half(H0{});
       }
-      wgmma::wait<1>();  // half 0 of step kt has finished
-      retire(Buf0{});
-      ++it;
-    };
-    using B0 = std::integral_constant<int, 0>;
-    using B1 = std::integral_constant<int, 1>;
-    using B2 = std::integral_constant<int, 2>;
-
-    wgmma::fence_proxy_async();  // the token rows came through cp.async (the generic proxy)
-    read_step(0, it % Q::kStages);
-    dequant_half(H0{}, B0{});
-    for (int kt = 0; kt < k_tiles; kt += 3) {
-      step(B0{}, kt);
-      if (kt + 1 < k_tiles) step(B1{}, kt + 1);
-      if (kt + 2 < k_tiles) step(B2{}, kt + 2);
     }
     wgmma::wait<0>();
     wgmma::pin(acc[0]);

@@ -30,8 +30,8 @@
 // choice held to one path; int8-rolling / int8-steady (int4 alike): the default's quantized choice with every
 // decode tile rolling / none; int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its
 // grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-t8w4u2 and
-// the like: one quantized decode tile at every token count (tile
-// tokens, warps, unroll), the sweep that chose the quantized rows of the default table.
+// the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the sweep that chose
+// the quantized rows of the default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>

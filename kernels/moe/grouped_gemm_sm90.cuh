@@ -114,10 +114,8 @@ inline constexpr int wgmma_smem_bytes() {
 // Two blocks per SM: 228 KiB of shared memory, 1 KiB of it reserved per block.
 static_assert(2 * (wgmma_smem_bytes<Int8>() + 1024) <= 228 * 1024, "two quantized blocks must fit one SM");
 
-// Block u of a grid (slices, max tiles) → its work tile and weight slice, expert-major: an expert's units run
-// slice by slice, token tiles innermost. False for blocks past the work (the grid is sized for the most
-// tiles).
-// Unit u of nx slices per work tile (u < tiles · nx) → its work tile and weight slice.
+// Unit u of nx slices per work tile (u < tiles · nx) → its work tile and weight slice, expert-major: an
+// expert's units run slice by slice, token tiles innermost.
 template <class Addressing>
 __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, int nx, WorkTile& tile,
                                         int& slice) {
@@ -126,6 +124,8 @@ __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, i
   slice = local / bucket.expert_tiles;
   tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
 }
+// Block (x, y) of a grid (slices, max tiles) → its unit; false for blocks past the work (the grid is sized
+// for the most tiles).
 template <class Addressing>
 __device__ __forceinline__ bool unit_of(const MoeParams<Addressing>& p, WorkTile& tile, int& slice) {
   const int nx = static_cast<int>(gridDim.x);
@@ -512,7 +512,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
   int it = 0;
   for (int n = 0;; ++n) {
     if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
-    tma::sync_warpgroup();
+    tma::named_sync<128>(1);
     const int u = next_unit[n & 1];
     const int s0 = it % kStages;
     if (it >= kStages) tma::wait(&empty[s0], ((it / kStages) - 1) & 1);
@@ -551,6 +551,19 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
       tma::cp_async_arrive(&full[s]);
     }
   }
+}
+
+// A consumer warpgroup's next unit: waits for the stage of step `it` (a unit's first) and reads the unit the
+// producer passed with it; false once the producer has run out of units.
+template <int kStages, class Addressing>
+__device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, std::uint64_t* full,
+                                          const int* stage_unit, int it, int pairs, WorkTile& tile,
+                                          int& pair) {
+  tma::wait(&full[it % kStages], (it / kStages) & 1);
+  const int u = stage_unit[it % kStages];
+  if (u < 0) return false;
+  unit_at(p, u, pairs, tile, pair);
+  return true;
 }
 
 // Gate/up epilogue of a 128-feature unit: SiLU(gate)·up of gate (W1 half) and up (W3 half) accumulators.
@@ -603,12 +616,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
     int it = 0;
     for (;;) {
-      tma::wait(&full[it % kTmaStages], (it / kTmaStages) & 1);
-      const int u = stage_unit[it % kTmaStages];
-      if (u < 0) break;
       WorkTile tile;
       int pair;
-      unit_at(p, u, pairs, tile, pair);
+      if (!take_unit<kTmaStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
       // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
       // every stage).
       const bool active = cw * 64 < tile.count;
@@ -646,14 +656,13 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 
 // What PagedMoe launches on sm_90 besides the TMA kernel (which has its own launcher, run_tma): the two-block
 // wgmma kernel (any precision) or the small-batch one (bf16, 64-token tiles) — each stage's kernel, threads
-// per block, shared memory, weight slices per block and name.
+// per block, shared memory and name.
 template <class Addressing, class Precision>
 struct Sm90Gemm {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_wgmma_kernel<Addressing, kStage, Precision>;
   static constexpr int kSmem = wgmma_smem_bytes<Precision>();
   static constexpr int kThreads = grouped::kThreads;
-  static constexpr int kSlices = 1;
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_wgmma_kernel<kDown>";
 };
@@ -664,7 +673,6 @@ struct Sm90SmallGemm {
   static constexpr auto kKernel = &gemm_wgmma_small_kernel<Addressing, kStage, kStagesT, kMinBlocksT>;
   static constexpr int kSmem = kSmallSmemBytes<kStagesT>;
   static constexpr int kThreads = kSmallThreads;
-  static constexpr int kSlices = 1;
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_small_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_wgmma_small_kernel<kDown>";
 };

@@ -108,11 +108,6 @@ __device__ __forceinline__ __nv_bfloat162 scale_pair(std::uint16_t bits) {
   return *reinterpret_cast<const __nv_bfloat162*>(&s2);
 }
 
-// Barrier 2 + w among the 128 threads of consumer warpgroup w (1 is the producer's, 0 __syncthreads).
-__device__ __forceinline__ void sync_consumer(int w) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + w) : "memory");
-}
-
 template <class Addressing, Stage kStage, class Precision>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_quant_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
@@ -159,12 +154,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int groups = static_cast<int>(layout.groups_per_row());
   int it = 0;
   for (;;) {
-    tma::wait(&full[it % Q::kStages], (it / Q::kStages) & 1);
-    const int u = stage_unit[it % Q::kStages];
-    if (u < 0) break;
     WorkTile tile;
     int pair;
-    unit_at(p, u, pairs, tile, pair);
+    if (!take_unit<Q::kStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
     // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights).
     const std::uint16_t* scales[2][2];
 #pragma unroll
@@ -283,7 +275,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
           stage_out[token * Q::kStagingPitch + 64 + row] = __float2bfloat16(acc[1][4 * c + i]);
         }
       }
-    sync_consumer(cw);
+    tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
     if constexpr (kGateUp) {
       // 64 features per token row, stored permuted: chunk c of the row is logical pairs c, 8 + c, 16 + c,
       // 24 + c (moe/k_permutation.hpp).
@@ -311,7 +303,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         }
       }
     }
-    sync_consumer(cw);  // the staging rows are free for the next unit
+    tma::named_sync<128>(2 + cw);  // the staging rows are free for the next unit
   }
 }
 

@@ -444,8 +444,8 @@ class PagedMoe {
       using grouped::Stage;
       if (Status st =
               run_grouped<gemm_kernel<Addressing, Stage::kGateUp>, gemm_kernel<Addressing, Stage::kDown>>(
-                  p, s, grid_tiles, 1, grouped::kSmemBytes, dev.device, stream,
-                  "grouped::gemm_kernel<kGateUp>", "grouped::gemm_kernel<kDown>");
+                  p, s, grid_tiles, grouped::kSmemBytes, dev.device, stream, "grouped::gemm_kernel<kGateUp>",
+                  "grouped::gemm_kernel<kDown>");
           !st)
         return st;
     } else {
@@ -522,20 +522,19 @@ class PagedMoe {
     return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
   }
 
-  // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices,
-  // `slices` of them per block, each with `smem` bytes of dynamic shared memory (set once per device).
+  // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, one
+  // per block, each with `smem` bytes of dynamic shared memory (set once per device).
   template <auto kGateUp, auto kDown>
-  static Status run_grouped(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                            int slices, int smem, int device, cudaStream_t stream, const char* gate_up_name,
-                            const char* down_name, unsigned threads = grouped::kThreads) {
+  static Status run_grouped(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles, int smem,
+                            int device, cudaStream_t stream, const char* gate_up_name, const char* down_name,
+                            unsigned threads = grouped::kThreads) {
     if (Status st = detail::set_smem<kGateUp>(device, smem); !st) return st;
     if (Status st = detail::set_smem<kDown>(device, smem); !st) return st;
-    const unsigned gate_up_blocks =
-        static_cast<unsigned>(s.intermediate / (grouped::kGateUpFeatures * slices));
+    const unsigned gate_up_blocks = static_cast<unsigned>(s.intermediate / grouped::kGateUpFeatures);
     if (Status st = launch(kGateUp, dim3(gate_up_blocks, grid_tiles), threads, smem, stream, p, gate_up_name);
         !st)
       return st;
-    const unsigned down_blocks = static_cast<unsigned>(s.hidden / (grouped::kBlockN * slices));
+    const unsigned down_blocks = static_cast<unsigned>(s.hidden / grouped::kBlockN);
     return launch(kDown, dim3(down_blocks, grid_tiles), threads, smem, stream, p, down_name);
   }
   // The sm_90 cp.async grouped GEMM described by Gemm (grouped::Sm90Gemm, Sm90SmallGemm).
@@ -544,8 +543,7 @@ class PagedMoe {
                          cudaStream_t stream) {
     using grouped::Stage;
     return run_grouped<Gemm::template kKernel<Stage::kGateUp>, Gemm::template kKernel<Stage::kDown>>(
-        p, s, grid_tiles, Gemm::kSlices, Gemm::kSmem, device, stream, Gemm::kGateUpName, Gemm::kDownName,
-        Gemm::kThreads);
+        p, s, grid_tiles, Gemm::kSmem, device, stream, Gemm::kGateUpName, Gemm::kDownName, Gemm::kThreads);
   }
 
   // The persistent TMA grouped GEMMs (tma_addressing): grouped::gemm_tma_kernel on bf16 experts,

@@ -1,8 +1,8 @@
-// The Hopper (sm_90a) asynchronous-copy machinery of the TMA grouped GEMM: shared-memory mbarriers (arrive,
-// expected transaction bytes, phase waits), 2-D tensor copies (cp.async.bulk.tensor) into 128-byte-swizzled
-// shared memory, cp.async arrivals on an mbarrier, register reallocation between warpgroups (setmaxnreg), and
-// the host side: a 2-D tensor map over a region of expert matrices, encoded through the driver entry point
-// the runtime hands out (no link against libcuda).
+// The Hopper (sm_90a) asynchronous-copy machinery of the TMA grouped GEMMs: shared-memory mbarriers (arrive,
+// expected transaction bytes, phase waits), 2-D tensor copies (cp.async.bulk.tensor; bf16 boxes 128-byte
+// swizzled, packed int8 / int4 boxes as they are), cp.async arrivals on an mbarrier, named barriers, register
+// reallocation between warpgroups (setmaxnreg), and the host side: a 2-D tensor map over a region of expert
+// matrices, encoded through the driver entry point the runtime hands out (no link against libcuda).
 // One map per (region, K) serves every page of the region, whatever its position: moe/tensor_rows.hpp says
 // why and finds a matrix's map and row.
 #pragma once
@@ -71,9 +71,11 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
 }
 
-// Barrier 1 among the 128 threads of the calling warpgroup (barrier 0 is __syncthreads).
-__device__ __forceinline__ void sync_warpgroup() {
-  asm volatile("bar.sync 1, 128;\n" ::: "memory");
+// Named barrier `id` among kThreads threads (0 is __syncthreads; the TMA kernels use 1 for the producer
+// warpgroup and 2 + w for consumer warpgroup w).
+template <int kThreads>
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
 // Register reallocation: a warpgroup gives registers back (producer) or takes them (consumers).

@@ -22,20 +22,17 @@ struct PathConfig {
 };
 using QuantGroupedConfig = PathConfig<kernels::MoePath::kGrouped>;
 
-// Quantized experts on the grouped GEMM at every token count, on blocks of kRows weight rows where H allows
-// (256: the TMA kernel, H % 256 == 0; PagedMoe::config falls back to 128 where pages are off its rows) and
-// 128 (the two-block kernel) elsewhere.
-template <int kRows>
-struct QuantGroupedRowsConfig : PathConfig<kernels::MoePath::kGrouped> {
+// Quantized experts on the grouped GEMM at every token count, on the TMA kernel's 256-row blocks where H
+// allows (H % 256 == 0; PagedMoe::config falls back to 128 where pages are off its rows) and the two-block
+// kernel's 128 elsewhere.
+struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
-    c.grouped_rows = s.hidden % 256 == 0 ? kRows : 128;
+    c.grouped_rows = s.hidden % 256 == 0 ? 256 : 128;
     return c;
   }
 };
-using QuantTwoBlockConfig = QuantGroupedRowsConfig<128>;
-using QuantTmaConfig = QuantGroupedRowsConfig<256>;
 
 // DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: the two-block
 // cp.async kernel; 256: the persistent TMA kernels, bf16 or quantized, on 128-token tiles).

@@ -29,8 +29,7 @@
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-rolling / int8-steady (int4 alike): the default's quantized choice with every
 // decode tile rolling / none; int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its
-// grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-n256 (int4
-// alike): the TMA kernel on 256-token units wherever the default takes the grouped path; int8-t8w4u2 and
+// grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-t8w4u2 and
 // the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the sweep that chose
 // the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -338,8 +337,6 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-tma", &make_quant_graph<kernels::Int4, GroupedRowsConfig<256>>},
       {"int8-twoblock", &make_quant_graph<kernels::Int8, GroupedRowsConfig<128>>},
       {"int4-twoblock", &make_quant_graph<kernels::Int4, GroupedRowsConfig<128>>},
-      {"int8-n256", &make_quant_graph<kernels::Int8, QuantWideTokensConfig<MoePath::kAuto>>},
-      {"int4-n256", &make_quant_graph<kernels::Int4, QuantWideTokensConfig<MoePath::kAuto>>},
   };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");

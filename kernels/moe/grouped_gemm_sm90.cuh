@@ -497,19 +497,18 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
 
 // The producer warpgroup of the TMA kernels (thread t of 128): takes units in order from the stage's
 // counter and passes each to the consumers with its first stage (stage_unit; -1 in an empty stage ends
-// them); per k-step one thread copies the unit's kUnitRows weight rows by TMA (gate/up: kUnitRows / 2 W1
-// rows, then as many W3 rows at half the stage; down: kUnitRows W2 rows) — tensor rows `pitch` bytes apart,
-// box x at kt · step_x, the stage's b_bytes announced on its full barrier — and the warpgroup gathers the
-// kTokens token rows by cp.async, keeping kRegs registers. Runs up to kStages steps ahead, across units.
-template <Stage kStage, int kStages, class Addressing, int kTokens = kBlockM, int kUnitRows = 2 * kBlockN,
-          int kRegs = kTmaProducerRegs>
+// them); per k-step one thread copies the unit's weight rows by TMA (gate/up: 128 W1 rows, then 128 W3
+// rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
+// stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
+// Runs up to kStages steps ahead, across units.
+template <Stage kStage, int kStages, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
                                               std::uint64_t* empty, int* stage_unit, int* next_unit, int t) {
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const MoeParams<Addressing>& p = tp.moe;
-  tma::release_registers<kRegs>();
+  tma::release_registers<kTmaProducerRegs>();
   int it = 0;
   for (int n = 0;; ++n) {
     if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
@@ -528,14 +527,14 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     WorkTile tile;
     int pair;
     unit_at(p, u, pairs, tile, pair);
-    const ALoader<kStage, 128, kTokens> a(p, tile, t);  // the warpgroup's 128 threads gather the token rows
+    const ALoader<kStage, 128> a(p, tile, t);  // the warpgroup's 128 threads gather the 128 token rows
     int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
     if (t == 0) {
       if constexpr (kGateUp) {
-        row0 = tma_row(tp, tile.matrix[0], pitch, map0) + pair * (kUnitRows / 2);
-        row1 = tma_row(tp, tile.matrix[1], pitch, map1) + pair * (kUnitRows / 2);
+        row0 = tma_row(tp, tile.matrix[0], pitch, map0) + pair * 2 * kGateUpFeatures;
+        row1 = tma_row(tp, tile.matrix[1], pitch, map1) + pair * 2 * kGateUpFeatures;
       } else {
-        row0 = tma_row(tp, tile.matrix[2], pitch, map0) + pair * kUnitRows;
+        row0 = tma_row(tp, tile.matrix[2], pitch, map0) + pair * 2 * kBlockN;
       }
       stage_unit[s0] = u;
     }
@@ -548,7 +547,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
         tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
         if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
       }
-      a.load(smem_a + s * kTokens * kBlockK, kt);
+      a.load(smem_a + s * kTmaATile, kt);
       tma::cp_async_arrive(&full[s]);
     }
   }

@@ -56,31 +56,19 @@ __device__ __forceinline__ void pin_u32(std::uint32_t (&r)[N]) {
 
 }  // namespace wgmma
 
-// Shapes of the quantized TMA kernel for one precision and unit width. kTokens = 128: units of 128 tokens ×
-// 256 weight rows, each consumer warpgroup two m64 tiles × n128; kTokens = 256: units of 256 tokens × 128
-// weight rows, each consumer warpgroup one m64 tile × two n128 halves — half the conversions per
-// multiply-add (a thread converts 2 rows per step instead of 4), 3 stages (32 KiB of token rows each).
-template <class Precision, int kTokens = kBlockM>
+// Shapes of the quantized TMA kernel for one precision.
+template <class Precision>
 struct TmaQuant {
-  static_assert(kTokens == 128 || kTokens == 256, "units of 128 or 256 tokens");
   static constexpr int kStep = kPackedStepBytes<Precision>;  // packed bytes of one row's 64-k step
-  static constexpr int kM = kTokens == 128 ? 2 : 1;          // m64 tiles per consumer warpgroup
-  static constexpr int kN = kTokens / 128;                   // n128 token halves
-  static constexpr int kUnitRows = 2 * 64 * kM;              // weight rows per unit (both warpgroups)
-  static constexpr int kStages = kTokens == 128 ? 4 : 3;
-  static constexpr int kATile = kTokens * kBlockK;  // bf16 elements: token rows × 64 k
-  static constexpr int kBBytes = kUnitRows * kStep;
-  static constexpr int kProducerRegs = kTokens == 128 ? kTmaProducerRegs : 88;  // 256 rows: 16 gather rows
-  static constexpr int kConsumerRegs = kTokens == 128 ? kTmaConsumerRegs : 208;
-  // Staged output per consumer warpgroup: [kTokens][its rows + 8] bf16 (down: 64·kM rows; gate/up: 32·kM
-  // features; +8: no bank conflicts).
-  static constexpr int kStagingPitch = 64 * kM + 8;
-  static constexpr int kStagingElems = kTokens * kStagingPitch;
+  static constexpr int kStages = 4;
+  static constexpr int kATile = kBlockM * kBlockK;     // bf16 elements: 128 token rows × 64 k
+  static constexpr int kBBytes = 2 * kBlockN * kStep;  // 256 packed rows
+  static constexpr int kStagingPitch = kBlockN + 8;    // bf16 per staged token row (+8: no bank conflicts)
+  static constexpr int kStagingElems = kBlockM * kStagingPitch;  // per consumer warpgroup
   static constexpr int kSmemBytes =
       kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "the quantized TMA block must fit one SM");
   static_assert(kBlockK == k_permutation::kBlock, "a k-step is one permuted block");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "the register file of one SM");
 };
 
 // One thread's packed bytes of one row and k-step: int8 16 bytes (pairs 8q..8q+7 of the row's step), int4 8.
@@ -120,17 +108,16 @@ __device__ __forceinline__ __nv_bfloat162 scale_pair(std::uint16_t bits) {
   return *reinterpret_cast<const __nv_bfloat162*>(&s2);
 }
 
-template <class Addressing, Stage kStage, class Precision, int kTokens = kBlockM>
+template <class Addressing, Stage kStage, class Precision>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_quant_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
-  using Q = TmaQuant<Precision, kTokens>;
-  constexpr int kM = Q::kM, kN = Q::kN;
+  using Q = TmaQuant<Precision>;
   const MoeParams<Addressing>& p = tp.moe;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
-  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][kTokens][64] token rows
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64] token rows
   unsigned char* smem_b =
-      reinterpret_cast<unsigned char*>(smem_a + Q::kStages * Q::kATile);      // [stages][kUnitRows][kStep]
-  bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][kTokens][kStagingPitch]
+      reinterpret_cast<unsigned char*>(smem_a + Q::kStages * Q::kATile);      // [stages][256][kStep]
+  bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][128][kStagingPitch]
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * Q::kStagingElems);
   std::uint64_t* empty = full + Q::kStages;
   int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
@@ -143,77 +130,60 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       kGateUp ? Precision::w13(p.intermediate, p.hidden) : Precision::w2(p.intermediate, p.hidden);
   const int K = kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
-  // Features (gate/up) or rows (down) of the output per unit.
-  constexpr int kUnitOut = kGateUp ? Q::kUnitRows / 2 : Q::kUnitRows;
-  const int pairs = (kGateUp ? p.intermediate : p.hidden) / kUnitOut;
+  const int pairs = kGateUp ? p.intermediate / (2 * kGateUpFeatures) : p.hidden / (2 * kBlockN);
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer: the bf16 kernel's, with packed boxes
-    produce_units<kStage, Q::kStages, Addressing, kTokens, Q::kUnitRows, Q::kProducerRegs>(
-        tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()), Q::kStep, Q::kBBytes, smem_a, smem_b,
-        full, empty, stage_unit, next_unit, t);
+    produce_units<kStage, Q::kStages>(tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()),
+                                      Q::kStep, Q::kBBytes, smem_a, smem_b, full, empty, stage_unit,
+                                      next_unit, t);
     return;
   }
 
   // Consumers.
-  tma::claim_registers<Q::kConsumerRegs>();
+  tma::claim_registers<kTmaConsumerRegs>();
   const int cw = wg - 1, warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   bf16* stage_out = staging + cw * Q::kStagingElems;
-  // This thread's packed rows in a stage, [m-tile][a-fragment row g, row g + 8]: matrix j and row n of the
-  // matrix (relative to the unit's first row of it). 128 tokens: m-tile 0 = W1 (gate/up) or the warpgroup's
-  // first 64 W2 rows, m-tile 1 = W3 or the next 64; rows g and g + 8 consecutive features / rows.
-  // 256 tokens: one m-tile whose row g is W1 and row g + 8 W3 of the same feature (gate/up), so a thread
-  // still holds gate and up of one (feature, token); down: rows g and g + 8 of the warpgroup's 64.
-  int srow[kM][2], mrow[kM][2], mat[kM][2];
+  // This thread's packed rows in a stage, [m-tile][row g, row g + 8], and their rows in their matrices.
+  int srow[2][2];
 #pragma unroll
-  for (int mt = 0; mt < kM; ++mt)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (kGateUp && kTokens == 128) {
-        mat[mt][h] = mt;
-        mrow[mt][h] = 64 * cw + 16 * warp + g + 8 * h;
-        srow[mt][h] = kBlockN * mt + mrow[mt][h];
-      } else if constexpr (kGateUp) {
-        mat[mt][h] = h;
-        mrow[mt][h] = 32 * cw + 8 * warp + g;
-        srow[mt][h] = 64 * h + mrow[mt][h];
-      } else {
-        mat[mt][h] = 2;
-        mrow[mt][h] = 64 * kM * cw + 64 * mt + 16 * warp + g + 8 * h;
-        srow[mt][h] = mrow[mt][h];
-      }
-    }
+    for (int h = 0; h < 2; ++h)
+      srow[mt][h] = (kGateUp ? kBlockN * mt + 64 * cw : 128 * cw + 64 * mt) + 16 * warp + g + 8 * h;
   const int groups = static_cast<int>(layout.groups_per_row());
   int it = 0;
   for (;;) {
     WorkTile tile;
     int pair;
     if (!take_unit<Q::kStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
-    // The rows' scales (row n of matrix j: its G scales contiguous after the weights).
-    const std::uint16_t* scales[kM][2];
+    // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights).
+    const std::uint16_t* scales[2][2];
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
+        const int j = kGateUp ? mt : 2;
+        const int n = kGateUp ? pair * 2 * kGateUpFeatures + 64 * cw + 16 * warp + g + 8 * h
+                              : pair * 2 * kBlockN + srow[mt][h];
         scales[mt][h] = reinterpret_cast<const std::uint16_t*>(
-            reinterpret_cast<const unsigned char*>(tile_matrix(tile, mat[mt][h])) + layout.scale_offset() +
-            2 * static_cast<std::int64_t>(pair * kUnitOut + mrow[mt][h]) * groups);
-    std::uint16_t next_scale[kM][2];
+            reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + layout.scale_offset() +
+            2 * static_cast<std::int64_t>(n) * groups);
+      }
+    std::uint16_t next_scale[2][2];
 #pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) next_scale[mt][h] = __ldg(scales[mt][h]);
-    __nv_bfloat162 scale[kM][2];
-    // 256-token units: a tile of at most 128 tokens skips its second token half (no wgmma, no stores).
-    const bool second_half = kN == 2 && tile.count > 128;
+    __nv_bfloat162 scale[2][2];
 
-    float acc[kM * kN][64];  // [m-tile · kN + token half]
+    float acc[2][64];
 #pragma unroll
-    for (int a = 0; a < kM * kN; ++a)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[a][i] = 0.f;
-    PackedRow<Precision> raw[kM][2];
-    std::uint32_t frag[2][kM][2][4];  // [half][m-tile][sub-step in half][a0..a3]
+      for (int i = 0; i < 64; ++i) acc[mt][i] = 0.f;
+    PackedRow<Precision> raw[2][2];
+    std::uint32_t frag[2][2][2][4];  // [half][m-tile][sub-step in half][a0..a3]
 
     // The packed rows of step kt (its stage waited for) into raw; a new group's scales into scale, the next
     // group's loads issued.
@@ -221,7 +191,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       if (kt % 2 == 0) {  // a 64-k step lies in one 128-k group; even steps start one
         const int group = kt / 2;
 #pragma unroll
-        for (int mt = 0; mt < kM; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             scale[mt][h] = scale_pair(next_scale[mt][h]);
@@ -230,14 +200,14 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
       const std::uint32_t base = ptx::smem_u32(smem_b + s * Q::kBBytes) + q * (Q::kStep / 4);
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) raw[mt][h].load(base + srow[mt][h] * Q::kStep);
     };
     auto dequant_half = [&](auto half_c) {
       constexpr int kHalf = decltype(half_c)::value;
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int ss = 0; ss < 2; ++ss) {
           std::uint32_t(&a)[4] = frag[kHalf][mt][ss];
@@ -248,26 +218,16 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     auto issue_half = [&](auto half_c, int s) {
       constexpr int kHalf = decltype(half_c)::value;
       const std::uint32_t sb = ptx::smem_u32(smem_a + s * Q::kATile);
-#pragma unroll
-      for (int a = 0; a < kM * kN; ++a) wgmma::pin(acc[a]);
+      wgmma::pin(acc[0]);
+      wgmma::pin(acc[1]);
       wgmma::fence();
 #pragma unroll
-      for (int ss = 0; ss < 2; ++ss)
-#pragma unroll
-        for (int th = 0; th < kN; ++th) {
-          if (th == 1 && !second_half) continue;
-          // Token half th: rows 128·th.. of the swizzled token tile (8-row groups 1024 bytes apart).
-          const std::uint64_t desc = wgmma::descriptor(sb + th * 128 * 128 + (2 * kHalf + ss) * 32);
-#pragma unroll
-          for (int mt = 0; mt < kM; ++mt)
-            wgmma::mma_m64n128k16_rs(acc[mt * kN + th], frag[kHalf][mt][ss], desc);
-        }
+      for (int ss = 0; ss < 2; ++ss) {
+        const std::uint64_t desc = wgmma::descriptor(sb + (2 * kHalf + ss) * 32);
+        wgmma::mma_m64n128k16_rs(acc[0], frag[kHalf][0][ss], desc);
+        wgmma::mma_m64n128k16_rs(acc[1], frag[kHalf][1][ss], desc);
+      }
       wgmma::commit();
-    };
-    auto retire = [&](auto half_c) {
-      constexpr int kHalf = decltype(half_c)::value;
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt) wgmma::pin_u32(frag[kHalf][mt][0]), wgmma::pin_u32(frag[kHalf][mt][1]);
     };
     using H0 = std::integral_constant<int, 0>;
     using H1 = std::integral_constant<int, 1>;
@@ -279,12 +239,14 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       const int s = it % Q::kStages;
       issue_half(H0{}, s);
       wgmma::wait<1>();  // half 1 of step kt − 1 has finished: its fragments and its stage are free
-      retire(H1{});
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[1][mt][0]), wgmma::pin_u32(frag[1][mt][1]);
       if (kt > 0) tma::arrive(&empty[(it - 1) % Q::kStages]);
       dequant_half(H1{});
       issue_half(H1{}, s);
       wgmma::wait<1>();  // half 0 of step kt has finished
-      retire(H0{});
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[0][mt][0]), wgmma::pin_u32(frag[0][mt][1]);
       if (kt + 1 < k_tiles) {
         const int s1 = (it + 1) % Q::kStages;
         tma::wait(&full[s1], ((it + 1) / Q::kStages) & 1);
@@ -294,73 +256,54 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
     }
     wgmma::wait<0>();
-#pragma unroll
-    for (int a = 0; a < kM * kN; ++a) wgmma::pin(acc[a]);
+    wgmma::pin(acc[0]);
+    wgmma::pin(acc[1]);
     tma::arrive(&empty[(it - 1) % Q::kStages]);
 
-    // Epilogue through the staging rows ([token][row], bf16): accumulator 4c + i of (m-tile, token half th)
-    // holds row 16·warp + g + 8·(i / 2) of the m-tile and token 128·th + 8c + 2q + (i % 2).
+    // Epilogue through this warpgroup's staging rows ([token][row], bf16): accumulator 4c + i of m-tile mt
+    // holds row 16·warp + g + 8·(i / 2) of the m-tile and token 8c + 2q + (i % 2).
 #pragma unroll
-    for (int th = 0; th < kN; ++th) {
-      if (th == 1 && !second_half) continue;
+    for (int c = 0; c < 16; ++c)
 #pragma unroll
-      for (int c = 0; c < 16; ++c)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = 16 * warp + g + 8 * (i / 2), token = 128 * th + 8 * c + 2 * q + (i % 2);
-          bf16* out = stage_out + token * Q::kStagingPitch;
-          if constexpr (kGateUp && kTokens == 128) {
-            out[row] = __float2bfloat16(silu(acc[0][4 * c + i]) * acc[1][4 * c + i]);
-          } else if constexpr (kGateUp) {
-            // Rows g (gate) and g + 8 (up) of one feature: i < 2 holds gate, i + 2 its up.
-            if (i < 2)
-              out[8 * warp + g] = __float2bfloat16(silu(acc[th][4 * c + i]) * acc[th][4 * c + i + 2]);
-          } else {
-#pragma unroll
-            for (int mt = 0; mt < kM; ++mt)
-              out[64 * mt + row] = __float2bfloat16(acc[mt * kN + th][4 * c + i]);
-          }
-        }
-    }
-    if constexpr (kGateUp) {
-      // 64 features per token row, stored permuted: chunk c of the row is logical pairs c, 8 + c, 16 + c,
-      // 24 + c (moe/k_permutation.hpp). 128 tokens: a warpgroup's 64 features; 256 tokens: the unit's 64,
-      // 32 staged by each warpgroup.
-      constexpr int kThreads = kTokens == 128 ? 128 : 256;
-      const int tc = kTokens == 128 ? t : 128 * cw + t;
-      kTokens == 128 ? tma::named_sync<128>(2 + cw) : tma::named_sync<256>(4);
-#pragma unroll
-      for (int r = 0; r < kTokens * 8 / kThreads; ++r) {
-        const int idx = tc + kThreads * r, token = idx / 8, c = idx % 8;
-        if (token < tile.count) {
-          auto word = [&](int lp) {  // logical pair lp of the row's 64 features
-            const bf16* from = kTokens == 128 ? stage_out : staging + (lp / 16) * Q::kStagingElems;
-            const int local = kTokens == 128 ? lp : lp % 16;
-            return reinterpret_cast<const std::uint32_t*>(from + token * Q::kStagingPitch)[local];
-          };
-          const uint4 v = make_uint4(word(c), word(8 + c), word(16 + c), word(24 + c));
-          const int first = kTokens == 128 ? pair * kUnitOut + 64 * cw : pair * kUnitOut;
-          *reinterpret_cast<uint4*>(
-              p.act + static_cast<std::int64_t>(tile.row_start + token) * p.intermediate + first + 8 * c) = v;
+      for (int i = 0; i < 4; ++i) {
+        const int row = 16 * warp + g + 8 * (i / 2), token = 8 * c + 2 * q + (i % 2);
+        if constexpr (kGateUp) {
+          stage_out[token * Q::kStagingPitch + row] =
+              __float2bfloat16(silu(acc[0][4 * c + i]) * acc[1][4 * c + i]);
+        } else {
+          stage_out[token * Q::kStagingPitch + row] = __float2bfloat16(acc[0][4 * c + i]);
+          stage_out[token * Q::kStagingPitch + 64 + row] = __float2bfloat16(acc[1][4 * c + i]);
         }
       }
-      kTokens == 128 ? tma::named_sync<128>(2 + cw)
-                     : tma::named_sync<256>(4);  // the staging rows are free for the next unit
-    } else {
-      tma::named_sync<128>(2 + cw);
-      constexpr int kChunks = 8 * kM;  // 16-byte chunks of the warpgroup's 64·kM rows
+    tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
+    if constexpr (kGateUp) {
+      // 64 features per token row, stored permuted: chunk c of the row is logical pairs c, 8 + c, 16 + c,
+      // 24 + c (moe/k_permutation.hpp).
 #pragma unroll
-      for (int r = 0; r < kTokens * kChunks / 128; ++r) {
-        const int idx = t + 128 * r, token = idx / kChunks, c = idx % kChunks;
+      for (int r = 0; r < 8; ++r) {
+        const int idx = t + 128 * r, token = idx / 8, c = idx % 8;
+        if (token < tile.count) {
+          const std::uint32_t* src =
+              reinterpret_cast<const std::uint32_t*>(stage_out + token * Q::kStagingPitch);
+          const uint4 v = make_uint4(src[c], src[8 + c], src[16 + c], src[24 + c]);
+          *reinterpret_cast<uint4*>(p.act +
+                                    static_cast<std::int64_t>(tile.row_start + token) * p.intermediate +
+                                    pair * 2 * kGateUpFeatures + 64 * cw + 8 * c) = v;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const int idx = t + 128 * r, token = idx / 16, c = idx % 16;
         if (token < tile.count) {
           const int slot = p.sorted_slot[tile.row_start + token];
-          *reinterpret_cast<uint4*>(p.y + static_cast<std::int64_t>(slot) * p.hidden + pair * kUnitOut +
-                                    64 * kM * cw + 8 * c) =
+          *reinterpret_cast<uint4*>(p.y + static_cast<std::int64_t>(slot) * p.hidden + pair * 2 * kBlockN +
+                                    128 * cw + 8 * c) =
               *reinterpret_cast<const uint4*>(stage_out + token * Q::kStagingPitch + 8 * c);
         }
       }
-      tma::named_sync<128>(2 + cw);  // the staging rows are free for the next unit
     }
+    tma::named_sync<128>(2 + cw);  // the staging rows are free for the next unit
   }
 }
 

@@ -234,15 +234,11 @@ class PagedMoe {
           "quantized experts' grouped GEMM is the sm_90 wgmma kernel (kAuto, kDecode or kGrouped)");
     const MoeConfig c = config(a);
     const bool small = c.path == MoePath::kGrouped && c.tile_tokens == grouped::kSmallM;
-    const bool wide_tokens = c.path == MoePath::kGrouped && c.tile_tokens == 2 * grouped::kBlockM;
-    if (wide_tokens && !Precision::kQuantized)
-      return Status::error("config.tile_tokens", c.tile_tokens,
-                           "256-token tiles are the quantized TMA kernel's (bf16 experts: 64 or 128)");
     if (c.path == MoePath::kAuto ||
-        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small && !wide_tokens))
-      return Status::error("config.tile_tokens", c.tile_tokens,
-                           "must be 128 on the grouped paths, 64 on kGrouped (bf16) or 256 on kGrouped "
-                           "(quantized) (kAuto resolved)");
+        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small))
+      return Status::error(
+          "config.tile_tokens", c.tile_tokens,
+          "must be 128 on the grouped paths, or 64, 256 or 384 on kGrouped (kAuto resolved)");
     if (small && Precision::kQuantized)
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
@@ -319,10 +315,7 @@ class PagedMoe {
   static constexpr MoeConfig config(const Arguments& a) {
     if constexpr (Precision::kQuantized && quantized_moe_config<Config>) {
       MoeConfig c = Config::select_quantized(a.shape, a.path, Precision::kBits);
-      if (uses_tma(c) && !tma_fits(a)) {  // the two-block kernel
-        c.grouped_rows = grouped::kBlockN;
-        c.tile_tokens = grouped::kBlockM;
-      }
+      if (uses_tma(c) && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
       return c;
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
@@ -335,12 +328,9 @@ class PagedMoe {
       return c;
     }
   }
-  // The configurations the TMA grouped GEMMs run: 256-row blocks on kGrouped (grouped::gemm_tma_kernel,
-  // gemm_tma_quant_kernel), and 256-token tiles (quantized: gemm_tma_quant_kernel on units of 256 tokens ×
-  // 128 weight rows).
+  // The configurations the TMA grouped GEMM runs (grouped::gemm_tma_kernel): 256-row blocks on kGrouped.
   static constexpr bool uses_tma(const MoeConfig& c) {
-    return c.path == MoePath::kGrouped &&
-           (c.grouped_rows == 2 * grouped::kBlockN || c.tile_tokens == 2 * grouped::kBlockM);
+    return c.path == MoePath::kGrouped && c.grouped_rows == 2 * grouped::kBlockN;
   }
   // The TMA grouped GEMMs read weights through tensor maps over the addressing's regions (tma_regions()),
   // in rows of H (gate/up) and F (down) values (2H / 2F bytes bf16, the packed row bytes quantized): every
@@ -572,17 +562,16 @@ class PagedMoe {
         else
           return 16;
       }();
-      auto stage = [&]<Stage kStage, int kTokens>(int k, int box_rows, int slices,
-                                                  const char* name) -> Status {
+      auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
         constexpr auto kernel = [] {
           if constexpr (Precision::kQuantized)
-            return &grouped::gemm_tma_quant_kernel<Addressing, kStage, Precision, kTokens>;
+            return &grouped::gemm_tma_quant_kernel<Addressing, kStage, Precision>;
           else
             return &grouped::gemm_tma_kernel<Addressing, kStage>;
         }();
         constexpr int kSmem = [] {
           if constexpr (Precision::kQuantized)
-            return grouped::TmaQuant<Precision, kTokens>::kSmemBytes;
+            return grouped::TmaQuant<Precision>::kSmemBytes;
           else
             return grouped::kTmaSmemBytes;
         }();
@@ -614,20 +603,12 @@ class PagedMoe {
                                                        : "grouped::gemm_tma_kernel<kGateUp>";
       const char* down_name =
           Precision::kQuantized ? "grouped::gemm_tma_quant_kernel<kDown>" : "grouped::gemm_tma_kernel<kDown>";
-      if (Precision::kQuantized && c.tile_tokens == 2 * grouped::kBlockM) {  // units of 256 tokens × 128 rows
-        if (Status st = stage.template operator()<Stage::kGateUp, 2 * grouped::kBlockM>(
-                s.hidden, grouped::kGateUpFeatures, s.intermediate / grouped::kGateUpFeatures, gate_up_name);
-            !st)
-          return st;
-        return stage.template operator()<Stage::kDown, 2 * grouped::kBlockM>(
-            s.intermediate, grouped::kBlockN, s.hidden / grouped::kBlockN, down_name);
-      }
-      if (Status st = stage.template operator()<Stage::kGateUp, grouped::kBlockM>(
+      if (Status st = stage.template operator()<Stage::kGateUp>(
               s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), gate_up_name);
           !st)
         return st;
-      return stage.template operator()<Stage::kDown, grouped::kBlockM>(
-          s.intermediate, 2 * grouped::kBlockN, s.hidden / (2 * grouped::kBlockN), down_name);
+      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
+                                                     s.hidden / (2 * grouped::kBlockN), down_name);
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream, (void)permuted_input;
       return Status::error("config.grouped_rows", c.grouped_rows,

@@ -72,7 +72,7 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
 }
 
 // Named barrier `id` among kThreads threads (0 is __syncthreads; the TMA kernels use 1 for the producer
-// warpgroup, 2 + w for consumer warpgroup w and 4 for both consumer warpgroups).
+// warpgroup and 2 + w for consumer warpgroup w).
 template <int kThreads>
 __device__ __forceinline__ void named_sync(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");

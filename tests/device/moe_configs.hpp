@@ -34,23 +34,6 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
   }
 };
 
-// Quantized experts on the TMA kernel's 256-token units (256 tokens × 128 weight rows) wherever the default
-// table takes the grouped path (kTokensPath: kGrouped forces it at every token count; kAuto keeps the
-// table's decode choice). PagedMoe::config falls back to the two-block kernel where pages are off its rows.
-template <kernels::MoePath kTokensPath = kernels::MoePath::kGrouped>
-struct QuantWideTokensConfig : PathConfig<kernels::MoePath::kGrouped> {
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(
-        s, kTokensPath == kernels::MoePath::kGrouped ? kTokensPath : requested, bits);
-    if (c.path == kernels::MoePath::kGrouped) {
-      c.tile_tokens = 256;
-      c.grouped_rows = 128;
-    }
-    return c;
-  }
-};
-
 // DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: the two-block
 // cp.async kernel; 256: the persistent TMA kernels, bf16 or quantized, on 128-token tiles).
 template <int kRows>

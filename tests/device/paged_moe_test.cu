@@ -275,11 +275,6 @@ struct SmallTileConfig {
     return {kPath, 64, 4, 1, 128, kRows};
   }
 };
-struct WideTokensBf16Config {
-  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    return {MoePath::kGrouped, 256, 4, 1, 128, 128};
-  }
-};
 struct RollingBf16Config {
   using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, true>>;
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
@@ -416,17 +411,6 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   const kernels::Status stw = SmallWide::can_implement(small);
   CHECK(stw.field == "config.grouped_rows");
   CHECK(stw.message.find("64-token") != std::string::npos);
-  // 256-token tiles: the quantized TMA kernel's, refused for bf16 experts.
-  using WideTokensInt8 = PagedMoe<kernels::Paged, QuantWideTokensConfig<>, kernels::Int8>;
-  WideTokensInt8::Arguments wide_tokens{};
-  fill(wide_tokens);
-  wide_tokens.path = MoePath::kGrouped;
-  REQUIRE(WideTokensInt8::can_implement(wide_tokens).ok);
-  CHECK(WideTokensInt8::config(wide_tokens).tile_tokens == 256);
-  using WideTokensBf16 = PagedMoe<kernels::Paged, WideTokensBf16Config>;
-  const kernels::Status stt = WideTokensBf16::can_implement(small);
-  CHECK(stt.field == "config.tile_tokens");
-  CHECK(stt.message.find("quantized TMA kernel") != std::string::npos);
   using SmallInt8 = PagedMoe<kernels::Paged, SmallTileConfig<MoePath::kGrouped, 128>, kernels::Int8>;
   const kernels::Status sts = SmallInt8::can_implement(small);
   CHECK(sts.field == "config.tile_tokens");

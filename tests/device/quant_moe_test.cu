@@ -180,12 +180,11 @@ std::vector<double> cpu_reference(const QuantStore& store, const RoutingSet& r, 
 template <class Addressing, class Precision, class Config = kernels::DefaultMoeConfig>
 std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
                                      typename Addressing::Arguments weights, long long stride,
-                                     MoePath expected, int expected_rows = 0, int expected_tile = 0) {
+                                     MoePath expected, int expected_rows = 0) {
   Runner<Addressing, Config, Precision> runner;
   const std::vector<std::uint16_t> out = runner.run(r, shape, weights, MoePath::kAuto, true, stride);
   CHECK(decltype(runner)::Moe::config(runner.args).path == expected);
   if (expected_rows != 0) CHECK(decltype(runner)::Moe::config(runner.args).grouped_rows == expected_rows);
-  if (expected_tile != 0) CHECK(decltype(runner)::Moe::config(runner.args).tile_tokens == expected_tile);
   return out;
 }
 
@@ -195,10 +194,9 @@ constexpr double kAbs = 4e-2, kRel = 1e-2;
 // One layer call through Paged and Contiguous on `expected`'s path, checked against each other and the double
 // reference.
 template <class Precision, class Config = kernels::DefaultMoeConfig>
-// expected_rows / expected_tile: the grouped blocks' weight rows / the tiles' tokens the configuration must
-// resolve to (0: not checked).
+// expected_rows: the grouped blocks' weight rows the configuration must resolve to (0: not checked).
 void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, MoePath expected,
-                      int hot_expert = -1, int expected_rows = 0, int expected_tile = 0) {
+                      int hot_expert = -1, int expected_rows = 0) {
   const MoeShape shape = shape_of(store.spec, tokens);
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
   const long long stride = store.stride();
@@ -206,10 +204,7 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, M
                                                                   expected, expected_rows);
   const auto out_c = run_layer<kernels::Contiguous, Precision, Config>(r, shape, store.contiguous_args(),
                                                                        stride, expected, expected_rows);
-  const char* path_name = expected == MoePath::kDecode ? "decode"
-                          : expected_tile == 256       ? "tma256"
-                          : expected_rows == 256       ? "tma"
-                                                       : "grouped";
+  const char* path_name = expected == MoePath::kDecode ? "decode" : expected_rows == 256 ? "tma" : "grouped";
   INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens << " "
                        << path_name << (hot_expert >= 0 ? " skewed" : "") << " stride " << stride);
   CHECK(std::memcmp(out_p.data(), out_c.data(), out_p.size() * 2) == 0);
@@ -347,33 +342,6 @@ TEST_CASE("quantized experts: the TMA grouped GEMM on model shapes", "[gpu][mode
     const QuantStore s8(m, Bits::kInt8, 51), s4(m, Bits::kInt4, 52);
     check_quant_case<kernels::Int8, QuantTmaConfig>(s8, 64, 2064, MoePath::kGrouped, -1, 256);
     check_quant_case<kernels::Int4, QuantTmaConfig>(s4, 64, 2164, MoePath::kGrouped, -1, 256);
-  }
-}
-
-TEST_CASE(
-    "quantized experts: the TMA grouped GEMM on 256-token units, paged = contiguous, against the reference",
-    "[gpu][small][quant][tma][tma256]") {
-  using Wide = QuantWideTokensConfig<>;
-  const QuantStore s8(kSmall, Bits::kInt8, 61), s4(kSmall, Bits::kInt4, 62);
-  const QuantStore o8(kOddK, Bits::kInt8, 63), o4(kOddK, Bits::kInt4, 64);
-  // 1..40 tokens: one tile of at most 128 tokens per expert (the second token half skipped); 200 and 700:
-  // tiles past 128 tokens and several tiles per expert; H = 384 (6 k-steps, 3 down units).
-  for (int tokens : {1, 3, 40, 200, 700}) {
-    check_quant_case<kernels::Int8, Wide>(s8, tokens, 2500 + tokens, MoePath::kGrouped, -1, 0, 256);
-    check_quant_case<kernels::Int4, Wide>(s4, tokens, 2600 + tokens, MoePath::kGrouped, -1, 0, 256);
-    check_quant_case<kernels::Int8, Wide>(o8, tokens, 2700 + tokens, MoePath::kGrouped, -1, 0, 256);
-    check_quant_case<kernels::Int4, Wide>(o4, tokens, 2800 + tokens, MoePath::kGrouped, -1, 0, 256);
-  }
-  // One hot expert with half of 700 tokens: 256-, 256- and 138-token tiles of one expert.
-  check_quant_case<kernels::Int8, Wide>(s8, 700, 25, MoePath::kGrouped, 5, 0, 256);
-  check_quant_case<kernels::Int4, Wide>(o4, 700, 26, MoePath::kGrouped, 2, 0, 256);
-  // Pages off a packed row: the two-block kernel on 128-token tiles instead.
-  const QuantStore p8(kSmall, Bits::kInt8, 65, 48);
-  check_quant_case<kernels::Int8, Wide>(p8, 300, 2900, MoePath::kGrouped, -1, 128, 128);
-  for (const ModelSpec& m : {kQwen15, kQwen3}) {
-    const QuantStore m8(m, Bits::kInt8, 66), m4(m, Bits::kInt4, 67);
-    check_quant_case<kernels::Int8, Wide>(m8, 64, 3064, MoePath::kGrouped, -1, 0, 256);
-    check_quant_case<kernels::Int4, Wide>(m4, 64, 3164, MoePath::kGrouped, -1, 0, 256);
   }
 }
 

@@ -252,11 +252,53 @@ template <class T>
 using Rolling = kernels::decode::Tile<T::kTokTiles, T::kWarps, T::kUnroll, T::kPrefetch, true>;
 
 // A configuration that instantiates only the 8-token decode tile and chooses the grouped GEMM at every size.
+// Every 32-bit word through dequant::int8x4 and dequant::int4x8 against the plain conversion (the value
+// sign-extended, then __float2bfloat16): counts the words whose bf16 words differ and keeps the first one.
+__global__ void exhaustive_dequant_kernel(unsigned long long* bad, unsigned int* first_bad) {
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  unsigned long long local = 0;
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < (1ull << 32);
+       i += stride) {
+    const auto w = static_cast<std::uint32_t>(i);
+    const auto word = [](int lo, int hi) {
+      const __nv_bfloat162 v{__float2bfloat16(static_cast<float>(lo)),
+                             __float2bfloat16(static_cast<float>(hi))};
+      return *reinterpret_cast<const std::uint32_t*>(&v);
+    };
+    const auto byte = [w](int k) { return static_cast<int>(static_cast<std::int8_t>(w >> (8 * k))); };
+    const auto nibble = [w](int k) {
+      return static_cast<int>((w >> (4 * k)) & 0xF) - ((w >> (4 * k + 3)) & 1) * 16;
+    };
+    std::uint32_t e8[2], e4[4];
+    kernels::dequant::int8x4(w, e8);
+    kernels::dequant::int4x8(w, e4);
+    bool ok = e8[0] == word(byte(0), byte(1)) && e8[1] == word(byte(2), byte(3));
+    for (int k = 0; k < 4; ++k) ok = ok && e4[k] == word(nibble(2 * k), nibble(2 * k + 1));
+    if (!ok) {
+      if (local == 0) atomicMin(first_bad, w);
+      ++local;
+    }
+  }
+  if (local > 0) atomicAdd(bad, local);
+}
+
 struct OnlyT8Grouped : QuantGroupedConfig {
   using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1>>;
 };
 
 }  // namespace
+
+TEST_CASE("quantized experts: int8x4 and int4x8 convert every 32-bit word exactly", "[gpu][small][quant]") {
+  DeviceBuffer<unsigned long long> bad(1);
+  DeviceBuffer<unsigned int> first(1);
+  bad.upload({0ull});
+  first.upload({0xFFFFFFFFu});
+  exhaustive_dequant_kernel<<<132 * 16, 256>>>(bad.get(), first.get());
+  AMOEBA_CUDA_CHECK(cudaGetLastError());
+  AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
+  INFO("first word converted wrongly: 0x" << std::hex << first.download()[0]);
+  CHECK(bad.download()[0] == 0);
+}
 
 TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, against the double reference",
           "[gpu][small][quant]") {

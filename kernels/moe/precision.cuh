@@ -60,28 +60,32 @@ static_assert(expert_precision<Bf16> && expert_precision<Int8> && expert_precisi
 
 namespace dequant {
 
-// 4 int8 values (value k in byte k, two's complement) -> bf16 pairs {v0,v1}, {v2,v3}, straight in bf16:
-// pair k puts bytes 2k and 2k + 1 in the low bytes of its halves (one prmt), then per half 0x4300 | (b &
-// 0x7F) is the bf16 of 128 + (b & 0x7F) and 0x4300 | (b & 0x80) that of 128 (b >= 0) or 256 (b < 0, whose low
-// seven bits are v + 128) (one lop3 each, 0x4300 is 128.0, whose ulp is 1: exact up to 255); one bf16x2
-// subtract leaves v exactly. 8 instructions for 4 values (the 2^23 float route it replaced took 11).
-__device__ __forceinline__ void int8x4(std::uint32_t w, std::uint32_t (&out)[2]) {
+// 2^23 + v as a float has v in its low mantissa bits: the classic exact small-integer-to-float trick.
+inline constexpr float kMagic = 8388608.0f;  // 2^23
+
+// Four unsigned bytes of `u` (each v + bias, v the value) -> two bf16x2 words of the values, low k first.
+// Exact: the values are integers of at most 8 bits, so the float's upper 16 bits are the bf16.
+__device__ __forceinline__ void bytes_to_bf16x2(std::uint32_t u, float bias, std::uint32_t& lo,
+                                                std::uint32_t& hi) {
+  const std::uint32_t magic = 0x4B000000u;  // the bits of 2^23
+  float f[4];
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const std::uint32_t p = __byte_perm(w, 0u, k == 0 ? 0x4140u : 0x4342u);  // bytes 2k, 2k+1 -> 0, 2
-    const std::uint32_t a = (p & 0x007F007Fu) | 0x43004300u;
-    const std::uint32_t c = (p & 0x00800080u) | 0x43004300u;
-    const __nv_bfloat162 v =
-        __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&c));
-    out[k] = *reinterpret_cast<const std::uint32_t*>(&v);
-  }
+  for (int b = 0; b < 4; ++b)
+    f[b] = __uint_as_float(__byte_perm(u, magic, 0x7540 | b)) - (kMagic + bias);  // byte b, then 0, 0, 0x4B
+  lo = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632);
+  hi = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632);
+}
+
+// 4 int8 values (value k in byte k) -> bf16 pairs {v0,v1}, {v2,v3}.
+__device__ __forceinline__ void int8x4(std::uint32_t w, std::uint32_t (&out)[2]) {
+  bytes_to_bf16x2(w ^ 0x80808080u, 128.0f, out[0], out[1]);  // two's complement -> v + 128
 }
 
 // 8 int4 values (value k in nibble k: even k low) -> bf16 pairs {v0,v1}, {v2,v3}, {v4,v5}, {v6,v7}, straight
 // in bf16: pair k puts byte k's low nibble in the low half and its high nibble in the high half (one prmt of
 // w and w >> 4), then one lop3 makes each half 0x4300 | (n ^ 8), the bf16 of 128 + v + 8 (0x4300 is 128.0,
 // whose ulp is 1: exact for 0..127), and one bf16x2 subtract of 136 leaves v, exactly. 13 instructions for 8
-// values.
+// values (the 2^23 float route of int8x4 takes ~26).
 __device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4]) {
   const std::uint32_t odd = w >> 4;             // byte i's low nibble: value 2i + 1
   const std::uint32_t bias_bits = 0x43084308u;  // {136.0, 136.0} in bf16

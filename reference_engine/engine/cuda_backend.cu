@@ -314,16 +314,21 @@ struct CudaBackend::Impl {
       kd::add_rms_norm_kernel<false>
           <<<rows, kd::kAddNormThreads, 0, stream>>>(x, nullptr, weight, hn, int(H), float(hf.rms_norm_eps));
   }
-  // The layer's MoE in the experts' precision (the arguments and the workspace are the same for all three).
-  kn::Status run_moe(const kn::MoeArguments<kn::Paged>& a) {
+  // f(the layer's PagedMoe in the experts' precision). The arguments are the same for all three, the
+  // workspace is not: quantized layers also hold a K-permuted copy of the input (PagedMoe::workspace_size).
+  template <class F>
+  decltype(auto) with_moe(F&& f) {
     switch (cfg.expert_precision) {
       case ExpertPrecision::kInt8:
-        return kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, kn::Int8>{}.run(a, moe_ws, moe_ws_bytes, stream);
+        return f(kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, kn::Int8>{});
       case ExpertPrecision::kInt4:
-        return kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, kn::Int4>{}.run(a, moe_ws, moe_ws_bytes, stream);
+        return f(kn::PagedMoe<kn::Paged, kn::DefaultMoeConfig, kn::Int4>{});
       default:
-        return moe.run(a, moe_ws, moe_ws_bytes, stream);
+        return f(moe);
     }
+  }
+  kn::Status run_moe(const kn::MoeArguments<kn::Paged>& a) {
+    return with_moe([&](const auto& m) { return m.run(a, moe_ws, moe_ws_bytes, stream); });
   }
 
   // The per-layer phase events (attention, MoE or dense FFN, LM head): on unless AMOEBA_PHASE_EVENTS=0, an
@@ -449,7 +454,7 @@ void CudaBackend::Impl::setup() {
                   static_cast<int>(E), static_cast<int>(K), static_cast<int>(chunks)};
   typename kn::PagedMoe<kn::Paged>::Arguments ma{};
   ma.shape = ms;
-  moe_ws_bytes = kn::PagedMoe<kn::Paged>::workspace_size(ma);
+  moe_ws_bytes = with_moe([&](const auto& m) { return std::uint64_t(m.workspace_size(ma)); });
   const std::uint64_t at_moe = c.take(moe_ws_bytes);
   int devices = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices <= cfg.device)

@@ -132,16 +132,19 @@ fs::path write_dequantized(const fs::path& src, const std::string& config, Exper
       });
 }
 
-// The GPU on `dir` with experts in `precision` against the host reference decoder on `ref_dir`.
+// The GPU on `dir` with experts in `precision` against the host reference decoder on `ref_dir`: a prompt of
+// `prompt_tokens`, steps of at most `max_batched` tokens, then 12 teacher-forced tokens.
 void matches_reference(const std::string& name, const std::string& config,
-                       ExpertPrecision precision = ExpertPrecision::kBf16) {
+                       ExpertPrecision precision = ExpertPrecision::kBf16, std::uint32_t prompt_tokens = 37,
+                       std::uint32_t max_batched = 64) {
   const fs::path dir = write_model(name, config, 3);
   const fs::path ref_dir =
       precision == ExpertPrecision::kBf16 ? dir : write_dequantized(dir, config, precision);
   const Checkpoint ck = open_checkpoint(dir.string());
   DecoderReference ref(open_checkpoint(ref_dir.string()));
   std::vector<std::int32_t> prompt;
-  for (int i = 0; i < 37; ++i) prompt.push_back((i * 97 + 11) % int(ck.config.vocab_size));
+  for (std::uint32_t i = 0; i < prompt_tokens; ++i)
+    prompt.push_back(std::int32_t((i * 97 + 11) % ck.config.vocab_size));
   const auto free_run = ref.generate(prompt, 12);
   std::vector<std::int32_t> teacher;
   for (const auto& s : free_run) teacher.push_back(s.token);
@@ -149,8 +152,8 @@ void matches_reference(const std::string& name, const std::string& config,
 
   ModelSpec model = ck.config.to_model_spec(name);
   model.expert_precision = precision;
-  CudaBackendConfig cfg =
-      generate_backend_config(ck.config, model, std::uint32_t(prompt.size() + teacher.size()), 64, 4);
+  CudaBackendConfig cfg = generate_backend_config(
+      ck.config, model, std::uint32_t(prompt.size() + teacher.size()), max_batched, 4);
   cfg.checkpoint_dir = dir.string();
   cfg.expert_precision = precision;
   CudaBackend backend(cfg, [&](std::uint64_t, std::uint32_t p) { return prompt.at(p); });
@@ -181,5 +184,10 @@ TEST_CASE(
     INFO(to_string(p));
     matches_reference("qwen2_" + std::string(to_string(p)), test::small_qwen2_json(2), p);
     matches_reference("qwen3_" + std::string(to_string(p)), test::small_qwen3_json(2), p);
+    // A prefill step of the backend's whole token budget, routed enough (~96 and ~48 tokens per expert) for
+    // the grouped GEMM: the quantized layer's workspace (a K-permuted copy of the input besides bf16's) must
+    // fit the step at its largest.
+    matches_reference("qwen2_" + std::string(to_string(p)) + "_long", test::small_qwen2_json(2), p, 384, 384);
+    matches_reference("qwen3_" + std::string(to_string(p)) + "_long", test::small_qwen3_json(2), p, 384, 384);
   }
 }

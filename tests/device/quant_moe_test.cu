@@ -235,6 +235,10 @@ constexpr ModelSpec kSmall{"small E8 k2 m1 H256 F256", 8, 2, 256, 256, 1};
 // stage a single 128-row slice, and both B tiles and all three packed stages in use.
 constexpr ModelSpec kOddK{"small E6 k2 m0 H384 F128", 6, 2, 384, 128, 0};
 
+// The device engine tests' small Qwen2-MoE layer: F = 128 gives the TMA kernel's down stage one scale group
+// and two 64-k steps, its shared expert two chunks.
+constexpr ModelSpec kEngineSmall{"small E16 k4 m2 H256 F128", 16, 4, 256, 128, 2};
+
 // One quantized decode tile T of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
@@ -374,6 +378,12 @@ TEST_CASE(
   const QuantStore r8(kSmall, Bits::kInt8, 43, 4096), r4(kSmall, Bits::kInt4, 44, 4096);
   check_quant_case<kernels::Int8, QuantTmaConfig>(r8, 300, 1700, MoePath::kGrouped, -1, 256);
   check_quant_case<kernels::Int4, QuantTmaConfig>(r4, 300, 1800, MoePath::kGrouped, -1, 256);
+  // The smallest K of the down stage (F = 128: one scale group), 384 tokens as the engine's prefill.
+  const QuantStore e8(kEngineSmall, Bits::kInt8, 47), e4(kEngineSmall, Bits::kInt4, 48);
+  for (int tokens : {40, 384}) {
+    check_quant_case<kernels::Int8, QuantTmaConfig>(e8, tokens, 2000 + tokens, MoePath::kGrouped, -1, 256);
+    check_quant_case<kernels::Int4, QuantTmaConfig>(e4, tokens, 2100 + tokens, MoePath::kGrouped, -1, 256);
+  }
   // ... and off a row: PagedMoe::config takes the two-block kernel instead.
   const QuantStore p8(kSmall, Bits::kInt8, 45, 48);
   check_quant_case<kernels::Int8, QuantTmaConfig>(p8, 300, 1900, MoePath::kGrouped, -1, 128);

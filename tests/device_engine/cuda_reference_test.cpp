@@ -174,6 +174,10 @@ TEST_CASE("cuda backend: teacher-forced logits match the host reference decoder"
   SECTION("qwen3-moe: q/k RMSNorm, 8 query heads per KV head, top-4 renormalised") {
     matches_reference("qwen3", test::small_qwen3_json(2));
   }
+  SECTION("a prefill step of the whole 384-token budget, then decode") {
+    matches_reference("qwen2_long", test::small_qwen2_json(2), ExpertPrecision::kBf16, 384, 384);
+    matches_reference("qwen3_long", test::small_qwen3_json(2), ExpertPrecision::kBf16, 384, 384);
+  }
 }
 
 TEST_CASE(

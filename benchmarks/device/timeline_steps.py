@@ -16,8 +16,11 @@ relative difference of their H2D bytes, |sim / meas - 1| over pairs where the me
 p90, over all pairs and over pairs of at most 4 sequences (what makes a paired step error more than the cost
 model's).
 priced: the decode steps by batch size (every sequence adds one token), with the count of steps, the median
-of priced_ms / step_ms - 1 (the simulator pricing the measured step itself) and the medians of MoE and step
-milliseconds; batches above --max-batch in groups of 8.
+of priced_ms / step_ms - 1 (the simulator pricing the measured step itself) and the medians of the step's
+measured milliseconds: attention phases, MoE phases, the LM head (dense_ms on a model without dense layers),
+the rest of the step outside them (step - attention - MoE - dense: the router GEMM and top-k between a
+layer's attention and MoE phases, the embedding, host gaps) and the step; batches above --max-batch in groups
+of 8.
 """
 import argparse
 import csv
@@ -102,11 +105,15 @@ def priced(args):
             continue
         b = int(r["batch_tokens"])
         groups[b if b <= args.max_batch else b // 8 * 8].append(r)
-    print(f"{'batch':>5} {'steps':>6} {'priced err':>10} {'MoE ms':>7} {'step ms':>8}")
+    cols = ["attention_ms", "moe_ms", "dense_ms"]
+    print(f"{'batch':>5} {'steps':>6} {'priced err':>10} {'attn ms':>8} {'MoE ms':>7} {'head ms':>8} "
+          f"{'rest ms':>8} {'step ms':>8}")
     for b, rows in sorted(groups.items()):
         err = st.median(float(r["priced_ms"]) / float(r["step_ms"]) - 1 for r in rows)
-        print(f"{b:>5} {len(rows):>6} {100 * err:>+9.1f}% {st.median(float(r['moe_ms']) for r in rows):>7.2f} "
-              f"{st.median(float(r['step_ms']) for r in rows):>8.2f}")
+        rest = st.median(float(r["step_ms"]) - sum(float(r[c]) for c in cols) for r in rows)
+        print(f"{b:>5} {len(rows):>6} {100 * err:>+9.1f}% " +
+              " ".join(f"{st.median(float(r[c]) for r in rows):>{w}.2f}" for c, w in zip(cols, (8, 7, 8))) +
+              f" {rest:>8.2f} {st.median(float(r['step_ms']) for r in rows):>8.2f}")
 
 
 def main():

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
+#include "engine/gpu.hpp"
+#include "engine/model.hpp"
 #include "engine/policy_dispatch.hpp"
 
 namespace amoeba::engine {
@@ -62,6 +64,20 @@ std::string workload_line(const Scenario& s, const WorkloadReport& w) {
 }
 }  // namespace
 
+std::string precision_cost_note(const Scenario& s) {
+  if (!simulated(s) || s.expert_precision == ExpertPrecision::kBf16) return "";
+  const CostModelParams p = find_cost_model(s.cost_model);
+  const CostModelParams::PrecisionScale& scale =
+      s.expert_precision == ExpertPrecision::kInt8 ? p.int8 : p.int4;
+  if (!scale.token_scale.empty()) return "";
+  const std::string_view precision = to_string(s.expert_precision);
+  return fmt::format(
+      "cost model {} has no {} fit (no {}_moe_token_scale: not calibrated on the quantized kernel): {} "
+      "experts "
+      "are priced with prior factors on its bf16 MoE efficiencies (memory x {:.2f}, compute x {:.2f})",
+      p.name, precision, precision, precision, scale.memory, scale.compute);
+}
+
 std::string ablation_table(const Scenario& s, const WorkloadReport& w,
                            const std::vector<RunResult>& results) {
   std::string out =
@@ -70,7 +86,8 @@ std::string ablation_table(const Scenario& s, const WorkloadReport& w,
                 "SIMULATED GPU: no GPU was used; times come from the cost model "
                 "(reference_engine/engine/sim_backend.hpp).\n"
                 "model {} on {} (simulated), {}\n\n",
-                model_label(s), s.gpu, workload_line(s, w))
+                model_label(s), s.gpu, workload_line(s, w)) +
+                (precision_cost_note(s).empty() ? "" : "note: " + precision_cost_note(s) + "\n\n")
           : fmt::format(
                 "MEASURED on a GPU (backend {}): forward times measured, plus the engine's host time; "
                 "idle gaps skipped.\n"
@@ -109,6 +126,8 @@ std::string ablation_json(const Scenario& s, const WorkloadReport& w, const std:
   j["note"] = sim ? "GPU simulated by the reference engine's cost model; no GPU was used"
                   : "measured on a GPU (backend " + s.backend +
                         "): each forward's wall time plus the engine's host time (host_s); idle gaps skipped";
+  if (const std::string cost_note = precision_cost_note(s); !cost_note.empty())
+    j["cost_model_note"] = cost_note;
   j["scenario"] = nlohmann::ordered_json::parse(scenario_to_json(s, -1));
   if (w.from_trace) {
     nlohmann::ordered_json t;

@@ -37,6 +37,10 @@ struct WorkloadReport {
 WorkloadReport describe_workload(const Scenario& s, const std::vector<Request>& requests);
 
 std::string ablation_table(const Scenario& s, const WorkloadReport& w, const std::vector<RunResult>& results);
+// A simulated run of int8 / int4 experts whose cost model has no fit for that precision (no token-scale
+// table of it: it was not calibrated on the quantized kernel) is priced with prior factors: the line that
+// says so (in the table's header and the JSON's `cost_model_note`), else "" (bf16, a measured run, or a fit).
+std::string precision_cost_note(const Scenario& s);
 std::string ablation_json(const Scenario& s, const WorkloadReport& w, const std::vector<RunResult>& results);
 std::string ablation_csv(const Scenario& s, const WorkloadReport& w, const std::vector<RunResult>& results);
 // For a generated workload (the scenario's own settings); with a trace, the results' request count and no

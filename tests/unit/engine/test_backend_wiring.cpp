@@ -221,6 +221,41 @@ TEST_CASE("a measured backend's clock adds the engine's host time, a simulated o
   CHECK(later.engine->now() <= 5.0 + 4 * ClockBackend<true>::kStepS + later.result.host_s + 1e-9);
 }
 
+TEST_CASE("reports say when a quantized run is priced by a cost model without a fit for its precision",
+          "[engine][report]") {
+  RunResult r;
+  r.policy = "static";
+  r.total_requests = r.completed_requests = 1;
+  Scenario s;
+  s.requests = 1;
+  const auto note = [&] {
+    const std::string table = ablation_table(s, describe_workload(s, {}), {r});
+    const auto j = nlohmann::json::parse(ablation_json(s, {r}));
+    const bool in_table = table.find("note: cost model") != std::string::npos;
+    CHECK(in_table == j.contains("cost_model_note"));
+    return j.contains("cost_model_note") ? j.at("cost_model_note").get<std::string>() : std::string();
+  };
+  CHECK(note().empty());  // bf16: the cost model's own efficiencies
+  s.expert_precision = ExpertPrecision::kInt8;
+  CHECK(
+      note() ==
+      "cost model default has no int8 fit (no int8_moe_token_scale: not calibrated on the quantized kernel): "
+      "int8 experts are priced with prior factors on its bf16 MoE efficiencies (memory x 0.95, compute x "
+      "0.85)");
+  s.expert_precision = ExpertPrecision::kInt4;
+  CHECK_THAT(note(), Catch::Contains("has no int4 fit") && Catch::Contains("memory x 0.90, compute x 0.75"));
+  s.cost_model = "h200-qwen3";  // calibrated for bf16 only
+  CHECK_THAT(note(), Catch::StartsWith("cost model h200-qwen3 has no int4 fit"));
+  s.cost_model = "h200-qwen1.5";  // int8 and int4 fitted on the H200 (docs/results/quantized_h200.md)
+  CHECK(note().empty());
+  s.expert_precision = ExpertPrecision::kInt8;
+  CHECK(note().empty());
+  s.cost_model = "default";
+  s.backend = "cuda";  // measured: nothing is priced
+  s.gpu = "h200";
+  CHECK(precision_cost_note(s).empty());
+}
+
 TEST_CASE("reports mark a cuda run measured: table, JSON (with host_s) and CSV", "[engine][cuda][report]") {
   RunResult r;
   r.policy = "static";

@@ -16,6 +16,9 @@
 // batches).
 #pragma once
 
+#include <cstdint>
+#include <type_traits>
+
 #include "moe/grouped_gemm.cuh"
 #include "moe/precision.cuh"
 #include "moe/tensor_rows.hpp"
@@ -45,11 +48,18 @@ template <int N>
 __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Keeps the compiler from moving accumulator reads or writes across wgmma issue/wait.
-template <int N>
-__device__ __forceinline__ void pin(float (&d)[N]) {
+// Keeps the compiler from moving reads or writes of wgmma's registers (fp32 accumulators, or a register A
+// operand's 32-bit words) across wgmma issue/wait.
+template <class T, int N>
+__device__ __forceinline__ void pin(T (&d)[N]) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, std::uint32_t>, "fp32 or 32-bit words");
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      asm volatile("" : "+f"(d[i])::"memory");
+    else
+      asm volatile("" : "+r"(d[i])::"memory");
+  }
 }
 
 // The 64 fp32 accumulators of a m64n128 wgmma as inline-asm text (operands %0..%63) and operands.

@@ -48,12 +48,6 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const std::uin
 #endif
 }
 
-template <int N>
-__device__ __forceinline__ void pin_u32(std::uint32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
 }  // namespace wgmma
 
 // Shapes of the quantized TMA kernel for one precision.
@@ -102,11 +96,6 @@ struct PackedRow {
     hi = *reinterpret_cast<const std::uint32_t*>(&b);
   }
 };
-
-__device__ __forceinline__ __nv_bfloat162 scale_pair(std::uint16_t bits) {
-  const std::uint32_t s2 = static_cast<std::uint32_t>(bits) * 0x10001u;
-  return *reinterpret_cast<const __nv_bfloat162*>(&s2);
-}
 
 template <class Addressing, Stage kStage, class Precision>
 __global__ void __launch_bounds__(kTmaThreads, 1)
@@ -194,7 +183,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            scale[mt][h] = scale_pair(next_scale[mt][h]);
+            scale[mt][h] = __bfloat162bfloat162(__ushort_as_bfloat16(next_scale[mt][h]));
             if (group + 1 < groups) next_scale[mt][h] = __ldg(scales[mt][h] + group + 1);
           }
       }
@@ -240,13 +229,13 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       issue_half(H0{}, s);
       wgmma::wait<1>();  // half 1 of step kt − 1 has finished: its fragments and its stage are free
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[1][mt][0]), wgmma::pin_u32(frag[1][mt][1]);
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin(frag[1][mt][0]), wgmma::pin(frag[1][mt][1]);
       if (kt > 0) tma::arrive(&empty[(it - 1) % Q::kStages]);
       dequant_half(H1{});
       issue_half(H1{}, s);
       wgmma::wait<1>();  // half 0 of step kt has finished
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) wgmma::pin_u32(frag[0][mt][0]), wgmma::pin_u32(frag[0][mt][1]);
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin(frag[0][mt][0]), wgmma::pin(frag[0][mt][1]);
       if (kt + 1 < k_tiles) {
         const int s1 = (it + 1) % Q::kStages;
         tma::wait(&full[s1], ((it + 1) / Q::kStages) & 1);
@@ -277,15 +266,17 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
     tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
     if constexpr (kGateUp) {
-      // 64 features per token row, stored permuted: chunk c of the row is logical pairs c, 8 + c, 16 + c,
-      // 24 + c (moe/k_permutation.hpp).
+      // 64 features per token row, stored permuted (moe/k_permutation.hpp): chunk c of the row is logical
+      // pairs logical_pair(c, 0..3).
 #pragma unroll
       for (int r = 0; r < 8; ++r) {
         const int idx = t + 128 * r, token = idx / 8, c = idx % 8;
         if (token < tile.count) {
+          using k_permutation::logical_pair;
           const std::uint32_t* src =
               reinterpret_cast<const std::uint32_t*>(stage_out + token * Q::kStagingPitch);
-          const uint4 v = make_uint4(src[c], src[8 + c], src[16 + c], src[24 + c]);
+          const uint4 v = make_uint4(src[logical_pair(c, 0)], src[logical_pair(c, 1)],
+                                     src[logical_pair(c, 2)], src[logical_pair(c, 3)]);
           *reinterpret_cast<uint4*>(p.act +
                                     static_cast<std::int64_t>(tile.row_start + token) * p.intermediate +
                                     pair * 2 * kGateUpFeatures + 64 * cw + 8 * c) = v;
@@ -307,6 +298,31 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   }
 }
 
+// What PagedMoe launches on 256-row blocks (the TMA counterpart of Sm90Gemm): each stage's kernel, its
+// dynamic shared memory, the bits of a value in its weight tensor maps (tma::Region::bits) and names. bf16
+// experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel, whose gate/up stage reads the input permuted
+// by permute_k_kernel.
+template <class Addressing, class Precision>
+struct TmaGemm {
+  template <Stage kStage>
+  static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
+  static constexpr int kSmem = kTmaSmemBytes;
+  static constexpr int kBits = 16;
+  static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
+  static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
+};
+template <class Addressing, quant::Bits kB>
+struct TmaGemm<Addressing, Quantized<kB>> {
+  template <Stage kStage>
+  static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>>;
+  static constexpr int kSmem = TmaQuant<Quantized<kB>>::kSmemBytes;
+  static constexpr int kBits = static_cast<int>(quant::bit_count(kB));
+  static constexpr const char* kGateUpName = "grouped::gemm_tma_quant_kernel<kGateUp>";
+  static constexpr const char* kDownName = "grouped::gemm_tma_quant_kernel<kDown>";
+};
+static_assert(TmaGemm<Contiguous, Bf16>::kBits == 16 && TmaGemm<Contiguous, Int8>::kBits == 8 &&
+              TmaGemm<Contiguous, Int4>::kBits == 4);
+
 // The layer's input with K permuted inside each 64-block (moe/k_permutation.hpp) for the quantized TMA
 // kernel's gate/up stage: one thread per (token, 64-block), eight 16-byte loads and stores.
 __global__ void permute_k_kernel(const bf16* __restrict__ in, bf16* __restrict__ out, long long rows, int k) {
@@ -323,8 +339,11 @@ __global__ void permute_k_kernel(const bf16* __restrict__ in, bf16* __restrict__
     w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
   }
   uint4* dst = reinterpret_cast<uint4*>(out + idx * k_permutation::kBlock);
+  using k_permutation::logical_pair;
 #pragma unroll
-  for (int c = 0; c < 8; ++c) dst[c] = make_uint4(w[c], w[8 + c], w[16 + c], w[24 + c]);
+  for (int c = 0; c < 8; ++c)
+    dst[c] = make_uint4(w[logical_pair(c, 0)], w[logical_pair(c, 1)], w[logical_pair(c, 2)],
+                        w[logical_pair(c, 3)]);
 }
 
 }  // namespace amoeba::kernels::grouped

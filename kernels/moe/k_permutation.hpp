@@ -10,8 +10,9 @@
 // at position 4c + q (c = 0..7 its 16-byte chunk, q = 0..3 its word in the chunk) is logical pair 8q + c.
 // A dot product does not care about the order of K, so the result is the same sum in another order.
 //
-// The gate/up stage reads the layer's input through a permuted copy (detail::permute_k_kernel); the gate/up
-// epilogue writes `act` in this order directly, and the down stage reads it as it is.
+// The gate/up stage reads the layer's input through a permuted copy (grouped::permute_k_kernel); the gate/up
+// epilogue writes `act` in this order directly, and the down stage reads it as it is. Both build a block's
+// stored 16-byte chunk c from the 32-bit pairs logical_pair(c, 0..3).
 #pragma once
 
 #include "amoeba/core/host_device.hpp"
@@ -20,12 +21,16 @@ namespace amoeba::kernels::k_permutation {
 
 inline constexpr int kBlock = 64;  // values per permuted block (one k-step)
 
+// The logical k pair (0..31) stored as word q (0..3) of 16-byte chunk c (0..7) of a block.
+AMOEBA_HOST_DEVICE constexpr int logical_pair(int c, int q) {
+  return 8 * q + c;
+}
+
 // The logical k whose value is stored at position `stored` (both in [0, 64) or absolute: blocks map to
 // themselves).
 AMOEBA_HOST_DEVICE constexpr int logical_of(int stored) {
   const int block = stored - stored % kBlock, pair = (stored % kBlock) / 2;
-  const int c = pair / 4, q = pair % 4;
-  return block + 2 * (8 * q + c) + stored % 2;
+  return block + 2 * logical_pair(pair / 4, pair % 4) + stored % 2;
 }
 // The inverse: where logical k is stored.
 AMOEBA_HOST_DEVICE constexpr int stored_of(int logical) {

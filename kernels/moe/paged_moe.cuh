@@ -556,25 +556,9 @@ class PagedMoe {
                         bf16* permuted_input) {
     if constexpr (tma_addressing<Addressing>) {
       using grouped::Stage;
-      constexpr int kBits = [] {
-        if constexpr (Precision::kQuantized)
-          return static_cast<int>(quant::bit_count(Precision::kBits));
-        else
-          return 16;
-      }();
+      using Gemm = grouped::TmaGemm<Addressing, Precision>;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
-        constexpr auto kernel = [] {
-          if constexpr (Precision::kQuantized)
-            return &grouped::gemm_tma_quant_kernel<Addressing, kStage, Precision>;
-          else
-            return &grouped::gemm_tma_kernel<Addressing, kStage>;
-        }();
-        constexpr int kSmem = [] {
-          if constexpr (Precision::kQuantized)
-            return grouped::TmaQuant<Precision>::kSmemBytes;
-          else
-            return grouped::kTmaSmemBytes;
-        }();
+        constexpr auto kernel = Gemm::template kKernel<kStage>;
         grouped::TmaParams<Addressing> tp{};
         tp.moe = p;
         if (Precision::kQuantized && kStage == Stage::kGateUp) tp.moe.input = permuted_input;
@@ -583,12 +567,12 @@ class PagedMoe {
         for (int i = 0; i < 2; ++i) {
           tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
           if (regions[i] == nullptr) continue;
-          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, kBits}); !st) return st;
+          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, Gemm::kBits}); !st) return st;
         }
-        if (Status st = detail::set_smem<kernel>(dev.device, kSmem); !st) return st;
+        if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
         const long long units = static_cast<long long>(grid_tiles) * slices;
         const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
-        return launch(kernel, dim3(grid), grouped::kTmaThreads, kSmem, stream, tp, name);
+        return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
       };
       if constexpr (Precision::kQuantized) {
         const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
@@ -599,16 +583,12 @@ class PagedMoe {
             !st)
           return st;
       }
-      const char* gate_up_name = Precision::kQuantized ? "grouped::gemm_tma_quant_kernel<kGateUp>"
-                                                       : "grouped::gemm_tma_kernel<kGateUp>";
-      const char* down_name =
-          Precision::kQuantized ? "grouped::gemm_tma_quant_kernel<kDown>" : "grouped::gemm_tma_kernel<kDown>";
       if (Status st = stage.template operator()<Stage::kGateUp>(
-              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), gate_up_name);
+              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), Gemm::kGateUpName);
           !st)
         return st;
       return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
-                                                     s.hidden / (2 * grouped::kBlockN), down_name);
+                                                     s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream, (void)permuted_input;
       return Status::error("config.grouped_rows", c.grouped_rows,

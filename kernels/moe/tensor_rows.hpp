@@ -1,5 +1,5 @@
-// Where the TMA grouped GEMM (grouped::gemm_tma_kernel) finds an expert matrix in its tensor maps. Host and
-// device, no CUDA header, so the CPU tests check it.
+// Where the TMA grouped GEMMs (grouped::gemm_tma_kernel, gemm_tma_quant_kernel) find an expert matrix in
+// their tensor maps. Host and device, no CUDA header, so the CPU tests check it.
 //
 // A region of expert matrices (the page pool, a load buffer, one contiguous array) is read as a 2-D tensor of
 // rows of one weight row each (the pitch: 2K bytes for bf16, K or K / 2 for int8 / int4 packed rows,

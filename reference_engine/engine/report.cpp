@@ -80,6 +80,7 @@ std::string precision_cost_note(const Scenario& s) {
 
 std::string ablation_table(const Scenario& s, const WorkloadReport& w,
                            const std::vector<RunResult>& results) {
+  const std::string cost_note = precision_cost_note(s);
   std::string out =
       simulated(s)
           ? fmt::format(
@@ -87,7 +88,7 @@ std::string ablation_table(const Scenario& s, const WorkloadReport& w,
                 "(reference_engine/engine/sim_backend.hpp).\n"
                 "model {} on {} (simulated), {}\n\n",
                 model_label(s), s.gpu, workload_line(s, w)) +
-                (precision_cost_note(s).empty() ? "" : "note: " + precision_cost_note(s) + "\n\n")
+                (cost_note.empty() ? "" : "note: " + cost_note + "\n\n")
           : fmt::format(
                 "MEASURED on a GPU (backend {}): forward times measured, plus the engine's host time; "
                 "idle gaps skipped.\n"

@@ -192,9 +192,9 @@ std::vector<std::uint16_t> run_layer(const RoutingSet& r, const MoeShape& shape,
 constexpr double kAbs = 4e-2, kRel = 1e-2;
 
 // One layer call through Paged and Contiguous on `expected`'s path, checked against each other and the double
-// reference.
+// reference. expected_rows: the grouped blocks' weight rows the configuration must resolve to (0: not
+// checked).
 template <class Precision, class Config = kernels::DefaultMoeConfig>
-// expected_rows: the grouped blocks' weight rows the configuration must resolve to (0: not checked).
 void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, MoePath expected,
                       int hot_expert = -1, int expected_rows = 0) {
   const MoeShape shape = shape_of(store.spec, tokens);
@@ -255,7 +255,6 @@ struct OnlyTileConfig : QuantTileConfig<T> {
 template <class T>
 using Rolling = kernels::decode::Tile<T::kTokTiles, T::kWarps, T::kUnroll, T::kPrefetch, true>;
 
-// A configuration that instantiates only the 8-token decode tile and chooses the grouped GEMM at every size.
 // Every 32-bit word through dequant::int8x4 and dequant::int4x8 against the plain conversion (the value
 // sign-extended, then __float2bfloat16): counts the words whose bf16 words differ and keeps the first one.
 __global__ void exhaustive_dequant_kernel(unsigned long long* bad, unsigned int* first_bad) {
@@ -286,6 +285,7 @@ __global__ void exhaustive_dequant_kernel(unsigned long long* bad, unsigned int*
   if (local > 0) atomicAdd(bad, local);
 }
 
+// A configuration that instantiates only the 8-token decode tile and chooses the grouped GEMM at every size.
 struct OnlyT8Grouped : QuantGroupedConfig {
   using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1>>;
 };

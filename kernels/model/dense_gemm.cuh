@@ -20,9 +20,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -135,6 +138,72 @@ class DenseGemm {
       Plan* plan = nullptr;
       if (Status st = find_plan(Key{rows, N, K, bias != nullptr}, bias, plan); !st) return st;
     }
+    return Status::success();
+  }
+
+  // Times the first `candidates` algorithms of cuBLASLt's heuristic for M's plan on these operands (one
+  // warm-up launch, then `reps` launches each between two CUDA events on `stream`; the median) and makes the
+  // fastest the plan's, so that run() at M uses it from then on (cuBLASLt's first choice is not always its
+  // fastest for decode-sized M). M must be a bucket's row count (plan_rows(M) == M: every M <= kExactRows);
+  // x and y hold M rows. Writes y, synchronises `stream`. `timings`, when given, receives each candidate's
+  // median in µs in the heuristic's order (infinity where cuBLASLt refused it); `chosen` its index. Errors:
+  // run()'s rules, M not a bucket's, candidates or reps < 1, or every candidate refused.
+  Status tune(const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias, bf16* y,
+              cudaStream_t stream, int candidates = 8, int reps = 20, std::vector<float>* timings = nullptr,
+              int* chosen = nullptr) {
+    if (Status st = can_implement(x, M, K, w, N, bias, y); !st) return st;
+    if (M == 0 || plan_rows(M) != M)
+      return Status::error("M", M, "must be a bucket's row count (plan_rows(M) == M, M > 0)");
+    if (candidates < 1) return Status::error("candidates", candidates, "must be >= 1");
+    if (reps < 1) return Status::error("reps", reps, "must be >= 1");
+    if (!ready_) return ready_;
+    Plan* plan = nullptr;
+    if (Status st = find_plan(Key{M, N, K, bias != nullptr}, bias, plan); !st) return st;
+    // (Not a std::vector: nvcc 13.0's front end fails an internal assertion on one of this struct in C++20.)
+    const auto results =
+        std::make_unique<cublasLtMatmulHeuristicResult_t[]>(static_cast<std::size_t>(candidates));
+    int found = 0;
+    if (Status st = check(cublasLtMatmulAlgoGetHeuristic(handle_, &plan->desc, &plan->a, &plan->b, &plan->d,
+                                                         &plan->d, &pref_, candidates, results.get(), &found),
+                          "cublasLtMatmulAlgoGetHeuristic");
+        !st)
+      return st;
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    for (cudaEvent_t& e : ev)
+      if (cudaEventCreate(&e) != cudaSuccess) {
+        for (cudaEvent_t d : ev)
+          if (d != nullptr) cudaEventDestroy(d);
+        return Status::error("cudaEventCreate", "failed");
+      }
+    const cublasLtMatmulAlgo_t first = plan->algo;
+    std::vector<float> us(static_cast<std::size_t>(found), std::numeric_limits<float>::infinity());
+    std::vector<float> samples(static_cast<std::size_t>(reps));
+    Status timing = Status::success();
+    int best = -1;
+    for (int i = 0; i < found && timing.ok; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      plan->algo = results[i].algo;
+      if (matmul(*plan, x, M, K, w, N, bias, y, stream) != CUBLAS_STATUS_SUCCESS) continue;  // refused
+      for (int r = 0; r < reps && timing.ok; ++r) {
+        if (cudaEventRecord(ev[0], stream) != cudaSuccess ||
+            matmul(*plan, x, M, K, w, N, bias, y, stream) != CUBLAS_STATUS_SUCCESS ||
+            cudaEventRecord(ev[1], stream) != cudaSuccess || cudaEventSynchronize(ev[1]) != cudaSuccess ||
+            cudaEventElapsedTime(&samples[r], ev[0], ev[1]) != cudaSuccess)
+          timing = Status::error(
+              "tune", "a timed launch failed: " + std::string(cudaGetErrorString(cudaGetLastError())));
+      }
+      if (!timing.ok) break;
+      std::nth_element(samples.begin(), samples.begin() + reps / 2, samples.end());
+      us[i] = 1000.0f * samples[reps / 2];
+      if (best < 0 || us[i] < us[best]) best = i;
+    }
+    for (cudaEvent_t e : ev) cudaEventDestroy(e);
+    plan->algo = best >= 0 && timing.ok ? results[best].algo : first;
+    if (!timing.ok) return timing;
+    if (best < 0)
+      return Status::error("tune", "cuBLASLt refused every one of " + std::to_string(found) + " algorithms");
+    if (timings != nullptr) *timings = us;
+    if (chosen != nullptr) *chosen = best;
     return Status::success();
   }
 

@@ -349,6 +349,17 @@ struct CudaBackend::Impl {
   void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
   }
+  // The warm-up's run of one projection at M rows: with AMOEBA_TUNE_GEMM=1 in the environment, at M <=
+  // kExactRows the fastest of cuBLASLt's first 8 algorithms on these operands (DenseGemm::tune; an
+  // experiment's switch: the choice follows timings, so two processes may round a projection differently),
+  // else cuBLASLt's first (a plain run).
+  void gemm_warm(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
+    if (tune_gemm && M <= kd::DenseGemm::kExactRows)
+      check_status(gemm->tune(xin, M, Kd, w, N, bias, y, stream, 8, 5), "dense GEMM tuning");
+    else
+      gemm_run(xin, M, Kd, w, N, bias, y);
+  }
+  bool tune_gemm = false;
 };
 
 void CudaBackend::Impl::setup() {
@@ -650,18 +661,20 @@ void CudaBackend::Impl::setup() {
       if (w.moe >= 0 && router == nullptr) router = w.router;
       if (w.moe < 0 && dense == nullptr) dense = &w;
     }
+    if (const char* t = std::getenv("AMOEBA_TUNE_GEMM"); t != nullptr && std::string(t) == "1")
+      tune_gemm = true;
     for (int M = 1; M <= Tm; ++M) {
-      gemm_run(hn, M, Hi, w0.q, int(qd + 2 * kvd), w0.q_bias, qkv);
-      gemm_run(att, M, int(qd), w0.o, Hi, nullptr, o);
-      if (router != nullptr) gemm_run(hn, M, Hi, router, int(router_ld), nullptr, router_logits);
+      gemm_warm(hn, M, Hi, w0.q, int(qd + 2 * kvd), w0.q_bias, qkv);
+      gemm_warm(att, M, int(qd), w0.o, Hi, nullptr, o);
+      if (router != nullptr) gemm_warm(hn, M, Hi, router, int(router_ld), nullptr, router_logits);
       if (dense != nullptr) {
         const int Fd = static_cast<int>(hf.intermediate_size);
-        gemm_run(hn, M, Hi, dense->gate, Fd, nullptr, mlp_a);
-        gemm_run(mlp_a, M, Fd, dense->down, Hi, nullptr, o);
+        gemm_warm(hn, M, Hi, dense->gate, Fd, nullptr, mlp_a);
+        gemm_warm(mlp_a, M, Fd, dense->down, Hi, nullptr, o);
       }
     }
     for (int M = 1; M <= static_cast<int>(std::min(cfg.max_seqs, T)); ++M)
-      gemm_run(xn, M, Hi, lm_head, int(V), nullptr, logits);
+      gemm_warm(xn, M, Hi, lm_head, int(V), nullptr, logits);
   }
   restored.assign(std::size_t(moe_layers) * E, 0);
   may_miss.assign(moe_layers, 0);

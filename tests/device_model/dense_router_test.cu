@@ -329,6 +329,64 @@ TEST_CASE("DenseGemm: prepare() builds every bucket's plan, a bucket's algorithm
   CHECK(gemm.cached_plans() == buckets + gemm.exact_fallbacks());
 }
 
+TEST_CASE("DenseGemm: tune() keeps the fastest of cuBLASLt's candidates, run() then stays within one ulp",
+          "[gpu][decoder][dense]") {
+  using G = dec::DenseGemm;
+  Dev<unsigned char> workspace(G::kWorkspaceBytes);
+  G gemm(workspace.p, workspace.n);
+  REQUIRE(gemm.status().ok);
+  struct Case {
+    int K, N;
+    bool bias;
+    const char* what;
+  };
+  // The engine's router GEMM carries the shared expert's gate as one more column (N = E + 1).
+  const std::vector<Case> cases{{2048, 61, false, "Qwen1.5-MoE router + shared gate"},
+                                {2048, 6144, true, "Qwen1.5-MoE q/k/v with biases"},
+                                {2048, 2048, false, "Qwen1.5-MoE o_proj"}};
+  const int max_m = 64;
+  std::uint64_t seed = 300;
+  for (const Case& c : cases) {
+    const auto x = random_bf16(std::size_t(max_m) * c.K, 2.0f, seed++);
+    const auto w = random_bf16(std::size_t(c.N) * c.K, 0.1f, seed++);
+    const auto b = random_bf16(std::size_t(c.N), 1.0f, seed++);
+    const std::vector<double> dot = reference_dot(x, w, max_m, c.N, c.K);
+    Dev<bf16> dx(x.size()), dw(w.size()), db(b.size()), dy(std::size_t(max_m) * c.N);
+    dx.put(x);
+    dw.put(w);
+    db.put(b);
+    const dec::bf16* bias = c.bias ? dev(db) : nullptr;
+    for (const int M : {1, 8, 9, 11, 64}) {
+      INFO(c.what << ": M " << M);
+      std::vector<float> us;
+      int chosen = -1;
+      const Status st = gemm.tune(dev(dx), M, c.K, dev(dw), c.N, bias, dev(dy), nullptr, 8, 10, &us, &chosen);
+      INFO(st.message);
+      REQUIRE(st.ok);
+      REQUIRE(!us.empty());
+      REQUIRE(chosen >= 0);
+      REQUIRE(chosen < int(us.size()));
+      CHECK(us[chosen] == *std::min_element(us.begin(), us.end()));
+      CHECK(std::isfinite(us[chosen]));
+      std::printf("tune %-34s M %2d: %zu candidates, first %.1f us, chosen #%d %.1f us\n", c.what, M,
+                  us.size(), us[0], chosen, us[chosen]);
+      dy.poison();
+      REQUIRE(gemm.run(dev(dx), M, c.K, dev(dw), c.N, bias, dev(dy), nullptr).ok);
+      check_cuda(cudaDeviceSynchronize());
+      const auto y = dy.get(std::size_t(M) * c.N);
+      const GemmErrors e = compare_gemm(y, dot, x, w, c.bias ? &b : nullptr, M, c.N, c.K);
+      INFO(e.first_bad);
+      REQUIRE(e.first_bad.empty());
+      CHECK(e.beyond <= y.size() / 1000 + 2);
+    }
+  }
+  // Refused before anything runs: M off a bucket, no candidates, no repetitions.
+  Dev<bf16> dx(72 * 256), dw(64 * 256), dy(72 * 64);
+  CHECK(gemm.tune(dev(dx), 65, 256, dev(dw), 64, nullptr, dev(dy), nullptr).field == "M");
+  CHECK(gemm.tune(dev(dx), 8, 256, dev(dw), 64, nullptr, dev(dy), nullptr, 0).field == "candidates");
+  CHECK(gemm.tune(dev(dx), 8, 256, dev(dw), 64, nullptr, dev(dy), nullptr, 8, 0).field == "reps");
+}
+
 TEST_CASE("DenseGemm: a cached plan serves 16-byte (not 256-byte) aligned pointers, M = 0 does nothing",
           "[gpu][decoder][dense]") {
   Dev<unsigned char> workspace(dec::DenseGemm::kWorkspaceBytes);

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One device call: does cuBLASLt's first heuristic algorithm cost the decode steps time, and does
-# DenseGemm::tune (the fastest of its first 8, AMOEBA_TUNE_GEMM=1 at the CUDA backend's warm-up) win it
-# back? 1. dense_gemm_bench: every projection of Qwen1.5-MoE and Qwen3-30B at M = 1..16, each candidate's
-# median. 2. device_model_tests "[dense]" (tune()'s results within one bf16 ulp). 3. Qwen1.5-MoE with int8
-# experts on the held-out Poisson trace (static policy, the committed h200-qwen1.5 costs), warm-up untuned and
-# tuned: the decode steps' phases by batch (timeline_steps.py priced), where the untuned run's rest of the
-# step jumps by ~0.4 ms at 7-10 sequences (docs/results/quantized_h200.md).
-#   BIN=.gpu OUT=$OUT bash benchmarks/device/dense_tune_run.sh
+# One device call: what cuBLASLt's first heuristic algorithm costs the decode steps, against DenseGemm's tuning
+# (the fastest of its first 8 at M <= 64, chosen once per process at the CUDA backend's warm-up; the default,
+# AMOEBA_TUNE_GEMM=0 turns it off). 1. dense_gemm_bench: every projection of Qwen1.5-MoE and Qwen3-30B at
+# M = 1..16, each candidate's median. 2. device_model_tests "[dense]" (tune()'s and tune_once()'s results within
+# one bf16 ulp). 3. Qwen1.5-MoE with int8 experts (PRECISION) on the held-out Poisson trace (static policy, the
+# committed h200-qwen1.5 costs), untuned and tuned: the decode steps' phases by batch (timeline_steps.py
+# priced); untuned, the rest of the step jumps by ~0.4 ms at 7-10 sequences (docs/results/dense_gemm_h200.md).
+#   BIN=.gpu OUT=$OUT [PRECISION=int8] bash benchmarks/device/dense_tune_run.sh
 # BIN holds dense_gemm_bench, device_model_tests and amoeba (with libfmt.so.9). Writes $OUT/dense_gemm.json,
-# $OUT/summary.txt and $OUT/runs.tgz (the validate outputs and timelines of both runs).
+# $OUT/dense_gemm.txt, $OUT/summary.txt and $OUT/runs.tgz (the validate outputs and timelines of both runs).
 source "$(dirname "$0")/device_common.sh"
 here="$(dirname "$0")"
 timeout 240 "$BIN/dense_gemm_bench" --json "$OUT/dense_gemm.json" >"$OUT/dense_gemm.txt" 2>&1
@@ -18,7 +18,7 @@ lines+=("device_model_tests [dense] rc=$? $(grep -E 'All tests passed|test cases
 mkdir -p "$OUT/runs"
 for tune in 0 1; do
   mkdir -p "$OUT/runs/tune$tune"
-  AMOEBA_TUNE_GEMM=$tune PRECISION=int8 MODELS=qwen1.5-moe-a2.7b POLICIES=static TRACES=poisson \
+  AMOEBA_TUNE_GEMM=$tune PRECISION=${PRECISION:-int8} MODELS=qwen1.5-moe-a2.7b POLICIES=static TRACES=poisson \
     COST_MODEL=reference_engine/data/cost_models/h200-qwen1.5.json BIN="$BIN" OUT="$OUT/runs/tune$tune" \
     bash "$here/calibration_run.sh" >/dev/null 2>&1
   (cd "$OUT/runs/tune$tune" && tar xzf calibration.tgz)

@@ -13,7 +13,12 @@
 // algorithm per bucket (plan_rows); prepare() builds every bucket's plan of a projection up to a largest M
 // without launching, and a run at every M (the CUDA backend's warm-up at setup) also meets the Ms a bucket's
 // algorithm cannot serve, which query once for themselves (exact_fallbacks()).
-// A DenseGemm is not thread safe and its workspace serves one stream: use one per stream.
+// cuBLASLt's first heuristic choice is not always its fastest at decode-sized M (the router's N = 61 at M =
+// 7-10 took 1.3x the best of its first 8 on the H200: docs/results/dense_gemm_h200.md): tune() times the
+// first candidates and keeps the fastest; tune_once() does it once per shape and device for the whole process
+// (the CUDA backend's warm-up calls it for every projection at M <= kExactRows). A DenseGemm is not thread
+// safe and its workspace serves one stream: use one per stream (tune_once's record of choices is shared and
+// locked).
 #pragma once
 
 #include <cublasLt.h>
@@ -25,7 +30,10 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,6 +77,10 @@ class DenseGemm {
     }
     if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
       ready_ = Status::error("workspace", "must be 256-byte aligned");
+      return;
+    }
+    if (cudaGetDevice(&device_) != cudaSuccess) {
+      ready_ = Status::error("cudaGetDevice", cudaGetErrorString(cudaGetLastError()));
       return;
     }
     ready_ = check(cublasLtCreate(&handle_), "cublasLtCreate");
@@ -207,6 +219,40 @@ class DenseGemm {
     return Status::success();
   }
 
+  // tune() once per process and shape: the first tune_once() of a (device, M, N, K, bias or not, workspace
+  // bytes) in the process times the candidates as tune() does and records the fastest; every later
+  // tune_once() of that key, by any DenseGemm of the process, adopts the recorded algorithm without timing,
+  // and so does a plan of it rebuilt after the plan cache was cleared. Two engines of one process therefore
+  // compute a projection alike whatever the timing noise (tests compare their tokens bit for bit); two
+  // processes may choose differently (a projection then rounds differently, within one bf16 ulp of the exact
+  // product either way). `chosen` receives the recorded algorithm's position in the heuristic's list,
+  // `timed` whether this call measured. Errors: tune()'s.
+  Status tune_once(const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias, bf16* y,
+                   cudaStream_t stream, int candidates = 8, int reps = 5, int* chosen = nullptr,
+                   bool* timed = nullptr) {
+    if (timed != nullptr) *timed = false;
+    if (Status st = can_implement(x, M, K, w, N, bias, y); !st) return st;
+    if (M == 0 || plan_rows(M) != M)
+      return Status::error("M", M, "must be a bucket's row count (plan_rows(M) == M, M > 0)");
+    if (!ready_) return ready_;
+    const TunedKey key = tuned_key(M, N, K, bias != nullptr);
+    Plan* plan = nullptr;
+    if (Status st = find_plan(Key{M, N, K, bias != nullptr}, bias, plan); !st) return st;
+    if (const std::optional<Tuned> t = recorded(key)) {
+      plan->algo = t->algo;  // (a plan built before the record)
+      if (chosen != nullptr) *chosen = t->index;
+      return Status::success();
+    }
+    int best = -1;
+    if (Status st = tune(x, M, K, w, N, bias, y, stream, candidates, reps, nullptr, &best); !st) return st;
+    if (timed != nullptr) *timed = true;
+    // Another thread may have recorded the key meanwhile: the first record wins, everyone adopts it.
+    const Tuned t = record(key, Tuned{plan->algo, best});
+    plan->algo = t.algo;
+    if (chosen != nullptr) *chosen = t.index;
+    return Status::success();
+  }
+
   // The distinct plan_rows() values of M = 1 .. max_M, ascending: the row counts prepare() plans for.
   static std::vector<int> bucket_rows(int max_M) {
     std::vector<int> rows;
@@ -240,6 +286,40 @@ class DenseGemm {
       return h;
     }
   };
+
+  // The process's tune_once() choices (one map for every DenseGemm; a mutex because a tensor-parallel
+  // group's ranks set up from their own threads).
+  struct TunedKey {
+    int device, m, n, k;
+    bool bias;
+    std::size_t workspace_bytes;
+    auto operator<=>(const TunedKey&) const = default;
+  };
+  struct Tuned {
+    cublasLtMatmulAlgo_t algo;
+    int index;  // in the heuristic's list when it was timed
+  };
+  static std::mutex& tuned_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<TunedKey, Tuned>& tuned_choices() {
+    static std::map<TunedKey, Tuned> choices;
+    return choices;
+  }
+  TunedKey tuned_key(int m, int n, int k, bool bias) const {
+    return TunedKey{device_, m, n, k, bias, workspace_bytes_};
+  }
+  static std::optional<Tuned> recorded(const TunedKey& key) {
+    const std::lock_guard<std::mutex> lock(tuned_mutex());
+    const auto it = tuned_choices().find(key);
+    if (it == tuned_choices().end()) return std::nullopt;
+    return it->second;
+  }
+  static Tuned record(const TunedKey& key, const Tuned& t) {
+    const std::lock_guard<std::mutex> lock(tuned_mutex());
+    return tuned_choices().try_emplace(key, t).first->second;
+  }
 
   static bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
@@ -359,11 +439,15 @@ class DenseGemm {
                                ", K = " + std::to_string(K) + (bias != nullptr ? " with bias" : ""));
     p.algo = result.algo;
     p.rows = M;
+    // A bucket's plan of a shape tune_once() chose for in this process takes that choice.
+    if (M <= kExactRows)
+      if (const std::optional<Tuned> t = recorded(tuned_key(M, N, K, bias != nullptr))) p.algo = t->algo;
     return Status::success();
   }
 
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  int device_ = 0;  // current at construction: the device the handle and the plans serve
   cublasLtHandle_t handle_ = nullptr;
   cublasLtMatmulPreferenceOpaque_t pref_{};
   Status ready_;

@@ -349,17 +349,16 @@ struct CudaBackend::Impl {
   void gemm_run(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     check_status(gemm->run(xin, M, Kd, w, N, bias, y, stream), "dense GEMM");
   }
-  // The warm-up's run of one projection at M rows: with AMOEBA_TUNE_GEMM=1 in the environment, at M <=
-  // kExactRows the fastest of cuBLASLt's first 8 algorithms on these operands (DenseGemm::tune; an
-  // experiment's switch: the choice follows timings, so two processes may round a projection differently),
-  // else cuBLASLt's first (a plain run).
+  // The warm-up's run of one projection at M rows: at M <= kExactRows the fastest of cuBLASLt's first 8
+  // algorithms on these operands, chosen once per process (DenseGemm::tune_once), unless AMOEBA_TUNE_GEMM=0
+  // (then cuBLASLt's first: a plain run).
   void gemm_warm(const dbf16* xin, int M, int Kd, const dbf16* w, int N, const dbf16* bias, dbf16* y) {
     if (tune_gemm && M <= kd::DenseGemm::kExactRows)
-      check_status(gemm->tune(xin, M, Kd, w, N, bias, y, stream, 8, 5), "dense GEMM tuning");
+      check_status(gemm->tune_once(xin, M, Kd, w, N, bias, y, stream), "dense GEMM tuning");
     else
       gemm_run(xin, M, Kd, w, N, bias, y);
   }
-  bool tune_gemm = false;
+  bool tune_gemm = true;
 };
 
 void CudaBackend::Impl::setup() {
@@ -661,8 +660,7 @@ void CudaBackend::Impl::setup() {
       if (w.moe >= 0 && router == nullptr) router = w.router;
       if (w.moe < 0 && dense == nullptr) dense = &w;
     }
-    if (const char* t = std::getenv("AMOEBA_TUNE_GEMM"); t != nullptr && std::string(t) == "1")
-      tune_gemm = true;
+    tune_gemm = gemm_tuning_from_environment();
     for (int M = 1; M <= Tm; ++M) {
       gemm_warm(hn, M, Hi, w0.q, int(qd + 2 * kvd), w0.q_bias, qkv);
       gemm_warm(att, M, int(qd), w0.o, Hi, nullptr, o);

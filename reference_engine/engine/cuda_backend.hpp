@@ -84,6 +84,15 @@ inline bool phase_events_from_environment() {
   return v == nullptr || std::string_view(v) != "0";
 }
 
+// AMOEBA_TUNE_GEMM=0 in the environment: the warm-up keeps cuBLASLt's first heuristic algorithm for every
+// dense projection instead of the fastest of its first 8 at decode-sized M (DenseGemm::tune_once; an
+// experiment's switch: untuned, the decode steps of 7-10 and 13 sequences took ~0.4 ms more on the H200,
+// docs/results/dense_gemm_h200.md).
+inline bool gemm_tuning_from_environment() {
+  const char* v = std::getenv("AMOEBA_TUNE_GEMM");
+  return v == nullptr || std::string_view(v) != "0";
+}
+
 // What the backend took from the GPU, for reports and the "nothing allocated in the step loop" check.
 struct CudaMemoryReport {
   std::uint64_t arena_bytes = 0;  // the one arena

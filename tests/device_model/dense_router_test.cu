@@ -387,6 +387,63 @@ TEST_CASE("DenseGemm: tune() keeps the fastest of cuBLASLt's candidates, run() t
   CHECK(gemm.tune(dev(dx), 8, 256, dev(dw), 64, nullptr, dev(dy), nullptr, 8, 0).field == "reps");
 }
 
+TEST_CASE("DenseGemm: tune_once() times a shape once per process, every DenseGemm then computes it alike",
+          "[gpu][decoder][dense]") {
+  using G = dec::DenseGemm;
+  // A shape no other case of this process tunes once (the record is process-wide).
+  const int K = 1536, N = 72;
+  const int max_m = 12;
+  const auto x = random_bf16(std::size_t(max_m) * K, 2.0f, 400);
+  const auto w = random_bf16(std::size_t(N) * K, 0.1f, 401);
+  const std::vector<double> dot = reference_dot(x, w, max_m, N, K);
+  Dev<bf16> dx(x.size()), dw(w.size()), dy1(std::size_t(max_m) * N), dy2(std::size_t(max_m) * N);
+  dx.put(x);
+  dw.put(w);
+  Dev<unsigned char> ws1(G::kWorkspaceBytes), ws2(G::kWorkspaceBytes);
+  G first(ws1.p, ws1.n), second(ws2.p, ws2.n);
+  REQUIRE(first.status().ok);
+  REQUIRE(second.status().ok);
+  // `second` builds its plan before `first` records a choice: tune_once must still hand it the record.
+  REQUIRE(second.run(dev(dx), 9, K, dev(dw), N, nullptr, dev(dy2), nullptr).ok);
+  for (const int M : {1, 9, 12}) {
+    INFO("M " << M);
+    int chosen1 = -1, chosen2 = -1;
+    bool timed1 = false, timed2 = true;
+    REQUIRE(
+        first.tune_once(dev(dx), M, K, dev(dw), N, nullptr, dev(dy1), nullptr, 8, 5, &chosen1, &timed1).ok);
+    REQUIRE(
+        second.tune_once(dev(dx), M, K, dev(dw), N, nullptr, dev(dy2), nullptr, 8, 5, &chosen2, &timed2).ok);
+    CHECK(timed1);
+    CHECK_FALSE(timed2);
+    CHECK(chosen1 >= 0);
+    CHECK(chosen2 == chosen1);
+    // Once more on the first: recorded, not timed again.
+    bool timed3 = true;
+    REQUIRE(
+        first.tune_once(dev(dx), M, K, dev(dw), N, nullptr, dev(dy1), nullptr, 8, 5, nullptr, &timed3).ok);
+    CHECK_FALSE(timed3);
+    dy1.poison();
+    dy2.poison();
+    REQUIRE(first.run(dev(dx), M, K, dev(dw), N, nullptr, dev(dy1), nullptr).ok);
+    REQUIRE(second.run(dev(dx), M, K, dev(dw), N, nullptr, dev(dy2), nullptr).ok);
+    check_cuda(cudaDeviceSynchronize());
+    const auto y1 = dy1.get(std::size_t(M) * N), y2 = dy2.get(std::size_t(M) * N);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < y1.size(); ++i) differ += y1[i].bits != y2[i].bits;
+    CHECK(differ == 0);  // one algorithm: bit for bit
+    const GemmErrors e = compare_gemm(y1, dot, x, w, nullptr, M, N, K);
+    INFO(e.first_bad);
+    REQUIRE(e.first_bad.empty());
+  }
+  // The argument rules come first: nothing timed, nothing recorded.
+  bool timed = true;
+  CHECK(
+      first.tune_once(dev(dx), 65, K, dev(dw), N, nullptr, dev(dy1), nullptr, 8, 5, nullptr, &timed).field ==
+      "M");
+  CHECK_FALSE(timed);
+  CHECK(first.tune_once(dev(dx), 8, K + 4, dev(dw), N, nullptr, dev(dy1), nullptr).field == "K");
+}
+
 TEST_CASE("DenseGemm: a cached plan serves 16-byte (not 256-byte) aligned pointers, M = 0 does nothing",
           "[gpu][decoder][dense]") {
   Dev<unsigned char> workspace(dec::DenseGemm::kWorkspaceBytes);

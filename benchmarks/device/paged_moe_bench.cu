@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -254,14 +255,38 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
-// The layer on quantized experts in one contiguous [E+m][3][packed matrix] array of random bytes.
+// Writes `value` into n bf16 scales.
+__global__ void set_scales_kernel(bf16* p, std::size_t n, bf16 value) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+// The layer on quantized experts in one contiguous [E+m][3][packed matrix] array: random bytes for the packed
+// values (every int8 / int4 code occurs), and each matrix's scales one value, chosen so that its weights span
+// the bf16 store's range (W1/W3 ±1.7/√H, W2 ±1.7/√F: gate and up O(1), as a model's are). Data of another
+// magnitude change the kernels' speed where the arithmetic leaves a fast path (random scales made gate values
+// of hundreds: SiLU's division, kernels/moe/moe_params.cuh), so bf16 and quantized layers read alike.
 struct QuantWeights {
-  DeviceBuffer<bf16> data;  // bytes / 2 elements: fill_uniform writes finite bf16, so the scales are finite
+  DeviceBuffer<bf16> data;  // bytes / 2 elements
   long long matrix_bytes = 0;
-  QuantWeights(const ModelSpec& spec, long long matrix) : matrix_bytes(matrix) {
-    const std::size_t bytes = static_cast<std::size_t>(spec.num_experts + spec.shared_chunks) * 3 * matrix;
-    data = DeviceBuffer<bf16>(bytes / 2);
+  QuantWeights(const ModelSpec& spec, kernels::quant::Bits bits) {
+    const kernels::quant::ExpertLayout layout =
+        kernels::quant::expert_layout(spec.intermediate, spec.hidden, bits);
+    matrix_bytes = static_cast<long long>(layout.matrix_bytes());
+    const int matrices = 3 * (spec.num_experts + spec.shared_chunks);
+    data = DeviceBuffer<bf16>(static_cast<std::size_t>(matrices) * matrix_bytes / 2);
     fill_uniform(data.get(), data.size(), 4242, 0.05f);
+    const float q_max = bits == kernels::quant::Bits::kInt8 ? 127.0f : 7.0f;
+    for (int m = 0; m < matrices; ++m) {
+      const bool down = m % 3 == 2;
+      const kernels::quant::MatrixLayout& l = down ? layout.w2 : layout.w13;
+      const float range = 1.7f / std::sqrt(static_cast<float>(down ? spec.intermediate : spec.hidden));
+      unsigned char* base = reinterpret_cast<unsigned char*>(data.get()) + m * matrix_bytes;
+      set_scales_kernel<<<256, 256>>>(reinterpret_cast<bf16*>(base + l.scale_offset()),
+                                      l.rows * l.groups_per_row(), __float2bfloat16_rn(range / q_max));
+    }
+    AMOEBA_CUDA_CHECK(cudaGetLastError());
   }
 };
 
@@ -452,8 +477,7 @@ int main(int argc, char** argv) {
       const std::string prec = c.substr(0, 4);  // a quantized configuration's name starts with it
       if (quantized.count(c) == 0 || quant.count(prec) != 0) continue;
       quant[prec] = std::make_unique<QuantWeights>(
-          spec, prec == "int8" ? kernels::Int8::matrix_bytes(spec.intermediate, spec.hidden)
-                               : kernels::Int4::matrix_bytes(spec.intermediate, spec.hidden));
+          spec, prec == "int8" ? kernels::quant::Bits::kInt8 : kernels::quant::Bits::kInt4);
     }
     std::vector<std::pair<std::string, int>> view_names;
     std::vector<ExpertStore::AliasedView> views;

@@ -52,10 +52,6 @@ struct Tile {
   static constexpr int kKMultiple = kWarps * kKStep;  // K must be a multiple of this
 };
 
-__device__ __forceinline__ float silu(float v) {
-  return v / (1.0f + __expf(-v));
-}
-
 // The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles. `rows[r]`: the
 // first byte of row tile r's first row; `scales[r]`: its first row's first scale; `tok[nt]`: token row
 // (nt·8 + g)'s element 0 (the activations, bf16).

@@ -28,10 +28,6 @@ inline constexpr int kThreads = 256;  // 8 warps: 2 along M (64 rows each) × 4 
 inline constexpr int kGateUpFeatures = kBlockN / 2;
 inline constexpr int kSmemBytes = kStages * (kBlockM + kBlockN) * kBlockK * 2;
 
-__device__ __forceinline__ float silu(float v) {
-  return v / (1.0f + __expf(-v));
-}
-
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][64] bf16 tile, XOR-swizzled by row.
 __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * kBlockK + ((chunk ^ (row & 7)) * 8);

@@ -1,6 +1,7 @@
 // The one trivially copyable parameter block every kernel of a MoE layer receives (as __grid_constant__),
-// plus the slot helpers shared by routing and combine. A "slot" is (token t, j) with j < k for routed experts
-// and k <= j < k+m for the shared chunks; slot index s = t·(k+m) + j.
+// plus the slot helpers shared by routing and combine, and the activation every gate/up epilogue applies. A
+// "slot" is (token t, j) with j < k for routed experts and k <= j < k+m for the shared chunks; slot index s =
+// t·(k+m) + j.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +12,15 @@
 #include "moe/addressing.cuh"
 
 namespace amoeba::kernels {
+
+// SiLU, v · sigmoid(v) = v / (1 + e^-v), with the fast division (__fdividef: within 2 ulp of fp32, before the
+// one rounding to bf16). The IEEE division leaves its fast path when the denominator passes 2^126 (v <
+// -87.3), for a per-thread subroutine: a layer's speed then depended on its data (random int8 weights of
+// large magnitude spent 9% of the quantized gate/up kernel's warp samples there, docs/kernel.md). Here v <
+// -87.3 gives -0 where the exact value's magnitude is below 1e-36.
+__device__ __forceinline__ float silu(float v) {
+  return __fdividef(v, 1.0f + __expf(-v));
+}
 
 // One unit of GEMM work: `count` consecutive rows of the expert-sorted order starting at `row_start`, all
 // routed to `expert`. Built by the routing kernel, `count` <= the path's token tile.

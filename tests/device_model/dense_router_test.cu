@@ -118,6 +118,27 @@ GemmErrors compare_gemm(const std::vector<bf16>& y, const std::vector<double>& d
   return e;
 }
 
+// Random operands of y[M][N] = x[M][K] · w[N][K]^T + b for M up to max_m, on the host and the device, and
+// their exact dot products.
+struct GemmOperands {
+  std::vector<bf16> x, w, b;
+  std::vector<double> dot;
+  Dev<bf16> dx, dw, db, dy;
+  GemmOperands(int max_m, int K, int N, std::uint64_t seed)
+      : x(random_bf16(std::size_t(max_m) * K, 2.0f, seed)),
+        w(random_bf16(std::size_t(N) * K, 0.1f, seed + 1)),
+        b(random_bf16(std::size_t(N), 1.0f, seed + 2)),
+        dot(reference_dot(x, w, max_m, N, K)),
+        dx(x.size()),
+        dw(w.size()),
+        db(b.size()),
+        dy(std::size_t(max_m) * N) {
+    dx.put(x);
+    dw.put(w);
+    db.put(b);
+  }
+};
+
 // ---- Router model
 
 struct Routing {
@@ -233,15 +254,11 @@ TEST_CASE("DenseGemm: bf16(x w^T + bias) within one bf16 ulp of the double refer
   };
   std::uint64_t seed = 100;
   for (const Case& c : cases) {
-    const int max_m = *std::max_element(c.Ms.begin(), c.Ms.end());
-    const auto x = random_bf16(std::size_t(max_m) * c.K, 2.0f, seed++);
-    const auto w = random_bf16(std::size_t(c.N) * c.K, 0.1f, seed++);
-    const auto b = random_bf16(std::size_t(c.N), 1.0f, seed++);
-    const std::vector<double> dot = reference_dot(x, w, max_m, c.N, c.K);
-    Dev<bf16> dx(x.size()), dw(w.size()), db(b.size()), dy(std::size_t(max_m) * c.N);
-    dx.put(x);
-    dw.put(w);
-    db.put(b);
+    GemmOperands op(*std::max_element(c.Ms.begin(), c.Ms.end()), c.K, c.N, seed);
+    seed += 3;
+    const auto &x = op.x, &w = op.w, &b = op.b;
+    const std::vector<double>& dot = op.dot;
+    Dev<bf16>&dx = op.dx, &dw = op.dw, &db = op.db, &dy = op.dy;
     for (const int M : c.Ms)
       for (const bool with_bias : {false, true}) {
         if (with_bias && c.N % 8 != 0) {  // refused: see DenseGemm::can_implement
@@ -347,14 +364,11 @@ TEST_CASE("DenseGemm: tune() keeps the fastest of cuBLASLt's candidates, run() t
   const int max_m = 64;
   std::uint64_t seed = 300;
   for (const Case& c : cases) {
-    const auto x = random_bf16(std::size_t(max_m) * c.K, 2.0f, seed++);
-    const auto w = random_bf16(std::size_t(c.N) * c.K, 0.1f, seed++);
-    const auto b = random_bf16(std::size_t(c.N), 1.0f, seed++);
-    const std::vector<double> dot = reference_dot(x, w, max_m, c.N, c.K);
-    Dev<bf16> dx(x.size()), dw(w.size()), db(b.size()), dy(std::size_t(max_m) * c.N);
-    dx.put(x);
-    dw.put(w);
-    db.put(b);
+    GemmOperands op(max_m, c.K, c.N, seed);
+    seed += 3;
+    const auto &x = op.x, &w = op.w, &b = op.b;
+    const std::vector<double>& dot = op.dot;
+    Dev<bf16>&dx = op.dx, &dw = op.dw, &db = op.db, &dy = op.dy;
     const dec::bf16* bias = c.bias ? dev(db) : nullptr;
     for (const int M : {1, 8, 9, 11, 64}) {
       INFO(c.what << ": M " << M);

@@ -159,12 +159,16 @@ double median(std::vector<double> v) {
   return percentiles(std::move(v)).p50;
 }
 
-// The token-scale table of one phase (calibration.hpp): knots from half-octave groups of the samples with
-// tokens >= 1.
+// The token-scale table of one phase (calibration.hpp): knots from groups of the samples with tokens >= 1,
+// one per token count up to kExactTokenScaleTokens, half octaves above (keys past every exact one).
 std::vector<CostModelParams::TokenScale> fit_token_scale(const PhaseSamples& s, Efficiency e, double o) {
-  std::vector<std::pair<long, std::size_t>> order;  // (half-octave group, sample)
+  auto group = [](double tokens) -> long {
+    if (tokens <= kExactTokenScaleTokens) return std::lround(tokens);
+    return std::lround(kExactTokenScaleTokens) + 1 + std::lround(2.0 * std::log2(tokens));
+  };
+  std::vector<std::pair<long, std::size_t>> order;  // (group, sample)
   for (std::size_t i = 0; i < s.seconds.size(); ++i)
-    if (s.tokens[i] >= 1 && s.in_table[i]) order.emplace_back(std::lround(2.0 * std::log2(s.tokens[i])), i);
+    if (s.tokens[i] >= 1 && s.in_table[i]) order.emplace_back(group(s.tokens[i]), i);
   std::sort(order.begin(), order.end());
   std::vector<CostModelParams::TokenScale> out;
   for (std::size_t a = 0; a < order.size();) {

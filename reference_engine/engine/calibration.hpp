@@ -26,7 +26,8 @@
 // experts (a near-uniform router's; skewed routing stays with the roofline, whose bytes follow the distinct
 // experts, since one table keyed by tokens cannot hold both: on the H200 the decode tiles with 4 experts for
 // 200 tokens run ~3x their roofline, with 60 ~1.2x) r = (seconds / layers - overhead) / max(...) at the
-// fitted efficiencies, clamped to [kMinTokenScale, kMaxTokenScale]; samples grouped by
+// fitted efficiencies, clamped to [kMinTokenScale, kMaxTokenScale]; samples of at most kExactTokenScaleTokens
+// tokens grouped by their token count (a kernel may change tile or path at one batch size), larger ones by
 // round(2 log2(tokens)) (half octaves); a group of >= kMinTokenScaleSamples samples gives a knot at its
 // median tokens with its median r (a group with fewer gives none: the neighbours' line covers it). The same
 // for attention over the samples with prefill tokens (decode steps stay at 1). A table with no knot is empty.
@@ -96,6 +97,7 @@ double predicted_seconds(const CalibrationSample& s, const GpuProfile& gpu, cons
                          ExpertPrecision precision = ExpertPrecision::kBf16);
 
 inline constexpr std::size_t kMinTokenScaleSamples = 2;
+inline constexpr double kExactTokenScaleTokens = 16;
 
 // Median, p90 and count of |predicted / measured - 1| per phase that has samples, in CalibrationPhase order.
 std::vector<CostModelResidual> cost_model_residuals(const std::vector<CalibrationSample>& samples,

@@ -52,7 +52,8 @@ CalibrationPlan default_calibration_plan(const ModelSpec& model, const Scheduler
                       "calibration needs room for at least one request of " + std::to_string(single.prompt) +
                           " + " + std::to_string(single.output) +
                           " tokens in the pool's KV: raise --gpu-memory-gib or choose a smaller model");
-  std::vector<std::uint32_t> batches{1, 4, 16, 64, 256};
+  std::vector<std::uint32_t> batches{64, 256};
+  for (std::uint32_t b = 1; b <= kEveryDecodeBatchUpTo; ++b) batches.push_back(b);
   if (std::find(batches.begin(), batches.end(), seqs) == batches.end()) batches.push_back(seqs);
   std::sort(batches.begin(), batches.end());
   std::vector<std::uint32_t> prompts;

@@ -73,7 +73,8 @@ struct CalibrationPlan {
 };
 
 // The default plan for a model under `sched` whose pool holds `kv_pages` KV pages (the memory plan's KV):
-// a warm-up shape; decode batches of 1, 4, 16, 64 and 256 sequences and of max_num_seqs at
+// a warm-up shape; decode batches of every size 1 .. kEveryDecodeBatchUpTo, of 64 and 256 sequences and of
+// max_num_seqs at
 // prompts of 32, 256 and 1024 tokens (at most max_model_len - 16), 16 output tokens each; two long prompts
 // (one of max_model_len - 16 tokens, two of 3/4 of it) for prefill chunks. A shape is left out when its
 // requests x (prompt + output) exceed 65536 tokens (prefill time) or 90% of the KV pages, or its requests
@@ -84,6 +85,11 @@ struct CalibrationPlan {
 CalibrationPlan default_calibration_plan(const ModelSpec& model, const SchedulerConfig& sched,
                                          std::uint64_t kv_pages, std::uint32_t tokens_per_kv_page = 16);
 
+// Decode batches calibrated one by one: the paged MoE layer changes its tile or path at single batch sizes
+// here (on the H200 Qwen1.5's MoE phase took 4.04 ms at 6 sequences and 3.52 at 7:
+// docs/results/dense_gemm_h200.md), so the token-scale tables keep a knot per size up to it (calibration.hpp,
+// kExactTokenScaleTokens).
+inline constexpr std::uint32_t kEveryDecodeBatchUpTo = 16;
 inline constexpr std::uint32_t kLadderRequests = 6, kLadderOutputTokens = 32;
 inline constexpr double kLadderSpacingS = 0.02;
 

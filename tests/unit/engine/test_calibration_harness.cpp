@@ -104,7 +104,9 @@ TEST_CASE("calibration harness: every sample is priced as the simulator priced t
   std::size_t differ = 0;
   for (const CalibrationSample& x : m.samples)
     differ += std::abs(predicted_seconds(x, g, other) / x.seconds - 1.0) > 1e-3;
-  CHECK(differ == m.samples.size());
+  // (Two cost models' prices of one phase are both affine in its bytes where memory-bound, so they can meet
+  // at one size: 3 of ~6000 decode attention samples, at ~160 MB, lie within 0.1% of it.)
+  CHECK(differ >= m.samples.size() - m.samples.size() / 1000);
   // The run drained every shape's requests.
   CHECK(m.run.completed_requests == r.trace.size());
 }
@@ -171,13 +173,49 @@ TEST_CASE("calibration harness: hidden token-scale tables are learnt, without th
   for (const CostModelResidual& x : without)
     if (x.phase == "moe" || x.phase == "attention") {
       INFO(x.phase);
-      CHECK(x.p90_abs_rel_error > 0.10);
+      // (Measured: p90 0.07 without the tables, 0.005 / 0.0006 with them for attention / MoE; most samples
+      // are decode steps of 1-16 sequences, where the hidden MoE table is nearly flat.)
+      CHECK(x.p90_abs_rel_error > 0.05);
+      CHECK(x.p90_abs_rel_error > 10 * residual(f, x.phase.c_str()).p90_abs_rel_error);
     }
   // Decode steps' attention is not scaled: a sample without prefill tokens is priced by the roofline alone.
   for (const CalibrationSample& s : r.m.samples)
     if (s.phase == CalibrationPhase::kAttention && s.tokens == 0) {
       CHECK(predicted_seconds(s, r.setup.gpu, f) == predicted_seconds(s, r.setup.gpu, bare));
       break;
+    }
+}
+
+TEST_CASE(
+    "calibration harness: a kernel that changes tile or path at one decode batch is priced at every batch",
+    "[calibration][harness]") {
+  CostModelParams t = hidden();
+  // As the paged MoE layer on the H200: a decode tile row that ends at 6 sequences (faster from 7) and the
+  // switch to the grouped path at 15 (docs/results/dense_gemm_h200.md: Qwen1.5's MoE phase measured 4.04 ms
+  // at 6 sequences, 3.52 at 7, 4.83 at 14, 4.24 at 15).
+  t.moe_token_scale = {{1, 1.0}, {6, 1.35}, {7, 1.0}, {14, 1.3}, {15, 0.9}, {64, 1.1}, {2048, 1.2}};
+  const Measured r = measure(h200_scenario(256), t);
+  const CostModelParams f =
+      fit_cost_model(r.m.samples, r.setup.model, r.setup.gpu, find_cost_model("default"));
+  // Every decode batch of 1..16 sequences ran (the plan's shapes), and its price is the hidden kernel's: a
+  // knot per batch, not a line across the switches.
+  // (The table's level and the efficiencies trade off against each other, so the fit's table follows the
+  // hidden one up to a constant factor.)
+  const double level = token_scale_at(f.moe_token_scale, 1) / token_scale_at(t.moe_token_scale, 1);
+  for (std::uint32_t b = 1; b <= kEveryDecodeBatchUpTo; ++b) {
+    INFO("batch " << b);
+    CHECK(std::count_if(r.plan.shapes.begin(), r.plan.shapes.end(),
+                        [b](const CalibrationShape& s) { return s.requests == b && s.output == 16; }) >= 1);
+    CHECK(token_scale_at(f.moe_token_scale, b) ==
+          Approx(level * token_scale_at(t.moe_token_scale, b)).epsilon(0.01));
+  }
+  for (const CalibrationSample& s : r.m.samples)
+    if (s.phase == CalibrationPhase::kMoe && s.tokens >= 1 && s.tokens <= kEveryDecodeBatchUpTo &&
+        s.distinct ==
+            double(routable_range(std::uint64_t(s.tokens), r.setup.model.top_k, r.setup.model.num_experts)
+                       .max)) {
+      INFO("MoE sample of " << s.tokens << " tokens");
+      CHECK(predicted_seconds(s, r.setup.gpu, f) == Approx(s.seconds).epsilon(0.01));
     }
 }
 

@@ -334,7 +334,21 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
   std::array<Efficiency, 3> eff;
   for (std::size_t p = 0; p < 3; ++p) eff[p] = efficiency_of(kRoofline[p], base);
 
-  if (roofline_samples > 0) {
+  const bool quantized = precision != ExpertPrecision::kBf16;
+  const std::size_t att = std::size_t(CalibrationPhase::kAttention),
+                    moe = std::size_t(CalibrationPhase::kMoe);
+  if (roofline_samples > 0 && quantized) {
+    // A quantized fit extends start: only the MoE's efficiencies (into the precision's scales, below) and the
+    // precision's own table, at start's per-layer overhead; attention, dense and the overheads stay start's
+    // (one set per profile, from its bf16 fit), so the fitted file is what a profile keeps.
+    const double o = start.per_layer_overhead_s;
+    if (!phases[moe].seconds.empty()) {
+      eff[moe] = search_efficiency(phases[moe], o, efficiency_of(CalibrationPhase::kMoe, base), nullptr);
+      set_efficiency(CalibrationPhase::kMoe, eff[moe], out);
+      (precision == ExpertPrecision::kInt8 ? out.int8 : out.int4).token_scale =
+          fit_token_scale(phases[moe], eff[moe], o);
+    }
+  } else if (roofline_samples > 0) {
     // The profile objective of the overhead: every phase's best efficiencies for it.
     auto fit_at = [&](double o, std::array<Efficiency, 3>& e) {
       double total = 0;
@@ -375,31 +389,22 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     if (const double fp = fit_at(polished, ep); fp <= best) best = fp, o = polished, eff = ep;
     out.per_layer_overhead_s = o;
     for (std::size_t p = 0; p < 3; ++p) set_efficiency(kRoofline[p], eff[p], out);
-    // The token-scale tables on what the roofline leaves: attention's always (its samples are this run's),
-    // the MoE's moe_token_scale for bf16; a quantized fit keeps start's and fits its precision's own table
-    // on top of it.
-    const std::size_t att = std::size_t(CalibrationPhase::kAttention),
-                      moe = std::size_t(CalibrationPhase::kMoe);
+    // The token-scale tables on what the roofline leaves.
     if (!phases[att].seconds.empty()) out.attention_prefill_scale = fit_token_scale(phases[att], eff[att], o);
-    if (!phases[moe].seconds.empty()) {
-      if (precision == ExpertPrecision::kBf16)
-        out.moe_token_scale = fit_token_scale(phases[moe], eff[moe], o);
-      else  // the quantized kernel's own table, on top of start's (its samples' fixed factor)
-        (precision == ExpertPrecision::kInt8 ? out.int8 : out.int4).token_scale =
-            fit_token_scale(phases[moe], eff[moe], o);
-    }
+    if (!phases[moe].seconds.empty()) out.moe_token_scale = fit_token_scale(phases[moe], eff[moe], o);
   }
 
-  std::vector<double> step_overheads;
-  for (const CalibrationSample& s : samples)
-    if (s.phase == CalibrationPhase::kStep) step_overheads.push_back(s.seconds - s.phases_s);
-  if (!step_overheads.empty()) out.step_overhead_s = std::max(0.0, median(std::move(step_overheads)));
-
-  fit_copies(samples, gpu, out);
+  if (!quantized) {
+    std::vector<double> step_overheads;
+    for (const CalibrationSample& s : samples)
+      if (s.phase == CalibrationPhase::kStep) step_overheads.push_back(s.seconds - s.phases_s);
+    if (!step_overheads.empty()) out.step_overhead_s = std::max(0.0, median(std::move(step_overheads)));
+    fit_copies(samples, gpu, out);
+  }
 
   // Quantized experts: the MoE efficiencies just fitted are the quantized kernel's; keep start's bf16 ones
   // and store the ratio as the precision's scales (the simulator's moe efficiency x scale gives them back).
-  if (precision != ExpertPrecision::kBf16) {
+  if (quantized) {
     auto& scale = precision == ExpertPrecision::kInt8 ? out.int8 : out.int4;
     const bool seen = std::any_of(samples.begin(), samples.end(), [](const CalibrationSample& s) {
       return s.phase == CalibrationPhase::kMoe;

@@ -85,8 +85,9 @@ void check_samples(const std::vector<CalibrationSample>& samples);
 // what their fit finds is that precision's efficiency; the file keeps start's bf16 MoE efficiencies and
 // MoE token-scale table, and stores the ratio as int8_ / int4_moe_{memory,compute}_scale (what the simulator
 // multiplies them by; fitted with start's table applied) and what those leave per token count as the
-// precision's own table (int8_ / int4_moe_token_scale, on top of start's), so a bf16 profile (e.g.
-// h200-qwen1.5 as --cost-model) gains the quantized kernel's costs and keeps its own.
+// precision's own table (int8_ / int4_moe_token_scale, on top of start's), fitted at start's per-layer
+// overhead; every other parameter (attention, dense, the overheads, the copy fit) stays start's, so a bf16
+// profile (e.g. h200-qwen1.5 as --cost-model) gains the quantized kernel's costs and keeps its own.
 // Refuses (ConfigError) bad samples and GPU profiles of several GPUs (not measured by the GPU backend yet).
 CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, const ModelSpec& model,
                                const GpuProfile& gpu, const CostModelParams& start);

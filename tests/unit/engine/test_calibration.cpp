@@ -252,15 +252,33 @@ TEST_CASE("calibration on quantized experts: the MoE fit becomes the precision's
     auto& ts = p == ExpertPrecision::kInt8 ? t.int8 : t.int4;
     ts = {0.62, 0.7, {}};  // the quantized kernel: 0.72 x 0.62 of the bandwidth, 0.45 x 0.7 of the FLOP rate
     const std::vector<CalibrationSample> samples = make_samples(m, g, t, 0.0, 1);
-    // Start from the truth's bf16 efficiencies with the default scales: a bf16 profile being extended.
+    // Start from the truth's bf16 MoE efficiencies and overhead with the default scales: a bf16 profile being
+    // extended, whose other phases were fitted on another run (they differ from this run's truth).
     CostModelParams start = t;
     start.int8 = CostModelParams{}.int8;
     start.int4 = CostModelParams{}.int4;
     start.moe_token_scale = {{1, 1.0}, {4096, 1.0}};  // neutral: the bf16 profile's table, kept as it is
+    start.attention_memory_efficiency *= 0.9;
+    start.attention_compute_efficiency *= 0.8;
+    start.dense_memory_efficiency *= 0.95;
+    start.attention_prefill_scale = {{32, 1.1}, {1024, 0.9}};
+    start.step_overhead_s += 40e-6;
+    start.h2d_bandwidth_scale *= 0.9;
+    start.h2d_copy_latency_scale *= 1.5;
     const CostModelParams f = fit_cost_model(samples, m, g, start);
     CHECK(f.moe_token_scale == start.moe_token_scale);
     CHECK(f.moe_memory_efficiency == t.moe_memory_efficiency);  // start's bf16 values, untouched
     CHECK(f.moe_compute_efficiency == t.moe_compute_efficiency);
+    // Everything but the precision's MoE fields is start's: the profile keeps one set (its bf16 fit's).
+    CHECK(f.attention_memory_efficiency == start.attention_memory_efficiency);
+    CHECK(f.attention_compute_efficiency == start.attention_compute_efficiency);
+    CHECK(f.dense_memory_efficiency == start.dense_memory_efficiency);
+    CHECK(f.dense_compute_efficiency == start.dense_compute_efficiency);
+    CHECK(f.attention_prefill_scale == start.attention_prefill_scale);
+    CHECK(f.per_layer_overhead_s == start.per_layer_overhead_s);
+    CHECK(f.step_overhead_s == start.step_overhead_s);
+    CHECK(f.h2d_bandwidth_scale == start.h2d_bandwidth_scale);
+    CHECK(f.h2d_copy_latency_scale == start.h2d_copy_latency_scale);
     const auto& fs = p == ExpertPrecision::kInt8 ? f.int8 : f.int4;
     const auto& other = p == ExpertPrecision::kInt8 ? f.int4 : f.int8;
     const auto& other_start = p == ExpertPrecision::kInt8 ? start.int4 : start.int8;
@@ -269,10 +287,8 @@ TEST_CASE("calibration on quantized experts: the MoE fit becomes the precision's
     CHECK(fs.compute == Approx(ts.compute).margin(0.0005 / t.moe_compute_efficiency + 1e-9));
     CHECK(other.memory == other_start.memory);  // the other precision is not measured
     CHECK(other.compute == other_start.compute);
-    for (const CostModelResidual& r : f.residuals) {
-      INFO(r.phase);
-      CHECK(r.p90_abs_rel_error < 2e-3);
-    }
+    for (const CostModelResidual& r : f.residuals)
+      if (r.phase == "moe") CHECK(r.p90_abs_rel_error < 2e-3);
   }
 }
 
@@ -304,7 +320,7 @@ TEST_CASE("calibration on quantized experts: the precision's own token-scale tab
     const CostModelParams f = fit_cost_model(samples, m, g, start);
     CHECK(f.moe_token_scale == t.moe_token_scale);  // start's bf16 table, untouched
     const auto& fs = p == ExpertPrecision::kInt8 ? f.int8 : f.int4;
-    CHECK(fs.token_scale.size() == 8);  // one knot per token count (a half-octave group of 2 samples each)
+    CHECK(fs.token_scale.size() == 8);  // one knot per token count (a group of 2 samples each)
     for (const CalibrationSample& s : samples) {
       INFO("tokens " << s.tokens);
       CHECK(predicted_seconds(s, g, f, p) / s.seconds == Approx(1.0).epsilon(0.01));

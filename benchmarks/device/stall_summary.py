@@ -5,7 +5,9 @@
 
 DETAILS_CSV is `ncu -i R --page details --csv`: per kernel, the speed-of-light, warp-state, scheduler and
 compute lines are printed. SOURCE_CSV is `ncu -i R --page source --csv --print-source sass`: per kernel, the
-stall samples summed by SASS opcode and by stall reason, and the instructions holding the most samples.
+stall samples summed by SASS opcode and by stall reason, the regions (runs of SASS lines executed equally
+often: a main loop's body, a barrier wait, an epilogue, a subroutine) that hold >= 1% of them, and the
+instructions holding the most samples.
 Column names differ between ncu versions: every column whose name holds "Sampling" or "stall" counts.
 """
 import collections
@@ -96,6 +98,31 @@ def source(label, path):
         top_reasons = sorted(reasons.items(), key=lambda kv: -kv[1])[:12]
         if top_reasons:
             print("  by column: " + ", ".join(f"{k} {v:.0f}" for k, v in top_reasons if v > 0))
+        # Regions: runs of consecutive SASS lines executed equally often (a loop body, a wait loop, an
+        # epilogue), the ones holding >= 1% of the samples, with their opcodes and leading stall reasons.
+        execd = next((i for i, h in enumerate(header) if h == "Instructions Executed"), None)
+        reason_cols = [i for i in stall_cols if header[i].startswith("stall_") and "Not Issued" not in header[i]]
+        if execd is not None:
+            regions = []
+            for n, r in enumerate(rows):
+                key = round(number(r[execd]) or 0, -3)
+                if not regions or regions[-1]["key"] != key:
+                    regions.append({"key": key, "first": n, "samples": 0.0, "ops": collections.Counter(),
+                                    "why": collections.Counter()})
+                g = regions[-1]
+                g["last"] = n
+                g["samples"] += number(r[main]) or 0
+                words = [w for w in r[src].split() if not w.startswith("@")]
+                g["ops"][words[0].split(".")[0] if words else "?"] += 1
+                for i in reason_cols:
+                    g["why"][header[i][6:]] += number(r[i]) or 0
+            print("  regions (SASS lines executed equally often) with >= 1% of the samples:")
+            for g in regions:
+                if g["samples"] >= 0.01 * total:
+                    ops = ", ".join(f"{o} {c}" for o, c in g["ops"].most_common(5))
+                    why = ", ".join(f"{w} {100 * v / g['samples']:.0f}%" for w, v in g["why"].most_common(3) if v > 0)
+                    print(f"    lines {g['first']:5d}-{g['last']:5d} executed {g['key']:>11.0f}  "
+                          f"{100 * g['samples'] / total:5.1f}%  [{ops}]  {why}")
         print("  instructions with the most samples:")
         for r in sorted(rows, key=lambda r: -(number(r[main]) or 0))[:28]:
             share = 100 * (number(r[main]) or 0) / total

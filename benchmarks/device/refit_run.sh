@@ -4,7 +4,10 @@
 # int8 and int4 scales on top of that fit (each precision's calibrate starts from the previous one's file, so
 # the result holds all three), then Qwen3-30B-A3B's bf16 fit from h200-qwen3. Each fit is validated on the
 # held-out Poisson trace with the static policy (benchmarks/device/calibration_run.sh does both).
-#   BIN=.gpu OUT=$OUT [QWEN3=1] bash benchmarks/device/refit_run.sh
+#   BIN=.gpu OUT=$OUT [QWEN3=1] [STEPS="bf16 int8 int4"] [START=file.json] bash benchmarks/device/refit_run.sh
+# STEPS and START split the chain over device calls when it outlasts one (since every decode batch 1..16 is
+# calibrated, a Qwen1.5 step takes an estimated ~3 min): e.g. STEPS=bf16 QWEN3=0, then STEPS="int8 int4" QWEN3=0
+# START=<the first call's h200-qwen1.5.json, carried>.
 # Writes $OUT/<step>/calibration.tgz and summary.txt per step (bf16, int8, int4, qwen3), and the final fits
 # as $OUT/h200-qwen1.5.json and $OUT/h200-qwen3.json (copy them over reference_engine/data/cost_models/).
 set -uo pipefail
@@ -12,8 +15,8 @@ set -uo pipefail
 : "${OUT:?OUT must name an output folder}"
 here=$(dirname "$0")
 models=reference_engine/data/cost_models
-start=$models/h200-qwen1.5.json
-for step in bf16 int8 int4; do
+start=${START:-$models/h200-qwen1.5.json}
+for step in ${STEPS:-bf16 int8 int4}; do
   mkdir -p "$OUT/$step"
   BIN=$BIN OUT=$OUT/$step START=$start PRECISION=$step MODELS=qwen1.5-moe-a2.7b POLICIES=static \
     TRACES=poisson bash "$here/calibration_run.sh" >"$OUT/$step/run.txt" 2>&1

@@ -163,9 +163,7 @@ class DenseGemm {
   Status tune(const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias, bf16* y,
               cudaStream_t stream, int candidates = 8, int reps = 20, std::vector<float>* timings = nullptr,
               int* chosen = nullptr) {
-    if (Status st = can_implement(x, M, K, w, N, bias, y); !st) return st;
-    if (M == 0 || plan_rows(M) != M)
-      return Status::error("M", M, "must be a bucket's row count (plan_rows(M) == M, M > 0)");
+    if (Status st = tunable(x, M, K, w, N, bias, y); !st) return st;
     if (candidates < 1) return Status::error("candidates", candidates, "must be >= 1");
     if (reps < 1) return Status::error("reps", reps, "must be >= 1");
     if (!ready_) return ready_;
@@ -231,9 +229,7 @@ class DenseGemm {
                    cudaStream_t stream, int candidates = 8, int reps = 5, int* chosen = nullptr,
                    bool* timed = nullptr) {
     if (timed != nullptr) *timed = false;
-    if (Status st = can_implement(x, M, K, w, N, bias, y); !st) return st;
-    if (M == 0 || plan_rows(M) != M)
-      return Status::error("M", M, "must be a bucket's row count (plan_rows(M) == M, M > 0)");
+    if (Status st = tunable(x, M, K, w, N, bias, y); !st) return st;
     if (!ready_) return ready_;
     const TunedKey key = tuned_key(M, N, K, bias != nullptr);
     Plan* plan = nullptr;
@@ -319,6 +315,14 @@ class DenseGemm {
   static Tuned record(const TunedKey& key, const Tuned& t) {
     const std::lock_guard<std::mutex> lock(tuned_mutex());
     return tuned_choices().try_emplace(key, t).first->second;
+  }
+
+  // tune()'s and tune_once()'s argument rules: run()'s, and M a bucket's row count.
+  static Status tunable(const bf16* x, int M, int K, const bf16* w, int N, const bf16* bias, const bf16* y) {
+    if (Status st = can_implement(x, M, K, w, N, bias, y); !st) return st;
+    if (M == 0 || plan_rows(M) != M)
+      return Status::error("M", M, "must be a bucket's row count (plan_rows(M) == M, M > 0)");
+    return Status::success();
   }
 
   static bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }

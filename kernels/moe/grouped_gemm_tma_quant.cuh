@@ -50,6 +50,14 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const std::uin
 
 }  // namespace wgmma
 
+// Stored 16-byte chunk c (0..7) of a K-permuted 64-value block from the block's 32 bf16 pairs in logical
+// order (moe/k_permutation.hpp): what permute_k_kernel writes and the gate/up epilogue stores.
+__device__ __forceinline__ uint4 permuted_chunk(const std::uint32_t* pairs, int c) {
+  using k_permutation::logical_pair;
+  return make_uint4(pairs[logical_pair(c, 0)], pairs[logical_pair(c, 1)], pairs[logical_pair(c, 2)],
+                    pairs[logical_pair(c, 3)]);
+}
+
 // Shapes of the quantized TMA kernel for one precision.
 template <class Precision>
 struct TmaQuant {
@@ -266,17 +274,13 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
     tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
     if constexpr (kGateUp) {
-      // 64 features per token row, stored permuted (moe/k_permutation.hpp): chunk c of the row is logical
-      // pairs logical_pair(c, 0..3).
+      // 64 features per token row, stored permuted (moe/k_permutation.hpp).
 #pragma unroll
       for (int r = 0; r < 8; ++r) {
         const int idx = t + 128 * r, token = idx / 8, c = idx % 8;
         if (token < tile.count) {
-          using k_permutation::logical_pair;
-          const std::uint32_t* src =
-              reinterpret_cast<const std::uint32_t*>(stage_out + token * Q::kStagingPitch);
-          const uint4 v = make_uint4(src[logical_pair(c, 0)], src[logical_pair(c, 1)],
-                                     src[logical_pair(c, 2)], src[logical_pair(c, 3)]);
+          const uint4 v =
+              permuted_chunk(reinterpret_cast<const std::uint32_t*>(stage_out + token * Q::kStagingPitch), c);
           *reinterpret_cast<uint4*>(p.act +
                                     static_cast<std::int64_t>(tile.row_start + token) * p.intermediate +
                                     pair * 2 * kGateUpFeatures + 64 * cw + 8 * c) = v;
@@ -339,11 +343,8 @@ __global__ void permute_k_kernel(const bf16* __restrict__ in, bf16* __restrict__
     w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
   }
   uint4* dst = reinterpret_cast<uint4*>(out + idx * k_permutation::kBlock);
-  using k_permutation::logical_pair;
 #pragma unroll
-  for (int c = 0; c < 8; ++c)
-    dst[c] = make_uint4(w[logical_pair(c, 0)], w[logical_pair(c, 1)], w[logical_pair(c, 2)],
-                        w[logical_pair(c, 3)]);
+  for (int c = 0; c < 8; ++c) dst[c] = permuted_chunk(w, c);
 }
 
 }  // namespace amoeba::kernels::grouped

@@ -201,7 +201,7 @@ struct DefaultMoeConfig {
       MoeConfig c{path, kGroupedTile, 4, 1};
       if (path == MoePath::kGrouped && config_detail::fits(mean_batch(s), kSmallGroupedTile))
         c.tile_tokens = kSmallGroupedTile;  // the sm_90 kernel's (run() takes 128 on other devices)
-      else if (path == MoePath::kGrouped && s.hidden % kTmaRows == 0)
+      else if (path == MoePath::kGrouped && takes_tma_rows(s))
         c.grouped_rows = kTmaRows;  // the TMA kernel (PagedMoe::config falls back to 128 where it cannot run)
       return c;
     }
@@ -223,8 +223,7 @@ struct DefaultMoeConfig {
     }
     if (path != MoePath::kDecode) {
       MoeConfig c{path, kGroupedTile, 4, 1};
-      if (path == MoePath::kGrouped && !config_detail::fits(mean_batch(s), kSmallGroupedTile) &&
-          s.hidden % kTmaRows == 0)
+      if (path == MoePath::kGrouped && takes_tma_rows(s))
         c.grouped_rows = kTmaRows;  // the TMA kernel, weights dequantised in registers (bf16's rule)
       return c;
     }
@@ -248,6 +247,11 @@ struct DefaultMoeConfig {
   // A uniform router's mean batch per routed expert.
   static constexpr double mean_batch(const MoeShape& s) {
     return s.num_experts > 0 ? static_cast<double>(s.num_tokens) * s.top_k / s.num_experts : 0.0;
+  }
+  // The grouped GEMM's rule for the TMA kernel's 256-row blocks (bf16 and quantized experts alike): the
+  // expected largest routed batch passes the small tiles' 64 tokens and H is a multiple of 256.
+  static constexpr bool takes_tma_rows(const MoeShape& s) {
+    return !config_detail::fits(mean_batch(s), kSmallGroupedTile) && s.hidden % kTmaRows == 0;
   }
   // The shape conditions of a decode row: routed slots, the experts' width, the expected largest batch.
   static constexpr bool matches(const DecodeRow& r, const MoeShape& s) {

@@ -304,6 +304,7 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
   // The roofline fit starts from (and keeps unseen efficiencies at) start's values at the model's precision:
   // a quantized MoE from start's bf16 efficiencies times start's scales for that precision.
   const ExpertPrecision precision = model.expert_precision;
+  const bool quantized = precision != ExpertPrecision::kBf16;
   CostModelParams base = start;
   const CostModelParams::PrecisionScale& start_scale = moe_precision_scale(start, precision);
   base.moe_memory_efficiency = std::clamp(start.moe_memory_efficiency * start_scale.memory, 0.01, 1.0);
@@ -326,27 +327,29 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
     const double routable = std::min(s.tokens * double(model.top_k), double(model.num_experts));
     p.in_table.push_back(s.phase != CalibrationPhase::kMoe || s.distinct == 0 || s.distinct >= routable);
     // A quantized fit keeps start's MoE table and fits its efficiencies with it applied.
-    const bool kept_table = s.phase == CalibrationPhase::kMoe && precision != ExpertPrecision::kBf16;
+    const bool kept_table = s.phase == CalibrationPhase::kMoe && quantized;
     p.scale.push_back(kept_table ? token_scale_at(start.moe_token_scale, s.tokens) : 1.0);
     overhead_hi = std::min(overhead_hi, s.seconds / double(s.layers));
     ++roofline_samples;
   }
-  std::array<Efficiency, 3> eff;
-  for (std::size_t p = 0; p < 3; ++p) eff[p] = efficiency_of(kRoofline[p], base);
 
-  const bool quantized = precision != ExpertPrecision::kBf16;
+  // A quantized fit's own factors (the precision's scales and table; unused for bf16).
+  CostModelParams::PrecisionScale& fitted = precision == ExpertPrecision::kInt8 ? out.int8 : out.int4;
   const std::size_t att = std::size_t(CalibrationPhase::kAttention),
                     moe = std::size_t(CalibrationPhase::kMoe);
   if (roofline_samples > 0 && quantized) {
-    // A quantized fit extends start: only the MoE's efficiencies (into the precision's scales, below) and the
-    // precision's own table, at start's per-layer overhead; attention, dense and the overheads stay start's
-    // (one set per profile, from its bf16 fit), so the fitted file is what a profile keeps.
+    // A quantized fit extends start: at start's per-layer overhead, the quantized kernel's MoE efficiencies
+    // become the precision's scales over start's bf16 ones (the simulator's MoE efficiency x scale gives them
+    // back), and what they leave per token count its own table (on top of start's, the samples' fixed
+    // factor); attention, dense, the overheads and the copy fit stay start's (one set per profile, from its
+    // bf16 fit), so the fitted file is what a profile keeps.
     const double o = start.per_layer_overhead_s;
     if (!phases[moe].seconds.empty()) {
-      eff[moe] = search_efficiency(phases[moe], o, efficiency_of(CalibrationPhase::kMoe, base), nullptr);
-      set_efficiency(CalibrationPhase::kMoe, eff[moe], out);
-      (precision == ExpertPrecision::kInt8 ? out.int8 : out.int4).token_scale =
-          fit_token_scale(phases[moe], eff[moe], o);
+      const Efficiency e =
+          search_efficiency(phases[moe], o, efficiency_of(CalibrationPhase::kMoe, base), nullptr);
+      fitted.memory = std::clamp(e.memory / start.moe_memory_efficiency, 0.05, 2.0);
+      fitted.compute = std::clamp(e.compute / start.moe_compute_efficiency, 0.05, 2.0);
+      fitted.token_scale = fit_token_scale(phases[moe], e, o);
     }
   } else if (roofline_samples > 0) {
     // The profile objective of the overhead: every phase's best efficiencies for it.
@@ -379,7 +382,7 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
       }
     }
     double o = f1 <= f2 ? x1 : x2;
-    eff = f1 <= f2 ? e1 : e2;
+    std::array<Efficiency, 3> eff = f1 <= f2 ? e1 : e2;
     double best = std::min(f1, f2);
     // Also try the ends of the interval (an overhead of 0 is common), then polish in closed form.
     std::array<Efficiency, 3> e0;
@@ -400,21 +403,6 @@ CostModelParams fit_cost_model(const std::vector<CalibrationSample>& samples, co
       if (s.phase == CalibrationPhase::kStep) step_overheads.push_back(s.seconds - s.phases_s);
     if (!step_overheads.empty()) out.step_overhead_s = std::max(0.0, median(std::move(step_overheads)));
     fit_copies(samples, gpu, out);
-  }
-
-  // Quantized experts: the MoE efficiencies just fitted are the quantized kernel's; keep start's bf16 ones
-  // and store the ratio as the precision's scales (the simulator's moe efficiency x scale gives them back).
-  if (quantized) {
-    auto& scale = precision == ExpertPrecision::kInt8 ? out.int8 : out.int4;
-    const bool seen = std::any_of(samples.begin(), samples.end(), [](const CalibrationSample& s) {
-      return s.phase == CalibrationPhase::kMoe;
-    });
-    if (seen) {
-      scale.memory = std::clamp(out.moe_memory_efficiency / start.moe_memory_efficiency, 0.05, 2.0);
-      scale.compute = std::clamp(out.moe_compute_efficiency / start.moe_compute_efficiency, 0.05, 2.0);
-    }
-    out.moe_memory_efficiency = start.moe_memory_efficiency;
-    out.moe_compute_efficiency = start.moe_compute_efficiency;
   }
 
   out.residuals = cost_model_residuals(samples, gpu, out, precision);

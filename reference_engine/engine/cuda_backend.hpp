@@ -77,11 +77,16 @@ struct CudaBackendConfig {
   std::shared_ptr<const ModelWeights> full_weights;
 };
 
+// An experiment's on/off switch in the environment: on unless `name` is set to "0".
+inline bool switch_on_in_environment(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string_view(v) != "0";
+}
+
 // AMOEBA_PHASE_EVENTS=0 in the environment: the backend records no per-layer phase events (an experiment's
 // switch; its timelines' attention, MoE and dense times then read 0, which `calibrate` cannot fit).
 inline bool phase_events_from_environment() {
-  const char* v = std::getenv("AMOEBA_PHASE_EVENTS");
-  return v == nullptr || std::string_view(v) != "0";
+  return switch_on_in_environment("AMOEBA_PHASE_EVENTS");
 }
 
 // AMOEBA_TUNE_GEMM=0 in the environment: the warm-up keeps cuBLASLt's first heuristic algorithm for every
@@ -89,8 +94,7 @@ inline bool phase_events_from_environment() {
 // experiment's switch: untuned, the decode steps of 7-10 and 13 sequences took ~0.4 ms more on the H200,
 // docs/results/dense_gemm_h200.md).
 inline bool gemm_tuning_from_environment() {
-  const char* v = std::getenv("AMOEBA_TUNE_GEMM");
-  return v == nullptr || std::string_view(v) != "0";
+  return switch_on_in_environment("AMOEBA_TUNE_GEMM");
 }
 
 // What the backend took from the GPU, for reports and the "nothing allocated in the step loop" check.

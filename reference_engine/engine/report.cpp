@@ -17,6 +17,7 @@
 #include "engine/gpu.hpp"
 #include "engine/model.hpp"
 #include "engine/policy_dispatch.hpp"
+#include "engine/sim_backend.hpp"
 
 namespace amoeba::engine {
 
@@ -67,8 +68,7 @@ std::string workload_line(const Scenario& s, const WorkloadReport& w) {
 std::string precision_cost_note(const Scenario& s) {
   if (!simulated(s) || s.expert_precision == ExpertPrecision::kBf16) return "";
   const CostModelParams p = find_cost_model(s.cost_model);
-  const CostModelParams::PrecisionScale& scale =
-      s.expert_precision == ExpertPrecision::kInt8 ? p.int8 : p.int4;
+  const CostModelParams::PrecisionScale& scale = moe_precision_scale(p, s.expert_precision);
   if (!scale.token_scale.empty()) return "";
   const std::string_view precision = to_string(s.expert_precision);
   return fmt::format(

@@ -21,7 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "model/dense_gemm.cuh"
+#include "moe_device_fixture.cuh"
 
 namespace {
 
@@ -32,17 +34,6 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "dense_gemm_bench: %s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
-  }
-}
-
-__global__ void fill_kernel(bf16* p, std::size_t n, std::uint64_t seed, float scale) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + i;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    p[i] = __float2bfloat16_rn((2.0f * static_cast<float>(z >> 40) / 16777216.0f - 1.0f) * scale);
   }
 }
 
@@ -62,18 +53,6 @@ const std::vector<Projection> kProjections{
     {"qwen3", "o_proj", 4096, 2048, false},     {"qwen3", "router", 2048, 128, false},
     {"qwen3", "lm_head", 2048, 151936, false},
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at <= s.size()) {
-    const std::size_t comma = s.find(',', at);
-    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
 
 int int_arg(const char* flag, const char* v, int lo, int hi) {
   char* end = nullptr;
@@ -114,7 +93,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::vector<std::string> wanted = split(models);
+  const std::vector<std::string> wanted = amoeba::bench::split(models);
   for (const std::string& m : wanted)
     if (m != "qwen15" && m != "qwen3") {
       std::fprintf(stderr, "dense_gemm_bench: --models %s: unknown model %s (qwen15, qwen3)\n",
@@ -147,9 +126,9 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&y, max_y * sizeof(bf16)), "cudaMalloc y");
   check(cudaMalloc(&bias, max_n * sizeof(bf16)), "cudaMalloc bias");
   check(cudaMalloc(&workspace, DenseGemm::kWorkspaceBytes), "cudaMalloc workspace");
-  fill_kernel<<<1024, 256>>>(x, max_x, 1, 2.0f);
-  fill_kernel<<<1024, 256>>>(w, max_w, 2, 0.05f);
-  fill_kernel<<<1024, 256>>>(bias, max_n, 3, 1.0f);
+  amoeba::testing::fill_uniform(x, max_x, 1, 2.0f);
+  amoeba::testing::fill_uniform(w, max_w, 2, 0.05f);
+  amoeba::testing::fill_uniform(bias, max_n, 3, 1.0f);
   check(cudaDeviceSynchronize(), "fill");
   DenseGemm gemm(workspace, DenseGemm::kWorkspaceBytes);
   if (!gemm.status()) {

@@ -42,36 +42,24 @@
 #include <memory>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "moe/paged_moe.cuh"
 #include "moe_configs.hpp"
 #include "moe_device_fixture.cuh"
 
 using namespace amoeba;
 using namespace amoeba::testing;
+using bench::parse_ints;
+using bench::split;
 using kernels::MoePath;
 using kernels::PagedMoe;
 
 namespace {
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) v.push_back(item);
-  return v;
-}
-
-std::vector<int> parse_ints(const std::string& s) {
-  std::vector<int> v;
-  for (const std::string& item : split(s)) v.push_back(std::stoi(item));
-  return v;
-}
 
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -277,7 +265,7 @@ struct QuantWeights {
     const int matrices = 3 * (spec.num_experts + spec.shared_chunks);
     data = DeviceBuffer<bf16>(static_cast<std::size_t>(matrices) * matrix_bytes / 2);
     fill_uniform(data.get(), data.size(), 4242, 0.05f);
-    const float q_max = bits == kernels::quant::Bits::kInt8 ? 127.0f : 7.0f;
+    const auto q_max = static_cast<float>(kernels::quant::qmax(bits));
     for (int m = 0; m < matrices; ++m) {
       const bool down = m % 3 == 2;
       const kernels::quant::MatrixLayout& l = down ? layout.w2 : layout.w13;

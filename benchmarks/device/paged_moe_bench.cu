@@ -28,10 +28,12 @@
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-rolling / int8-steady (int4 alike): the default's quantized choice with every
-// decode tile rolling / none; int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its
-// grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-t8w4u2 and
-// the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the sweep that chose
-// the quantized rows of the default table.
+// decode tile rolling / none; int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every
+// decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
+// int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
+// dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
+// every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
+// table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -311,6 +313,27 @@ struct RollingQuantConfig : kernels::DefaultMoeConfig {
   }
 };
 
+// The default table with every quantized decode tile staged: kStages k-steps in flight per thread through
+// shared memory (decode::Tile's kStages), never rolling; its tiles: the default's and their staged twins.
+template <int kStages, class... Ts>
+auto with_staged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>,
+    kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, 1, Ts::kPrefetch, false, kStages>...>::type;
+template <int kStages>
+struct StagedQuantConfig : kernels::DefaultMoeConfig {
+  using DecodeTiles = decltype(with_staged<kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    if (c.path == MoePath::kDecode) {
+      c.decode_rolling = false;
+      c.decode_unroll = 1;
+      c.decode_stages = kStages;
+    }
+    return c;
+  }
+};
+
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, cudaStream_t);
 
@@ -346,6 +369,12 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-rolling", &make_quant_graph<kernels::Int4, RollingQuantConfig<true>>},
       {"int8-steady", &make_quant_graph<kernels::Int8, RollingQuantConfig<false>>},
       {"int4-steady", &make_quant_graph<kernels::Int4, RollingQuantConfig<false>>},
+      {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
+      {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
+      {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},
+      {"int4-staged3", &make_quant_graph<kernels::Int4, StagedQuantConfig<3>>},
+      {"int8-staged4", &make_quant_graph<kernels::Int8, StagedQuantConfig<4>>},
+      {"int4-staged4", &make_quant_graph<kernels::Int4, StagedQuantConfig<4>>},
       {"int8-tma", &make_quant_graph<kernels::Int8, GroupedRowsConfig<256>>},
       {"int4-tma", &make_quant_graph<kernels::Int4, GroupedRowsConfig<256>>},
       {"int8-twoblock", &make_quant_graph<kernels::Int8, GroupedRowsConfig<128>>},

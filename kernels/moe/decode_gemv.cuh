@@ -39,10 +39,17 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // weights.
 // kRolling (quantized experts only, kUnroll = 1): the loads of a warp's next k-step are issued before the
 // current one is dequantised and multiplied (two register sets), so a warp always has a step in flight.
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, bool kRollingT = false>
+// kStages (quantized experts only, kUnroll = 1, not rolling; 0: off): each thread copies its own operands
+// of its next kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one
+// back right before its MMAs, so kStages steps are in flight per warp at one step's registers.
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, bool kRollingT = false,
+          int kStagesT = 0>
 struct Tile {
   static constexpr bool kRolling = kRollingT;
   static_assert(!kRollingT || kUnrollT == 1, "a rolling tile keeps one step in flight");
+  static constexpr int kStages = kStagesT;
+  static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1 && !kRollingT),
+                "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
   static constexpr int kPrefetch = kPrefetchT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
@@ -52,15 +59,30 @@ struct Tile {
   static constexpr int kKMultiple = kWarps * kKStep;  // K must be a multiple of this
 };
 
+// A staged tile's shared memory on quantized experts P: kStages slots of every thread's 16-byte operands of
+// one k-step (the two row tiles' low and high rows, the token chunks), [slot][operand][thread], then the
+// block's rows' group scales ([row tile][16 rows][groups], bf16). K: the stage's reduction length.
+template <class P, class T>
+constexpr int staged_operands() {
+  return 2 * kRowTiles + T::kTokTiles * (P::kValuesPerLoad / 8);
+}
+template <class P, class T>
+constexpr std::int64_t staged_smem_bytes(int K) {
+  const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
+  return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
+         kRowTiles * 16 * groups * 2;
+}
+
 // The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles. `rows[r]`: the
 // first byte of row tile r's first row; `scales[r]`: its first row's first scale; `tok[nt]`: token row
-// (nt·8 + g)'s element 0 (the activations, bf16).
+// (nt·8 + g)'s element 0 (the activations, bf16); `smem`: a staged tile's shared memory (staged_smem_bytes).
 template <class P, class T>
 __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&rows)[kRowTiles],
                                                    const bf16* const (&scales)[kRowTiles],
                                                    const bf16* const (&tok)[T::kTokTiles], int K,
                                                    std::int64_t row_bytes, int groups, int warp, int g, int q,
-                                                   float (&acc)[kRowTiles][T::kTokTiles][4]) {
+                                                   float (&acc)[kRowTiles][T::kTokTiles][4],
+                                                   unsigned char* smem) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
@@ -110,7 +132,69 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
-  if constexpr (T::kRolling) {
+  if constexpr (T::kStages > 0) {
+    // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;
+    // the block's scales are copied once, with the first step, and are the only data threads share.
+    constexpr int kS = T::kStages, kOps = staged_operands<P, T>(), kThreads = T::kThreads;
+    const std::uint32_t slots = ptx::smem_u32(smem) + 16 * threadIdx.x;  // + 16·kThreads per operand
+    const bf16* sc =
+        reinterpret_cast<const bf16*>(smem + static_cast<std::int64_t>(kS) * kOps * kThreads * 16);
+    {
+      const int chunks = 2 * groups;  // a row tile's 16 rows of scales: 32·groups bytes, 16-byte aligned
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r)
+        for (int c = threadIdx.x; c < chunks; c += kThreads)
+          ptx::cp_async_cached_16(ptx::smem_u32(sc) + 32 * groups * r + 16 * c,
+                                  reinterpret_cast<const unsigned char*>(scales[r]) + 16 * c);
+    }
+    auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
+      const int s = warp + kWarps * i;
+      const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kThreads * 16);
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) {
+        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r) * kThreads * 16, rows[r] + g * row_bytes + byte);
+        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r + 1) * kThreads * 16,
+                                              rows[r] + (g + 8) * row_bytes + byte);
+      }
+      const int k = s * kStep + kValues * q;
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          ptx::cp_async_cached_16(slot + (2 * kRowTiles + nt * kChunks + c) * kThreads * 16,
+                                  tok[nt] + k + 8 * c);
+    };
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {  // group i: step i (group 0 also the scales)
+      if (i < my_steps) issue(i);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait<kS - 1>();
+    __syncthreads();  // every thread's scale chunks landed
+    for (int i = 0; i < my_steps; ++i) {
+      ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
+      const int s = warp + kWarps * i;
+      const int group = s * kStep / static_cast<int>(quant::kGroup);
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kThreads * 16);
+      Step st;
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) {
+        st.wlo[r] = ptx::ld_shared_16(slot + (2 * r) * kThreads * 16);
+        st.whi[r] = ptx::ld_shared_16(slot + (2 * r + 1) * kThreads * 16);
+        st.slo[r] = __bfloat162float(sc[(r * 16 + g) * groups + group]);
+        st.shi[r] = __bfloat162float(sc[(r * 16 + g + 8) * groups + group]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          st.b[nt][c] = ptx::ld_shared_16(slot + (2 * kRowTiles + nt * kChunks + c) * kThreads * 16);
+      compute(st);  // its MMAs consume the slot's values before the slot is refilled below
+      if (i + kS < my_steps) issue(i + kS);
+      ptx::cp_async_commit();
+    }
+  } else if constexpr (T::kRolling) {
     // Two register sets: step i + 1 is loaded before step i is used, so a step is always in flight.
     if (my_steps == 0) return;
     Step x, y;  // steps 2j in x, 2j + 1 in y
@@ -168,6 +252,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   }
   float acc[kRowTiles][kTokTiles][4] = {};
   if constexpr (P::kQuantized) {
+    extern __shared__ __align__(16) unsigned char staged_smem[];  // staged tiles only (staged_smem_bytes)
     // The matrix (packed, moe/quant_layout.hpp): N rows of K values, row_bytes each, then the scales.
     const quant::MatrixLayout L =
         kGateUp ? P::w13(p.intermediate, p.hidden) : P::w2(p.intermediate, p.hidden);
@@ -184,7 +269,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[r] = base + n0 * row_bytes;
       scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
     }
-    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc);
+    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc, staged_smem);
   } else {
     // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
     const bf16* rows[kRowTiles];

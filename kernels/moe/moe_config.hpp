@@ -28,6 +28,8 @@ struct MoeConfig {
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   bool decode_rolling = false;  // decode, quantized experts: the next k-step's loads issued before the
                                 // current one is used (decode::Tile's kRolling; unroll 1)
+  int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
+                          // memory (decode::Tile's kStages; unroll 1, not rolling); 0: none
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -47,14 +49,16 @@ constexpr bool fits(double mean, double limit) {
 }  // namespace config_detail
 
 // A decode tile's compile-time shape, host-side: decode::Tile<tile_tokens / 8, warps, unroll, prefetch,
-// rolling>.
+// rolling, stages>.
 struct DecodeTileShape {
   int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
   bool rolling = false;
+  int stages = 0;
   friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
 };
 constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {
-  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch, c.decode_rolling};
+  return {c.tile_tokens,     c.decode_warps,   c.decode_unroll,
+          c.decode_prefetch, c.decode_rolling, c.decode_stages};
 }
 
 // At most N decode tiles, each once, in the order first added.

@@ -118,11 +118,30 @@ Status set_smem(int device, int bytes) {
   return Status::success();
 }
 
+// set_smem for a kernel whose dynamic shared memory varies by call (a staged decode tile's scales grow with
+// K): raises the kernel's limit on `device` to `bytes` when a call needs more than any before it.
+template <auto kKernel>
+Status set_smem_at_least(int device, int bytes) {
+  static std::array<std::atomic<int>, kMaxDevices> limit{};
+  if (bytes <= 48 * 1024) return Status::success();  // the default limit
+  if (device < kMaxDevices && limit[device].load(std::memory_order_relaxed) >= bytes)
+    return Status::success();
+  if (cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      e != cudaSuccess)
+    return Status::error("cudaFuncSetAttribute", cudaGetErrorString(e));
+  if (device < kMaxDevices) {
+    int seen = limit[device].load(std::memory_order_relaxed);
+    while (seen < bytes && !limit[device].compare_exchange_weak(seen, bytes, std::memory_order_relaxed)) {
+    }
+  }
+  return Status::success();
+}
+
 // The decode::Tile types of a DecodeTileList (moe/moe_config.hpp).
 template <const auto& kList, std::size_t... I>
 auto tile_types(std::index_sequence<I...>)
     -> std::tuple<decode::Tile<kList.tiles[I].tile_tokens / 8, kList.tiles[I].warps, kList.tiles[I].unroll,
-                               kList.tiles[I].prefetch, kList.tiles[I].rolling>...>;
+                               kList.tiles[I].prefetch, kList.tiles[I].rolling, kList.tiles[I].stages>...>;
 template <const auto& kList>
 using tile_types_t = decltype(tile_types<kList>(std::make_index_sequence<kList.size>{}));
 
@@ -263,13 +282,16 @@ class PagedMoe {
     }
     if (c.path == MoePath::kDecode && c.decode_rolling && !Precision::kQuantized)
       return Status::error("config.decode_rolling", 1, "rolling decode tiles read quantized experts only");
+    if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
+      return Status::error("config.decode_stages", c.decode_stages,
+                           "staged decode tiles read quantized experts only (0 on bf16)");
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
-        return Status::error(
-            "config.tile_tokens", c.tile_tokens,
-            "with decode_warps, decode_unroll, decode_prefetch and decode_rolling must name an "
-            "instantiated decode tile (PagedMoe::DecodeTiles)");
+        return Status::error("config.tile_tokens", c.tile_tokens,
+                             "with decode_warps, decode_unroll, decode_prefetch, decode_rolling and "
+                             "decode_stages must name an "
+                             "instantiated decode tile (PagedMoe::DecodeTiles)");
       if constexpr (Precision::kQuantized) {
         // K is dealt to the warps in whole k-steps, each inside one scale group.
         if (s.hidden % Precision::kKStep != 0)
@@ -449,7 +471,7 @@ class PagedMoe {
           !st)
         return st;
     } else {
-      if (Status st = run_decode(p, s, choice, grid_tiles, stream); !st) return st;
+      if (Status st = run_decode(p, s, choice, grid_tiles, dev.device, stream); !st) return st;
     }
 
     // 4. Combine.
@@ -511,7 +533,8 @@ class PagedMoe {
   template <class T>
   static constexpr bool names(const MoeConfig& c) {
     return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll &&
-           c.decode_prefetch == T::kPrefetch && c.decode_rolling == T::kRolling;
+           c.decode_prefetch == T::kPrefetch && c.decode_rolling == T::kRolling &&
+           c.decode_stages == T::kStages;
   }
   template <class T>
   static constexpr int k_multiple_of(const MoeConfig& c) {
@@ -597,11 +620,12 @@ class PagedMoe {
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                           unsigned grid_tiles, cudaStream_t stream) {
+                           unsigned grid_tiles, int device, cudaStream_t stream) {
     Status st = Status::success();
     std::apply(
         [&](auto... t) {
-          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, stream), 0) : 0),
+          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, device, stream), 0)
+                                  : 0),
            ...);
         },
         DecodeTiles{});
@@ -610,16 +634,24 @@ class PagedMoe {
 
   template <class T>
   static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                                cudaStream_t stream) {
+                                int device, cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
-    if (Status st = launch(gemv_kernel<Addressing, Stage::kGateUp, T, Precision>,
-                           dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads, 0, stream, p,
-                           "decode::gemv_kernel<kGateUp>");
+    constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T, Precision>;
+    constexpr auto kDown = gemv_kernel<Addressing, Stage::kDown, T, Precision>;
+    int gate_up_smem = 0, down_smem = 0;  // a staged tile's operand slots and scales (K = H, then F)
+    if constexpr (Precision::kQuantized && T::kStages > 0) {
+      gate_up_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.hidden));
+      down_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.intermediate));
+      if (Status st = detail::set_smem_at_least<kGateUp>(device, gate_up_smem); !st) return st;
+      if (Status st = detail::set_smem_at_least<kDown>(device, down_smem); !st) return st;
+    }
+    (void)device;
+    if (Status st = launch(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,
+                           gate_up_smem, stream, p, "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
-    return launch(gemv_kernel<Addressing, Stage::kDown, T, Precision>,
-                  dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, 0, stream, p,
+    return launch(kDown, dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, down_smem, stream, p,
                   "decode::gemv_kernel<kDown>");
   }
 

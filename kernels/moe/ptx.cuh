@@ -49,6 +49,19 @@ __device__ __forceinline__ uint4 ld_shared_16(std::uint32_t smem_addr) {
 __device__ __forceinline__ void cp_async_16(std::uint32_t smem_addr, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
 }
+// 16-byte global→shared copies of a thread's own future operands: weights past L1 with the weight loads' L2
+// prefetch hint (ld_stream_16), activations through L1 (ld_cached_16).
+template <int kPrefetch = 128>
+__device__ __forceinline__ void cp_async_stream_16(std::uint32_t smem_addr, const void* gmem) {
+  static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
+  if constexpr (kPrefetch == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+  else
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_cached_16(std::uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }

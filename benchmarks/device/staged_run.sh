@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Staged quantized decode tiles (decode::Tile's kStages: each thread keeps 2, 3 or 4 k-steps of its operands
+# in flight through shared memory with cp.async) against the default table's quantized tiles, in one device
+# call: (1) their GPU test (bit for bit against the default twins, and the reference); (2) int8 / int4 decode
+# at 1–128 tokens, the default against `int8-staged2/3/4` (int4 alike), one process per seed.
+#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=1,3,8,16,33,64,128] [CONFIGS=...] bash benchmarks/device/staged_run.sh
+# Writes $OUT/staged.tgz: staged_seed<i>.json (paged_moe_bench's format: `python3 benchmarks/device/compare.py
+# int8 int8-staged2 staged_seed*.json`) and the logs.
+set -uo pipefail
+: "${BIN:?BIN must name the folder holding paged_moe_bench and quant_moe_device_test}"
+: "${OUT:?OUT must name an output folder}"
+export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
+if [[ "${TEST:-1}" == 1 ]]; then
+  timeout 250 "$BIN/quant_moe_device_test" \
+    "quantized experts: rolling and staged decode tiles = their default twins bit for bit" \
+    >"$OUT/staged_test.txt" 2>&1
+  echo "staged decode test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/staged_test.txt" | tail -1)"
+fi
+configs="${CONFIGS:-int8,int8-staged2,int8-staged3,int8-staged4,int4,int4-staged2,int4-staged3,int4-staged4}"
+for seed in $(seq 1 "${SEEDS:-3}"); do
+  timeout 200 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral --tokens "${TOKENS:-1,3,8,16,33,64,128}" \
+    --placement shuffled --seed "$seed" --config "$configs" --json "$OUT/staged_seed$seed.json" \
+    >"$OUT/staged_seed$seed.txt" 2>&1
+  echo "staged seed $seed rc=$?"
+done
+(cd "$OUT" && tar czf staged.tgz --exclude=staged.tgz ./* && find . -maxdepth 1 -type f ! -name staged.tgz -delete)

@@ -27,9 +27,9 @@
 // and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes only); int8 / int4: the default's tiles
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
-// choice held to one path; int8-rolling / int8-steady (int4 alike): the default's quantized choice with every
-// decode tile rolling / none; int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every
-// decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
+// choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
+// loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
+// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
 // every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
@@ -296,29 +296,26 @@ struct FixedTileConfig {
   }
 };
 
-// The default table with every quantized decode tile rolling (kRoll) or none (decode::Tile's kRolling: each
-// warp's next k-step loads while the current one is dequantised); its tiles: the default's and their twins.
+// The default table with no staged quantized decode tile (every one on the register loop): what the staged
+// int8 rows are measured against.
 template <class... Ts>
-auto with_twins(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>,
-    kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch, !Ts::kRolling>...>::type;
-template <bool kRoll>
-struct RollingQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(with_twins(kernels::detail::DefaultQuantDecodeTiles{}));
+auto unstaged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch>...>::type;
+struct SteadyQuantConfig : kernels::DefaultMoeConfig {
+  using DecodeTiles = decltype(unstaged(kernels::detail::DefaultQuantDecodeTiles{}));
   static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    c.decode_rolling = kRoll;
+    c.decode_stages = 0;
     return c;
   }
 };
 
 // The default table with every quantized decode tile staged: kStages k-steps in flight per thread through
-// shared memory (decode::Tile's kStages), never rolling; its tiles: the default's and their staged twins.
+// shared memory (decode::Tile's kStages), int4 too; its tiles: the default's and their staged twins.
 template <int kStages, class... Ts>
 auto with_staged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>,
-    kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, 1, Ts::kPrefetch, false, kStages>...>::type;
+    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, 1, Ts::kPrefetch, kStages>...>::type;
 template <int kStages>
 struct StagedQuantConfig : kernels::DefaultMoeConfig {
   using DecodeTiles = decltype(with_staged<kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
@@ -326,7 +323,6 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
     if (c.path == MoePath::kDecode) {
-      c.decode_rolling = false;
       c.decode_unroll = 1;
       c.decode_stages = kStages;
     }
@@ -365,10 +361,7 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
-      {"int8-rolling", &make_quant_graph<kernels::Int8, RollingQuantConfig<true>>},
-      {"int4-rolling", &make_quant_graph<kernels::Int4, RollingQuantConfig<true>>},
-      {"int8-steady", &make_quant_graph<kernels::Int8, RollingQuantConfig<false>>},
-      {"int4-steady", &make_quant_graph<kernels::Int4, RollingQuantConfig<false>>},
+      {"int8-steady", &make_quant_graph<kernels::Int8, SteadyQuantConfig>},
       {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
       {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
       {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},

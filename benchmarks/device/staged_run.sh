@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Staged quantized decode tiles (decode::Tile's kStages: each thread keeps 2, 3 or 4 k-steps of its operands
-# in flight through shared memory with cp.async) against the default table's quantized tiles, in one device
-# call: (1) their GPU test (bit for bit against the default twins, and the reference); (2) int8 / int4 decode
-# at 1–128 tokens, the default against `int8-staged2/3/4` (int4 alike), one process per seed.
-#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=1,3,8,16,33,64,128] [CONFIGS=...] bash benchmarks/device/staged_run.sh
+# in flight through shared memory with cp.async), in one device call: (1) their GPU test (bit for bit against
+# their register-loop twins, and the reference); (2) int8 / int4 decode at 1–128 tokens on Qwen1.5 (with its
+# shared chunks), Qwen3 and Mixtral, the configurations CONFIGS side by side, one process per seed. The sweep
+# that chose the table's stages (at cb3c7eb, when the table had no staged row) is the default CONFIGS; the
+# table's check: CONFIGS=default,int8,int8-steady,int4 (int8-steady: the table without staged tiles).
+#   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=1,3,8,16,33,64,128] [CONFIGS=...] [TEST=1] bash benchmarks/device/staged_run.sh
 # Writes $OUT/staged.tgz: staged_seed<i>.json (paged_moe_bench's format: `python3 benchmarks/device/compare.py
 # int8 int8-staged2 staged_seed*.json`) and the logs.
 set -uo pipefail
@@ -12,7 +14,7 @@ set -uo pipefail
 export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
 if [[ "${TEST:-1}" == 1 ]]; then
   timeout 250 "$BIN/quant_moe_device_test" \
-    "quantized experts: rolling and staged decode tiles = their default twins bit for bit" \
+    "quantized experts: staged decode tiles = their register-loop twins bit for bit" \
     >"$OUT/staged_test.txt" 2>&1
   echo "staged decode test rc=$? $(grep -E 'All tests passed|test cases:' "$OUT/staged_test.txt" | tail -1)"
 fi

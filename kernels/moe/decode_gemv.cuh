@@ -18,7 +18,10 @@
 // above (exact integers as bf16) right before their MMAs, with the token operand loaded to match. K is cut
 // into k-steps of 64 (int8) or 128 (int4) values, each inside one scale group, dealt to the warps round robin
 // (K need only be a multiple of the k-step); each step's MMAs go to fresh float partial sums, which are then
-// scaled by the two rows' group scales and added to the accumulators.
+// scaled by the two rows' group scales and added to the accumulators. A staged tile (Tile's kStages) moves
+// each thread's own operands of its next k-steps into shared memory with cp.async: the dequantising loop
+// holds one step in registers while several are in flight (the register loop's second step in flight costs
+// it occupancy). The same steps in the same order either way: bit-identical outputs.
 #pragma once
 
 #include "moe/moe_params.cuh"
@@ -37,18 +40,13 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // Compile-time shape of one decode launch: kTokTiles 8-token MMA tiles per work tile, K split over kWarps
 // warps, kUnroll k-steps of loads in flight per thread, an L2 prefetch hint of kPrefetch bytes on the
 // weights.
-// kRolling (quantized experts only, kUnroll = 1): the loads of a warp's next k-step are issued before the
-// current one is dequantised and multiplied (two register sets), so a warp always has a step in flight.
-// kStages (quantized experts only, kUnroll = 1, not rolling; 0: off): each thread copies its own operands
-// of its next kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one
-// back right before its MMAs, so kStages steps are in flight per warp at one step's registers.
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, bool kRollingT = false,
-          int kStagesT = 0>
+// kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
+// kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
+// before its MMAs, so kStages steps are in flight per warp at one step's registers.
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
 struct Tile {
-  static constexpr bool kRolling = kRollingT;
-  static_assert(!kRollingT || kUnrollT == 1, "a rolling tile keeps one step in flight");
   static constexpr int kStages = kStagesT;
-  static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1 && !kRollingT),
+  static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
   static constexpr int kPrefetch = kPrefetchT;
   static constexpr int kTokTiles = kTokTilesT;
@@ -193,18 +191,6 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       compute(st);  // its MMAs consume the slot's values before the slot is refilled below
       if (i + kS < my_steps) issue(i + kS);
       ptx::cp_async_commit();
-    }
-  } else if constexpr (T::kRolling) {
-    // Two register sets: step i + 1 is loaded before step i is used, so a step is always in flight.
-    if (my_steps == 0) return;
-    Step x, y;  // steps 2j in x, 2j + 1 in y
-    load(x, 0);
-    for (int i = 0; i < my_steps; i += 2) {
-      if (i + 1 < my_steps) load(y, i + 1);
-      compute(x);
-      if (i + 1 >= my_steps) break;
-      if (i + 2 < my_steps) load(x, i + 2);
-      compute(y);
     }
   } else {
     for (int i = 0; i < my_steps; i += kUnroll) {

@@ -26,10 +26,8 @@ struct MoeConfig {
   int grouped_rows = 128;     // sm_90 grouped GEMM: weight rows per block, 128 (the two-block cp.async
                            // kernels) or 256 (the persistent TMA kernels, grouped::gemm_tma_kernel for bf16,
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
-  bool decode_rolling = false;  // decode, quantized experts: the next k-step's loads issued before the
-                                // current one is used (decode::Tile's kRolling; unroll 1)
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
-                          // memory (decode::Tile's kStages; unroll 1, not rolling); 0: none
+                          // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -49,16 +47,14 @@ constexpr bool fits(double mean, double limit) {
 }  // namespace config_detail
 
 // A decode tile's compile-time shape, host-side: decode::Tile<tile_tokens / 8, warps, unroll, prefetch,
-// rolling, stages>.
+// stages>.
 struct DecodeTileShape {
   int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
-  bool rolling = false;
   int stages = 0;
   friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
 };
 constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {
-  return {c.tile_tokens,     c.decode_warps,   c.decode_unroll,
-          c.decode_prefetch, c.decode_rolling, c.decode_stages};
+  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch, c.decode_stages};
 }
 
 // At most N decode tiles, each once, in the order first added.
@@ -78,14 +74,14 @@ struct DecodeTileList {
 
 namespace config_detail {
 
-// The tiles of a table's rows (a row whose int8 layers roll: its tile and the rolling one, int4 layers
+// The tiles of a table's rows (a row whose int8 layers are staged: its tile and the staged one, int4 layers
 // running the other) and its fallback tile, each once.
 template <class Row, std::size_t R>
 constexpr DecodeTileList<2 * R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
   DecodeTileList<2 * R + 1> list;
   for (const Row& r : rows) {
-    list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, false});
-    if (r.int8_rolling) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, true});
+    list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, 0});
+    if (r.int8_stages > 0) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, r.int8_stages});
   }
   list.add(fallback);
   return list;
@@ -138,15 +134,16 @@ struct DefaultMoeConfig {
     int min_intermediate, max_intermediate;
     int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
     int tile_tokens, warps, unroll;
-    int prefetch;       // L2 prefetch hint of the weight loads, bytes
-    bool int8_rolling;  // quantized rows: int8 layers run the tile rolling (decode::Tile's kRolling)
+    int prefetch;     // L2 prefetch hint of the weight loads, bytes
+    int int8_stages;  // quantized rows: k-steps int8 layers keep in flight through shared memory
+                      // (decode::Tile's kStages; 0: the register loop)
   };
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch rolling
-      {24,        0,      2048,    8,      8,   4,    2,     128,     false},
-      {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     false},
-      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     false},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages
+      {24,        0,      2048,    8,      8,   4,    2,     128,     0},
+      {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     0},
+      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     0},
   };
   // clang-format on
   static constexpr int kDecodeTile = 32;  // the largest decode tile (kDecode asked for at any size)
@@ -176,20 +173,22 @@ struct DefaultMoeConfig {
   // loop needs about twice the registers of the bf16 one, so the tiles that keep fewest live (8 or 16 tokens,
   // one k-step in flight) run fastest; 8-token tiles even when a few experts' batches overflow into a second
   // tile (Qwen at 64 tokens), 16-token tiles beyond (Mixtral at 33 and 64 tokens), and 8 warps splitting K
-  // where one or two routed slots meet huge experts (Mixtral at 1 token). int8 layers run the 8-token tiles
-  // rolling (each warp's next k-step loads while it dequantises the current one: one step in flight
-  // throughout, for ~45 more registers) up to 64 routed slots: 0.875–0.978× the default main loop's time at
-  // 1–8 tokens on Qwen and 1–16 on Mixtral (Qwen1.5 with shared chunks at 16: 0.988×), but 1.005–1.11× from
-  // 128 slots on (Qwen3 at 16 tokens: 1.021×; Mixtral's 16-token tiles 1.06–1.07×); int4, whose token operand
-  // takes twice the registers, lost nearly everywhere (1.008–1.43×; 0.95–0.96× at 1 token on Qwen, 1.156× on
-  // Mixtral) and never rolls (docs/results/quantized_h200.md, "Rolling decode tiles", 3 processes).
+  // where one or two routed slots meet huge experts (Mixtral at 1 token). int8 layers run every row staged
+  // (each thread's next k-steps in flight through shared memory, decode::Tile's kStages, at one step's
+  // registers: 55–57 against 78–80), against the register loop of c2db93d's table (rolling up to 64 routed
+  // slots) 0.870–0.95× at 3–128 tokens on every model and 0.92–0.98× at 1 token with 4 stages (3 stages
+  // there: 1.01×; 2 stages: 1.03–1.08×); 2 stages are best from 16 tokens on Qwen (0.90–0.93×), 3 between
+  // (docs/results/quantized_h200.md, "Staged int8 decode tiles", 3 processes). int4, at half the bytes per
+  // value and twice the token chunks per step, lost with every stage count on Qwen (1.04–1.65×; Mixtral at
+  // 1–16 tokens 0.88–0.96× with 2) and keeps the register loop.
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch rolling (int8)
-      {2,         8192,   1 << 30, 8,      8,   8,    1,     128,     true},
-      {64,        0,      1 << 30, 12,     8,   4,    1,     128,     true},
-      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,     false},
-      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,     false},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages (int8)
+      {2,         8192,   1 << 30, 8,      8,   8,    1,     128,     4},
+      {8,         0,      1 << 30, 12,     8,   4,    1,     128,     4},
+      {64,        0,      1 << 30, 12,     8,   4,    1,     128,     3},
+      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,     2},
+      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,     2},
   };
   // clang-format on
   // The decode tiles select() and select_quantized() can name (their rows' and kFallbackTile): what PagedMoe
@@ -217,7 +216,7 @@ struct DefaultMoeConfig {
 
   // The configuration for quantized experts of `bits` (PagedMoe<..., Int8|Int4>): kAuto picks the path by
   // kQuantDecodeTile and kQuantSharedDecodeTokens; on the decode path the first row of kQuantDecodeRows the
-  // shape satisfies (rolling for int8 where the row says so), else 32-token tiles.
+  // shape satisfies (staged for int8 where the row says so), else 32-token tiles.
   static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested, quant::Bits bits) {
     MoePath path = requested;
     if (path == MoePath::kAuto) {
@@ -239,7 +238,7 @@ struct DefaultMoeConfig {
                 r.unroll,
                 r.prefetch,
                 kGroupedTile,
-                r.int8_rolling && bits == quant::Bits::kInt8};
+                bits == quant::Bits::kInt8 ? r.int8_stages : 0};
     return fallback(MoePath::kDecode);
   }
 
@@ -324,29 +323,40 @@ static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, M
 static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
-// int8 layers roll on the 8-token tiles up to 64 routed slots (Mixtral at 1 and 16 tokens, Qwen3 at 8); int4
-// layers never; from 128 slots int8 runs the default main loop too (Qwen3 at 16 tokens).
+// int8 layers are staged on every decode row: 4 k-steps in flight up to 8 routed slots (Mixtral at 1 and 3
+// tokens, Qwen3 at 1), 3 up to 64 (Mixtral at 16, Qwen3 at 8), 2 beyond (Qwen3 at 16, Mixtral at 33); int4
+// layers never.
 static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, true});
+              MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, 4});
+static_assert(DefaultMoeConfig::select_quantized({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 4});
+static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 4});
 static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, true});
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 3});
 static_assert(DefaultMoeConfig::select_quantized({8, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, true});
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 3});
 static_assert(DefaultMoeConfig::select_quantized({16, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 2});
 static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 16, 4, 1, 128, 128, 2});
+static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1});
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kQuantDecodeRows) {
     if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch
-    if (r.int8_rolling && r.unroll != 1) return false;           // a rolling tile keeps one step in flight
+    if (r.int8_stages != 0 && (r.int8_stages < 2 || r.unroll != 1)) return false;  // decode::Tile's rule
   }
   for (const auto& r : DefaultMoeConfig::kDecodeRows)
-    if (r.int8_rolling) return false;  // bf16 tiles never roll
+    if (r.int8_stages != 0) return false;  // bf16 tiles are never staged
   return true;
 }());
 // Examples (T, H, F, E, k, m).

@@ -141,7 +141,7 @@ Status set_smem_at_least(int device, int bytes) {
 template <const auto& kList, std::size_t... I>
 auto tile_types(std::index_sequence<I...>)
     -> std::tuple<decode::Tile<kList.tiles[I].tile_tokens / 8, kList.tiles[I].warps, kList.tiles[I].unroll,
-                               kList.tiles[I].prefetch, kList.tiles[I].rolling, kList.tiles[I].stages>...>;
+                               kList.tiles[I].prefetch, kList.tiles[I].stages>...>;
 template <const auto& kList>
 using tile_types_t = decltype(tile_types<kList>(std::make_index_sequence<kList.size>{}));
 
@@ -280,8 +280,6 @@ class PagedMoe {
             "quantized experts need the 32-token decode tile (4 warps, unroll 1) instantiated "
             "for devices without wgmma (PagedMoe::DecodeTiles)");
     }
-    if (c.path == MoePath::kDecode && c.decode_rolling && !Precision::kQuantized)
-      return Status::error("config.decode_rolling", 1, "rolling decode tiles read quantized experts only");
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
@@ -289,7 +287,7 @@ class PagedMoe {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
         return Status::error("config.tile_tokens", c.tile_tokens,
-                             "with decode_warps, decode_unroll, decode_prefetch, decode_rolling and "
+                             "with decode_warps, decode_unroll, decode_prefetch and "
                              "decode_stages must name an "
                              "instantiated decode tile (PagedMoe::DecodeTiles)");
       if constexpr (Precision::kQuantized) {
@@ -533,8 +531,7 @@ class PagedMoe {
   template <class T>
   static constexpr bool names(const MoeConfig& c) {
     return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll &&
-           c.decode_prefetch == T::kPrefetch && c.decode_rolling == T::kRolling &&
-           c.decode_stages == T::kStages;
+           c.decode_prefetch == T::kPrefetch && c.decode_stages == T::kStages;
   }
   template <class T>
   static constexpr int k_multiple_of(const MoeConfig& c) {

@@ -256,7 +256,7 @@ TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu
 
 // Configuration policies can_implement must refuse: a decode tile the kernels do not have, 8 warps where H or
 // F is not a multiple of 256, a grouped tile other than 128 or 64 (64: kGrouped, 128-row blocks, bf16 only),
-// a rolling or staged decode tile on bf16 experts ...
+// a staged decode tile on bf16 experts ...
 struct BadTileConfig {
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) { return {MoePath::kDecode, 24}; }
 };
@@ -275,16 +275,10 @@ struct SmallTileConfig {
     return {kPath, 64, 4, 1, 128, kRows};
   }
 };
-struct RollingBf16Config {
-  using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, true>>;
-  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    return {MoePath::kDecode, 8, 4, 1, 128, 128, true};
-  }
-};
 struct StagedBf16Config {
-  using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, false, 3>>;
+  using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, 3>>;
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    return {MoePath::kDecode, 8, 4, 1, 128, 128, false, 3};
+    return {MoePath::kDecode, 8, 4, 1, 128, 128, 3};
   }
 };
 // ... and (moe_configs.hpp's GroupedRowsConfig) grouped blocks of other than 128 or 256 weight rows, 256 on
@@ -421,10 +415,6 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   const kernels::Status sts = SmallInt8::can_implement(small);
   CHECK(sts.field == "config.tile_tokens");
   CHECK(sts.message.find("quantized") != std::string::npos);
-  using RollingBf16 = PagedMoe<kernels::Paged, RollingBf16Config>;
-  const kernels::Status stl = RollingBf16::can_implement(small);
-  CHECK(stl.field == "config.decode_rolling");
-  CHECK(stl.message.find("quantized experts only") != std::string::npos);
   using StagedBf16 = PagedMoe<kernels::Paged, StagedBf16Config>;
   const kernels::Status sgd = StagedBf16::can_implement(small);
   CHECK(sgd.field == "config.decode_stages");

@@ -288,11 +288,11 @@ std::unique_ptr<GraphBase> make_quant_graph(const std::vector<RoutingSet>& sets,
 }
 
 // One decode tile at every token count, instantiated alone (its own DecodeTiles): the quantized sweep.
-template <int kTile, int kWarps, int kUnroll>
+template <int kTile, int kWarps, int kUnroll, int kStages = 0>
 struct FixedTileConfig {
-  using DecodeTiles = std::tuple<kernels::decode::Tile<kTile / 8, kWarps, kUnroll>>;
+  using DecodeTiles = std::tuple<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, 128, kStages>>;
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    return {MoePath::kDecode, kTile, kWarps, kUnroll, 128};
+    return {MoePath::kDecode, kTile, kWarps, kUnroll, 128, 128, kStages};
   }
 };
 
@@ -333,11 +333,13 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, cudaStream_t);
 
-// The quantized sweep's configurations, named `int8-t8w4u2` (precision, tile tokens, warps, unroll).
-template <class Precision, int kTile, int kWarps, int kUnroll>
+// The quantized sweep's configurations, named `int8-t8w4u2` (precision, tile tokens, warps, unroll) and
+// `int4-t8w2u1s2` (staged: k-steps in flight through shared memory).
+template <class Precision, int kTile, int kWarps, int kUnroll, int kStages = 0>
 void add_quant(std::map<std::string, QuantFactory>& m, const std::string& precision) {
-  m[precision + "-t" + std::to_string(kTile) + "w" + std::to_string(kWarps) + "u" + std::to_string(kUnroll)] =
-      &make_quant_graph<Precision, FixedTileConfig<kTile, kWarps, kUnroll>>;
+  m[precision + "-t" + std::to_string(kTile) + "w" + std::to_string(kWarps) + "u" + std::to_string(kUnroll) +
+    (kStages > 0 ? "s" + std::to_string(kStages) : "")] =
+      &make_quant_graph<Precision, FixedTileConfig<kTile, kWarps, kUnroll, kStages>>;
 }
 template <class Precision>
 void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& precision) {
@@ -348,6 +350,10 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
   add_quant<Precision, 16, 4, 1>(m, precision);
   add_quant<Precision, 16, 4, 2>(m, precision);
   add_quant<Precision, 32, 4, 1>(m, precision);
+  add_quant<Precision, 8, 2, 1>(m, precision);  // two warps: twice the k-steps per warp
+  add_quant<Precision, 8, 2, 1, 2>(m, precision);
+  add_quant<Precision, 8, 2, 1, 3>(m, precision);
+  add_quant<Precision, 8, 4, 1, 2>(m, precision);
 }
 // Every quantized configuration: `int8` / `int4` (the default table), `-decode` / `-grouped` (one path
 // everywhere) and the sweep's.

@@ -25,12 +25,17 @@ TRACES = {"poisson": ("1", "10", "1"), "bursty": ("2", "8", "0.5")}
 
 
 def perturbed(base, compute, copy):
-    """The cost model with every compute cost times `compute` and the copy time times `copy`."""
+    """The cost model with every compute cost times `compute` and the copy time times `copy`. An efficiency
+    cannot pass 1 (the cost model refuses it): one already at 1 stays there when compute < 1, so that phase's
+    bound is not scaled (reported on stderr)."""
     d = json.loads(json.dumps(base))
     d["name"] = f"{base.get('name', 'cost')}-compute{compute}-copy{copy}"
     for k in list(d):
         if k.endswith("_efficiency"):
             d[k] = d[k] / compute
+            if d[k] > 1.0:
+                print(f"ttft_sensitivity: {k} = {base[k]} / {compute} capped at 1 (not scaled)", file=sys.stderr)
+                d[k] = 1.0
     d["per_layer_overhead_us"] = d.get("per_layer_overhead_us", 0.0) * compute
     d["step_overhead_us"] = d.get("step_overhead_us", 0.0) * compute
     d["h2d_bandwidth_scale"] = d.get("h2d_bandwidth_scale", 1.0) / copy

@@ -175,10 +175,11 @@ struct DefaultMoeConfig {
   // tile (Qwen at 64 tokens), 16-token tiles beyond (Mixtral at 33 and 64 tokens), and 8 warps splitting K
   // where one or two routed slots meet huge experts (Mixtral at 1 token). int8 layers run every row staged
   // (each thread's next k-steps in flight through shared memory, decode::Tile's kStages, at one step's
-  // registers: 55–57 against 78–80), against the register loop of c2db93d's table (rolling up to 64 routed
-  // slots) 0.870–0.95× at 3–128 tokens on every model and 0.92–0.98× at 1 token with 4 stages (3 stages
-  // there: 1.01×; 2 stages: 1.03–1.08×); 2 stages are best from 16 tokens on Qwen (0.90–0.93×), 3 between
-  // (docs/results/quantized_h200.md, "Staged int8 decode tiles", 3 processes). int4, at half the bytes per
+  // registers: 55–57 against 78–80): 0.79–0.94× the same table without stages at 1–64 tokens, 0.90× at 128
+  // (3 processes); against c2db93d's table (int8 rolling up to 64 routed slots) 0.92–0.98× at 1 token with 4
+  // stages and 0.88–0.95× at 3–128 tokens with the rows' counts. 4 stages where few slots are routed (Qwen at
+  // 1 token: 3 stages 1.01×, 2 stages 1.03–1.08× the rolling tile), 3 between, 2 from 16 tokens on Qwen
+  // (0.90–0.93×; docs/results/quantized_h200.md, "Staged int8 decode tiles"). int4, at half the bytes per
   // value and twice the token chunks per step, lost with every stage count on Qwen (1.04–1.65×; Mixtral at
   // 1–16 tokens 0.88–0.96× with 2) and keeps the register loop.
   // clang-format off

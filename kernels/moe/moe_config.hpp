@@ -327,30 +327,25 @@ static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoeP
 // int8 layers are staged on every decode row: 4 k-steps in flight up to 8 routed slots (Mixtral at 1 and 3
 // tokens, Qwen3 at 1), 3 up to 64 (Mixtral at 16, Qwen3 at 8), 2 beyond (Qwen3 at 16, Mixtral at 33); int4
 // layers never.
-static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, 4});
-static_assert(DefaultMoeConfig::select_quantized({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 4});
-static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 4});
-static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 3});
-static_assert(DefaultMoeConfig::select_quantized({8, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 3});
-static_assert(DefaultMoeConfig::select_quantized({16, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 2});
-static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kDecode, 16, 4, 1, 128, 128, 2});
-static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kDecode, 16, 4, 1});
+static_assert([] {
+  struct Example {
+    MoeShape shape;  // T, H, F, E, k, m
+    MoeConfig int8;
+  };
+  constexpr Example kStaged[] = {
+      {{1, 4096, 14336, 8, 2, 0}, {MoePath::kDecode, 8, 8, 1, 128, 128, 4}},
+      {{3, 4096, 14336, 8, 2, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 4}},
+      {{1, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 4}},
+      {{16, 4096, 14336, 8, 2, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 3}},
+      {{8, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 3}},
+      {{16, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 2}},
+      {{33, 4096, 14336, 8, 2, 0}, {MoePath::kDecode, 16, 4, 1, 128, 128, 2}},
+  };
+  for (const Example& e : kStaged)
+    if (DefaultMoeConfig::select_quantized(e.shape, MoePath::kAuto, quant::Bits::kInt8) != e.int8)
+      return false;
+  return true;
+}());
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kQuantDecodeRows) {
     if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch

@@ -6,10 +6,13 @@
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
 //                   [--sets 8] [--placement shuffled,adjacent] [--seed 1,2,3] [--seconds 0.1]
-//                   [--router uniform|hot:E|zipf:S]
+//                   [--router uniform|hot:E|zipf:S] [--layers 1]
 // --router: how each token's k experts are drawn (tests/device/routing_draw.hpp; uniform by default, as in
 // every result so far): zipf:S skews them as a trained router does (popularity ∝ 1 / rank^S), hot:E puts
 // expert E in every other token;
+// --layers N: N copies of the bf16 weights (distinct memory, as a model's layers), call i of a graph reading
+// copy i % N (with --sets N every call another layer's weights, as an engine step reads them; the
+// quantized configurations keep one copy);
 // --placement: where the paged views put the matrices (testing::Placement: `shuffled` scatters every matrix,
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
@@ -138,10 +141,11 @@ struct Graph : GraphBase {
   DeviceBuffer<unsigned char> workspace;
   std::size_t workspace_bytes = 0;
 
-  Graph(const std::vector<RoutingSet>& sets, const MoeShape& shape, typename Addressing::Arguments w,
-        bf16* out, cudaStream_t stream) {
-    for (const RoutingSet& r : sets) {
-      const auto a = layer_arguments<typename Moe::Arguments>(r, shape, w, out);
+  // Call i reads layers[i % layers.size()]: several layers' weights, as an engine step reads them.
+  Graph(const std::vector<RoutingSet>& sets, const MoeShape& shape,
+        const std::vector<typename Addressing::Arguments>& layers, bf16* out, cudaStream_t stream) {
+    for (std::size_t i = 0; i < sets.size(); ++i) {
+      const auto a = layer_arguments<typename Moe::Arguments>(sets[i], shape, layers[i % layers.size()], out);
       const kernels::Status st = Moe::can_implement(a);
       if (!st) throw std::runtime_error(st.message);
       workspace_bytes = std::max(workspace_bytes, Moe::workspace_size(a));
@@ -200,17 +204,27 @@ struct PrefetchConfig {
   }
 };
 
+// The weights of the layers (--layers): one store per layer, and per paged view (placement × seed) that
+// view over every layer's store.
+struct Layers {
+  std::vector<std::unique_ptr<ExpertStore>> stores;
+  std::vector<std::vector<ExpertStore::AliasedView>> views;  // [view][layer]
+};
+
 // The graphs of one configuration: contiguous, then one per paged view.
 template <class Config>
 std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet>& sets,
-                                                    const MoeShape& shape, const ExpertStore& store,
-                                                    const std::vector<ExpertStore::AliasedView>& views,
-                                                    bf16* out, cudaStream_t stream) {
+                                                    const MoeShape& shape, const Layers& layers, bf16* out,
+                                                    cudaStream_t stream) {
   std::vector<std::unique_ptr<GraphBase>> g;
-  g.push_back(std::make_unique<Graph<kernels::Contiguous, Config>>(sets, shape, store.contiguous_args(), out,
-                                                                   stream));
-  for (const auto& v : views)
-    g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, v.args(), out, stream));
+  std::vector<kernels::Contiguous::Arguments> contiguous;
+  for (const auto& s : layers.stores) contiguous.push_back(s->contiguous_args());
+  g.push_back(std::make_unique<Graph<kernels::Contiguous, Config>>(sets, shape, contiguous, out, stream));
+  for (const auto& view : layers.views) {
+    std::vector<kernels::Paged::Arguments> paged;
+    for (const auto& v : view) paged.push_back(v.args());
+    g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, paged, out, stream));
+  }
   return g;
 }
 
@@ -220,9 +234,7 @@ std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet
 enum class Where { kDecode, kGrouped, kEvery };
 struct Bf16Config {
   std::vector<std::unique_ptr<GraphBase>> (*make)(const std::vector<RoutingSet>&, const MoeShape&,
-                                                  const ExpertStore&,
-                                                  const std::vector<ExpertStore::AliasedView>&, bf16*,
-                                                  cudaStream_t);
+                                                  const Layers&, bf16*, cudaStream_t);
   Where where;
 };
 std::map<std::string, Bf16Config> bf16_configs() {
@@ -284,7 +296,7 @@ template <class Precision, class Config = kernels::DefaultMoeConfig>
 std::unique_ptr<GraphBase> make_quant_graph(const std::vector<RoutingSet>& sets, const MoeShape& shape,
                                             const QuantWeights& w, bf16* out, cudaStream_t stream) {
   return std::make_unique<Graph<kernels::Contiguous, Config, Precision>>(
-      sets, shape, kernels::Contiguous::Arguments{w.data.get()}, out, stream);
+      sets, shape, std::vector<kernels::Contiguous::Arguments>{{w.data.get()}}, out, stream);
 }
 
 // One decode tile at every token count, instantiated alone (its own DecodeTiles): the quantized sweep.
@@ -405,6 +417,7 @@ int main(int argc, char** argv) {
   std::vector<int> seeds = {1, 2, 3};
   std::vector<std::string> configs = {"default"};
   int num_sets = 8;
+  int num_layers = 1;
   double seconds = 0.1;
   Router router;  // uniform
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -415,6 +428,8 @@ int main(int argc, char** argv) {
       tokens = parse_ints(v);
     else if (k == "--sets")
       num_sets = std::stoi(v);
+    else if (k == "--layers")
+      num_layers = std::stoi(v);
     else if (k == "--placement")
       placements = split(v);
     else if (k == "--seed")
@@ -436,6 +451,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
+  }
+  if (num_layers < 1 || num_sets < 1) {
+    std::fprintf(stderr, "--layers %d / --sets %d: must be >= 1\n", num_layers, num_sets);
+    return 2;
   }
   const std::map<std::string, ModelSpec> specs = {
       {"qwen15", kQwen15Routed}, {"qwen15_shared", kQwen15}, {"qwen3", kQwen3}, {"mixtral", kMixtral}};
@@ -481,13 +500,16 @@ int main(int argc, char** argv) {
   std::FILE* js = std::fopen(json_path.c_str(), "w");
   std::fprintf(js,
                "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"read_gbs\": %.1f,\n \"sets\": %d,\n "
-               "\"router\": \"%s\",\n "
+               "\"layers\": %d,\n \"router\": \"%s\",\n "
                "\"cases\": [\n",
-               prop.name, copy_gbs, read_gbs, num_sets, router.name().c_str());
+               prop.name, copy_gbs, read_gbs, num_sets, num_layers, router.name().c_str());
   bool first = true;
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
-    ExpertStore store(spec, 42, 0, /*aliased=*/true);
+    Layers layers;  // bf16 weights: --layers stores (seeds 42, 43, ...), the paged views over each
+    for (int l = 0; l < num_layers; ++l)
+      layers.stores.push_back(
+          std::make_unique<ExpertStore>(spec, 42 + static_cast<std::uint64_t>(l), 0, /*aliased=*/true));
     std::map<std::string, std::unique_ptr<QuantWeights>> quant;  // per precision named by a config
     for (const std::string& c : configs) {
       const std::string prec = c.substr(0, 4);  // a quantized configuration's name starts with it
@@ -496,11 +518,13 @@ int main(int argc, char** argv) {
           spec, prec == "int8" ? kernels::quant::Bits::kInt8 : kernels::quant::Bits::kInt4);
     }
     std::vector<std::pair<std::string, int>> view_names;
-    std::vector<ExpertStore::AliasedView> views;
     for (const std::string& pl : placements)
       for (int seed : seeds) {  // 1 expert in 8 in load-buffer slots
         view_names.emplace_back(pl, seed);
-        views.push_back(store.aliased_view(parse_placement(pl), static_cast<std::uint64_t>(seed), 8));
+        layers.views.emplace_back();
+        for (const auto& st : layers.stores)
+          layers.views.back().push_back(
+              st->aliased_view(parse_placement(pl), static_cast<std::uint64_t>(seed), 8));
       }
     for (int t : tokens) {
       const MoeShape shape = shape_of(spec, t);
@@ -533,7 +557,7 @@ int main(int argc, char** argv) {
           const bool decodes = config.path == MoePath::kDecode;
           if (b.where == Where::kGrouped ? decodes : c != configs[0] && b.where == Where::kDecode && !decodes)
             continue;
-          g = b.make(sets, shape, store, views, out.get(), stream);
+          g = b.make(sets, shape, layers, out.get(), stream);
         }
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));

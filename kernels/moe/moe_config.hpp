@@ -74,14 +74,16 @@ struct DecodeTileList {
 
 namespace config_detail {
 
-// The tiles of a table's rows (a row whose int8 layers are staged: its tile and the staged one, int4 layers
-// running the other) and its fallback tile, each once.
+// The tiles of a table's rows (a row whose int8 or int4 layers are staged: its tile and the staged ones, the
+// other precision running the register loop) and its fallback tile, each once.
 template <class Row, std::size_t R>
-constexpr DecodeTileList<2 * R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
-  DecodeTileList<2 * R + 1> list;
+constexpr DecodeTileList<3 * R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
+  DecodeTileList<3 * R + 1> list;
   for (const Row& r : rows) {
     list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, 0});
-    if (r.int8_stages > 0) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, r.int8_stages});
+    const int staged[] = {r.int8_stages, r.int4_stages};
+    for (const int stages : staged)
+      if (stages > 0) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, stages});
   }
   list.add(fallback);
   return list;
@@ -134,16 +136,16 @@ struct DefaultMoeConfig {
     int min_intermediate, max_intermediate;
     int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
     int tile_tokens, warps, unroll;
-    int prefetch;     // L2 prefetch hint of the weight loads, bytes
-    int int8_stages;  // quantized rows: k-steps int8 layers keep in flight through shared memory
-                      // (decode::Tile's kStages; 0: the register loop)
+    int prefetch;                  // L2 prefetch hint of the weight loads, bytes
+    int int8_stages, int4_stages;  // quantized rows: k-steps int8 / int4 layers keep in flight through
+                                   // shared memory (decode::Tile's kStages; 0: the register loop)
   };
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages
-      {24,        0,      2048,    8,      8,   4,    2,     128,     0},
-      {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     0},
-      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     0},
+      {24,        0,      2048,    8,      8,   4,    2,     128,     0, 0},
+      {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     0, 0},
+      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     0, 0},
   };
   // clang-format on
   static constexpr int kDecodeTile = 32;  // the largest decode tile (kDecode asked for at any size)
@@ -180,16 +182,19 @@ struct DefaultMoeConfig {
   // stages and 0.88–0.95× at 3–128 tokens with the rows' counts. 4 stages where few slots are routed (Qwen at
   // 1 token: 3 stages 1.01×, 2 stages 1.03–1.08× the rolling tile), 3 between, 2 from 16 tokens on Qwen
   // (0.90–0.93×; docs/results/quantized_h200.md, "Staged int8 decode tiles"). int4, at half the bytes per
-  // value and twice the token chunks per step, lost with every stage count on Qwen (1.04–1.65×; Mixtral at
-  // 1–16 tokens 0.88–0.96× with 2) and keeps the register loop.
+  // value and twice the token chunks per step, lost with every stage count on Qwen (1.04–1.65×) and keeps the
+  // register loop there; on huge experts (F ≥ 8192: Mixtral at 1–16 tokens, 8-token tiles) 2 stages took
+  // 0.88–0.96× its time (3 processes, the same sweep), so those rows stage int4 too.
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages (int8)
-      {2,         8192,   1 << 30, 8,      8,   8,    1,     128,     4},
-      {8,         0,      1 << 30, 12,     8,   4,    1,     128,     4},
-      {64,        0,      1 << 30, 12,     8,   4,    1,     128,     3},
-      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,     2},
-      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,     2},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4
+      {2,         8192,   1 << 30, 8,      8,   8,    1,     128,             4,   2},
+      {8,         8192,   1 << 30, 12,     8,   4,    1,     128,             4,   2},
+      {8,         0,      1 << 30, 12,     8,   4,    1,     128,             4,   0},
+      {64,        8192,   1 << 30, 12,     8,   4,    1,     128,             3,   2},
+      {64,        0,      1 << 30, 12,     8,   4,    1,     128,             3,   0},
+      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,             2,   0},
+      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,             2,   0},
   };
   // clang-format on
   // The decode tiles select() and select_quantized() can name (their rows' and kFallbackTile): what PagedMoe
@@ -239,7 +244,7 @@ struct DefaultMoeConfig {
                 r.unroll,
                 r.prefetch,
                 kGroupedTile,
-                bits == quant::Bits::kInt8 ? r.int8_stages : 0};
+                bits == quant::Bits::kInt8 ? r.int8_stages : r.int4_stages};
     return fallback(MoePath::kDecode);
   }
 
@@ -279,9 +284,11 @@ static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, Moe
 static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 8, 1});
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, 2});
 static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 2});
 static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1});
@@ -326,7 +333,7 @@ static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoeP
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
 // int8 layers are staged on every decode row: 4 k-steps in flight up to 8 routed slots (Mixtral at 1 and 3
 // tokens, Qwen3 at 1), 3 up to 64 (Mixtral at 16, Qwen3 at 8), 2 beyond (Qwen3 at 16, Mixtral at 33); int4
-// layers never.
+// layers only on the huge experts' 8-token rows (2 stages, Mixtral at 1–16 tokens above).
 static_assert([] {
   struct Example {
     MoeShape shape;  // T, H, F, E, k, m
@@ -349,10 +356,12 @@ static_assert([] {
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kQuantDecodeRows) {
     if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch
-    if (r.int8_stages != 0 && (r.int8_stages < 2 || r.unroll != 1)) return false;  // decode::Tile's rule
+    const int staged[] = {r.int8_stages, r.int4_stages};
+    for (const int stages : staged)
+      if (stages != 0 && (stages < 2 || r.unroll != 1)) return false;  // decode::Tile's rule
   }
   for (const auto& r : DefaultMoeConfig::kDecodeRows)
-    if (r.int8_stages != 0) return false;  // bf16 tiles are never staged
+    if (r.int8_stages != 0 || r.int4_stages != 0) return false;  // bf16 tiles are never staged
   return true;
 }());
 // Examples (T, H, F, E, k, m).

@@ -112,7 +112,7 @@ struct Rng {
 
 // Copies staging page i to arena page ids[i] (16 bytes per thread). Static: every test file has its own copy.
 static __global__ void scatter_pages_kernel(const uint4* staging, const std::int32_t* ids, std::size_t pages,
-                                     std::uint64_t page_words, uint4* arena) {
+                                            std::uint64_t page_words, uint4* arena) {
   for (std::size_t p = blockIdx.x; p < pages; p += gridDim.x) {
     const uint4* src = staging + p * page_words;
     uint4* dst = arena + static_cast<std::uint64_t>(ids[p]) * page_words;

@@ -71,6 +71,13 @@ constexpr std::int64_t staged_smem_bytes(int K) {
          kRowTiles * 16 * groups * 2;
 }
 
+// The K split's reduction buffer (static shared memory of every decode tile): warps 1.. hand warp 0 their
+// partial sums.
+template <class T>
+constexpr std::int64_t reduction_bytes() {
+  return static_cast<std::int64_t>(T::kWarps - 1) * kRowTiles * T::kTokTiles * 4 * 32 * sizeof(float);
+}
+
 // The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles. `rows[r]`: the
 // first byte of row tile r's first row; `scales[r]`: its first row's first scale; `tok[nt]`: token row
 // (nt·8 + g)'s element 0 (the activations, bf16); `smem`: a staged tile's shared memory (staged_smem_bytes).
@@ -317,7 +324,8 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   }  // bf16
 
   // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
-  __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];
+  __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];  // reduction_bytes<T>()
+  static_assert(sizeof(red) == reduction_bytes<T>());
   if (warp > 0) {
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r)

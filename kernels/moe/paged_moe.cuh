@@ -300,6 +300,18 @@ class PagedMoe {
           return Status::error("shape.intermediate", s.intermediate,
                                "must be a multiple of " + std::to_string(Precision::kKStep) +
                                    " (the quantized decode k-step)");
+        // A staged tile's shared memory grows with its stages, tokens and warps, and with K (the scales).
+        if (c.decode_stages > 0) {
+          const long long bytes =
+              std::max(decode_block_smem(c, s.hidden), decode_block_smem(c, s.intermediate));
+          if (bytes > kMaxBlockSmem)
+            return Status::error(
+                "config.decode_stages", c.decode_stages,
+                "needs " + std::to_string(bytes) + " bytes of shared memory per block here (" +
+                    std::to_string(c.tile_tokens) + " tokens, " + std::to_string(c.decode_warps) +
+                    " warps, K up to " + std::to_string(std::max(s.hidden, s.intermediate)) + "); at most " +
+                    std::to_string(kMaxBlockSmem) + " (sm_90): fewer stages, tokens or warps");
+        }
       } else if (s.hidden % multiple != 0 || s.intermediate % multiple != 0) {
         return Status::error("config.decode_warps", c.decode_warps,
                              "needs hidden and intermediate to be multiples of 32·decode_warps");
@@ -540,6 +552,19 @@ class PagedMoe {
   // K multiple the configuration's decode tile needs, 0 when it names no instantiated tile.
   static constexpr int decode_k_multiple(const MoeConfig& c) {
     return std::apply([&](auto... t) { return (k_multiple_of<decltype(t)>(c) + ...); }, DecodeTiles{});
+  }
+  // Shared memory per block of the configuration's staged decode tile at reduction length K (the operand
+  // slots and scales, decode::staged_smem_bytes, plus the K split's reduction buffer); 0 for other tiles.
+  static constexpr long long kMaxBlockSmem = 227 * 1024;  // sm_90's per-block opt-in maximum
+  template <class T>
+  static constexpr long long staged_smem_of(const MoeConfig& c, int k) {
+    if constexpr (Precision::kQuantized && T::kStages > 0)
+      return names<T>(c) ? decode::staged_smem_bytes<Precision, T>(k) + decode::reduction_bytes<T>() : 0;
+    else
+      return 0;
+  }
+  static constexpr long long decode_block_smem(const MoeConfig& c, int k) {
+    return std::apply([&](auto... t) { return (staged_smem_of<decltype(t)>(c, k) + ...); }, DecodeTiles{});
   }
 
   // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, one

@@ -508,4 +508,15 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   CHECK(Moe4::config(b).path == MoePath::kGrouped);
   b.path = MoePath::kDecode;
   CHECK(Moe4::config(b) == kernels::MoeConfig{MoePath::kDecode, 32, 4, 1});
+  // A staged tile whose shared memory passes the per-block maximum: 32 tokens, 8 warps, 4 stages of int4
+  // operands (20 chunks per thread per stage: 327680 bytes); 2 stages fit.
+  b.shape.num_tokens = 4;
+  using Moe4Huge =
+      PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 4>>, kernels::Int4>;
+  const kernels::Status huge = Moe4Huge::can_implement(b);
+  CHECK(huge.field == "config.decode_stages");
+  CHECK_THAT(huge.message, Catch::Contains("bytes of shared memory per block") && Catch::Contains("232448"));
+  using Moe4Fits =
+      PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
+  CHECK(Moe4Fits::can_implement(b).ok);
 }

@@ -119,11 +119,12 @@ Status set_smem(int device, int bytes) {
 }
 
 // set_smem for a kernel whose dynamic shared memory varies by call (a staged decode tile's scales grow with
-// K): raises the kernel's limit on `device` to `bytes` when a call needs more than any before it.
+// K): raises the kernel's limit on `device` to `bytes` when a call needs more than any before it and, with
+// the kernel's `static_bytes`, more than the default 48 KB.
 template <auto kKernel>
-Status set_smem_at_least(int device, int bytes) {
+Status set_smem_at_least(int device, int bytes, int static_bytes) {
   static std::array<std::atomic<int>, kMaxDevices> limit{};
-  if (bytes <= 48 * 1024) return Status::success();  // the default limit
+  if (bytes + static_bytes <= 48 * 1024) return Status::success();  // within the default limit
   if (device < kMaxDevices && limit[device].load(std::memory_order_relaxed) >= bytes)
     return Status::success();
   if (cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -665,8 +666,9 @@ class PagedMoe {
     if constexpr (Precision::kQuantized && T::kStages > 0) {
       gate_up_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.hidden));
       down_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.intermediate));
-      if (Status st = detail::set_smem_at_least<kGateUp>(device, gate_up_smem); !st) return st;
-      if (Status st = detail::set_smem_at_least<kDown>(device, down_smem); !st) return st;
+      constexpr int kStatic = static_cast<int>(decode::reduction_bytes<T>());
+      if (Status st = detail::set_smem_at_least<kGateUp>(device, gate_up_smem, kStatic); !st) return st;
+      if (Status st = detail::set_smem_at_least<kDown>(device, down_smem, kStatic); !st) return st;
     }
     (void)device;
     if (Status st = launch(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,

@@ -141,9 +141,12 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;
     // the block's scales are copied once, with the first step, and are the only data threads share.
     constexpr int kS = T::kStages, kOps = staged_operands<P, T>(), kThreads = T::kThreads;
-    const std::uint32_t slots = ptx::smem_u32(smem) + 16 * threadIdx.x;  // + 16·kThreads per operand
-    const bf16* sc =
-        reinterpret_cast<const bf16*>(smem + static_cast<std::int64_t>(kS) * kOps * kThreads * 16);
+    // Step i's operands are in slot i % kS; operand o of a slot is this thread's 16 bytes at slot +
+    // o·kOpBytes: o = 2r and 2r + 1 are row tile r's low and high rows, kTokOp + nt·kChunks + c token tile
+    // nt's chunk c.
+    constexpr int kOpBytes = 16 * kThreads, kTokOp = 2 * kRowTiles;
+    const std::uint32_t slots = ptx::smem_u32(smem) + 16 * threadIdx.x;
+    const bf16* sc = reinterpret_cast<const bf16*>(smem + static_cast<std::int64_t>(kS) * kOps * kOpBytes);
     {
       const int chunks = 2 * groups;  // a row tile's 16 rows of scales: 32·groups bytes, 16-byte aligned
 #pragma unroll
@@ -155,11 +158,11 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
       const int s = warp + kWarps * i;
       const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
-      const std::uint32_t slot = slots + (i % kS) * (kOps * kThreads * 16);
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r) * kThreads * 16, rows[r] + g * row_bytes + byte);
-        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r + 1) * kThreads * 16,
+        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r) * kOpBytes, rows[r] + g * row_bytes + byte);
+        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r + 1) * kOpBytes,
                                               rows[r] + (g + 8) * row_bytes + byte);
       }
       const int k = s * kStep + kValues * q;
@@ -167,8 +170,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          ptx::cp_async_cached_16(slot + (2 * kRowTiles + nt * kChunks + c) * kThreads * 16,
-                                  tok[nt] + k + 8 * c);
+          ptx::cp_async_cached_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + k + 8 * c);
     };
 #pragma unroll
     for (int i = 0; i < kS; ++i) {  // group i: step i (group 0 also the scales)
@@ -181,12 +183,12 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
       const int s = warp + kWarps * i;
       const int group = s * kStep / static_cast<int>(quant::kGroup);
-      const std::uint32_t slot = slots + (i % kS) * (kOps * kThreads * 16);
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
       Step st;
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        st.wlo[r] = ptx::ld_shared_16(slot + (2 * r) * kThreads * 16);
-        st.whi[r] = ptx::ld_shared_16(slot + (2 * r + 1) * kThreads * 16);
+        st.wlo[r] = ptx::ld_shared_16(slot + (2 * r) * kOpBytes);
+        st.whi[r] = ptx::ld_shared_16(slot + (2 * r + 1) * kOpBytes);
         st.slo[r] = __bfloat162float(sc[(r * 16 + g) * groups + group]);
         st.shi[r] = __bfloat162float(sc[(r * 16 + g + 8) * groups + group]);
       }
@@ -194,7 +196,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          st.b[nt][c] = ptx::ld_shared_16(slot + (2 * kRowTiles + nt * kChunks + c) * kThreads * 16);
+          st.b[nt][c] = ptx::ld_shared_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes);
       compute(st);  // its MMAs consume the slot's values before the slot is refilled below
       if (i + kS < my_steps) issue(i + kS);
       ptx::cp_async_commit();

@@ -458,7 +458,7 @@ inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight
 inline constexpr int kTmaSmemBytes =
     kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
 inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
-static_assert(kTmaSmemBytes <= 227 * 1024, "the TMA block must fit one SM");
+static_assert(kTmaSmemBytes <= ptx::kMaxBlockSmemBytes, "the TMA block must fit one SM");
 static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
 
 // The kernel's parameters: the layer's, the stage's unit counter (zeroed by routing), and the stage's B

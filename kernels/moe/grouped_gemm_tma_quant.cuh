@@ -69,7 +69,7 @@ struct TmaQuant {
   static constexpr int kStagingElems = kBlockM * kStagingPitch;  // per consumer warpgroup
   static constexpr int kSmemBytes =
       kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "the quantized TMA block must fit one SM");
+  static_assert(kSmemBytes <= ptx::kMaxBlockSmemBytes, "the quantized TMA block must fit one SM");
   static_assert(kBlockK == k_permutation::kBlock, "a k-step is one permuted block");
 };
 

@@ -105,26 +105,14 @@ inline Status current_device(DeviceInfo& info) {
   return Status::success();
 }
 
-// Kernels that need more than the default 48 KB of dynamic shared memory must be told so on each device;
-// done once per (kernel, device). Setting it twice (two threads racing) is harmless.
+// Kernels whose shared memory (the dynamic `bytes` plus the kernel's static `static_bytes`) passes the
+// default 48 KB must be told so on each device. The largest limit set per (kernel, device) is remembered: a
+// later call needing no more sets nothing, one needing more (a staged decode tile's scales grow with K)
+// raises it. Two threads racing set it twice, harmlessly.
 template <auto kKernel>
-Status set_smem(int device, int bytes) {
-  static std::array<std::atomic<bool>, kMaxDevices> done{};
-  if (device < kMaxDevices && done[device].load(std::memory_order_relaxed)) return Status::success();
-  if (cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      e != cudaSuccess)
-    return Status::error("cudaFuncSetAttribute", cudaGetErrorString(e));
-  if (device < kMaxDevices) done[device].store(true, std::memory_order_relaxed);
-  return Status::success();
-}
-
-// set_smem for a kernel whose dynamic shared memory varies by call (a staged decode tile's scales grow with
-// K): raises the kernel's limit on `device` to `bytes` when a call needs more than any before it and, with
-// the kernel's `static_bytes`, more than the default 48 KB.
-template <auto kKernel>
-Status set_smem_at_least(int device, int bytes, int static_bytes) {
+Status set_smem(int device, int bytes, int static_bytes = 0) {
   static std::array<std::atomic<int>, kMaxDevices> limit{};
-  if (bytes + static_bytes <= 48 * 1024) return Status::success();  // within the default limit
+  if (bytes + static_bytes <= ptx::kDefaultBlockSmemBytes) return Status::success();
   if (device < kMaxDevices && limit[device].load(std::memory_order_relaxed) >= bytes)
     return Status::success();
   if (cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
@@ -305,13 +293,13 @@ class PagedMoe {
         if (c.decode_stages > 0) {
           const long long bytes =
               std::max(decode_block_smem(c, s.hidden), decode_block_smem(c, s.intermediate));
-          if (bytes > kMaxBlockSmem)
+          if (bytes > ptx::kMaxBlockSmemBytes)
             return Status::error(
                 "config.decode_stages", c.decode_stages,
                 "needs " + std::to_string(bytes) + " bytes of shared memory per block here (" +
                     std::to_string(c.tile_tokens) + " tokens, " + std::to_string(c.decode_warps) +
                     " warps, K up to " + std::to_string(std::max(s.hidden, s.intermediate)) + "); at most " +
-                    std::to_string(kMaxBlockSmem) + " (sm_90): fewer stages, tokens or warps");
+                    std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90): fewer stages, tokens or warps");
         }
       } else if (s.hidden % multiple != 0 || s.intermediate % multiple != 0) {
         return Status::error("config.decode_warps", c.decode_warps,
@@ -556,7 +544,6 @@ class PagedMoe {
   }
   // Shared memory per block of the configuration's staged decode tile at reduction length K (the operand
   // slots and scales, decode::staged_smem_bytes, plus the K split's reduction buffer); 0 for other tiles.
-  static constexpr long long kMaxBlockSmem = 227 * 1024;  // sm_90's per-block opt-in maximum
   template <class T>
   static constexpr long long staged_smem_of(const MoeConfig& c, int k) {
     if constexpr (Precision::kQuantized && T::kStages > 0)
@@ -667,8 +654,8 @@ class PagedMoe {
       gate_up_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.hidden));
       down_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.intermediate));
       constexpr int kStatic = static_cast<int>(decode::reduction_bytes<T>());
-      if (Status st = detail::set_smem_at_least<kGateUp>(device, gate_up_smem, kStatic); !st) return st;
-      if (Status st = detail::set_smem_at_least<kDown>(device, down_smem, kStatic); !st) return st;
+      if (Status st = detail::set_smem<kGateUp>(device, gate_up_smem, kStatic); !st) return st;
+      if (Status st = detail::set_smem<kDown>(device, down_smem, kStatic); !st) return st;
     }
     (void)device;
     if (Status st = launch(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,

@@ -25,6 +25,11 @@ __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t
                : "r"(smem_addr));
 }
 
+// Shared memory per block: what a kernel gets without asking (dynamic plus static) and sm_90's opt-in maximum
+// (cudaFuncAttributeMaxDynamicSharedMemorySize, plus the static part).
+inline constexpr int kDefaultBlockSmemBytes = 48 * 1024;
+inline constexpr int kMaxBlockSmemBytes = 227 * 1024;
+
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -16,53 +16,60 @@ set -uo pipefail
 timeout_s=${TIMEOUT:-300}
 status=0
 summary=()
-run() {  # run NAME ARGS...
-  local name=$1
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# exec_suite ID ARGS...: runs ARGS under the timeout into $logs/ID.log and $logs/ID.rc.
+exec_suite() {
+  local id=$1
   shift
-  if [[ ! -x "$BIN/$name" ]]; then
-    summary+=("$(printf '%-24s missing' "$name")")
-    return
-  fi
-  local log
-  log=$(timeout "$timeout_s" "$@" 2>&1)
-  local rc=$?
-  local last
-  last=$(grep -E "All tests passed|test cases:|ERROR SUMMARY" <<<"$log" | tail -1)
-  [[ -n "${LOG:-}" ]] && printf '==== %s (rc=%s)\n%s\n' "$*" "$rc" "$log" >>"$LOG"
-  [[ $rc -ne 0 ]] && status=1 && echo "$log" | tail -30
+  timeout "$timeout_s" "$@" >"$logs/$id.log" 2>&1
+  echo $? >"$logs/$id.rc"
+}
+# report ID NAME ARGS...: one summary line for that run; a failing one's last 30 lines; the whole log to LOG.
+report() {
+  local id=$1 name=$2
+  shift 2
+  local rc last
+  rc=$(cat "$logs/$id.rc")
+  last=$(grep -E "All tests passed|test cases:|ERROR SUMMARY" "$logs/$id.log" | tail -1)
+  [[ -n "${LOG:-}" ]] && printf '==== %s (rc=%s)\n%s\n' "$*" "$rc" "$(cat "$logs/$id.log")" >>"$LOG"
+  [[ $rc -ne 0 ]] && status=1 && tail -30 "$logs/$id.log"
   summary+=("$(printf '%-24s rc=%-3s %s' "$name" "$rc" "$last")")
+}
+# present NAME: whether $BIN has that binary (a missing one is a summary line, not a failure).
+present() {
+  [[ -x "$BIN/$1" ]] && return 0
+  summary+=("$(printf '%-24s missing' "$1")")
+  return 1
+}
+# run ID NAME ARGS...: one run in the foreground, reported.
+run() {
+  local id=$1 name=$2
+  shift 2
+  present "$name" || return 0
+  exec_suite "$id" "$@"
+  report "$id" "$name" "$@"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 suites=(paged_moe_device_test quant_moe_device_test device_loader_tests device_attention_tests device_model_tests
   device_engine_tests)
 if [[ "${PARALLEL:-0}" == 1 ]]; then
-  # Each suite in the background with its own log and exit code, then collected in the usual order.
-  dir=$(mktemp -d)
+  # Every suite in the background, then reported in the usual order.
   for t in "${suites[@]}"; do
-    [[ -x "$BIN/$t" ]] || continue
-    (timeout "$timeout_s" "$BIN/$t" >"$dir/$t.log" 2>&1; echo $? >"$dir/$t.rc") &
+    [[ -x "$BIN/$t" ]] && exec_suite "$t" "$BIN/$t" &
   done
   wait
   for t in "${suites[@]}"; do
-    if [[ ! -x "$BIN/$t" ]]; then
-      summary+=("$(printf '%-24s missing' "$t")")
-      continue
-    fi
-    rc=$(cat "$dir/$t.rc")
-    last=$(grep -E "All tests passed|test cases:" "$dir/$t.log" | tail -1)
-    [[ -n "${LOG:-}" ]] && printf '==== %s (rc=%s)\n%s\n' "$BIN/$t" "$rc" "$(cat "$dir/$t.log")" >>"$LOG"
-    [[ $rc -ne 0 ]] && status=1 && tail -30 "$dir/$t.log"
-    summary+=("$(printf '%-24s rc=%-3s %s' "$t" "$rc" "$last")")
+    present "$t" && report "$t" "$t" "$BIN/$t"
   done
-  rm -rf "$dir"
 else
   for t in "${suites[@]}"; do
-    run "$t" "$BIN/$t"
+    run "$t" "$t" "$BIN/$t"
   done
 fi
 if [[ "${SKIP_SANITIZER:-0}" != 1 ]] && command -v compute-sanitizer >/dev/null; then
-  run device_model_tests compute-sanitizer --tool memcheck "$BIN/device_model_tests"
-  run device_attention_tests compute-sanitizer --tool memcheck "$BIN/device_attention_tests" "[append]"
+  run memcheck_model device_model_tests compute-sanitizer --tool memcheck "$BIN/device_model_tests"
+  run memcheck_append device_attention_tests compute-sanitizer --tool memcheck "$BIN/device_attention_tests" "[append]"
 fi
 printf '%s\n' "${summary[@]}"
 exit $status

@@ -308,34 +308,21 @@ struct FixedTileConfig {
   }
 };
 
-// The default table with no staged quantized decode tile (every one on the register loop): what the staged
-// int8 rows are measured against.
-template <class... Ts>
-auto unstaged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch>...>::type;
-struct SteadyQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(unstaged(kernels::detail::DefaultQuantDecodeTiles{}));
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    c.decode_stages = 0;
-    return c;
-  }
-};
-
-// The default table with every quantized decode tile staged: kStages k-steps in flight per thread through
-// shared memory (decode::Tile's kStages), int4 too; its tiles: the default's and their staged twins.
+// The default table with every quantized decode tile keeping kStages k-steps in flight per thread through
+// shared memory (decode::Tile's kStages), int4 too; kStages = 0: every one on the register loop, what the
+// staged rows are measured against. Its tiles: the default's and their twins.
 template <int kStages, class... Ts>
-auto with_staged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, 1, Ts::kPrefetch, kStages>...>::type;
+auto restaged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, (kStages > 0 ? 1 : Ts::kUnroll),
+                                             Ts::kPrefetch, kStages>...>::type;
 template <int kStages>
 struct StagedQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(with_staged<kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
+  using DecodeTiles = decltype(restaged<kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
   static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
     if (c.path == MoePath::kDecode) {
-      c.decode_unroll = 1;
+      if (kStages > 0) c.decode_unroll = 1;  // a staged tile keeps one step in registers
       c.decode_stages = kStages;
     }
     return c;
@@ -379,7 +366,7 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
-      {"int8-steady", &make_quant_graph<kernels::Int8, SteadyQuantConfig>},
+      {"int8-steady", &make_quant_graph<kernels::Int8, StagedQuantConfig<0>>},
       {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
       {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
       {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},

@@ -36,8 +36,7 @@
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
 // every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
-// table; int8-s2p4 (int4 alike, stages 2 or 3, passes 2 or 4): the default's quantized choice with its
-// 8-token 4-warp decode tiles (not on huge experts) staged and making row passes (decode::Tile's kPasses).
+// table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -330,26 +329,6 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
   }
 };
 
-// The default table with its 8-token, 4-warp decode tiles (Qwen's rows) staged with kStages k-steps and
-// making kPasses row passes per block (decode::Tile's kPasses: the tokens read once per kPasses slices), int4
-// too; the other rows (huge experts, 16-token tiles) the default's.
-template <int kStages, int kPasses>
-struct PassesQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles =
-      typename kernels::detail::with_tiles<kernels::detail::DefaultQuantDecodeTiles,
-                                           kernels::decode::Tile<1, 4, 1, 128, kStages, kPasses>>::type;
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    if (c.path == MoePath::kDecode && c.tile_tokens == 8 && c.decode_warps == 4 && s.intermediate < 8192) {
-      c.decode_unroll = 1;
-      c.decode_stages = kStages;
-      c.decode_passes = kPasses;
-    }
-    return c;
-  }
-};
-
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, cudaStream_t);
 
@@ -374,12 +353,6 @@ void add_quant_sweep(std::map<std::string, QuantFactory>& m, const std::string& 
   add_quant<Precision, 8, 2, 1, 2>(m, precision);
   add_quant<Precision, 8, 2, 1, 3>(m, precision);
   add_quant<Precision, 8, 4, 1, 2>(m, precision);
-}
-// `int4-s2p4` and the like: PassesQuantConfig<2, 4> (stages, passes) on int4 experts.
-template <class Precision, int kStages, int kPasses>
-void add_passes(std::map<std::string, QuantFactory>& m, const std::string& precision) {
-  m[precision + "-s" + std::to_string(kStages) + "p" + std::to_string(kPasses)] =
-      &make_quant_graph<Precision, PassesQuantConfig<kStages, kPasses>>;
 }
 // Every quantized configuration: `int8` / `int4` (the default table), `-decode` / `-grouped` (one path
 // everywhere) and the sweep's.
@@ -407,14 +380,6 @@ std::map<std::string, QuantFactory> quant_configs() {
   };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");
-  add_passes<kernels::Int8, 2, 2>(m, "int8");
-  add_passes<kernels::Int8, 2, 4>(m, "int8");
-  add_passes<kernels::Int8, 3, 2>(m, "int8");
-  add_passes<kernels::Int8, 3, 4>(m, "int8");
-  add_passes<kernels::Int4, 2, 2>(m, "int4");
-  add_passes<kernels::Int4, 2, 4>(m, "int4");
-  add_passes<kernels::Int4, 3, 2>(m, "int4");
-  add_passes<kernels::Int4, 3, 4>(m, "int4");
   return m;
 }
 

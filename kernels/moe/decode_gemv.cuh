@@ -21,10 +21,7 @@
 // scaled by the two rows' group scales and added to the accumulators. A staged tile (Tile's kStages) moves
 // each thread's own operands of its next k-steps into shared memory with cp.async: the dequantising loop
 // holds one step in registers while several are in flight (the register loop's second step in flight costs
-// it occupancy). The same steps in the same order either way: bit-identical outputs. A staged tile may also
-// make several passes (Tile's kPasses): one block computes consecutive row slices one after the other, its
-// copies running on from one slice's steps into the next's, and reads the token chunks once (kept in shared
-// memory), where otherwise every slice's block reads them again.
+// it occupancy). The same steps in the same order either way: bit-identical outputs.
 #pragma once
 
 #include "moe/moe_params.cuh"
@@ -46,18 +43,11 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-// kPasses (staged tiles only; 1: off): a block computes kPasses consecutive row slices of its matrix one
-// after the other, its weight stream running on across them; each thread keeps its token chunks of the
-// first pass in shared memory and reads them back in the later ones, so the block reads the tokens once for
-// kPasses slices (on int4 experts a slice's token chunks are as many bytes as its weights).
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0, int kPassesT = 1>
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
 struct Tile {
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
-  static constexpr int kPasses = kPassesT;
-  static_assert(kPassesT == 1 || (kPassesT >= 2 && kStagesT > 0),
-                "row passes need a staged tile (the token chunks are kept in its shared memory)");
   static constexpr int kPrefetch = kPrefetchT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
@@ -68,45 +58,36 @@ struct Tile {
 };
 
 // A staged tile's shared memory on quantized experts P: kStages slots of every thread's 16-byte operands of
-// one k-step ([slot][operand][thread]: the two row tiles' low and high rows, then, with one pass, the token
-// chunks), with several passes the token cache (every thread's token chunks of each of its k-steps,
-// [step][chunk][thread]), then the block's rows' group scales ([pass][row tile][16 rows][groups], bf16).
-// K: the stage's reduction length.
-template <class P, class T>
-constexpr int token_operands() {
-  return T::kTokTiles * (P::kValuesPerLoad / 8);
-}
+// one k-step (the two row tiles' low and high rows, the token chunks), [slot][operand][thread], then the
+// block's rows' group scales ([row tile][16 rows][groups], bf16). K: the stage's reduction length.
 template <class P, class T>
 constexpr int staged_operands() {
-  return 2 * kRowTiles + (T::kPasses == 1 ? token_operands<P, T>() : 0);
+  return 2 * kRowTiles + T::kTokTiles * (P::kValuesPerLoad / 8);
 }
 template <class P, class T>
 constexpr std::int64_t staged_smem_bytes(int K) {
   const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
-  const std::int64_t warp_steps = (K / P::kKStep + T::kWarps - 1) / T::kWarps;  // most k-steps of a warp
-  const std::int64_t cache = T::kPasses == 1 ? 0 : warp_steps * token_operands<P, T>() * T::kThreads * 16;
-  return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 + cache +
-         static_cast<std::int64_t>(T::kPasses) * kRowTiles * 16 * groups * 2;
+  return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
+         kRowTiles * 16 * groups * 2;
 }
 
 // The K split's reduction buffer (static shared memory of every decode tile): warps 1.. hand warp 0 their
-// partial sums, in two buffers alternating by pass where a block makes several passes.
+// partial sums.
 template <class T>
 constexpr std::int64_t reduction_bytes() {
-  return static_cast<std::int64_t>(T::kPasses > 1 ? 2 : 1) * (T::kWarps - 1) * kRowTiles * T::kTokTiles * 4 *
-         32 * sizeof(float);
+  return static_cast<std::int64_t>(T::kWarps - 1) * kRowTiles * T::kTokTiles * 4 * 32 * sizeof(float);
 }
 
-// The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles and hands it to
-// `finish(pass)` at the end of each of its T::kPasses passes (acc zeroed after). `rows[r]`: the first byte of
-// row tile r's first row in pass 0; `scales[r]`: its first row's first scale; pass p's rows start
-// p·pass_rows rows further, in both. `tok[nt]`: token row (nt·8 + g)'s element 0 (the activations, bf16);
-// `smem`: a staged tile's shared memory (staged_smem_bytes).
-template <class P, class T, class Finish>
-__device__ __forceinline__ void quantized_mainloop(
-    const unsigned char* const (&rows)[kRowTiles], const bf16* const (&scales)[kRowTiles],
-    const bf16* const (&tok)[T::kTokTiles], int K, std::int64_t row_bytes, int groups, int pass_rows,
-    int warp, int g, int q, float (&acc)[kRowTiles][T::kTokTiles][4], unsigned char* smem, Finish&& finish) {
+// The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles. `rows[r]`: the
+// first byte of row tile r's first row; `scales[r]`: its first row's first scale; `tok[nt]`: token row
+// (nt·8 + g)'s element 0 (the activations, bf16); `smem`: a staged tile's shared memory (staged_smem_bytes).
+template <class P, class T>
+__device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&rows)[kRowTiles],
+                                                   const bf16* const (&scales)[kRowTiles],
+                                                   const bf16* const (&tok)[T::kTokTiles], int K,
+                                                   std::int64_t row_bytes, int groups, int warp, int g, int q,
+                                                   float (&acc)[kRowTiles][T::kTokTiles][4],
+                                                   unsigned char* smem) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
@@ -157,99 +138,68 @@ __device__ __forceinline__ void quantized_mainloop(
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
   if constexpr (T::kStages > 0) {
-    // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead,
-    // through all passes: step j of the sequence is pass j / my_steps, k-step j % my_steps. The block's
-    // scales are copied once, with the first step, and are the only data threads share.
-    constexpr int kS = T::kStages, kPasses = T::kPasses, kOps = staged_operands<P, T>(),
-                  kThreads = T::kThreads;
-    constexpr bool kTokenCache = kPasses > 1;
-    // Step j's operands are in slot j % kS; operand o of a slot is this thread's 16 bytes at slot +
-    // o·kOpBytes: o = 2r and 2r + 1 are row tile r's low and high rows, (one pass) kTokOp + nt·kChunks + c
-    // token tile nt's chunk c. With several passes token chunk o of the warp's k-step i is at
-    // cache + (i·kTokOps + o)·kOpBytes.
-    constexpr int kOpBytes = 16 * kThreads, kTokOp = 2 * kRowTiles, kTokOps = token_operands<P, T>();
+    // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;
+    // the block's scales are copied once, with the first step, and are the only data threads share.
+    constexpr int kS = T::kStages, kOps = staged_operands<P, T>(), kThreads = T::kThreads;
+    // Step i's operands are in slot i % kS; operand o of a slot is this thread's 16 bytes at slot +
+    // o·kOpBytes: o = 2r and 2r + 1 are row tile r's low and high rows, kTokOp + nt·kChunks + c token tile
+    // nt's chunk c.
+    constexpr int kOpBytes = 16 * kThreads, kTokOp = 2 * kRowTiles;
     const std::uint32_t slots = ptx::smem_u32(smem) + 16 * threadIdx.x;
-    const std::uint32_t cache = slots + kS * kOps * kOpBytes;
-    const int warp_steps = (steps + kWarps - 1) / kWarps;
-    const bf16* sc = reinterpret_cast<const bf16*>(
-        smem + static_cast<std::int64_t>(kS) * kOps * kOpBytes +
-        (kTokenCache ? static_cast<std::int64_t>(warp_steps) * kTokOps * kOpBytes : 0));
+    const bf16* sc = reinterpret_cast<const bf16*>(smem + static_cast<std::int64_t>(kS) * kOps * kOpBytes);
     {
       const int chunks = 2 * groups;  // a row tile's 16 rows of scales: 32·groups bytes, 16-byte aligned
 #pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass)
-#pragma unroll
-        for (int r = 0; r < kRowTiles; ++r) {
-          const auto* from = reinterpret_cast<const unsigned char*>(scales[r]);
-          if constexpr (kPasses > 1) from += 2 * static_cast<std::int64_t>(pass) * pass_rows * groups;
-          for (int c = threadIdx.x; c < chunks; c += kThreads)
-            ptx::cp_async_cached_16(ptx::smem_u32(sc) + 32 * groups * (pass * kRowTiles + r) + 16 * c,
-                                    from + 16 * c);
-        }
+      for (int r = 0; r < kRowTiles; ++r)
+        for (int c = threadIdx.x; c < chunks; c += kThreads)
+          ptx::cp_async_cached_16(ptx::smem_u32(sc) + 32 * groups * r + 16 * c,
+                                  reinterpret_cast<const unsigned char*>(scales[r]) + 16 * c);
     }
-    const int total = kPasses * my_steps;
-    auto issue = [&](int j) {  // step j of the sequence (< total) into slot j % kS
-      const int pass = kPasses == 1 ? 0 : j / my_steps, i = kPasses == 1 ? j : j - pass * my_steps;
+    auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
       const int s = warp + kWarps * i;
-      std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
-      if constexpr (kPasses > 1) byte += static_cast<std::int64_t>(pass) * pass_rows * row_bytes;
-      const std::uint32_t slot = slots + (j % kS) * (kOps * kOpBytes);  // step j's
+      const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
         ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r) * kOpBytes, rows[r] + g * row_bytes + byte);
         ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r + 1) * kOpBytes,
                                               rows[r] + (g + 8) * row_bytes + byte);
       }
-      if (kPasses > 1 && pass > 0) return;  // the tokens are in the cache since pass 0
       const int k = s * kStep + kValues * q;
-      const std::uint32_t to = kTokenCache ? cache + i * (kTokOps * kOpBytes) : slot + kTokOp * kOpBytes;
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          ptx::cp_async_cached_16(to + (nt * kChunks + c) * kOpBytes, tok[nt] + k + 8 * c);
+          ptx::cp_async_cached_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + k + 8 * c);
     };
 #pragma unroll
-    for (int j = 0; j < kS; ++j) {  // group j: step j (group 0 also the scales)
-      if (j < total) issue(j);
+    for (int i = 0; i < kS; ++i) {  // group i: step i (group 0 also the scales)
+      if (i < my_steps) issue(i);
       ptx::cp_async_commit();
     }
     ptx::cp_async_wait<kS - 1>();
     __syncthreads();  // every thread's scale chunks landed
-    for (int pass = 0; pass < kPasses; ++pass) {
-      for (int i = 0; i < my_steps; ++i) {
-        const int j = kPasses == 1 ? i : pass * my_steps + i;
-        ptx::cp_async_wait<kS - 1>();  // groups 0..j complete: kS + j committed
-        const int s = warp + kWarps * i;
-        const int group = s * kStep / static_cast<int>(quant::kGroup);
-        const std::uint32_t slot = slots + (j % kS) * (kOps * kOpBytes);  // step j's
-        const std::uint32_t from = kTokenCache ? cache + i * (kTokOps * kOpBytes) : slot + kTokOp * kOpBytes;
-        Step st;
+    for (int i = 0; i < my_steps; ++i) {
+      ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
+      const int s = warp + kWarps * i;
+      const int group = s * kStep / static_cast<int>(quant::kGroup);
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
+      Step st;
 #pragma unroll
-        for (int r = 0; r < kRowTiles; ++r) {
-          st.wlo[r] = ptx::ld_shared_16(slot + (2 * r) * kOpBytes);
-          st.whi[r] = ptx::ld_shared_16(slot + (2 * r + 1) * kOpBytes);
-          st.slo[r] = __bfloat162float(sc[((pass * kRowTiles + r) * 16 + g) * groups + group]);
-          st.shi[r] = __bfloat162float(sc[((pass * kRowTiles + r) * 16 + g + 8) * groups + group]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c)
-            st.b[nt][c] = ptx::ld_shared_16(from + (nt * kChunks + c) * kOpBytes);
-        compute(st);  // its MMAs consume the slot's values before the slot is refilled below
-        if (j + kS < total) issue(j + kS);
-        ptx::cp_async_commit();
+      for (int r = 0; r < kRowTiles; ++r) {
+        st.wlo[r] = ptx::ld_shared_16(slot + (2 * r) * kOpBytes);
+        st.whi[r] = ptx::ld_shared_16(slot + (2 * r + 1) * kOpBytes);
+        st.slo[r] = __bfloat162float(sc[(r * 16 + g) * groups + group]);
+        st.shi[r] = __bfloat162float(sc[(r * 16 + g + 8) * groups + group]);
       }
-      finish(pass);
-      if constexpr (kPasses > 1) {
 #pragma unroll
-        for (int r = 0; r < kRowTiles; ++r)
+      for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-          for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.0f;
-      }
+        for (int c = 0; c < kChunks; ++c)
+          st.b[nt][c] = ptx::ld_shared_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes);
+      compute(st);  // its MMAs consume the slot's values before the slot is refilled below
+      if (i + kS < my_steps) issue(i + kS);
+      ptx::cp_async_commit();
     }
   } else {
     for (int i = 0; i < my_steps; i += kUnroll) {
@@ -268,14 +218,12 @@ __device__ __forceinline__ void quantized_mainloop(
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) compute(st[u]);
     }
-    finish(0);
   }
 }
 
 template <class Addressing, Stage kStage, class T, class P = Bf16>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
-  static_assert(P::kQuantized || T::kPasses == 1, "row passes read quantized experts only");
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();
   if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
@@ -298,56 +246,6 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     }
   }
   float acc[kRowTiles][kTokTiles][4] = {};
-  // The block's slices: kPasses consecutive ones from slice0 (16 output features of W1/W3, 32 rows of W2).
-  const unsigned slice0 = blockIdx.x * T::kPasses;
-  // Reduce the K split of pass `pass` (warps 1.. hand their partial sums to warp 0 through shared memory, a
-  // buffer per pass parity: a warp starts filling it again only after the next pass's barrier, which warp 0
-  // reaches when done reading), then warp 0 writes the slice's outputs.
-  __shared__ float red[T::kPasses > 1 ? 2 : 1][kWarps - 1][kRowTiles][kTokTiles][4]
-                      [32];  // reduction_bytes<T>()
-  static_assert(sizeof(red) == reduction_bytes<T>());
-  auto finish = [&](int pass) {
-    auto& buf = red[pass % (T::kPasses > 1 ? 2 : 1)];
-    if (warp > 0) {
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) buf[warp - 1][r][nt][i][lane] = acc[r][nt][i];
-    }
-    __syncthreads();
-    if (warp != 0) return;
-#pragma unroll
-    for (int w = 0; w < kWarps - 1; ++w)
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[r][nt][i] += buf[w][r][nt][i][lane];
-
-    // Accumulator (r, nt, i): weight row g + 8·(i/2) of row tile r, token nt·8 + 2q + (i % 2).
-    const unsigned slice = slice0 + pass;
-#pragma unroll
-    for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = nt * 8 + 2 * q + (i % 2);
-        if (c >= tile.count) continue;
-        const int row = g + 8 * (i / 2);
-        if constexpr (kGateUp) {
-          const int n = slice * kGateUpRows + row;
-          p.act[static_cast<std::int64_t>(tile.row_start + c) * p.intermediate + n] =
-              __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
-        } else {
-          const int slot = p.sorted_slot[tile.row_start + c];
-          bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + slice * kDownRows;
-#pragma unroll
-          for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
-        }
-      }
-  };
   if constexpr (P::kQuantized) {
     extern __shared__ __align__(16) unsigned char staged_smem[];  // staged tiles only (staged_smem_bytes)
     // The matrix (packed, moe/quant_layout.hpp): N rows of K values, row_bytes each, then the scales.
@@ -360,23 +258,22 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
       const bf16* m = kGateUp ? tile.matrix[r] : tile.matrix[2];
-      const std::int64_t n0 = kGateUp ? static_cast<std::int64_t>(slice0) * kGateUpRows
-                                      : static_cast<std::int64_t>(slice0) * kDownRows + 16 * r;
+      const std::int64_t n0 = kGateUp ? static_cast<std::int64_t>(blockIdx.x) * kGateUpRows
+                                      : static_cast<std::int64_t>(blockIdx.x) * kDownRows + 16 * r;
       const auto* base = reinterpret_cast<const unsigned char*>(m);
       rows[r] = base + n0 * row_bytes;
       scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
     }
-    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, kGateUp ? kGateUpRows : kDownRows, warp,
-                             g, q, acc, staged_smem, finish);
+    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc, staged_smem);
   } else {
     // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
     const bf16* rows[kRowTiles];
     if constexpr (kGateUp) {
-      const std::int64_t n0 = static_cast<std::int64_t>(slice0) * kGateUpRows;
+      const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
       rows[0] = tile.matrix[0] + n0 * K;
       rows[1] = tile.matrix[1] + n0 * K;
     } else {
-      const std::int64_t h0 = static_cast<std::int64_t>(slice0) * kDownRows;
+      const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
       const bf16* base = tile.matrix[2];
       rows[0] = base + h0 * K;
       rows[1] = base + (h0 + 16) * K;
@@ -426,8 +323,49 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
                                 b[u][nt].w);
           }
     }
-    finish(0);
   }  // bf16
+
+  // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
+  __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];  // reduction_bytes<T>()
+  static_assert(sizeof(red) == reduction_bytes<T>());
+  if (warp > 0) {
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp - 1][r][nt][i][lane] = acc[r][nt][i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][nt][i] += red[w][r][nt][i][lane];
+
+          // Accumulator (r, nt, i): weight row g + 8·(i/2) of row tile r, token nt·8 + 2q + (i % 2).
+#pragma unroll
+  for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = nt * 8 + 2 * q + (i % 2);
+      if (c >= tile.count) continue;
+      const int row = g + 8 * (i / 2);
+      if constexpr (kGateUp) {
+        const int n = blockIdx.x * kGateUpRows + row;
+        p.act[static_cast<std::int64_t>(tile.row_start + c) * p.intermediate + n] =
+            __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
+      } else {
+        const int slot = p.sorted_slot[tile.row_start + c];
+        bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
+      }
+    }
 }
 
 }  // namespace amoeba::kernels::decode

@@ -130,7 +130,7 @@ Status set_smem(int device, int bytes, int static_bytes = 0) {
 template <const auto& kList, std::size_t... I>
 auto tile_types(std::index_sequence<I...>)
     -> std::tuple<decode::Tile<kList.tiles[I].tile_tokens / 8, kList.tiles[I].warps, kList.tiles[I].unroll,
-                               kList.tiles[I].prefetch, kList.tiles[I].stages, kList.tiles[I].passes>...>;
+                               kList.tiles[I].prefetch, kList.tiles[I].stages>...>;
 template <const auto& kList>
 using tile_types_t = decltype(tile_types<kList>(std::make_index_sequence<kList.size>{}));
 
@@ -272,28 +272,13 @@ class PagedMoe {
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
-    if (c.path == MoePath::kDecode && c.decode_passes != 1) {
-      if (c.decode_passes < 1 || c.decode_stages == 0)
-        return Status::error("config.decode_passes", c.decode_passes,
-                             "must be 1, or more on a staged tile (decode_stages > 0: the tokens are kept in "
-                             "its shared memory)");
-      if (s.intermediate % (decode::kGateUpRows * c.decode_passes) != 0)
-        return Status::error("config.decode_passes", c.decode_passes,
-                             "must divide shape.intermediate / " + std::to_string(decode::kGateUpRows) +
-                                 " = " + std::to_string(s.intermediate / decode::kGateUpRows) +
-                                 " (a block's passes cover whole 16-feature slices)");
-      if (s.hidden % (decode::kDownRows * c.decode_passes) != 0)
-        return Status::error("config.decode_passes", c.decode_passes,
-                             "must divide shape.hidden / " + std::to_string(decode::kDownRows) + " = " +
-                                 std::to_string(s.hidden / decode::kDownRows) +
-                                 " (a block's passes cover whole 32-row slices)");
-    }
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
         return Status::error("config.tile_tokens", c.tile_tokens,
-                             "with decode_warps, decode_unroll, decode_prefetch, decode_stages and "
-                             "decode_passes must name an instantiated decode tile (PagedMoe::DecodeTiles)");
+                             "with decode_warps, decode_unroll, decode_prefetch and "
+                             "decode_stages must name an "
+                             "instantiated decode tile (PagedMoe::DecodeTiles)");
       if constexpr (Precision::kQuantized) {
         // K is dealt to the warps in whole k-steps, each inside one scale group.
         if (s.hidden % Precision::kKStep != 0)
@@ -304,8 +289,7 @@ class PagedMoe {
           return Status::error("shape.intermediate", s.intermediate,
                                "must be a multiple of " + std::to_string(Precision::kKStep) +
                                    " (the quantized decode k-step)");
-        // A staged tile's shared memory grows with its stages, tokens and warps, and with K (the scales; with
-        // several passes the token cache and every pass's scales).
+        // A staged tile's shared memory grows with its stages, tokens and warps, and with K (the scales).
         if (c.decode_stages > 0) {
           const long long bytes =
               std::max(decode_block_smem(c, s.hidden), decode_block_smem(c, s.intermediate));
@@ -315,8 +299,7 @@ class PagedMoe {
                 "needs " + std::to_string(bytes) + " bytes of shared memory per block here (" +
                     std::to_string(c.tile_tokens) + " tokens, " + std::to_string(c.decode_warps) +
                     " warps, K up to " + std::to_string(std::max(s.hidden, s.intermediate)) + "); at most " +
-                    std::to_string(ptx::kMaxBlockSmemBytes) +
-                    " (sm_90): fewer stages, passes, tokens or warps");
+                    std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90): fewer stages, tokens or warps");
         }
       } else if (s.hidden % multiple != 0 || s.intermediate % multiple != 0) {
         return Status::error("config.decode_warps", c.decode_warps,
@@ -549,8 +532,7 @@ class PagedMoe {
   template <class T>
   static constexpr bool names(const MoeConfig& c) {
     return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll &&
-           c.decode_prefetch == T::kPrefetch && c.decode_stages == T::kStages &&
-           c.decode_passes == T::kPasses;
+           c.decode_prefetch == T::kPrefetch && c.decode_stages == T::kStages;
   }
   template <class T>
   static constexpr int k_multiple_of(const MoeConfig& c) {
@@ -676,14 +658,11 @@ class PagedMoe {
       if (Status st = detail::set_smem<kDown>(device, down_smem, kStatic); !st) return st;
     }
     (void)device;
-    const unsigned gate_up_blocks =
-        static_cast<unsigned>(s.intermediate / (decode::kGateUpRows * T::kPasses));
-    if (Status st = launch(kGateUp, dim3(gate_up_blocks, grid_tiles), T::kThreads, gate_up_smem, stream, p,
-                           "decode::gemv_kernel<kGateUp>");
+    if (Status st = launch(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,
+                           gate_up_smem, stream, p, "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
-    const unsigned down_blocks = static_cast<unsigned>(s.hidden / (decode::kDownRows * T::kPasses));
-    return launch(kDown, dim3(down_blocks, grid_tiles), T::kThreads, down_smem, stream, p,
+    return launch(kDown, dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, down_smem, stream, p,
                   "decode::gemv_kernel<kDown>");
   }
 

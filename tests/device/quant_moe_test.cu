@@ -243,8 +243,7 @@ constexpr ModelSpec kEngineSmall{"small E16 k4 m2 H256 F128", 16, 4, 256, 128, 2
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
   static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
-    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128,
-            T::kStages,       T::kPasses};
+    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128, T::kStages};
   }
 };
 
@@ -255,9 +254,6 @@ struct OnlyTileConfig : QuantTileConfig<T> {
 };
 template <class T, int kStages>
 using Staged = kernels::decode::Tile<T::kTokTiles, T::kWarps, 1, T::kPrefetch, kStages>;
-// Staged tile T computing kPasses row slices per block.
-template <class T, int kPasses>
-using Passes = kernels::decode::Tile<T::kTokTiles, T::kWarps, 1, T::kPrefetch, T::kStages, kPasses>;
 
 // Every 32-bit word through dequant::int8x4 and dequant::int4x8 against the plain conversion (the value
 // sign-extended, then __float2bfloat16): counts the words whose bf16 words differ and keeps the first one.
@@ -454,51 +450,6 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
   }
 }
 
-// A block's passes (decode::Tile's kPasses) run the same steps of each slice in the same order as one block
-// per slice, with the tokens read back from shared memory: bit-identical outputs on 8- and 16-token tiles,
-// one hot expert at 37 tokens; and the reference holds.
-static void check_passes(const ModelSpec& m) {
-  using T8 = kernels::decode::Tile<1, 4, 1, 128, 2>;
-  using T8s3 = kernels::decode::Tile<1, 4, 1, 128, 3>;
-  using T16 = kernels::decode::Tile<2, 4, 1, 128, 2>;
-  const QuantStore s8(m, Bits::kInt8, 25), s4(m, Bits::kInt4, 26);
-  for (int tokens : {1, 3, 16, 37}) {
-    const MoeShape shape = shape_of(m, tokens);
-    const RoutingSet r = make_routing(m, tokens, 1600 + tokens, tokens == 37 ? 2 : -1);
-    auto same = [&]<class Precision, class T, int... kPasses>(const QuantStore& st) {
-      const auto a = run_layer<kernels::Paged, Precision, OnlyTileConfig<T>>(r, shape, st.paged_args(),
-                                                                             st.stride(), MoePath::kDecode);
-      auto with = [&]<int kP>() {
-        INFO(m.name << " T=" << tokens << " tile " << T::kTileTokens << " stages " << T::kStages << " int"
-                    << kernels::quant::bit_count(st.bits) << " passes " << kP);
-        const auto b = run_layer<kernels::Paged, Precision, OnlyTileConfig<Passes<T, kP>>>(
-            r, shape, st.paged_args(), st.stride(), MoePath::kDecode);
-        CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
-      };
-      (with.template operator()<kPasses>(), ...);
-    };
-    same.template operator()<kernels::Int8, T8, 2, 4>(s8);
-    same.template operator()<kernels::Int4, T8, 2, 4>(s4);
-    same.template operator()<kernels::Int4, T8s3, 2>(s4);
-    same.template operator()<kernels::Int8, T16, 2>(s8);
-    same.template operator()<kernels::Int4, T16, 2>(s4);
-    check_quant_case<kernels::Int4, OnlyTileConfig<Passes<T8, 4>>>(s4, tokens, 1700 + tokens,
-                                                                   MoePath::kDecode);
-  }
-}
-
-// 16 gate/up and 8 down slices; int4's K = 256 is 2 k-steps, so two of the 4 warps have none.
-TEST_CASE("quantized experts: row passes = one slice per block bit for bit, small shape",
-          "[gpu][small][quant][passes]") {
-  check_passes(kSmall);
-}
-
-// Qwen1.5's down stage: 11 int4 k-steps over 4 warps (3 or 2 each); Qwen3's: 6 (2 or 1).
-TEST_CASE("quantized experts: row passes = one slice per block bit for bit, model shapes",
-          "[gpu][models][quant][passes]") {
-  for (const ModelSpec& m : {kQwen15, kQwen3}) check_passes(m);
-}
-
 TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant]") {
   using Moe8 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int8>;
   using Moe4 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int4>;
@@ -568,33 +519,4 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
-  // Row passes: whole slices (F = 384: 24 gate/up slices, H = 256: 8 down slices), staged tiles only, and the
-  // token cache counted in the shared memory (F = 14336: 28 int4 k-steps per warp of the down stage, 224
-  // KiB).
-  using Passes2 = Passes<kernels::decode::Tile<1, 4, 1, 128, 2>, 2>;
-  using Moe4Passes = PagedMoe<kernels::Contiguous, OnlyTileConfig<Passes2>, kernels::Int4>;
-  CHECK(Moe4Passes::can_implement(b).ok);
-  using Moe4Passes3 = PagedMoe<kernels::Contiguous, OnlyTileConfig<Passes<Passes2, 3>>, kernels::Int4>;
-  const kernels::Status three = Moe4Passes3::can_implement(b);  // 24 % 3 == 0, 8 % 3 != 0
-  CHECK(three.field == "config.decode_passes");
-  CHECK_THAT(three.message, Catch::Contains("shape.hidden / 32 = 8"));
-  using Moe4Passes16 = PagedMoe<kernels::Contiguous, OnlyTileConfig<Passes<Passes2, 16>>, kernels::Int4>;
-  const kernels::Status sixteen = Moe4Passes16::can_implement(b);
-  CHECK(sixteen.field == "config.decode_passes");
-  CHECK_THAT(sixteen.message, Catch::Contains("shape.intermediate / 16 = 24"));
-  Moe4::Arguments unstaged = b;  // the default table with passes on its register-loop tile
-  unstaged.shape.num_tokens = 4;
-  struct RegisterPasses : kernels::DefaultMoeConfig {
-    static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
-      return {MoePath::kDecode, 8, 4, 1, 128, 128, 0, 2};
-    }
-  };
-  const kernels::Status no_stages =
-      PagedMoe<kernels::Contiguous, RegisterPasses, kernels::Int4>::can_implement(unstaged);
-  CHECK(no_stages.field == "config.decode_passes");
-  CHECK_THAT(no_stages.message, Catch::Contains("staged tile"));
-  b.shape.intermediate = 14336;
-  const kernels::Status cache = Moe4Passes::can_implement(b);
-  CHECK(cache.field == "config.decode_stages");
-  CHECK_THAT(cache.message, Catch::Contains("bytes of shared memory per block"));
 }

@@ -184,7 +184,9 @@ struct DefaultMoeConfig {
   // (0.90–0.93×; docs/results/quantized_h200.md, "Staged int8 decode tiles"). int4, at half the bytes per
   // value and twice the token chunks per step, lost with every stage count on Qwen (1.04–1.65×) and keeps the
   // register loop there; on huge experts (F ≥ 8192: Mixtral at 1–16 tokens, 8-token tiles) 2 stages took
-  // 0.88–0.96× its time (3 processes, the same sweep), so those rows stage int4 too.
+  // 0.88–0.96× its time (3 processes, the same sweep), so those rows stage int4 too: as the default table
+  // 0.88–0.95× the register loop of the same tiles, 1.50–1.94× the packed floor
+  // (docs/results/quantized_h200.md, "int4 on huge experts").
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4

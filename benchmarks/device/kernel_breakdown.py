@@ -2,12 +2,15 @@
 """Sums an Nsight Compute CSV (`ncu --metrics gpu__time_duration.sum --csv ...`) per kernel: calls, total and
 mean µs, share of the total, in descending order of total time. Kernel names are cut at their template or
 parameter list. Used by benchmarks/device/engine_decode.sh (NCU=1). With --per-launch: one line per launch
-with every metric the CSV holds (benchmarks/device/gemv_probe.sh).
-    python3 benchmarks/device/kernel_breakdown.py [--per-launch] NCU.csv
+with every metric the CSV holds (benchmarks/device/gemv_probe.sh). With --medians: per kernel and grid (a
+decode GEMV's gate/up and down stages differ in their grids), the launches and the median of every metric
+per launch, times in µs and bytes in MB (benchmarks/device/gemv_dram_probe.sh).
+    python3 benchmarks/device/kernel_breakdown.py [--per-launch | --medians] NCU.csv
 """
 import collections
 import csv
 import re
+import statistics
 import sys
 
 
@@ -32,9 +35,31 @@ def per_launch(path):
         print(name, grid, "; ".join(f"{m}={v}" for m, v in metrics.items()))
 
 
+def scaled(value, unit):
+    """A metric value in µs (times) or MB (bytes); other units as they are."""
+    times = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    sizes = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}
+    return value * times.get(unit, sizes.get(unit, 1.0))
+
+
+def medians(path):
+    groups = {}
+    for r in rows(path):
+        key = (short(r["Kernel Name"]), r["Grid Size"])
+        v = scaled(float(r["Metric Value"].replace(",", "")), r.get("Metric Unit", ""))
+        groups.setdefault(key, collections.defaultdict(list))[r["Metric Name"]].append(v)
+    for (name, grid), metrics in sorted(groups.items()):
+        n = max(len(v) for v in metrics.values())
+        values = "; ".join(f"{m}={statistics.median(v):.1f}" for m, v in sorted(metrics.items()))
+        print(f"{name} grid{grid} launches={n} median: {values}")
+
+
 def main():
     if sys.argv[1] == "--per-launch":
         per_launch(sys.argv[2])
+        return
+    if sys.argv[1] == "--medians":
+        medians(sys.argv[2])
         return
     total = collections.defaultdict(float)
     calls = collections.Counter()

@@ -6,13 +6,17 @@
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
 //                   [--sets 8] [--placement shuffled,adjacent] [--seed 1,2,3] [--seconds 0.1]
-//                   [--router uniform|hot:E|zipf:S] [--layers 1]
+//                   [--router uniform|hot:E|zipf:S] [--layers 1] [--between-read MB] [--between-write MB]
 // --router: how each token's k experts are drawn (tests/device/routing_draw.hpp; uniform by default, as in
 // every result so far): zipf:S skews them as a trained router does (popularity ∝ 1 / rank^S), hot:E puts
 // expert E in every other token;
 // --layers N: N copies of the bf16 weights (distinct memory, as a model's layers), call i of a graph reading
 // copy i % N (with --sets N every call another layer's weights, as an engine step reads them; the
 // quantized configurations keep one copy);
+// --between-read / --between-write MB: after every layer call of a graph, one kernel reads / writes that many
+// MB of other memory with plain loads and stores (the other kernels an engine step runs between its MoE
+// layers, which leave other data, some of it dirty, in the L2); its time, measured alone in a graph of as
+// many calls, is taken off every call's time (`between_us` in the JSON);
 // --placement: where the paged views put the matrices (testing::Placement: `shuffled` scatters every matrix,
 // `adjacent` shuffles whole experts but keeps W1, W3, W2 of an expert adjacent, `identity` is the contiguous
 // layout through the page table);
@@ -122,6 +126,41 @@ double read_bandwidth_gbs(int sms) {
   return bytes / (ms * 1e-3) / 1e9;
 }
 
+// Other memory traffic between layer calls (--between-read, --between-write): one kernel reading `read_words`
+// and writing `write_words` 16-byte words, plain loads and stores.
+__global__ void between_kernel(const uint4* read, std::size_t read_words, uint4* write,
+                               std::size_t write_words, uint4* sink) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (std::size_t i = first; i < read_words; i += stride) {
+    const uint4 v = read[i];
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  for (std::size_t i = first; i < write_words; i += stride)
+    write[i] = make_uint4(static_cast<unsigned>(i), acc.x, acc.y, acc.z);
+  if ((acc.x | acc.y | acc.z | acc.w) == 0x12345678u) sink[blockIdx.x] = acc;
+}
+struct Between {
+  DeviceBuffer<uint4> read, write, sink;
+  std::size_t read_words = 0, write_words = 0;
+  unsigned blocks = 0;
+  Between() = default;
+  Between(double read_mb, double write_mb, int sms)
+      : read_words(static_cast<std::size_t>(read_mb * 1e6 / 16)),
+        write_words(static_cast<std::size_t>(write_mb * 1e6 / 16)),
+        blocks(static_cast<unsigned>(sms) * 4) {
+    read = DeviceBuffer<uint4>(std::max<std::size_t>(read_words, 1));
+    write = DeviceBuffer<uint4>(std::max<std::size_t>(write_words, 1));
+    sink = DeviceBuffer<uint4>(blocks);
+    AMOEBA_CUDA_CHECK(cudaMemset(read.get(), 1, std::max<std::size_t>(read_words, 1) * 16));
+  }
+  bool active() const { return read_words + write_words > 0; }
+  void run(cudaStream_t stream) const {
+    between_kernel<<<blocks, 512, 0, stream>>>(read.get(), read_words, write.get(), write_words, sink.get());
+  }
+};
+
 struct GraphBase {
   cudaGraphExec_t exec = nullptr;
   kernels::MoeConfig config{};  // what the layer chose for the first routing set
@@ -142,8 +181,11 @@ struct Graph : GraphBase {
   std::size_t workspace_bytes = 0;
 
   // Call i reads layers[i % layers.size()]: several layers' weights, as an engine step reads them.
+  const Between* between = nullptr;  // run after every call when active
   Graph(const std::vector<RoutingSet>& sets, const MoeShape& shape,
-        const std::vector<typename Addressing::Arguments>& layers, bf16* out, cudaStream_t stream) {
+        const std::vector<typename Addressing::Arguments>& layers, bf16* out, const Between& other,
+        cudaStream_t stream)
+      : between(&other) {
     for (std::size_t i = 0; i < sets.size(); ++i) {
       const auto a = layer_arguments<typename Moe::Arguments>(sets[i], shape, layers[i % layers.size()], out);
       const kernels::Status st = Moe::can_implement(a);
@@ -167,6 +209,7 @@ struct Graph : GraphBase {
     for (const auto& a : args) {
       const kernels::Status st = Moe{}.run(a, workspace.get(), workspace_bytes, stream);
       if (!st) throw std::runtime_error(st.message);
+      if (between->active()) between->run(stream);
     }
   }
 };
@@ -215,15 +258,16 @@ struct Layers {
 template <class Config>
 std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet>& sets,
                                                     const MoeShape& shape, const Layers& layers, bf16* out,
-                                                    cudaStream_t stream) {
+                                                    const Between& between, cudaStream_t stream) {
   std::vector<std::unique_ptr<GraphBase>> g;
   std::vector<kernels::Contiguous::Arguments> contiguous;
   for (const auto& s : layers.stores) contiguous.push_back(s->contiguous_args());
-  g.push_back(std::make_unique<Graph<kernels::Contiguous, Config>>(sets, shape, contiguous, out, stream));
+  g.push_back(
+      std::make_unique<Graph<kernels::Contiguous, Config>>(sets, shape, contiguous, out, between, stream));
   for (const auto& view : layers.views) {
     std::vector<kernels::Paged::Arguments> paged;
     for (const auto& v : view) paged.push_back(v.args());
-    g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, paged, out, stream));
+    g.push_back(std::make_unique<Graph<kernels::Paged, Config>>(sets, shape, paged, out, between, stream));
   }
   return g;
 }
@@ -234,7 +278,7 @@ std::vector<std::unique_ptr<GraphBase>> make_graphs(const std::vector<RoutingSet
 enum class Where { kDecode, kGrouped, kEvery };
 struct Bf16Config {
   std::vector<std::unique_ptr<GraphBase>> (*make)(const std::vector<RoutingSet>&, const MoeShape&,
-                                                  const Layers&, bf16*, cudaStream_t);
+                                                  const Layers&, bf16*, const Between&, cudaStream_t);
   Where where;
 };
 std::map<std::string, Bf16Config> bf16_configs() {
@@ -294,9 +338,10 @@ struct QuantWeights {
 
 template <class Precision, class Config = kernels::DefaultMoeConfig>
 std::unique_ptr<GraphBase> make_quant_graph(const std::vector<RoutingSet>& sets, const MoeShape& shape,
-                                            const QuantWeights& w, bf16* out, cudaStream_t stream) {
+                                            const QuantWeights& w, bf16* out, const Between& between,
+                                            cudaStream_t stream) {
   return std::make_unique<Graph<kernels::Contiguous, Config, Precision>>(
-      sets, shape, std::vector<kernels::Contiguous::Arguments>{{w.data.get()}}, out, stream);
+      sets, shape, std::vector<kernels::Contiguous::Arguments>{{w.data.get()}}, out, between, stream);
 }
 
 // One decode tile at every token count, instantiated alone (its own DecodeTiles): the quantized sweep.
@@ -330,7 +375,7 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
 };
 
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
-                                                    const QuantWeights&, bf16*, cudaStream_t);
+                                                    const QuantWeights&, bf16*, const Between&, cudaStream_t);
 
 // The quantized sweep's configurations, named `int8-t8w4u2` (precision, tile tokens, warps, unroll) and
 // `int4-t8w2u1s2` (staged: k-steps in flight through shared memory).
@@ -406,6 +451,7 @@ int main(int argc, char** argv) {
   int num_sets = 8;
   int num_layers = 1;
   double seconds = 0.1;
+  double between_read_mb = 0, between_write_mb = 0;
   Router router;  // uniform
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -417,6 +463,10 @@ int main(int argc, char** argv) {
       num_sets = std::stoi(v);
     else if (k == "--layers")
       num_layers = std::stoi(v);
+    else if (k == "--between-read")
+      between_read_mb = std::stod(v);
+    else if (k == "--between-write")
+      between_write_mb = std::stod(v);
     else if (k == "--placement")
       placements = split(v);
     else if (k == "--seed")
@@ -441,6 +491,12 @@ int main(int argc, char** argv) {
   }
   if (num_layers < 1 || num_sets < 1) {
     std::fprintf(stderr, "--layers %d / --sets %d: must be >= 1\n", num_layers, num_sets);
+    return 2;
+  }
+  if (!(between_read_mb >= 0 && between_read_mb <= 65536) ||
+      !(between_write_mb >= 0 && between_write_mb <= 65536)) {
+    std::fprintf(stderr, "--between-read %g / --between-write %g: must be 0..65536 MB\n", between_read_mb,
+                 between_write_mb);
     return 2;
   }
   const std::map<std::string, ModelSpec> specs = {
@@ -483,13 +539,41 @@ int main(int argc, char** argv) {
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   cudaEvent_t ev[2];
   for (auto& e : ev) cudaEventCreate(&e);
+  const Between between(between_read_mb, between_write_mb, prop.multiProcessorCount);
+  // The between kernel's time per call, alone in a graph of num_sets calls (median of 21 replays).
+  double between_us = 0;
+  if (between.active()) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    AMOEBA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < num_sets; ++i) between.run(stream);
+    AMOEBA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    AMOEBA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<float> t;
+    for (int r = 0; r < 23; ++r) {
+      cudaEventRecord(ev[0], stream);
+      AMOEBA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      cudaEventRecord(ev[1], stream);
+      AMOEBA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float ms;
+      cudaEventElapsedTime(&ms, ev[0], ev[1]);
+      if (r >= 2) t.push_back(ms * 1000.0f / num_sets);
+    }
+    between_us = median(t);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    std::printf("between layers: read %.0f MB, write %.0f MB: %.1f us per call (taken off every call)\n",
+                between_read_mb, between_write_mb, between_us);
+  }
 
   std::FILE* js = std::fopen(json_path.c_str(), "w");
-  std::fprintf(js,
-               "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"read_gbs\": %.1f,\n \"sets\": %d,\n "
-               "\"layers\": %d,\n \"router\": \"%s\",\n "
-               "\"cases\": [\n",
-               prop.name, copy_gbs, read_gbs, num_sets, num_layers, router.name().c_str());
+  std::fprintf(
+      js,
+      "{\n \"gpu\": \"%s\",\n \"copy_gbs\": %.1f,\n \"read_gbs\": %.1f,\n \"sets\": %d,\n "
+      "\"layers\": %d,\n \"router\": \"%s\",\n \"between_read_mb\": %g,\n \"between_write_mb\": %g,\n "
+      "\"between_us\": %.2f,\n \"cases\": [\n",
+      prop.name, copy_gbs, read_gbs, num_sets, num_layers, router.name().c_str(), between_read_mb,
+      between_write_mb, between_us);
   bool first = true;
   for (const std::string& name : models) {
     const ModelSpec spec = specs.at(name);
@@ -537,14 +621,14 @@ int main(int argc, char** argv) {
         double mb = static_cast<double>(shape.matrix_bytes());
         if (q != quantized.end()) {  // quantized configurations: every size
           const QuantWeights& w = *quant.at(c.substr(0, 4));
-          g.push_back(q->second(sets, shape, w, out.get(), stream));
+          g.push_back(q->second(sets, shape, w, out.get(), between, stream));
           mb = static_cast<double>(w.matrix_bytes);
         } else {
           const Bf16Config& b = bf16_table.at(c);
           const bool decodes = config.path == MoePath::kDecode;
           if (b.where == Where::kGrouped ? decodes : c != configs[0] && b.where == Where::kDecode && !decodes)
             continue;
-          g = b.make(sets, shape, layers, out.get(), stream);
+          g = b.make(sets, shape, layers, out.get(), between, stream);
         }
         used.push_back(c);
         first_graph.push_back(static_cast<int>(graphs.size()));
@@ -579,7 +663,7 @@ int main(int argc, char** argv) {
           AMOEBA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
           float ms;
           cudaEventElapsedTime(&ms, ev[0], ev[1]);
-          us[g].push_back(ms * 1000.0f / num_sets);
+          us[g].push_back(ms * 1000.0f / num_sets - static_cast<float>(between_us));
         }
       }
       AMOEBA_CUDA_CHECK(cudaGetLastError());

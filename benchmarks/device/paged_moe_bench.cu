@@ -36,7 +36,9 @@
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
 // loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
-// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
+// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int4-mb8 / int4-mb9: the default's
+// quantized choice with every decode tile's registers limited to allow 8 or 9 blocks per SM (64 or 56
+// registers, decode::Tile's kMinBlocks); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
 // every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
@@ -374,6 +376,27 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
   }
 };
 
+// The default table with every quantized decode tile's registers limited to allow kMinBlocks blocks per SM,
+// at most 2048 threads (decode::Tile's kMinBlocks; ptxas spills the rest). Its tiles: the default's and their
+// limited twins.
+constexpr int min_blocks_of(int blocks, int warps) {
+  return blocks * 32 * warps <= 2048 ? blocks : 2048 / (32 * warps);
+}
+template <int kMinBlocks, class... Ts>
+auto limited(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch,
+                                             Ts::kStages, min_blocks_of(kMinBlocks, Ts::kWarps)>...>::type;
+template <int kMinBlocks>
+struct MinBlocksQuantConfig : kernels::DefaultMoeConfig {
+  using DecodeTiles = decltype(limited<kMinBlocks>(kernels::detail::DefaultQuantDecodeTiles{}));
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    if (c.path == MoePath::kDecode) c.decode_min_blocks = min_blocks_of(kMinBlocks, c.decode_warps);
+    return c;
+  }
+};
+
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, const Between&, cudaStream_t);
 
@@ -418,6 +441,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-staged3", &make_quant_graph<kernels::Int4, StagedQuantConfig<3>>},
       {"int8-staged4", &make_quant_graph<kernels::Int8, StagedQuantConfig<4>>},
       {"int4-staged4", &make_quant_graph<kernels::Int4, StagedQuantConfig<4>>},
+      {"int4-mb8", &make_quant_graph<kernels::Int4, MinBlocksQuantConfig<8>>},
+      {"int4-mb9", &make_quant_graph<kernels::Int4, MinBlocksQuantConfig<9>>},
       {"int8-tma", &make_quant_graph<kernels::Int8, GroupedRowsConfig<256>>},
       {"int4-tma", &make_quant_graph<kernels::Int4, GroupedRowsConfig<256>>},
       {"int8-twoblock", &make_quant_graph<kernels::Int8, GroupedRowsConfig<128>>},

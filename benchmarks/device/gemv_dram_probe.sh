@@ -7,11 +7,12 @@
 # --between-write; 0:0 none). docs/results/paged_moe_h200.md, "The engine's decode GEMV reads more from DRAM
 # than the benchmark's".
 #   BIN=.gpu OUT=$OUT [BATCHES="6 7"] [BETWEEN="0:0"] [ENGINE=1] [CAP=0] [ENGINE_COUNT=480] [BENCH_COUNT=288] \
-#     [METRICS=gpu__time_duration.sum,dram__bytes_read.sum] bash benchmarks/device/gemv_dram_probe.sh
+#     [METRICS=gpu__time_duration.sum,dram__bytes_read.sum] [REPLAY=kernel] bash benchmarks/device/gemv_dram_probe.sh
 # CAP: the engine's --gpu-memory-gib (0: all the device; a replay needs room to save memory, e.g. 40).
 # Prints, per batch and program, each GEMV grid's launches and median µs / MB per launch
 # (kernel_breakdown.py --medians); writes the CSVs to $OUT/gemv_dram_probe.tgz. More than two metrics make
-# ncu replay each kernel (memory saved and restored between passes), which changes what the L2 holds.
+# ncu replay each kernel (memory saved and restored between passes), which changes what the L2 holds;
+# REPLAY=application runs the whole program once per pass instead (slower; the L2 as the program leaves it).
 source "$(dirname "$0")/device_common.sh"
 here=$(dirname "$0")
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -20,7 +21,8 @@ mkdir -p "$OUT/probe"
 profile() {  # NAME SKIP COUNT COMMAND...: ncu over the command's GEMV launches, then the medians
   local name=$1 skip=$2 count=$3
   shift 3
-  timeout 300 "$ncu" --clock-control none --cache-control none --metrics "$metrics" --csv -k regex:gemv \
+  timeout 300 "$ncu" --clock-control none --cache-control none --replay-mode "${REPLAY:-kernel}" \
+    --metrics "$metrics" --csv -k regex:gemv \
     --launch-skip "$skip" --launch-count "$count" "$@" >"$OUT/probe/$name.csv" 2>"$OUT/probe/$name.err"
   echo "== $name rc=$?"
   python3 "$here/kernel_breakdown.py" --medians "$OUT/probe/$name.csv"

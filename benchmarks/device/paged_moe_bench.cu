@@ -355,47 +355,50 @@ struct FixedTileConfig {
   }
 };
 
-// The default table with every quantized decode tile keeping kStages k-steps in flight per thread through
-// shared memory (decode::Tile's kStages), int4 too; kStages = 0: every one on the register loop, what the
-// staged rows are measured against. Its tiles: the default's and their twins.
-template <int kStages, class... Ts>
-auto restaged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, (kStages > 0 ? 1 : Ts::kUnroll),
-                                             Ts::kPrefetch, kStages>...>::type;
+// The default table's quantized choice with every decode tile replaced by its twin (Twin::Of<T>) and every
+// decode configuration changed alike (Twin::config). Its tiles: the default's and their twins.
+template <class Twin>
+struct TwinQuantConfig : kernels::DefaultMoeConfig {
+  template <class... Ts>
+  static auto twins(std::tuple<Ts...>) ->
+      typename kernels::detail::with_tiles<std::tuple<Ts...>, typename Twin::template Of<Ts>...>::type;
+  using DecodeTiles = decltype(twins(kernels::detail::DefaultQuantDecodeTiles{}));
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    if (c.path == MoePath::kDecode) Twin::config(c);
+    return c;
+  }
+};
+// Every quantized decode tile keeping kStages k-steps in flight per thread through shared memory
+// (decode::Tile's kStages), int4 too; kStages = 0: every one on the register loop, what the staged rows are
+// measured against.
 template <int kStages>
-struct StagedQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(restaged<kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    if (c.path == MoePath::kDecode) {
-      if (kStages > 0) c.decode_unroll = 1;  // a staged tile keeps one step in registers
-      c.decode_stages = kStages;
-    }
-    return c;
+struct Restaged {
+  template <class T>
+  using Of =
+      kernels::decode::Tile<T::kTokTiles, T::kWarps, (kStages > 0 ? 1 : T::kUnroll), T::kPrefetch, kStages>;
+  static constexpr void config(kernels::MoeConfig& c) {
+    if (kStages > 0) c.decode_unroll = 1;  // a staged tile keeps one step in registers
+    c.decode_stages = kStages;
   }
 };
-
-// The default table with every quantized decode tile's registers limited to allow kMinBlocks blocks per SM,
-// at most 2048 threads (decode::Tile's kMinBlocks; ptxas spills the rest). Its tiles: the default's and their
-// limited twins.
-constexpr int min_blocks_of(int blocks, int warps) {
-  return blocks * 32 * warps <= 2048 ? blocks : 2048 / (32 * warps);
-}
-template <int kMinBlocks, class... Ts>
-auto limited(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch,
-                                             Ts::kStages, min_blocks_of(kMinBlocks, Ts::kWarps)>...>::type;
+template <int kStages>
+using StagedQuantConfig = TwinQuantConfig<Restaged<kStages>>;
+// Every quantized decode tile's registers limited to allow kMinBlocks blocks per SM, at most 2048 threads
+// (decode::Tile's kMinBlocks; ptxas spills the rest).
 template <int kMinBlocks>
-struct MinBlocksQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(limited<kMinBlocks>(kernels::detail::DefaultQuantDecodeTiles{}));
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    if (c.path == MoePath::kDecode) c.decode_min_blocks = min_blocks_of(kMinBlocks, c.decode_warps);
-    return c;
+struct Limited {
+  static constexpr int of(int warps) {
+    return kMinBlocks * 32 * warps <= 2048 ? kMinBlocks : 2048 / (32 * warps);
   }
+  template <class T>
+  using Of =
+      kernels::decode::Tile<T::kTokTiles, T::kWarps, T::kUnroll, T::kPrefetch, T::kStages, of(T::kWarps)>;
+  static constexpr void config(kernels::MoeConfig& c) { c.decode_min_blocks = of(c.decode_warps); }
 };
+template <int kMinBlocks>
+using MinBlocksQuantConfig = TwinQuantConfig<Limited<kMinBlocks>>;
 
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, const Between&, cudaStream_t);

@@ -36,9 +36,7 @@
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
 // loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
-// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int4-mb8 / int4-mb9: the default's
-// quantized choice with every decode tile's registers limited to allow 8 or 9 blocks per SM (64 or 56
-// registers, decode::Tile's kMinBlocks); int8-tma /
+// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
 // every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
@@ -355,50 +353,26 @@ struct FixedTileConfig {
   }
 };
 
-// The default table's quantized choice with every decode tile replaced by its twin (Twin::Of<T>) and every
-// decode configuration changed alike (Twin::config). Its tiles: the default's and their twins.
-template <class Twin>
-struct TwinQuantConfig : kernels::DefaultMoeConfig {
-  template <class... Ts>
-  static auto twins(std::tuple<Ts...>) ->
-      typename kernels::detail::with_tiles<std::tuple<Ts...>, typename Twin::template Of<Ts>...>::type;
-  using DecodeTiles = decltype(twins(kernels::detail::DefaultQuantDecodeTiles{}));
+// The default table with every quantized decode tile keeping kStages k-steps in flight per thread through
+// shared memory (decode::Tile's kStages), int4 too; kStages = 0: every one on the register loop, what the
+// staged rows are measured against. Its tiles: the default's and their twins.
+template <int kStages, class... Ts>
+auto restaged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, (kStages > 0 ? 1 : Ts::kUnroll),
+                                             Ts::kPrefetch, kStages>...>::type;
+template <int kStages>
+struct StagedQuantConfig : kernels::DefaultMoeConfig {
+  using DecodeTiles = decltype(restaged<kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
   static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    if (c.path == MoePath::kDecode) Twin::config(c);
+    if (c.path == MoePath::kDecode) {
+      if (kStages > 0) c.decode_unroll = 1;  // a staged tile keeps one step in registers
+      c.decode_stages = kStages;
+    }
     return c;
   }
 };
-// Every quantized decode tile keeping kStages k-steps in flight per thread through shared memory
-// (decode::Tile's kStages), int4 too; kStages = 0: every one on the register loop, what the staged rows are
-// measured against.
-template <int kStages>
-struct Restaged {
-  template <class T>
-  using Of =
-      kernels::decode::Tile<T::kTokTiles, T::kWarps, (kStages > 0 ? 1 : T::kUnroll), T::kPrefetch, kStages>;
-  static constexpr void config(kernels::MoeConfig& c) {
-    if (kStages > 0) c.decode_unroll = 1;  // a staged tile keeps one step in registers
-    c.decode_stages = kStages;
-  }
-};
-template <int kStages>
-using StagedQuantConfig = TwinQuantConfig<Restaged<kStages>>;
-// Every quantized decode tile's registers limited to allow kMinBlocks blocks per SM, at most 2048 threads
-// (decode::Tile's kMinBlocks; ptxas spills the rest).
-template <int kMinBlocks>
-struct Limited {
-  static constexpr int of(int warps) {
-    return kMinBlocks * 32 * warps <= 2048 ? kMinBlocks : 2048 / (32 * warps);
-  }
-  template <class T>
-  using Of =
-      kernels::decode::Tile<T::kTokTiles, T::kWarps, T::kUnroll, T::kPrefetch, T::kStages, of(T::kWarps)>;
-  static constexpr void config(kernels::MoeConfig& c) { c.decode_min_blocks = of(c.decode_warps); }
-};
-template <int kMinBlocks>
-using MinBlocksQuantConfig = TwinQuantConfig<Limited<kMinBlocks>>;
 
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, const Between&, cudaStream_t);
@@ -444,8 +418,6 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-staged3", &make_quant_graph<kernels::Int4, StagedQuantConfig<3>>},
       {"int8-staged4", &make_quant_graph<kernels::Int8, StagedQuantConfig<4>>},
       {"int4-staged4", &make_quant_graph<kernels::Int4, StagedQuantConfig<4>>},
-      {"int4-mb8", &make_quant_graph<kernels::Int4, MinBlocksQuantConfig<8>>},
-      {"int4-mb9", &make_quant_graph<kernels::Int4, MinBlocksQuantConfig<9>>},
       {"int8-tma", &make_quant_graph<kernels::Int8, GroupedRowsConfig<256>>},
       {"int4-tma", &make_quant_graph<kernels::Int4, GroupedRowsConfig<256>>},
       {"int8-twoblock", &make_quant_graph<kernels::Int8, GroupedRowsConfig<128>>},

@@ -43,17 +43,11 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-// kMinBlocks (0: the compiler's choice): the blocks per SM the kernel's registers must allow
-// (__launch_bounds__'s second argument; ptxas spills what does not fit).
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0,
-          int kMinBlocksT = 0>
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
 struct Tile {
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
-  static constexpr int kMinBlocks = kMinBlocksT;
-  static_assert(kMinBlocksT >= 0 && kMinBlocksT * 32 * kWarpsT <= 2048,
-                "kMinBlocks: 0 (the compiler's choice) or the blocks per SM to allow (at most 2048 threads)");
   static constexpr int kPrefetch = kPrefetchT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
@@ -228,8 +222,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 }
 
 template <class Addressing, Stage kStage, class T, class P = Bf16>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
-    gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+__global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
   ptx::launch_dependents();

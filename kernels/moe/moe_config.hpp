@@ -26,10 +26,8 @@ struct MoeConfig {
   int grouped_rows = 128;     // sm_90 grouped GEMM: weight rows per block, 128 (the two-block cp.async
                            // kernels) or 256 (the persistent TMA kernels, grouped::gemm_tma_kernel for bf16,
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
-  int decode_stages = 0;      // decode, quantized experts: k-steps each thread keeps in flight through shared
-                              // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
-  int decode_min_blocks = 0;  // decode: blocks per SM the kernel's registers must allow (decode::Tile's
-                              // kMinBlocks); 0: the compiler's choice
+  int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
+                          // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -49,15 +47,14 @@ constexpr bool fits(double mean, double limit) {
 }  // namespace config_detail
 
 // A decode tile's compile-time shape, host-side: decode::Tile<tile_tokens / 8, warps, unroll, prefetch,
-// stages, min_blocks>.
+// stages>.
 struct DecodeTileShape {
   int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
-  int stages = 0, min_blocks = 0;
+  int stages = 0;
   friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
 };
 constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {
-  return {c.tile_tokens,     c.decode_warps,  c.decode_unroll,
-          c.decode_prefetch, c.decode_stages, c.decode_min_blocks};
+  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch, c.decode_stages};
 }
 
 // At most N decode tiles, each once, in the order first added.

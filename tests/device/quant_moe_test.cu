@@ -243,8 +243,7 @@ constexpr ModelSpec kEngineSmall{"small E16 k4 m2 H256 F128", 16, 4, 256, 128, 2
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
   static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
-    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128,
-            T::kStages,       T::kMinBlocks};
+    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128, T::kStages};
   }
 };
 
@@ -451,37 +450,6 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
   }
 }
 
-// A register limit (decode::Tile's kMinBlocks: ptxas keeps the int4 register loop to 64 or 56 registers and
-// spills the rest) changes where values live, not the arithmetic: bit-identical outputs.
-TEST_CASE("quantized experts: decode tiles under a register limit = their twins bit for bit",
-          "[gpu][models][quant]") {
-  using T8 = kernels::decode::Tile<1, 4, 1>;
-  using S8 = kernels::decode::Tile<1, 4, 1, 128, 2>;
-  for (const ModelSpec& m : {kQwen15, kQwen3}) {
-    const QuantStore s8(m, Bits::kInt8, 27), s4(m, Bits::kInt4, 28);
-    for (int tokens : {1, 16, 37}) {
-      const MoeShape shape = shape_of(m, tokens);
-      const RoutingSet r = make_routing(m, tokens, 1900 + tokens, tokens == 37 ? 2 : -1);
-      auto same = [&]<class Precision, class T, int... kMin>(const QuantStore& st) {
-        const auto a = run_layer<kernels::Paged, Precision, OnlyTileConfig<T>>(r, shape, st.paged_args(),
-                                                                               st.stride(), MoePath::kDecode);
-        auto with = [&]<int kM>() {
-          INFO(m.name << " T=" << tokens << " stages " << T::kStages << " int"
-                      << kernels::quant::bit_count(st.bits) << " min blocks " << kM);
-          using Limited =
-              kernels::decode::Tile<T::kTokTiles, T::kWarps, T::kUnroll, T::kPrefetch, T::kStages, kM>;
-          const auto b = run_layer<kernels::Paged, Precision, OnlyTileConfig<Limited>>(
-              r, shape, st.paged_args(), st.stride(), MoePath::kDecode);
-          CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
-        };
-        (with.template operator()<kMin>(), ...);
-      };
-      same.template operator()<kernels::Int4, T8, 8, 9>(s4);
-      same.template operator()<kernels::Int8, S8, 10>(s8);
-    }
-  }
-}
-
 TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant]") {
   using Moe8 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int8>;
   using Moe4 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int4>;
@@ -551,14 +519,4 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
-  // A register limit below zero.
-  struct NegativeMinBlocks : kernels::DefaultMoeConfig {
-    static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
-      return {MoePath::kDecode, 8, 4, 1, 128, 128, 0, -1};
-    }
-  };
-  const kernels::Status negative =
-      PagedMoe<kernels::Contiguous, NegativeMinBlocks, kernels::Int4>::can_implement(b);
-  CHECK(negative.field == "config.decode_min_blocks");
-  CHECK_THAT(negative.message, Catch::Contains("config.decode_min_blocks = -1"));
 }

@@ -66,9 +66,7 @@ def main():
     for row in rows(sys.argv[1]):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        v = float(row["Metric Value"].replace(",", ""))
-        unit = row.get("Metric Unit", "ns")
-        us = v / 1e3 if unit == "ns" else v * 1e3 if unit == "msecond" else v if unit == "usecond" else v / 1e3
+        us = scaled(float(row["Metric Value"].replace(",", "")), row.get("Metric Unit") or "ns")
         k = short(row["Kernel Name"])
         total[k] += us
         calls[k] += 1

@@ -145,7 +145,6 @@ struct Between {
   DeviceBuffer<uint4> read, write, sink;
   std::size_t read_words = 0, write_words = 0;
   unsigned blocks = 0;
-  Between() = default;
   Between(double read_mb, double write_mb, int sms)
       : read_words(static_cast<std::size_t>(read_mb * 1e6 / 16)),
         write_words(static_cast<std::size_t>(write_mb * 1e6 / 16)),
@@ -180,8 +179,8 @@ struct Graph : GraphBase {
   DeviceBuffer<unsigned char> workspace;
   std::size_t workspace_bytes = 0;
 
-  // Call i reads layers[i % layers.size()]: several layers' weights, as an engine step reads them.
   const Between* between = nullptr;  // run after every call when active
+  // Call i reads layers[i % layers.size()]: several layers' weights, as an engine step reads them.
   Graph(const std::vector<RoutingSet>& sets, const MoeShape& shape,
         const std::vector<typename Addressing::Arguments>& layers, bf16* out, const Between& other,
         cudaStream_t stream)
@@ -549,17 +548,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < num_sets; ++i) between.run(stream);
     AMOEBA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     AMOEBA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    std::vector<float> t;
-    for (int r = 0; r < 23; ++r) {
-      cudaEventRecord(ev[0], stream);
-      AMOEBA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      cudaEventRecord(ev[1], stream);
-      AMOEBA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-      float ms;
-      cudaEventElapsedTime(&ms, ev[0], ev[1]);
-      if (r >= 2) t.push_back(ms * 1000.0f / num_sets);
-    }
-    between_us = median(t);
+    between_us =
+        time_ms([&] { AMOEBA_CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, 2, 21) * 1000.0 / num_sets;
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     std::printf("between layers: read %.0f MB, write %.0f MB: %.1f us per call (taken off every call)\n",

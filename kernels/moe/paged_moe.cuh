@@ -275,10 +275,10 @@ class PagedMoe {
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
-        return Status::error("config.tile_tokens", c.tile_tokens,
-                             "with decode_warps, decode_unroll, decode_prefetch and "
-                             "decode_stages must name an "
-                             "instantiated decode tile (PagedMoe::DecodeTiles)");
+        return Status::error(
+            "config.tile_tokens", c.tile_tokens,
+            "with decode_warps, decode_unroll, decode_prefetch and decode_stages must name an "
+            "instantiated decode tile (PagedMoe::DecodeTiles)");
       if constexpr (Precision::kQuantized) {
         // K is dealt to the warps in whole k-steps, each inside one scale group.
         if (s.hidden % Precision::kKStep != 0)

@@ -7,7 +7,9 @@
 # --between-write; 0:0 none). docs/results/paged_moe_h200.md, "The engine's decode GEMV reads more from DRAM
 # than the benchmark's".
 #   BIN=.gpu OUT=$OUT [BATCHES="6 7"] [BETWEEN="0:0"] [ENGINE=1] [CAP=0] [ENGINE_COUNT=480] [BENCH_COUNT=288] \
+#     [CONFIG=default] \
 #     [METRICS=gpu__time_duration.sum,dram__bytes_read.sum] [REPLAY=kernel] bash benchmarks/device/gemv_dram_probe.sh
+# CONFIG: the benchmark's configuration (paged_moe_bench --config).
 # CAP: the engine's --gpu-memory-gib (0: all the device; a replay needs room to save memory, e.g. 40).
 # Prints, per batch and program, each GEMV grid's launches and median µs / MB per launch
 # (kernel_breakdown.py --medians); writes the CSVs to $OUT/gemv_dram_probe.tgz. More than two metrics make
@@ -34,8 +36,8 @@ for b in ${BATCHES:-6 7}; do
       --gpu-memory-gib "${CAP:-0}" --trace "$OUT/probe/trace_b$b.jsonl" --csv "$OUT/probe/engine_b$b.steps.csv" --quiet
   fi
   for between in ${BETWEEN:-0:0}; do
-    profile "bench_b${b}_between${between/:/_}" 96 "${BENCH_COUNT:-288}" "$BIN/paged_moe_bench" --models qwen15_shared \
-      --tokens "$b" --router zipf:0.6 --placement shuffled --seed 1 --config default --seconds 0.001 \
+    profile "bench_b${b}_between${between/:/_}_${CONFIG:-default}" 96 "${BENCH_COUNT:-288}" "$BIN/paged_moe_bench" --models qwen15_shared \
+      --tokens "$b" --router zipf:0.6 --placement shuffled --seed 1 --config "${CONFIG:-default}" --seconds 0.001 \
       --between-read "${between%%:*}" --between-write "${between##*:}" --json /dev/null
   done
 done

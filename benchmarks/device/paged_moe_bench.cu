@@ -26,7 +26,9 @@
 // default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's
 // (t8w4u3, t8w4u4, t8w8u2, t8w8u4 alike: 8-token tiles with 4 or 8 warps and 3 or 4 k-steps of loads in
 // flight, the more bytes in flight per block at 1–3 tokens);
-// p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
+// p256 / nohint: the default's tile with the 256-byte L2 prefetch hint / none; pair / pairl1 / pair0: the
+// default's tile loading the weights in step pairs (decode::Tile's kLayout 1, 2 through L1, 1 with no hint);
+// t8pair / t8pairl1 / t32pair: t8 and t32 with pairs (these where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
@@ -216,32 +218,41 @@ struct Graph : GraphBase {
 // Configurations compared against the default (A/B): one decode tile wherever it holds the expected largest
 // batch and K allows its warps, the default's choice elsewhere; tiles the default does not instantiate are
 // added to the configuration's own.
-template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
+template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128, int kLayout = 0>
 struct DecodeTileConfig {
-  using DecodeTiles = kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>;
+  using DecodeTiles =
+      kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch, 0, kLayout>>;
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path != MoePath::kDecode) return c;
     const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
     const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
-    if (kernels::config_detail::fits(mean, kTile) && k_ok)
+    if (kernels::config_detail::fits(mean, kTile) && k_ok) {
       c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
+      c.decode_layout = kLayout;
+    }
     return c;
   }
 };
 
-// The default table's choice with another L2 prefetch hint on the decode path (its own tile list: the
-// default's tiles with that hint).
-template <class... Ts, int kPrefetch>
-auto with_prefetch(std::tuple<Ts...>, std::integral_constant<int, kPrefetch>)
-    -> kernels::DecodeTilesWith<kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, kPrefetch>...>;
-template <int kPrefetch>
-struct PrefetchConfig {
-  using DecodeTiles = decltype(with_prefetch(kernels::detail::DefaultDecodeTiles{},
-                                             std::integral_constant<int, kPrefetch>{}));
+// The default table's choice with another L2 prefetch hint and weight-load layout on the decode path (its own
+// tile list: the default's tiles with those).
+template <class... Ts, int kPrefetch, int kLayout>
+auto with_loads(std::tuple<Ts...>, std::integral_constant<int, kPrefetch>,
+                std::integral_constant<int, kLayout>)
+    -> kernels::DecodeTilesWith<
+        kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, kPrefetch, 0, kLayout>...>;
+template <int kPrefetch, int kLayout = 0>
+struct LoadConfig {
+  using DecodeTiles =
+      decltype(with_loads(kernels::detail::DefaultDecodeTiles{}, std::integral_constant<int, kPrefetch>{},
+                          std::integral_constant<int, kLayout>{}));
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == MoePath::kDecode) c.decode_prefetch = kPrefetch;
+    if (c.path == MoePath::kDecode) {
+      c.decode_prefetch = kPrefetch;
+      c.decode_layout = kLayout;
+    }
     return c;
   }
 };
@@ -289,7 +300,14 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"t8w4u4", {&make_graphs<DecodeTileConfig<8, 4, 4>>, Where::kDecode}},
           {"t8w8u2", {&make_graphs<DecodeTileConfig<8, 8, 2>>, Where::kDecode}},
           {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
-          {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
+          {"p256", {&make_graphs<LoadConfig<256>>, Where::kDecode}},
+          {"nohint", {&make_graphs<LoadConfig<0>>, Where::kDecode}},
+          {"pair", {&make_graphs<LoadConfig<128, 1>>, Where::kDecode}},
+          {"pair0", {&make_graphs<LoadConfig<0, 1>>, Where::kDecode}},
+          {"pairl1", {&make_graphs<LoadConfig<128, 2>>, Where::kDecode}},
+          {"t8pair", {&make_graphs<DecodeTileConfig<8, 4, 2, 128, 1>>, Where::kDecode}},
+          {"t8pairl1", {&make_graphs<DecodeTileConfig<8, 4, 2, 128, 2>>, Where::kDecode}},
+          {"t32pair", {&make_graphs<DecodeTileConfig<32, 4, 1, 128, 1>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},

@@ -43,8 +43,15 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
+// kLayout (bf16 only): which k a thread loads at step s of its warp's range. 0: 8 values at 32·s + 8·q (a
+// step's 4 threads read 64 consecutive bytes of a row; the row's 128-byte line is finished by the next step);
+// 1: step pairs, 8 values at 32·(s & ~1) + 16·q + 8·(s & 1) (thread q's two steps read one 32-byte sector, so
+// a pair's first step asks for the whole line); 2: as 1, through L1 (the pair's second load of a sector
+// hits L1). An odd last step reads as in 0.
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0, int kLayoutT = 0>
 struct Tile {
+  static constexpr int kLayout = kLayoutT;
+  static_assert(kLayoutT >= 0 && kLayoutT <= 2, "kLayout: 0, 1 or 2");
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
@@ -279,7 +286,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[1] = base + (h0 + 16) * K;
     }
     const int k_per_warp = K / kWarps;
-    const int k0 = warp * k_per_warp + 8 * q;
+    const int k0 = warp * k_per_warp;
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
     const bf16* a_lo[kRowTiles];
@@ -291,17 +298,23 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     }
 
     const int steps = k_per_warp / kKStep;
+    constexpr bool kL1 = T::kLayout == 2;
+    // Thread q's first value of step s in the warp's range (Tile's kLayout).
+    auto k_of = [&](int s) {
+      if constexpr (T::kLayout == 0) return s * kKStep + 8 * q;
+      return (s | 1) < steps ? (s & ~1) * kKStep + 16 * q + 8 * (s & 1) : s * kKStep + 8 * q;
+    };
     for (int s = 0; s < steps; s += kUnroll) {
       uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
       // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
       // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int k = min(s + u, steps - 1) * kKStep;
+        const int k = k_of(min(s + u, steps - 1));
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
-          alo[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_lo[r] + k);
-          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch>(a_hi[r] + k);
+          alo[u][r] = ptx::ld_stream_16<T::kPrefetch, kL1>(a_lo[r] + k);
+          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, kL1>(a_hi[r] + k);
         }
 #pragma unroll
         for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);

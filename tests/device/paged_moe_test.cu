@@ -502,12 +502,16 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
 
 // Every default decode tile (detail::DefaultDecodeTiles) and the others measured against them are checked,
 // whichever shapes the table gives them (a tile the default lacks is added to the configuration's own).
-template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
+template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128, int kLayout = 0>
 struct DecodeTileConfig {
-  using DecodeTiles = kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>;
+  using DecodeTiles =
+      kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch, 0, kLayout>>;
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
+    if (c.path == MoePath::kDecode) {
+      c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
+      c.decode_layout = kLayout;
+    }
     return c;
   }
 };
@@ -525,6 +529,19 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
     check_case<DecodeTileConfig<32, 8, 2, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
+  // Step pairs (kLayout 1, 2 through L1) with 3 k-steps per warp (F = 384, 4 warps): the odd last step reads
+  // as kLayout 0 does; unroll 1, 2 and 3 split the pairs differently over the loop's iterations.
+  const ModelSpec odd{"tiny-f384", 8, 2, 256, 384, 1};
+  ExpertStore odd_store(odd, 23, 3);
+  for (int tokens : {1, 5, 37}) {
+    const MoeShape shape = shape_of(odd, tokens);
+    check_case<DecodeTileConfig<8, 4, 2, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+    check_case<DecodeTileConfig<8, 4, 2, 128, 2>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+    check_case<DecodeTileConfig<32, 4, 1, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
+                                                   920 + tokens);
+    check_case<DecodeTileConfig<8, 4, 3, 0, 1>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+    check_case<DecodeTileConfig<8, 4, 2, 0>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+  }
 }
 
 TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
@@ -536,6 +553,8 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
       check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+      check_case<DecodeTileConfig<8, 4, 2, 128, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+      check_case<DecodeTileConfig<32, 4, 1, 128, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
     }
   }
 }

@@ -26,23 +26,22 @@
 // default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's
 // (t8w4u3, t8w4u4, t8w8u2, t8w8u4 alike: 8-token tiles with 4 or 8 warps and 3 or 4 k-steps of loads in
 // flight, the more bytes in flight per block at 1–3 tokens);
-// p256 / nohint: the default's tile with the 256-byte L2 prefetch hint / none; pair / pairl1 / pair0: the
-// default's tile loading the weights in step pairs (decode::Tile's kLayout 1, 2 through L1, 1 with no hint);
-// t8pair / t8pairl1 / t32pair: t8 and t32 with pairs (these where the default decodes);
-// bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
-// default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
-// tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
-// kGrouped; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
-// and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes only); int8 / int4: the default's tiles
-// on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
-// expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
-// choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
-// loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
-// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
-// int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
-// dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
-// every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
-// table.
+// p256: the default's tile with the 256-byte L2 prefetch hint; lines: the default's tile reading whole
+// 128-byte lines per step pair through L1 (decode::Tile's kLayout 1); t8lines / t8u4lines / t32lines: t8,
+// t8w4u4 and t32 so (these where the default decodes); bf16-decode / bf16-grouped: the default's choice held
+// to one path at every size; wide / narrow: the default's choice with its grouped GEMM on 256 weight rows per
+// block (the persistent TMA kernel, 128-token tiles) / 128 (the two-block cp.async kernel); tile128: the
+// two-block kernel wherever the default takes kGrouped; small4 / small3 / small8: always on 64-token tiles,
+// the small-batch kernel with 4 stages and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes
+// only); int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the
+// values do not matter to the time), their expert bytes the packed ones, every size; int8-decode /
+// int8-grouped (int4 alike): the default's quantized choice held to one path; int8-steady: the default's int8
+// choice with no staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's
+// quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared
+// memory (cp.async); int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its grouped
+// GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like:
+// one quantized decode tile at every token count (tile tokens, warps, unroll), the sweep that chose the
+// quantized rows of the default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -301,13 +300,10 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"t8w8u2", {&make_graphs<DecodeTileConfig<8, 8, 2>>, Where::kDecode}},
           {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
           {"p256", {&make_graphs<LoadConfig<256>>, Where::kDecode}},
-          {"nohint", {&make_graphs<LoadConfig<0>>, Where::kDecode}},
-          {"pair", {&make_graphs<LoadConfig<128, 1>>, Where::kDecode}},
-          {"pair0", {&make_graphs<LoadConfig<0, 1>>, Where::kDecode}},
-          {"pairl1", {&make_graphs<LoadConfig<128, 2>>, Where::kDecode}},
-          {"t8pair", {&make_graphs<DecodeTileConfig<8, 4, 2, 128, 1>>, Where::kDecode}},
-          {"t8pairl1", {&make_graphs<DecodeTileConfig<8, 4, 2, 128, 2>>, Where::kDecode}},
-          {"t32pair", {&make_graphs<DecodeTileConfig<32, 4, 1, 128, 1>>, Where::kDecode}},
+          {"lines", {&make_graphs<LoadConfig<128, 1>>, Where::kDecode}},
+          {"t8lines", {&make_graphs<DecodeTileConfig<8, 4, 2, 128, 1>>, Where::kDecode}},
+          {"t8u4lines", {&make_graphs<DecodeTileConfig<8, 4, 4, 128, 1>>, Where::kDecode}},
+          {"t32lines", {&make_graphs<DecodeTileConfig<32, 4, 1, 128, 1>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},

@@ -43,15 +43,16 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-// kLayout (bf16 only): which k a thread loads at step s of its warp's range. 0: 8 values at 32·s + 8·q (a
-// step's 4 threads read 64 consecutive bytes of a row; the row's 128-byte line is finished by the next step);
-// 1: step pairs, 8 values at 32·(s & ~1) + 16·q + 8·(s & 1) (thread q's two steps read one 32-byte sector, so
-// a pair's first step asks for the whole line); 2: as 1, through L1 (the pair's second load of a sector
-// hits L1). An odd last step reads as in 0.
+// kLayout (bf16 only): which k a thread loads. 0: the warps split K evenly; at step s of its range a thread
+// reads 8 values at 32·s + 8·q (a step's 4 threads read 64 consecutive bytes of a row, and the row's 128-byte
+// line is finished by the next step). 1: the warps split K at 128-byte lines (64 values; a trailing half line
+// is the last warp's), and thread q reads 8 values at 32·(s & ~1) + 16·q + 8·(s & 1): a pair of steps reads
+// one line, its first step touching all four sectors, and the pair's second loads of each sector hit L1 (the
+// weights go through L1, evict-first), so the L2 sees one request per line.
 template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0, int kLayoutT = 0>
 struct Tile {
   static constexpr int kLayout = kLayoutT;
-  static_assert(kLayoutT >= 0 && kLayoutT <= 2, "kLayout: 0, 1 or 2");
+  static_assert(kLayoutT == 0 || kLayoutT == 1, "kLayout: 0 or 1");
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
@@ -285,8 +286,17 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[0] = base + h0 * K;
       rows[1] = base + (h0 + 16) * K;
     }
-    const int k_per_warp = K / kWarps;
-    const int k0 = warp * k_per_warp;
+    // The warp's range of K: [k0, k0 + 32·steps).
+    int k0, steps;
+    if constexpr (T::kLayout == 0) {
+      k0 = warp * (K / kWarps);
+      steps = K / kWarps / kKStep;
+    } else {
+      const int lines = K / 64;
+      k0 = 64 * (warp * lines / kWarps);
+      const int end = warp == kWarps - 1 ? K : 64 * ((warp + 1) * lines / kWarps);
+      steps = (end - k0) / kKStep;
+    }
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
     const bf16* a_lo[kRowTiles];
@@ -297,8 +307,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
     }
 
-    const int steps = k_per_warp / kKStep;
-    constexpr bool kL1 = T::kLayout == 2;
+    constexpr bool kL1 = T::kLayout == 1;
     // Thread q's first value of step s in the warp's range (Tile's kLayout).
     auto k_of = [&](int s) {
       if constexpr (T::kLayout == 0) return s * kKStep + 8 * q;

@@ -28,7 +28,7 @@ struct MoeConfig {
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
                           // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
-  int decode_layout = 0;  // decode, bf16: which k each thread loads (decode::Tile's kLayout)
+  int decode_layout = 0;  // decode, bf16: which k each thread loads (decode::Tile's kLayout; 1: whole lines)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -274,7 +274,7 @@ class PagedMoe {
                            "staged decode tiles read quantized experts only (0 on bf16)");
     if (c.path == MoePath::kDecode && c.decode_layout != 0 && Precision::kQuantized)
       return Status::error("config.decode_layout", c.decode_layout,
-                           "paired weight loads are bf16 decode tiles' only (0 on quantized experts)");
+                           "whole-line weight loads are bf16 decode tiles' only (0 on quantized experts)");
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)

@@ -84,31 +84,22 @@ __device__ __forceinline__ void cp_async_wait() {
 // kPrefetch: the hint's size, 128 or 256 bytes (a decode tile's choice, moe_config.hpp).
 template <int kPrefetch = 128, bool kThroughL1 = false>
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
-  static_assert(kPrefetch == 0 || kPrefetch == 128 || kPrefetch == 256,
-                "L2 prefetch hint: 0, 128 or 256 bytes");
+  static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
   uint4 v;
-  if constexpr (kThroughL1 && kPrefetch == 128)
-    asm volatile("ld.global.nc.L1::evict_first.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-  else if constexpr (kThroughL1 && kPrefetch == 256)
+  if constexpr (kThroughL1 && kPrefetch == 256)
     asm volatile("ld.global.nc.L1::evict_first.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
   else if constexpr (kThroughL1)
-    asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+    asm volatile("ld.global.nc.L1::evict_first.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
   else if constexpr (kPrefetch == 256)
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
-  else if constexpr (kPrefetch == 128)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
   else
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
   return v;

@@ -529,18 +529,23 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
     check_case<DecodeTileConfig<32, 8, 2, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
-  // Step pairs (kLayout 1, 2 through L1) with 3 k-steps per warp (F = 384, 4 warps): the odd last step reads
-  // as kLayout 0 does; unroll 1, 2 and 3 split the pairs differently over the loop's iterations.
-  const ModelSpec odd{"tiny-f384", 8, 2, 256, 384, 1};
-  ExpertStore odd_store(odd, 23, 3);
-  for (int tokens : {1, 5, 37}) {
-    const MoeShape shape = shape_of(odd, tokens);
-    check_case<DecodeTileConfig<8, 4, 2, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
-    check_case<DecodeTileConfig<8, 4, 2, 128, 2>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
-    check_case<DecodeTileConfig<32, 4, 1, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
-                                                   920 + tokens);
-    check_case<DecodeTileConfig<8, 4, 3, 0, 1>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
-    check_case<DecodeTileConfig<8, 4, 2, 0>>(odd_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+  // Whole lines per step pair (kLayout 1) where 4 warps split the lines unevenly: F = 384 (6 lines of 64
+  // values: 1, 2, 1, 2 per warp) and 640 (10: 2, 3, 2, 3); unroll 1, 2 and 3 split the pairs differently over
+  // the loop's iterations.
+  for (const ModelSpec& odd :
+       {ModelSpec{"tiny-f384", 8, 2, 256, 384, 1}, ModelSpec{"tiny-f640", 8, 2, 256, 640, 1}}) {
+    ExpertStore odd_store(odd, 23, 3);
+    for (int tokens : {1, 5, 37}) {
+      const MoeShape shape = shape_of(odd, tokens);
+      check_case<DecodeTileConfig<8, 4, 2, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
+                                                    920 + tokens);
+      check_case<DecodeTileConfig<32, 4, 1, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
+                                                     920 + tokens);
+      check_case<DecodeTileConfig<8, 4, 3, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
+                                                    920 + tokens);
+      check_case<DecodeTileConfig<8, 4, 2, 256, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
+                                                    920 + tokens);
+    }
   }
 }
 
@@ -554,7 +559,7 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
       check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<8, 4, 2, 128, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
-      check_case<DecodeTileConfig<32, 4, 1, 128, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
+      check_case<DecodeTileConfig<32, 4, 1, 128, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
     }
   }
 }

@@ -26,22 +26,21 @@
 // default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's
 // (t8w4u3, t8w4u4, t8w8u2, t8w8u4 alike: 8-token tiles with 4 or 8 warps and 3 or 4 k-steps of loads in
 // flight, the more bytes in flight per block at 1–3 tokens);
-// p256: the default's tile with the 256-byte L2 prefetch hint; lines: the default's tile reading whole
-// 128-byte lines per step pair through L1 (decode::Tile's kLayout 1); t8lines / t8u4lines / t32lines: t8,
-// t8w4u4 and t32 so (these where the default decodes); bf16-decode / bf16-grouped: the default's choice held
-// to one path at every size; wide / narrow: the default's choice with its grouped GEMM on 256 weight rows per
-// block (the persistent TMA kernel, 128-token tiles) / 128 (the two-block cp.async kernel); tile128: the
-// two-block kernel wherever the default takes kGrouped; small4 / small3 / small8: always on 64-token tiles,
-// the small-batch kernel with 4 stages and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes
-// only); int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the
-// values do not matter to the time), their expert bytes the packed ones, every size; int8-decode /
-// int8-grouped (int4 alike): the default's quantized choice held to one path; int8-steady: the default's int8
-// choice with no staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's
-// quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared
-// memory (cp.async); int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its grouped
-// GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like:
-// one quantized decode tile at every token count (tile tokens, warps, unroll), the sweep that chose the
-// quantized rows of the default table.
+// p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
+// bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
+// default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
+// tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
+// kGrouped; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
+// and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes only); int8 / int4: the default's tiles
+// on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
+// expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
+// choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
+// loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
+// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
+// int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
+// dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
+// every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
+// table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -217,41 +216,32 @@ struct Graph : GraphBase {
 // Configurations compared against the default (A/B): one decode tile wherever it holds the expected largest
 // batch and K allows its warps, the default's choice elsewhere; tiles the default does not instantiate are
 // added to the configuration's own.
-template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128, int kLayout = 0>
+template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
 struct DecodeTileConfig {
-  using DecodeTiles =
-      kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch, 0, kLayout>>;
+  using DecodeTiles = kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>;
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     if (c.path != MoePath::kDecode) return c;
     const double mean = static_cast<double>(s.num_tokens) * s.top_k / s.num_experts;
     const bool k_ok = s.hidden % (32 * kWarps) == 0 && s.intermediate % (32 * kWarps) == 0;
-    if (kernels::config_detail::fits(mean, kTile) && k_ok) {
+    if (kernels::config_detail::fits(mean, kTile) && k_ok)
       c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
-      c.decode_layout = kLayout;
-    }
     return c;
   }
 };
 
-// The default table's choice with another L2 prefetch hint and weight-load layout on the decode path (its own
-// tile list: the default's tiles with those).
-template <class... Ts, int kPrefetch, int kLayout>
-auto with_loads(std::tuple<Ts...>, std::integral_constant<int, kPrefetch>,
-                std::integral_constant<int, kLayout>)
-    -> kernels::DecodeTilesWith<
-        kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, kPrefetch, 0, kLayout>...>;
-template <int kPrefetch, int kLayout = 0>
-struct LoadConfig {
-  using DecodeTiles =
-      decltype(with_loads(kernels::detail::DefaultDecodeTiles{}, std::integral_constant<int, kPrefetch>{},
-                          std::integral_constant<int, kLayout>{}));
+// The default table's choice with another L2 prefetch hint on the decode path (its own tile list: the
+// default's tiles with that hint).
+template <class... Ts, int kPrefetch>
+auto with_prefetch(std::tuple<Ts...>, std::integral_constant<int, kPrefetch>)
+    -> kernels::DecodeTilesWith<kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, kPrefetch>...>;
+template <int kPrefetch>
+struct PrefetchConfig {
+  using DecodeTiles = decltype(with_prefetch(kernels::detail::DefaultDecodeTiles{},
+                                             std::integral_constant<int, kPrefetch>{}));
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == MoePath::kDecode) {
-      c.decode_prefetch = kPrefetch;
-      c.decode_layout = kLayout;
-    }
+    if (c.path == MoePath::kDecode) c.decode_prefetch = kPrefetch;
     return c;
   }
 };
@@ -299,11 +289,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"t8w4u4", {&make_graphs<DecodeTileConfig<8, 4, 4>>, Where::kDecode}},
           {"t8w8u2", {&make_graphs<DecodeTileConfig<8, 8, 2>>, Where::kDecode}},
           {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
-          {"p256", {&make_graphs<LoadConfig<256>>, Where::kDecode}},
-          {"lines", {&make_graphs<LoadConfig<128, 1>>, Where::kDecode}},
-          {"t8lines", {&make_graphs<DecodeTileConfig<8, 4, 2, 128, 1>>, Where::kDecode}},
-          {"t8u4lines", {&make_graphs<DecodeTileConfig<8, 4, 4, 128, 1>>, Where::kDecode}},
-          {"t32lines", {&make_graphs<DecodeTileConfig<32, 4, 1, 128, 1>>, Where::kDecode}},
+          {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},

@@ -2,10 +2,18 @@
 // pair straight from global memory into tensor-core fragments and multiplies it by the tile's <= 8·kTokTiles
 // tokens ("swap AB": weight rows are the MMA's M = 16, tokens its N = 8).
 //
-// Why it is fast: the weight bytes are the whole cost, so every block reads them with 16-byte streaming
-// loads, kUnroll k-steps × 4 loads per thread issued before the first MMA, and the grid spreads each expert's
-// rows over all SMs (one block per 16 output features of W1/W3, per 32 rows of W2). The K dimension is split
-// across the block's kWarps warps and reduced through shared memory.
+// Why it is fast: the weight bytes are the whole cost, so every block reads them with 16-byte loads, kUnroll
+// k-steps × 4 loads per thread issued before the first MMA, and the grid spreads each expert's rows over all
+// SMs (one block per 16 output features of W1/W3, per 32 rows of W2). The K dimension is split across the
+// block's kWarps warps at 128-byte lines and reduced through shared memory.
+//
+// Whole lines (bf16): a pair of k-steps reads one 128-byte line of each of its rows, thread q the 32-byte
+// sector q (8 values in each step), so the pair's first step touches all four sectors and its second finds
+// them in L1 (the weights go through L1, evict-first): the L2 sees one request per line. Reading the line as
+// two 64-byte halves in successive steps, past L1, made the L2 fetch up to 1.6x the weights' bytes from DRAM
+// whenever it held other data as the kernel started (as it does in an engine, whose attention reads tens of
+// MB between two MoE layers) and cost the CUDA backend's MoE layers 7–27% of their time at batch 2–8
+// (docs/results/paged_moe_h200.md, "Whole lines").
 //
 // Fragment trick: the reduction over K may visit k in any order as long as A and B agree. A thread that loads
 // 8 consecutive k (one 16-byte load) of weight rows g and g+8 and of token g uses them as its
@@ -43,16 +51,8 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-// kLayout (bf16 only): which k a thread loads. 0: the warps split K evenly; at step s of its range a thread
-// reads 8 values at 32·s + 8·q (a step's 4 threads read 64 consecutive bytes of a row, and the row's 128-byte
-// line is finished by the next step). 1: the warps split K at 128-byte lines (64 values; a trailing half line
-// is the last warp's), and thread q reads 8 values at 32·(s & ~1) + 16·q + 8·(s & 1): a pair of steps reads
-// one line, its first step touching all four sectors, and the pair's second loads of each sector hit L1 (the
-// weights go through L1, evict-first), so the L2 sees one request per line.
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0, int kLayoutT = 0>
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
 struct Tile {
-  static constexpr int kLayout = kLayoutT;
-  static_assert(kLayoutT == 0 || kLayoutT == 1, "kLayout: 0 or 1");
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
@@ -286,17 +286,12 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[0] = base + h0 * K;
       rows[1] = base + (h0 + 16) * K;
     }
-    // The warp's range of K: [k0, k0 + 32·steps).
-    int k0, steps;
-    if constexpr (T::kLayout == 0) {
-      k0 = warp * (K / kWarps);
-      steps = K / kWarps / kKStep;
-    } else {
-      const int lines = K / 64;
-      k0 = 64 * (warp * lines / kWarps);
-      const int end = warp == kWarps - 1 ? K : 64 * ((warp + 1) * lines / kWarps);
-      steps = (end - k0) / kKStep;
-    }
+    // The warp's range of K, [k0, k0 + 32·steps): whole 128-byte lines (64 values), as even a share as the
+    // lines allow; a trailing half line (K an odd multiple of 32) is the last warp's.
+    const int lines = K / 64;
+    const int k0 = 64 * (warp * lines / kWarps);
+    const int k_end = warp == kWarps - 1 ? K : 64 * ((warp + 1) * lines / kWarps);
+    const int steps = (k_end - k0) / kKStep;
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
     const bf16* a_lo[kRowTiles];
@@ -306,24 +301,22 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
       a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
     }
-
-    constexpr bool kL1 = T::kLayout == 1;
-    // Thread q's first value of step s in the warp's range (Tile's kLayout).
+    // Thread q's first value of step s in the warp's range: sector q of the pair's line, the step's half of
+    // it (an unpaired last step: 8 values at 8·q, as the 4 threads read half a line).
     auto k_of = [&](int s) {
-      if constexpr (T::kLayout == 0) return s * kKStep + 8 * q;
       return (s | 1) < steps ? (s & ~1) * kKStep + 16 * q + 8 * (s & 1) : s * kKStep + 8 * q;
     };
     for (int s = 0; s < steps; s += kUnroll) {
       uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
       // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
-      // (an L2 hit) and are zeroed, so the loads stay unconditional and in flight together.
+      // (a cache hit) and are zeroed, so the loads stay unconditional and in flight together.
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int k = k_of(min(s + u, steps - 1));
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
-          alo[u][r] = ptx::ld_stream_16<T::kPrefetch, kL1>(a_lo[r] + k);
-          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, kL1>(a_hi[r] + k);
+          alo[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_lo[r] + k);
+          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_hi[r] + k);
         }
 #pragma unroll
         for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);

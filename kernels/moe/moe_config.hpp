@@ -28,7 +28,6 @@ struct MoeConfig {
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
                           // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
-  int decode_layout = 0;  // decode, bf16: which k each thread loads (decode::Tile's kLayout; 1: whole lines)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -52,12 +51,10 @@ constexpr bool fits(double mean, double limit) {
 struct DecodeTileShape {
   int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
   int stages = 0;
-  int layout = 0;
   friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
 };
 constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {
-  return {c.tile_tokens,     c.decode_warps,  c.decode_unroll,
-          c.decode_prefetch, c.decode_stages, c.decode_layout};
+  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch, c.decode_stages};
 }
 
 // At most N decode tiles, each once, in the order first added.

@@ -130,7 +130,7 @@ Status set_smem(int device, int bytes, int static_bytes = 0) {
 template <const auto& kList, std::size_t... I>
 auto tile_types(std::index_sequence<I...>)
     -> std::tuple<decode::Tile<kList.tiles[I].tile_tokens / 8, kList.tiles[I].warps, kList.tiles[I].unroll,
-                               kList.tiles[I].prefetch, kList.tiles[I].stages, kList.tiles[I].layout>...>;
+                               kList.tiles[I].prefetch, kList.tiles[I].stages>...>;
 template <const auto& kList>
 using tile_types_t = decltype(tile_types<kList>(std::make_index_sequence<kList.size>{}));
 
@@ -272,9 +272,6 @@ class PagedMoe {
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
-    if (c.path == MoePath::kDecode && c.decode_layout != 0 && Precision::kQuantized)
-      return Status::error("config.decode_layout", c.decode_layout,
-                           "whole-line weight loads are bf16 decode tiles' only (0 on quantized experts)");
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
@@ -535,8 +532,7 @@ class PagedMoe {
   template <class T>
   static constexpr bool names(const MoeConfig& c) {
     return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll &&
-           c.decode_prefetch == T::kPrefetch && c.decode_stages == T::kStages &&
-           c.decode_layout == T::kLayout;
+           c.decode_prefetch == T::kPrefetch && c.decode_stages == T::kStages;
   }
   template <class T>
   static constexpr int k_multiple_of(const MoeConfig& c) {

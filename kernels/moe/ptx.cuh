@@ -75,13 +75,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Weights are read once per layer: stream them past L1 (no allocation) with a 128-byte L2 prefetch hint.
-// A decode warp reads 64 bytes of each of its rows per k-step, so 128 bytes cover its next step too. A
+// Weights are read once per layer, with a 128-byte L2 prefetch hint. A quantized decode warp reads 64 bytes
+// of each of its rows per k-step, so 128 bytes cover the line's other half too (read by the next warp). A
 // 256-byte hint made the L2 fetch more than the kernel used: in the engine at batch 32 (Qwen1.5-MoE, the
 // whole model's experts streamed every step) Nsight Compute counted 1.3x (gate/up) and 1.5x (down) the
 // weights' bytes read from DRAM, and the MoE layer took 12% longer than with the 128-byte hint
 // (docs/results/engine_h200.md, "Decode at fixed batches"); no hint at all was 9% slower still.
-// kPrefetch: the hint's size, 128 or 256 bytes (a decode tile's choice, moe_config.hpp).
+// kPrefetch: the hint's size, 128 or 256 bytes (a decode tile's choice, moe_config.hpp). kThroughL1: false
+// streams past L1 (no allocation: the quantized loops, whose loads never meet a sector twice); true allocates
+// in L1, evict-first (the bf16 loop, whose step pairs read each sector twice: moe/decode_gemv.cuh).
 template <int kPrefetch = 128, bool kThroughL1 = false>
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
   static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");

@@ -502,16 +502,12 @@ TEST_CASE("sanitizer case: both GEMM paths and both routing paths", "[gpu][sanit
 
 // Every default decode tile (detail::DefaultDecodeTiles) and the others measured against them are checked,
 // whichever shapes the table gives them (a tile the default lacks is added to the configuration's own).
-template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128, int kLayout = 0>
+template <int kTile, int kWarps, int kUnroll, int kPrefetch = 128>
 struct DecodeTileConfig {
-  using DecodeTiles =
-      kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch, 0, kLayout>>;
+  using DecodeTiles = kernels::DecodeTilesWith<kernels::decode::Tile<kTile / 8, kWarps, kUnroll, kPrefetch>>;
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == MoePath::kDecode) {
-      c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
-      c.decode_layout = kLayout;
-    }
+    if (c.path == MoePath::kDecode) c = {MoePath::kDecode, kTile, kWarps, kUnroll, kPrefetch};
     return c;
   }
 };
@@ -529,22 +525,20 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
     check_case<DecodeTileConfig<32, 8, 2, 256>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
     check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, true, 64, 900 + tokens);
   }
-  // Whole lines per step pair (kLayout 1) where 4 warps split the lines unevenly: F = 384 (6 lines of 64
-  // values: 1, 2, 1, 2 per warp) and 640 (10: 2, 3, 2, 3); unroll 1, 2 and 3 split the pairs differently over
-  // the loop's iterations.
-  for (const ModelSpec& odd :
+  // The bf16 loop splits K over the warps at 128-byte lines (64 values) and reads them in step pairs: above,
+  // 8 warps split 4 lines (K = 256: half the warps idle); here 4 warps split 6 lines (F = 384: 1, 2, 1, 2
+  // each) and 10 (F = 640: 2, 3, 2, 3); unroll 1, 2 and 3 split the pairs differently over the loop's
+  // iterations.
+  for (const ModelSpec& uneven :
        {ModelSpec{"tiny-f384", 8, 2, 256, 384, 1}, ModelSpec{"tiny-f640", 8, 2, 256, 640, 1}}) {
-    ExpertStore odd_store(odd, 23, 3);
+    ExpertStore uneven_store(uneven, 23, 3);
     for (int tokens : {1, 5, 37}) {
-      const MoeShape shape = shape_of(odd, tokens);
-      check_case<DecodeTileConfig<8, 4, 2, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
-                                                    920 + tokens);
-      check_case<DecodeTileConfig<32, 4, 1, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
-                                                     920 + tokens);
-      check_case<DecodeTileConfig<8, 4, 3, 128, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
-                                                    920 + tokens);
-      check_case<DecodeTileConfig<8, 4, 2, 256, 1>>(odd_store, shape, MoePath::kDecode, true, 64,
-                                                    920 + tokens);
+      const MoeShape shape = shape_of(uneven, tokens);
+      check_case<DecodeTileConfig<8, 4, 2>>(uneven_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+      check_case<DecodeTileConfig<32, 4, 1>>(uneven_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+      check_case<DecodeTileConfig<8, 4, 3>>(uneven_store, shape, MoePath::kDecode, true, 64, 920 + tokens);
+      check_case<DecodeTileConfig<8, 4, 2, 256>>(uneven_store, shape, MoePath::kDecode, true, 64,
+                                                 920 + tokens);
     }
   }
 }
@@ -558,8 +552,6 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
       check_case<DecodeTileConfig<32, 4, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<32, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
       check_case<DecodeTileConfig<8, 8, 2>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
-      check_case<DecodeTileConfig<8, 4, 2, 128, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
-      check_case<DecodeTileConfig<32, 4, 1, 128, 1>>(store, shape, MoePath::kDecode, false, 48, 950 + tokens);
     }
   }
 }

@@ -121,8 +121,9 @@ constexpr DecodeTileList<3 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
 //    uniform router, but made the CUDA backend's decode steps at batch 7–14 on Qwen1.5 with its shared chunks
 //    up to 1.3× slower (docs/results/calibration_h200.md; the cause, found since: their line halves were read
 //    from DRAM twice whenever the L2 held other data, removed by the whole-line loads; with them the
-//    benchmark puts 8-token tiles at 0.87–0.93× the 32-token ones on Qwen at 4–12 tokens, with or without
-//    other data between layers, except Qwen1.5 with shared chunks at 12: docs/results/paged_moe_h200.md,
+//    benchmark puts 8-token tiles at 0.87–0.89× the 32-token ones on Qwen at 7–12 tokens (Qwen3 from 4)
+//    between back-to-back layers and 0.96–0.99× with 32–64 MB of other reads between them, but Qwen1.5 with
+//    shared chunks at 12 tokens at 0.92× and 1.04×: docs/results/paged_moe_h200.md,
 //    "Whole lines"; the engine at batch 7–14 is not yet measured with them). On the measured models
 //    the 8-token rows apply only where no expert can get more than 8 tokens (T ≤ 6; tests/unit/moe_config):
 //    an expert's batch can reach T (shared chunks always do), and an 8-token tile re-reads the expert per 8

@@ -35,12 +35,13 @@
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
-// loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
-// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
-// int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
-// dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
-// every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
-// table.
+// loop); int8-lines / int4-lines: the default's quantized choice with whole-line decode tiles (k-steps dealt
+// to the warps in line pairs through L1, decode::Tile's kLines; int4 on the register loop); int8-staged2 / 3
+// / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight
+// per thread through shared memory (cp.async); int8-tma / int8-twoblock (int4 alike): the default's quantized
+// choice with its grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel;
+// int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
+// sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -373,6 +374,27 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
   }
 };
 
+// The default table's quantized choice with whole-line decode tiles (decode::Tile's kLines: k-steps dealt to
+// the warps in line pairs, read through L1); int4 on the register loop (its staged rows unstaged). Its tiles:
+// the default's and their whole-line twins.
+template <bool kInt4, class... Ts>
+auto relined(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch,
+                                             (kInt4 ? 0 : Ts::kStages), true>...>::type;
+template <bool kInt4>
+struct LinesQuantConfig : kernels::DefaultMoeConfig {
+  using DecodeTiles = decltype(relined<kInt4>(kernels::detail::DefaultQuantDecodeTiles{}));
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    if (c.path == MoePath::kDecode) {
+      c.decode_lines = true;
+      if (bits == kernels::quant::Bits::kInt4) c.decode_stages = 0;
+    }
+    return c;
+  }
+};
+
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, const Between&, cudaStream_t);
 
@@ -411,6 +433,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
       {"int8-steady", &make_quant_graph<kernels::Int8, StagedQuantConfig<0>>},
+      {"int8-lines", &make_quant_graph<kernels::Int8, LinesQuantConfig<false>>},
+      {"int4-lines", &make_quant_graph<kernels::Int4, LinesQuantConfig<true>>},
       {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
       {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
       {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},

@@ -51,8 +51,16 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
+// kLines (quantized experts only; bf16 always reads whole lines): k-steps are dealt to the warps in pairs, a
+// pair reading one 128-byte line of each row with thread q reading its sector q through L1, so the L2 sees
+// one request per line (as the bf16 loop). int8: a pair is one scale group and each thread's half sector a
+// step's operand as before. int4: a pair is two groups and sector q lies in group q / 2, so threads q and q ^
+// 2 swap half their sectors (shuffles) for each step to lie in one group again, on the register loop only
+// (PagedMoe::can_implement refuses kStages with them).
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0,
+          bool kLinesT = false>
 struct Tile {
+  static constexpr bool kLines = kLinesT;
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
@@ -99,29 +107,93 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
+  constexpr bool kLines = T::kLines, kSwap = T::kLines && P::kBits == quant::Bits::kInt4;
+  static_assert(!kLines || kBytesPerStep == 64, "whole lines: two k-steps per 128-byte line");
   const int steps = K / kStep;
-  const int my_steps = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;
+  // The warp's steps: without kLines step i is k-step warp + kWarps·i; with kLines the pairs of k-steps
+  // (lines) are dealt round robin, step i being half i % 2 of pair warp + kWarps·(i / 2), and a lone last
+  // k-step (an odd count) belongs to the warp of its pair.
+  int my_steps;
+  if constexpr (kLines) {
+    const int pairs = (steps + 1) / 2;
+    const int my_pairs = pairs > warp ? (pairs - warp + kWarps - 1) / kWarps : 0;
+    my_steps = 2 * my_pairs - ((steps % 2 == 1 && my_pairs > 0 && (pairs - 1) % kWarps == warp) ? 1 : 0);
+  } else {
+    my_steps = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;
+  }
+  // Step i's k-step s, thread q's 16 bytes of each row, and the k of its first value (for int4 whole lines
+  // after the swap): 64·s + 16·q without kLines or for a lone step; 128·p + 32·q + 16·u in a pair.
+  struct Where {
+    int s;
+    std::int64_t byte;
+    int k;
+  };
+  auto where = [&](int i) -> Where {
+    if constexpr (kLines) {
+      const int pair = warp + kWarps * (i / 2), u = i % 2, s = 2 * pair + u;
+      if (2 * pair + 1 < steps) {
+        const std::int64_t byte = 128LL * pair + 32 * q + 16 * u;
+        if constexpr (kSwap)  // after the swap: values 256·p + 128·u + 64·(q % 2) + 32·(q / 2) onward
+          return {s, byte, 256 * pair + 128 * u + 64 * (q % 2) + 32 * (q / 2)};
+        else
+          return {s, byte, 128 * pair + 32 * q + 16 * u};
+      }
+      return {s, static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q, s * kStep + kValues * q};
+    } else {
+      const int s = warp + kWarps * i;
+      return {s, static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q, s * kStep + kValues * q};
+    }
+  };
   // One k-step's operands: the two row tiles' low and high rows, their group scales, the token chunks.
   struct Step {
     uint4 wlo[kRowTiles], whi[kRowTiles], b[kTokTiles][kChunks];
     float slo[kRowTiles], shi[kRowTiles];
   };
-  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
-    const int s = warp + kWarps * i;
-    const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
-    const int group = s * kStep / static_cast<int>(quant::kGroup);
+  auto load_weights = [&](Step& st, const Where& w) {
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + g * row_bytes + byte);
-      st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(rows[r] + (g + 8) * row_bytes + byte);
+      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch, kLines>(rows[r] + g * row_bytes + w.byte);
+      st.whi[r] = ptx::ld_stream_16<T::kPrefetch, kLines>(rows[r] + (g + 8) * row_bytes + w.byte);
+    }
+  };
+  auto load_rest = [&](Step& st, const Where& w) {  // the group scales and token chunks of step w
+    const int group = w.s * kStep / static_cast<int>(quant::kGroup);
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
       st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
       st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
     }
-    const int k = s * kStep + kValues * q;
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + k + 8 * c);
+      for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + w.k + 8 * c);
+  };
+  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
+    const Where w = where(i);
+    load_weights(st, w);
+    load_rest(st, w);
+  };
+  // int4 whole lines: thread q loaded sector q's halves into a (u = 0) and b (u = 1), all of group 2p + q /
+  // 2; threads q and q ^ 2 swap so that a holds group 2p (threads 0, 1 their own first halves, 2, 3 their
+  // partner's second) and b group 2p + 1.
+  auto swap_halves = [&](Step& a, Step& b) {
+    auto swap = [&](uint4& lo_half, uint4& hi_half) {
+      const uint4 send = q < 2 ? hi_half : lo_half;
+      uint4 got;
+      got.x = __shfl_xor_sync(0xffffffffu, send.x, 2);
+      got.y = __shfl_xor_sync(0xffffffffu, send.y, 2);
+      got.z = __shfl_xor_sync(0xffffffffu, send.z, 2);
+      got.w = __shfl_xor_sync(0xffffffffu, send.w, 2);
+      if (q < 2)
+        hi_half = got;
+      else
+        lo_half = got;
+    };
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      swap(a.wlo[r], b.wlo[r]);
+      swap(a.whi[r], b.whi[r]);
+    }
   };
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
@@ -145,7 +217,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
-  if constexpr (T::kStages > 0) {
+  if constexpr (T::kStages > 0 && !kSwap) {
     // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;
     // the block's scales are copied once, with the first step, and are the only data threads share.
     constexpr int kS = T::kStages, kOps = staged_operands<P, T>(), kThreads = T::kThreads;
@@ -164,21 +236,20 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
                                   reinterpret_cast<const unsigned char*>(scales[r]) + 16 * c);
     }
     auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
-      const int s = warp + kWarps * i;
-      const std::int64_t byte = static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q;
+      const Where w = where(i);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r) * kOpBytes, rows[r] + g * row_bytes + byte);
-        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r + 1) * kOpBytes,
-                                              rows[r] + (g + 8) * row_bytes + byte);
+        ptx::cp_async_stream_16<T::kPrefetch, kLines>(slot + (2 * r) * kOpBytes,
+                                                      rows[r] + g * row_bytes + w.byte);
+        ptx::cp_async_stream_16<T::kPrefetch, kLines>(slot + (2 * r + 1) * kOpBytes,
+                                                      rows[r] + (g + 8) * row_bytes + w.byte);
       }
-      const int k = s * kStep + kValues * q;
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
-          ptx::cp_async_cached_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + k + 8 * c);
+          ptx::cp_async_cached_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + w.k + 8 * c);
     };
 #pragma unroll
     for (int i = 0; i < kS; ++i) {  // group i: step i (group 0 also the scales)
@@ -189,8 +260,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     __syncthreads();  // every thread's scale chunks landed
     for (int i = 0; i < my_steps; ++i) {
       ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
-      const int s = warp + kWarps * i;
-      const int group = s * kStep / static_cast<int>(quant::kGroup);
+      const int group = where(i).s * kStep / static_cast<int>(quant::kGroup);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
       Step st;
 #pragma unroll
@@ -209,9 +279,28 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       if (i + kS < my_steps) issue(i + kS);
       ptx::cp_async_commit();
     }
+  } else if constexpr (kSwap) {
+    // A pair's both halves, swapped, then its two steps; a lone last step as it lies.
+    for (int i = 0; i < my_steps; i += 2) {
+      if (i + 1 == my_steps) {
+        Step st;
+        load(st, i);
+        compute(st);
+        break;
+      }
+      Step st[2];
+      const Where w0 = where(i), w1 = where(i + 1);
+      load_weights(st[0], w0);
+      load_weights(st[1], w1);
+      swap_halves(st[0], st[1]);
+      load_rest(st[0], w0);
+      compute(st[0]);
+      load_rest(st[1], w1);
+      compute(st[1]);
+    }
   } else {
     for (int i = 0; i < my_steps; i += kUnroll) {
-      // Every load of kUnroll steps first; steps past the warp's last reload its last one (an L2 hit) with
+      // Every load of kUnroll steps first; steps past the warp's last reload its last one (a cache hit) with
       // zeroed tokens, so the loads stay unconditional.
       Step st[kUnroll];
 #pragma unroll

@@ -54,12 +54,16 @@ __device__ __forceinline__ uint4 ld_shared_16(std::uint32_t smem_addr) {
 __device__ __forceinline__ void cp_async_16(std::uint32_t smem_addr, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
 }
-// 16-byte global→shared copies of a thread's own future operands: weights past L1 with the weight loads' L2
-// prefetch hint (ld_stream_16), activations through L1 (ld_cached_16).
-template <int kPrefetch = 128>
+// 16-byte global→shared copies of a thread's own future operands: weights past L1 (or through it, kThroughL1)
+// with the weight loads' L2 prefetch hint (ld_stream_16), activations through L1 (ld_cached_16).
+template <int kPrefetch = 128, bool kThroughL1 = false>
 __device__ __forceinline__ void cp_async_stream_16(std::uint32_t smem_addr, const void* gmem) {
   static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
-  if constexpr (kPrefetch == 256)
+  if constexpr (kThroughL1 && kPrefetch == 256)
+    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+  else if constexpr (kThroughL1)
+    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+  else if constexpr (kPrefetch == 256)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
   else
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
@@ -83,7 +87,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // (docs/results/engine_h200.md, "Decode at fixed batches"); no hint at all was 9% slower still.
 // kPrefetch: the hint's size, 128 or 256 bytes (a decode tile's choice, moe_config.hpp). kThroughL1: false
 // streams past L1 (no allocation: the quantized loops, whose loads never meet a sector twice); true allocates
-// in L1, evict-first (the bf16 loop, whose step pairs read each sector twice: moe/decode_gemv.cuh).
+// in L1, evict-first (the bf16 loop and the quantized whole-line tiles, whose step pairs read each sector
+// twice: moe/decode_gemv.cuh).
 template <int kPrefetch = 128, bool kThroughL1 = false>
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
   static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");

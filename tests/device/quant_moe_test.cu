@@ -243,7 +243,10 @@ constexpr ModelSpec kEngineSmall{"small E16 k4 m2 H256 F128", 16, 4, 256, 128, 2
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
   static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
-    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128, T::kStages};
+    kernels::MoeConfig c{MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128,
+                         T::kStages};
+    c.decode_lines = T::kLines;
+    return c;
   }
 };
 
@@ -450,6 +453,30 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
   }
 }
 
+// Whole-line decode tiles (decode::Tile's kLines: k-steps dealt to the warps in line pairs; int4 swaps half
+// sectors between threads q and q ^ 2) visit K in another order than the default tiles, so they are held to
+// the reference and paged = contiguous: on Qwen1.5 (down: 22 int8 steps = 11 pairs over 4 warps, 3 3 3 2;
+// 11 int4 steps = 5 pairs and a lone last step) and Qwen3 (6 int4 steps over 4 warps: two warps idle), 8
+// warps, 8- and 16-token tiles, int8 on the register loop and staged, and a hot expert.
+TEST_CASE("quantized experts: whole-line decode tiles", "[gpu][models][quant]") {
+  using L8 = kernels::decode::Tile<1, 4, 1, 128, 0, true>;
+  using L8s = kernels::decode::Tile<1, 4, 1, 128, 3, true>;
+  using L8w8 = kernels::decode::Tile<1, 8, 1, 128, 0, true>;
+  using L16 = kernels::decode::Tile<2, 4, 1, 128, 0, true>;
+  for (const ModelSpec& m : {kQwen15, kQwen3}) {
+    const QuantStore s8(m, Bits::kInt8, 25), s4(m, Bits::kInt4, 26);
+    for (int tokens : {1, 3, 16, 37}) {
+      const std::uint64_t seed = 2200 + tokens;
+      const int hot = tokens == 37 ? 2 : -1;
+      check_quant_case<kernels::Int8, OnlyTileConfig<L8>>(s8, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int8, OnlyTileConfig<L8s>>(s8, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<L8>>(s4, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<L8w8>>(s4, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<L16>>(s4, tokens, seed, MoePath::kDecode, hot);
+    }
+  }
+}
+
 TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant]") {
   using Moe8 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int8>;
   using Moe4 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int4>;
@@ -519,4 +546,22 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
+  // Whole lines: staged on int8, the register loop only on int4; bf16 tiles always read whole lines.
+  using StagedLines = OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 2, true>>;
+  const kernels::Status int4_staged_lines =
+      PagedMoe<kernels::Contiguous, StagedLines, kernels::Int4>::can_implement(b);
+  CHECK(int4_staged_lines.field == "config.decode_stages");
+  CHECK_THAT(int4_staged_lines.message, Catch::Contains("register loop only"));
+  a.shape = MoeShape{4, 256, 384, 8, 2, 0};
+  CHECK(PagedMoe<kernels::Contiguous, StagedLines, kernels::Int8>::can_implement(a).ok);
+  struct Bf16Lines : kernels::DefaultMoeConfig {
+    static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+      kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+      c.decode_lines = true;
+      return c;
+    }
+  };
+  const kernels::Status bf16_lines = PagedMoe<kernels::Contiguous, Bf16Lines>::can_implement(a);
+  CHECK(bf16_lines.field == "config.decode_lines");
+  CHECK_THAT(bf16_lines.message, Catch::Contains("bf16 decode tiles always read whole lines"));
 }

@@ -36,7 +36,8 @@
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
 // loop); int8-lines / int4-lines: the default's quantized choice with whole-line decode tiles (k-steps dealt
-// to the warps in line pairs through L1, decode::Tile's kLines; int4 on the register loop); int8-staged2 / 3
+// to the warps in line pairs through L1, decode::Tile's kLines), int4-lines-staged2 / 4 with 2 or 4 k-steps
+// in flight through shared memory on every decode tile; int8-staged2 / 3
 // / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight
 // per thread through shared memory (cp.async); int8-tma / int8-twoblock (int4 alike): the default's quantized
 // choice with its grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel;
@@ -375,21 +376,34 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
 };
 
 // The default table's quantized choice with whole-line decode tiles (decode::Tile's kLines: k-steps dealt to
-// the warps in line pairs, read through L1); int4 on the register loop (its staged rows unstaged). Its tiles:
-// the default's and their whole-line twins.
-template <bool kInt4, class... Ts>
+// the warps in line pairs, read through L1), each keeping its stage count (int4 ones with an odd count on the
+// register loop: its staged tiles keep whole pairs in flight), or with kStages >= 0 every one that many
+// (unroll 1 when staged). Its tiles: the default's and their whole-line twins.
+template <bool kInt4, int kStages, class T>
+constexpr int lines_stages() {
+  if constexpr (kStages >= 0) return kStages;
+  return kInt4 && T::kStages % 2 == 1 ? 0 : T::kStages;
+}
+template <bool kInt4, int kStages, class... Ts>
 auto relined(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>, kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps, Ts::kUnroll, Ts::kPrefetch,
-                                             (kInt4 ? 0 : Ts::kStages), true>...>::type;
-template <bool kInt4>
+    std::tuple<Ts...>,
+    kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps,
+                          (lines_stages<kInt4, kStages, Ts>() > 0 ? 1 : Ts::kUnroll), Ts::kPrefetch,
+                          lines_stages<kInt4, kStages, Ts>(), true>...>::type;
+template <bool kInt4, int kStages = -1>
 struct LinesQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(relined<kInt4>(kernels::detail::DefaultQuantDecodeTiles{}));
+  using DecodeTiles = decltype(relined<kInt4, kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
   static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
     if (c.path == MoePath::kDecode) {
       c.decode_lines = true;
-      if (bits == kernels::quant::Bits::kInt4) c.decode_stages = 0;
+      if (kStages >= 0) {
+        c.decode_stages = kStages;
+        if (kStages > 0) c.decode_unroll = 1;
+      } else if (bits == kernels::quant::Bits::kInt4 && c.decode_stages % 2 == 1) {
+        c.decode_stages = 0;
+      }
     }
     return c;
   }
@@ -435,6 +449,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-steady", &make_quant_graph<kernels::Int8, StagedQuantConfig<0>>},
       {"int8-lines", &make_quant_graph<kernels::Int8, LinesQuantConfig<false>>},
       {"int4-lines", &make_quant_graph<kernels::Int4, LinesQuantConfig<true>>},
+      {"int4-lines-staged2", &make_quant_graph<kernels::Int4, LinesQuantConfig<true, 2>>},
+      {"int4-lines-staged4", &make_quant_graph<kernels::Int4, LinesQuantConfig<true, 4>>},
       {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
       {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
       {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},

@@ -32,6 +32,7 @@
 // it occupancy). The same steps in the same order either way: bit-identical outputs.
 #pragma once
 
+#include "moe/decode_steps.hpp"
 #include "moe/moe_params.cuh"
 #include "moe/precision.cuh"
 #include "moe/ptx.cuh"
@@ -55,8 +56,9 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // pair reading one 128-byte line of each row with thread q reading its sector q through L1, so the L2 sees
 // one request per line (as the bf16 loop). int8: a pair is one scale group and each thread's half sector a
 // step's operand as before. int4: a pair is two groups and sector q lies in group q / 2, so threads q and q ^
-// 2 swap half their sectors (shuffles) for each step to lie in one group again, on the register loop only
-// (PagedMoe::can_implement refuses kStages with them).
+// 2 swap half their sectors for each step to lie in one group again (shuffles on the register loop, which
+// then holds both steps' weights; a staged tile reads the partner's shared memory and keeps whole pairs in
+// flight: kStages even, which PagedMoe::can_implement checks).
 template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0,
           bool kLinesT = false>
 struct Tile {
@@ -108,55 +110,25 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
   constexpr bool kLines = T::kLines, kSwap = T::kLines && P::kBits == quant::Bits::kInt4;
-  static_assert(!kLines || kBytesPerStep == 64, "whole lines: two k-steps per 128-byte line");
+  constexpr int kValuesPerByte = 8 / static_cast<int>(quant::bit_count(P::kBits));
+  static_assert(kBytesPerStep == 64, "a k-step is half a 128-byte line of a row (moe/decode_steps.hpp)");
   const int steps = K / kStep;
-  // The warp's steps: without kLines step i is k-step warp + kWarps·i; with kLines the pairs of k-steps
-  // (lines) are dealt round robin, step i being half i % 2 of pair warp + kWarps·(i / 2), and a lone last
-  // k-step (an odd count) belongs to the warp of its pair.
-  int my_steps;
-  if constexpr (kLines) {
-    const int pairs = (steps + 1) / 2;
-    const int my_pairs = pairs > warp ? (pairs - warp + kWarps - 1) / kWarps : 0;
-    my_steps = 2 * my_pairs - ((steps % 2 == 1 && my_pairs > 0 && (pairs - 1) % kWarps == warp) ? 1 : 0);
-  } else {
-    my_steps = steps > warp ? (steps - warp + kWarps - 1) / kWarps : 0;
-  }
-  // Step i's k-step s, thread q's 16 bytes of each row, and the k of its first value (for int4 whole lines
-  // after the swap): 64·s + 16·q without kLines or for a lone step; 128·p + 32·q + 16·u in a pair.
-  struct Where {
-    int s;
-    std::int64_t byte;
-    int k;
-  };
-  auto where = [&](int i) -> Where {
-    if constexpr (kLines) {
-      const int pair = warp + kWarps * (i / 2), u = i % 2, s = 2 * pair + u;
-      if (2 * pair + 1 < steps) {
-        const std::int64_t byte = 128LL * pair + 32 * q + 16 * u;
-        if constexpr (kSwap)  // after the swap: values 256·p + 128·u + 64·(q % 2) + 32·(q / 2) onward
-          return {s, byte, 256 * pair + 128 * u + 64 * (q % 2) + 32 * (q / 2)};
-        else
-          return {s, byte, 128 * pair + 32 * q + 16 * u};
-      }
-      return {s, static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q, s * kStep + kValues * q};
-    } else {
-      const int s = warp + kWarps * i;
-      return {s, static_cast<std::int64_t>(s) * kBytesPerStep + 16 * q, s * kStep + kValues * q};
-    }
-  };
+  // The warp's steps (moe/decode_steps.hpp): k-steps round robin, or with kLines pairs of them (lines).
+  const int my_steps = quant_warp_steps(steps, kWarps, warp, kLines);
+  auto where = [&](int i) { return quant_step(i, steps, kWarps, warp, q, kLines, kValuesPerByte); };
   // One k-step's operands: the two row tiles' low and high rows, their group scales, the token chunks.
   struct Step {
     uint4 wlo[kRowTiles], whi[kRowTiles], b[kTokTiles][kChunks];
     float slo[kRowTiles], shi[kRowTiles];
   };
-  auto load_weights = [&](Step& st, const Where& w) {
+  auto load_weights = [&](Step& st, const QuantStep& w) {
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
       st.wlo[r] = ptx::ld_stream_16<T::kPrefetch, kLines>(rows[r] + g * row_bytes + w.byte);
       st.whi[r] = ptx::ld_stream_16<T::kPrefetch, kLines>(rows[r] + (g + 8) * row_bytes + w.byte);
     }
   };
-  auto load_rest = [&](Step& st, const Where& w) {  // the group scales and token chunks of step w
+  auto load_rest = [&](Step& st, const QuantStep& w) {  // the group scales and token chunks of step w
     const int group = w.s * kStep / static_cast<int>(quant::kGroup);
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
@@ -169,13 +141,13 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + w.k + 8 * c);
   };
   auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
-    const Where w = where(i);
+    const QuantStep w = where(i);
     load_weights(st, w);
     load_rest(st, w);
   };
   // int4 whole lines: thread q loaded sector q's halves into a (u = 0) and b (u = 1), all of group 2p + q /
   // 2; threads q and q ^ 2 swap so that a holds group 2p (threads 0, 1 their own first halves, 2, 3 their
-  // partner's second) and b group 2p + 1.
+  // partner's second) and b group 2p + 1 (decode_steps.hpp's int4_holder).
   auto swap_halves = [&](Step& a, Step& b) {
     auto swap = [&](uint4& lo_half, uint4& hi_half) {
       const uint4 send = q < 2 ? hi_half : lo_half;
@@ -217,7 +189,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
-  if constexpr (T::kStages > 0 && !kSwap) {
+  if constexpr (T::kStages > 0) {
     // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;
     // the block's scales are copied once, with the first step, and are the only data threads share.
     constexpr int kS = T::kStages, kOps = staged_operands<P, T>(), kThreads = T::kThreads;
@@ -236,7 +208,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
                                   reinterpret_cast<const unsigned char*>(scales[r]) + 16 * c);
     }
     auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
-      const Where w = where(i);
+      const QuantStep w = where(i);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
@@ -258,15 +230,17 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     }
     ptx::cp_async_wait<kS - 1>();
     __syncthreads();  // every thread's scale chunks landed
-    for (int i = 0; i < my_steps; ++i) {
-      ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    // Step i's operands from shared memory: the weights from slot `from` at thread `lane_from`'s place (an
+    // int4 pair's swapped half, decode_steps.hpp's int4_holder; else step i's own), the tokens step i's own.
+    auto read = [&](Step& st, int i, int from, int lane_from) {
       const int group = where(i).s * kStep / static_cast<int>(quant::kGroup);
-      const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
-      Step st;
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);
+      const std::uint32_t wslot = slots + (from % kS) * (kOps * kOpBytes) + 16 * (lane_from - lane);
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        st.wlo[r] = ptx::ld_shared_16(slot + (2 * r) * kOpBytes);
-        st.whi[r] = ptx::ld_shared_16(slot + (2 * r + 1) * kOpBytes);
+        st.wlo[r] = ptx::ld_shared_16(wslot + (2 * r) * kOpBytes);
+        st.whi[r] = ptx::ld_shared_16(wslot + (2 * r + 1) * kOpBytes);
         st.slo[r] = __bfloat162float(sc[(r * 16 + g) * groups + group]);
         st.shi[r] = __bfloat162float(sc[(r * 16 + g + 8) * groups + group]);
       }
@@ -275,9 +249,40 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
           st.b[nt][c] = ptx::ld_shared_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes);
-      compute(st);  // its MMAs consume the slot's values before the slot is refilled below
-      if (i + kS < my_steps) issue(i + kS);
-      ptx::cp_async_commit();
+    };
+    if constexpr (kSwap) {
+      // int4 whole lines: a pair's steps read each other's (and the partner thread's) slots, so a pair waits
+      // for both its copies, every lane's (__syncwarp after the wait), and its slots are refilled only after
+      // both steps, every lane's, are read.
+      static_assert(kS % 2 == 0, "int4 whole-line staged tiles keep whole pairs in flight (even kStages)");
+      for (int i = 0; i < my_steps; i += 2) {
+        const bool pair = i + 1 < my_steps;  // else the warp's lone last k-step
+        if (pair)
+          ptx::cp_async_wait<kS - 2>();  // groups 0..i + 1 complete: kS + i committed
+        else
+          ptx::cp_async_wait<kS - 1>();
+        __syncwarp();
+        for (int u = 0; u < (pair ? 2 : 1); ++u) {
+          Step st;
+          const Holder h = pair ? int4_holder(q, u) : Holder{q, u};
+          read(st, i + u, i + h.half, h.thread == q ? lane : (lane ^ 2));
+          compute(st);
+        }
+        __syncwarp();  // the partner read this thread's slots of the pair
+        if (i + kS < my_steps) issue(i + kS);
+        ptx::cp_async_commit();
+        if (i + 1 + kS < my_steps) issue(i + 1 + kS);
+        ptx::cp_async_commit();
+      }
+    } else {
+      for (int i = 0; i < my_steps; ++i) {
+        ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
+        Step st;
+        read(st, i, i, lane);
+        compute(st);  // its MMAs consume the slot's values before the slot is refilled below
+        if (i + kS < my_steps) issue(i + kS);
+        ptx::cp_async_commit();
+      }
     }
   } else if constexpr (kSwap) {
     // A pair's both halves, swapped, then its two steps; a lone last step as it lies.
@@ -289,7 +294,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
         break;
       }
       Step st[2];
-      const Where w0 = where(i), w1 = where(i + 1);
+      const QuantStep w0 = where(i), w1 = where(i + 1);
       load_weights(st[0], w0);
       load_weights(st[1], w1);
       swap_halves(st[0], st[1]);
@@ -375,12 +380,9 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[0] = base + h0 * K;
       rows[1] = base + (h0 + 16) * K;
     }
-    // The warp's range of K, [k0, k0 + 32·steps): whole 128-byte lines (64 values), as even a share as the
-    // lines allow; a trailing half line (K an odd multiple of 32) is the last warp's.
-    const int lines = K / 64;
-    const int k0 = 64 * (warp * lines / kWarps);
-    const int k_end = warp == kWarps - 1 ? K : 64 * ((warp + 1) * lines / kWarps);
-    const int steps = (k_end - k0) / kKStep;
+    // The warp's range of K: whole 128-byte lines (moe/decode_steps.hpp).
+    const KRange range = warp_k_range(K, kWarps, warp);
+    const int k0 = range.begin, steps = (range.end - range.begin) / kKStep;
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
     const bf16* a_lo[kRowTiles];
@@ -390,18 +392,14 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
       a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
     }
-    // Thread q's first value of step s in the warp's range: sector q of the pair's line, the step's half of
-    // it (an unpaired last step: 8 values at 8·q, as the 4 threads read half a line).
-    auto k_of = [&](int s) {
-      return (s | 1) < steps ? (s & ~1) * kKStep + 16 * q + 8 * (s & 1) : s * kKStep + 8 * q;
-    };
     for (int s = 0; s < steps; s += kUnroll) {
       uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
       // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
       // (a cache hit) and are zeroed, so the loads stay unconditional and in flight together.
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int k = k_of(min(s + u, steps - 1));
+        const int k =
+            bf16_k(min(s + u, steps - 1), steps, q);  // a pair of steps: one line (decode_steps.hpp)
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
           alo[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_lo[r] + k);

@@ -276,10 +276,11 @@ class PagedMoe {
       return Status::error("config.decode_lines", 1,
                            "is for quantized experts only (bf16 decode tiles always read whole lines)");
     if constexpr (Precision::kQuantized) {
-      if (c.path == MoePath::kDecode && c.decode_lines && c.decode_stages != 0 &&
+      if (c.path == MoePath::kDecode && c.decode_lines && c.decode_stages % 2 != 0 &&
           Precision::kBits == quant::Bits::kInt4)
         return Status::error("config.decode_stages", c.decode_stages,
-                             "int4 whole-line decode tiles run the register loop only (0 with decode_lines)");
+                             "int4 whole-line decode tiles keep whole pairs of k-steps in flight (an even "
+                             "count with decode_lines)");
     }
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);

@@ -457,12 +457,15 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
 // sectors between threads q and q ^ 2) visit K in another order than the default tiles, so they are held to
 // the reference and paged = contiguous: on Qwen1.5 (down: 22 int8 steps = 11 pairs over 4 warps, 3 3 3 2;
 // 11 int4 steps = 5 pairs and a lone last step) and Qwen3 (6 int4 steps over 4 warps: two warps idle), 8
-// warps, 8- and 16-token tiles, int8 on the register loop and staged, and a hot expert.
+// warps, 8- and 16-token tiles, the register loop and staged (int4: 2 and 4 stages, whole pairs), and a hot
+// expert.
 TEST_CASE("quantized experts: whole-line decode tiles", "[gpu][models][quant]") {
   using L8 = kernels::decode::Tile<1, 4, 1, 128, 0, true>;
   using L8s = kernels::decode::Tile<1, 4, 1, 128, 3, true>;
   using L8w8 = kernels::decode::Tile<1, 8, 1, 128, 0, true>;
   using L16 = kernels::decode::Tile<2, 4, 1, 128, 0, true>;
+  using L8s2 = kernels::decode::Tile<1, 4, 1, 128, 2, true>;
+  using L8s4 = kernels::decode::Tile<1, 4, 1, 128, 4, true>;
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 25), s4(m, Bits::kInt4, 26);
     for (int tokens : {1, 3, 16, 37}) {
@@ -473,6 +476,8 @@ TEST_CASE("quantized experts: whole-line decode tiles", "[gpu][models][quant]") 
       check_quant_case<kernels::Int4, OnlyTileConfig<L8>>(s4, tokens, seed, MoePath::kDecode, hot);
       check_quant_case<kernels::Int4, OnlyTileConfig<L8w8>>(s4, tokens, seed, MoePath::kDecode, hot);
       check_quant_case<kernels::Int4, OnlyTileConfig<L16>>(s4, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<L8s2>>(s4, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<L8s4>>(s4, tokens, seed, MoePath::kDecode, hot);
     }
   }
 }
@@ -546,14 +551,30 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
-  // Whole lines: staged on int8, the register loop only on int4; bf16 tiles always read whole lines.
-  using StagedLines = OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 2, true>>;
-  const kernels::Status int4_staged_lines =
-      PagedMoe<kernels::Contiguous, StagedLines, kernels::Int4>::can_implement(b);
-  CHECK(int4_staged_lines.field == "config.decode_stages");
-  CHECK_THAT(int4_staged_lines.message, Catch::Contains("register loop only"));
+  // Whole lines: any stage count on int8, an even one on int4; bf16 tiles always read whole lines.
+  using OddStagedLines = OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 3, true>>;
+  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, true>>,
+                 kernels::Int4>::can_implement(b)
+            .ok);
+  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 2, true>>,
+                 kernels::Int4>::can_implement(b)
+            .ok);
   a.shape = MoeShape{4, 256, 384, 8, 2, 0};
-  CHECK(PagedMoe<kernels::Contiguous, StagedLines, kernels::Int8>::can_implement(a).ok);
+  CHECK(PagedMoe<kernels::Contiguous, OddStagedLines, kernels::Int8>::can_implement(a).ok);
+  struct Int4OddLines : QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, true>> {
+    using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, 0, true>>;
+    static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p,
+                                                         kernels::quant::Bits bits) {
+      kernels::MoeConfig c =
+          QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, true>>::select_quantized(s, p, bits);
+      c.decode_stages = 3;  // names no instantiated tile either; the stage rule is checked first
+      return c;
+    }
+  };
+  const kernels::Status int4_odd_stages =
+      PagedMoe<kernels::Contiguous, Int4OddLines, kernels::Int4>::can_implement(b);
+  CHECK(int4_odd_stages.field == "config.decode_stages");
+  CHECK_THAT(int4_odd_stages.message, Catch::Contains("even count"));
   struct Bf16Lines : kernels::DefaultMoeConfig {
     static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
       kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);

@@ -25,11 +25,12 @@
 // thread's 16-byte load holds 16 int8 or 32 int4 values of one row, turned into 2 or 4 of the 8-value chunks
 // above (exact integers as bf16) right before their MMAs, with the token operand loaded to match. K is cut
 // into k-steps of 64 (int8) or 128 (int4) values, each inside one scale group, dealt to the warps round robin
-// (K need only be a multiple of the k-step); each step's MMAs go to fresh float partial sums, which are then
-// scaled by the two rows' group scales and added to the accumulators. A staged tile (Tile's kStages) moves
-// each thread's own operands of its next k-steps into shared memory with cp.async: the dequantising loop
-// holds one step in registers while several are in flight (the register loop's second step in flight costs
-// it occupancy). The same steps in the same order either way: bit-identical outputs.
+// (K need only be a multiple of the k-step; or in line pairs, Tile's kLines); each step's MMAs go to fresh
+// float partial sums, which are then scaled by the two rows' group scales and added to the accumulators. A
+// staged tile (Tile's kStages) moves each thread's own operands of its next k-steps into shared memory with
+// cp.async: the dequantising loop holds one step in registers while several are in flight (the register
+// loop's second step in flight costs it occupancy). The same steps in the same order either way:
+// bit-identical outputs.
 #pragma once
 
 #include "moe/decode_steps.hpp"

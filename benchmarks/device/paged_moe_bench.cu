@@ -37,9 +37,9 @@
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
 // loop); int8-lines / int4-lines: the default's quantized choice with whole-line decode tiles (k-steps dealt
 // to the warps in line pairs through L1, decode::Tile's kLines), int4-lines-staged2 / 4 with 2 or 4 k-steps
-// in flight through shared memory on every decode tile; int8-staged2 / 3
-// / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight
-// per thread through shared memory (cp.async); int8-tma / int8-twoblock (int4 alike): the default's quantized
+// in flight through shared memory on every decode tile; int8-staged2 / 3 / 4 (int4 alike): the default's
+// quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared
+// memory (cp.async); int8-tma / int8-twoblock (int4 alike): the default's quantized
 // choice with its grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel;
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.

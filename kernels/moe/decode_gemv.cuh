@@ -53,17 +53,19 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-// kLines (quantized experts only; bf16 always reads whole lines): k-steps are dealt to the warps in pairs, a
-// pair reading one 128-byte line of each row with thread q reading its sector q through L1, so the L2 sees
-// one request per line (as the bf16 loop). int8: a pair is one scale group and each thread's half sector a
-// step's operand as before. int4: a pair is two groups and sector q lies in group q / 2, so threads q and q ^
-// 2 swap half their sectors for each step to lie in one group again (shuffles on the register loop, which
-// then holds both steps' weights; a staged tile reads the partner's shared memory and keeps whole pairs in
-// flight: kStages even, which PagedMoe::can_implement checks).
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0,
-          bool kLinesT = false>
+// kLines (quantized experts only; bf16 always reads whole lines): 0, k-steps dealt to the warps round robin;
+// 1 and 2, dealt in pairs, a pair reading one 128-byte line of each row through L1 so that the L2 sees one
+// request per line (as the bf16 loop; moe/decode_steps.hpp). 1 (sectors): thread q reads its sector q; an
+// int8 pair is one scale group and each thread's half sector a step's operand as before; an int4 pair is two
+// groups with sector q in group q / 2, so threads q and q ^ 2 swap half their sectors for each step to lie in
+// one group again (shuffles on the register loop, which then holds both steps' weights; a staged tile reads
+// the partner's shared memory and keeps whole pairs in flight: kStages even, which PagedMoe::can_implement
+// checks). 2 (touch): the pair's first step prefetches the line into L1 (thread q its sector q: one
+// instruction), then each step reads its half as with 0 (no swap, one step's registers).
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0, int kLinesT = 0>
 struct Tile {
-  static constexpr bool kLines = kLinesT;
+  static constexpr int kLines = kLinesT;
+  static_assert(kLinesT >= 0 && kLinesT <= 2, "kLines: 0, 1 or 2");
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
@@ -110,7 +112,8 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
-  constexpr bool kLines = T::kLines, kSwap = T::kLines && P::kBits == quant::Bits::kInt4;
+  constexpr int kLines = T::kLines;
+  constexpr bool kSwap = kLines == 1 && P::kBits == quant::Bits::kInt4, kThroughL1 = kLines != 0;
   constexpr int kValuesPerByte = 8 / static_cast<int>(quant::bit_count(P::kBits));
   static_assert(kBytesPerStep == 64, "a k-step is half a 128-byte line of a row (moe/decode_steps.hpp)");
   const int steps = K / kStep;
@@ -122,11 +125,24 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     uint4 wlo[kRowTiles], whi[kRowTiles], b[kTokTiles][kChunks];
     float slo[kRowTiles], shi[kRowTiles];
   };
+  // kLines = 2: the first step of a pair prefetches its rows' lines into L1 (thread q sector q).
+  auto touch = [&](const QuantStep& w) {
+    if constexpr (kLines == 2) {
+      if (w.touch >= 0) {
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) {
+          ptx::prefetch_l1(rows[r] + g * row_bytes + w.touch);
+          ptx::prefetch_l1(rows[r] + (g + 8) * row_bytes + w.touch);
+        }
+      }
+    }
+  };
   auto load_weights = [&](Step& st, const QuantStep& w) {
+    touch(w);
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch, kLines>(rows[r] + g * row_bytes + w.byte);
-      st.whi[r] = ptx::ld_stream_16<T::kPrefetch, kLines>(rows[r] + (g + 8) * row_bytes + w.byte);
+      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(rows[r] + g * row_bytes + w.byte);
+      st.whi[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(rows[r] + (g + 8) * row_bytes + w.byte);
     }
   };
   auto load_rest = [&](Step& st, const QuantStep& w) {  // the group scales and token chunks of step w
@@ -211,12 +227,13 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
       const QuantStep w = where(i);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
+      touch(w);
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        ptx::cp_async_stream_16<T::kPrefetch, kLines>(slot + (2 * r) * kOpBytes,
-                                                      rows[r] + g * row_bytes + w.byte);
-        ptx::cp_async_stream_16<T::kPrefetch, kLines>(slot + (2 * r + 1) * kOpBytes,
-                                                      rows[r] + (g + 8) * row_bytes + w.byte);
+        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r) * kOpBytes,
+                                                          rows[r] + g * row_bytes + w.byte);
+        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r + 1) * kOpBytes,
+                                                          rows[r] + (g + 8) * row_bytes + w.byte);
       }
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)

@@ -28,8 +28,7 @@ struct MoeConfig {
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
                           // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
-  bool decode_lines =
-      false;  // decode, quantized experts: k-steps dealt in line pairs (decode::Tile's kLines)
+  int decode_lines = 0;  // decode, quantized experts: how k-steps meet 128-byte lines (decode::Tile's kLines)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -53,7 +52,7 @@ constexpr bool fits(double mean, double limit) {
 struct DecodeTileShape {
   int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
   int stages = 0;
-  bool lines = false;
+  int lines = 0;
   friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
 };
 constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {

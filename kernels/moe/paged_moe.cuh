@@ -272,15 +272,15 @@ class PagedMoe {
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
-    if (c.path == MoePath::kDecode && c.decode_lines && !Precision::kQuantized)
-      return Status::error("config.decode_lines", 1,
+    if (c.path == MoePath::kDecode && c.decode_lines != 0 && !Precision::kQuantized)
+      return Status::error("config.decode_lines", c.decode_lines,
                            "is for quantized experts only (bf16 decode tiles always read whole lines)");
     if constexpr (Precision::kQuantized) {
-      if (c.path == MoePath::kDecode && c.decode_lines && c.decode_stages % 2 != 0 &&
+      if (c.path == MoePath::kDecode && c.decode_lines == 1 && c.decode_stages % 2 != 0 &&
           Precision::kBits == quant::Bits::kInt4)
         return Status::error("config.decode_stages", c.decode_stages,
-                             "int4 whole-line decode tiles keep whole pairs of k-steps in flight (an even "
-                             "count with decode_lines)");
+                             "int4 whole-line decode tiles by sectors keep whole pairs of k-steps in flight "
+                             "(an even count with decode_lines = 1)");
     }
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);

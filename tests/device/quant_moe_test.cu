@@ -457,15 +457,18 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
 // sectors between threads q and q ^ 2) visit K in another order than the default tiles, so they are held to
 // the reference and paged = contiguous: on Qwen1.5 (down: 22 int8 steps = 11 pairs over 4 warps, 3 3 3 2;
 // 11 int4 steps = 5 pairs and a lone last step) and Qwen3 (6 int4 steps over 4 warps: two warps idle), 8
-// warps, 8- and 16-token tiles, the register loop and staged (int4: 2 and 4 stages, whole pairs), and a hot
-// expert.
+// warps, 8- and 16-token tiles, the register loop and staged (int4 by sectors: 2 and 4 stages, whole pairs),
+// by sectors (kLines 1) and by halves after an L1 prefetch of the line (kLines 2), and a hot expert.
 TEST_CASE("quantized experts: whole-line decode tiles", "[gpu][models][quant]") {
-  using L8 = kernels::decode::Tile<1, 4, 1, 128, 0, true>;
-  using L8s = kernels::decode::Tile<1, 4, 1, 128, 3, true>;
-  using L8w8 = kernels::decode::Tile<1, 8, 1, 128, 0, true>;
-  using L16 = kernels::decode::Tile<2, 4, 1, 128, 0, true>;
-  using L8s2 = kernels::decode::Tile<1, 4, 1, 128, 2, true>;
-  using L8s4 = kernels::decode::Tile<1, 4, 1, 128, 4, true>;
+  using L8 = kernels::decode::Tile<1, 4, 1, 128, 0, 1>;
+  using L8s = kernels::decode::Tile<1, 4, 1, 128, 3, 1>;
+  using L8w8 = kernels::decode::Tile<1, 8, 1, 128, 0, 1>;
+  using L16 = kernels::decode::Tile<2, 4, 1, 128, 0, 1>;
+  using L8s2 = kernels::decode::Tile<1, 4, 1, 128, 2, 1>;
+  using L8s4 = kernels::decode::Tile<1, 4, 1, 128, 4, 1>;
+  using T8 = kernels::decode::Tile<1, 4, 1, 128, 0, 2>;    // touch
+  using T8s3 = kernels::decode::Tile<1, 4, 1, 128, 3, 2>;  // touch, staged (any count)
+  using T16w8 = kernels::decode::Tile<2, 8, 1, 128, 0, 2>;
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 25), s4(m, Bits::kInt4, 26);
     for (int tokens : {1, 3, 16, 37}) {
@@ -478,6 +481,11 @@ TEST_CASE("quantized experts: whole-line decode tiles", "[gpu][models][quant]") 
       check_quant_case<kernels::Int4, OnlyTileConfig<L16>>(s4, tokens, seed, MoePath::kDecode, hot);
       check_quant_case<kernels::Int4, OnlyTileConfig<L8s2>>(s4, tokens, seed, MoePath::kDecode, hot);
       check_quant_case<kernels::Int4, OnlyTileConfig<L8s4>>(s4, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int8, OnlyTileConfig<T8>>(s8, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int8, OnlyTileConfig<T8s3>>(s8, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<T8>>(s4, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<T8s3>>(s4, tokens, seed, MoePath::kDecode, hot);
+      check_quant_case<kernels::Int4, OnlyTileConfig<T16w8>>(s4, tokens, seed, MoePath::kDecode, hot);
     }
   }
 }
@@ -552,21 +560,21 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
   // Whole lines: any stage count on int8, an even one on int4; bf16 tiles always read whole lines.
-  using OddStagedLines = OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 3, true>>;
-  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, true>>,
+  using OddStagedLines = OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 3, 1>>;
+  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, 1>>,
                  kernels::Int4>::can_implement(b)
             .ok);
-  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 2, true>>,
+  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 2, 1>>,
                  kernels::Int4>::can_implement(b)
             .ok);
   a.shape = MoeShape{4, 256, 384, 8, 2, 0};
   CHECK(PagedMoe<kernels::Contiguous, OddStagedLines, kernels::Int8>::can_implement(a).ok);
-  struct Int4OddLines : QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, true>> {
-    using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, 0, true>>;
+  struct Int4OddLines : QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, 1>> {
+    using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, 0, 1>>;
     static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p,
                                                          kernels::quant::Bits bits) {
       kernels::MoeConfig c =
-          QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, true>>::select_quantized(s, p, bits);
+          QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, 1>>::select_quantized(s, p, bits);
       c.decode_stages = 3;  // names no instantiated tile either; the stage rule is checked first
       return c;
     }
@@ -574,11 +582,11 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   const kernels::Status int4_odd_stages =
       PagedMoe<kernels::Contiguous, Int4OddLines, kernels::Int4>::can_implement(b);
   CHECK(int4_odd_stages.field == "config.decode_stages");
-  CHECK_THAT(int4_odd_stages.message, Catch::Contains("even count"));
+  CHECK_THAT(int4_odd_stages.message, Catch::Contains("an even count"));
   struct Bf16Lines : kernels::DefaultMoeConfig {
     static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
       kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-      c.decode_lines = true;
+      c.decode_lines = 1;
       return c;
     }
   };

@@ -1,8 +1,8 @@
 // CPU tests of the decode GEMV's step geometry (kernels/moe/decode_steps.hpp), against a shadow of what the
 // kernel must read: for every K and warp count the kernel meets, every weight byte of a row is read exactly
-// once, by loads whose token values match it (for int4 pairs after the swap between threads q and q ^ 2),
-// each k-step's values inside one scale group; and with whole lines, the first instruction of every pair
-// touches all four sectors of its 128-byte line.
+// once, by loads whose token values match it (for int4 pairs by sectors after the swap between threads q and
+// q ^ 2), each k-step's values inside one scale group; and with whole lines, the first instruction of every
+// pair (its loads by sectors, or its L1 prefetch) touches all four sectors of its 128-byte line.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -70,7 +70,7 @@ TEST_CASE("quantized decode steps: every k-step once, in one group, whole lines 
   for (int values_per_byte : {1, 2}) {  // int8, int4
     const int step_values = 64 * values_per_byte, group = 128;
     for (int warps : {1, 2, 4, 8}) {
-      for (bool lines : {false, true}) {
+      for (int lines : {0, 1, 2}) {
         // K: multiples of the k-step (odd and even step counts, fewer steps than warps), and model shapes.
         std::vector<int> ks;
         for (int steps = 1; steps <= 40; ++steps) ks.push_back(steps * step_values);
@@ -86,12 +86,23 @@ TEST_CASE("quantized decode steps: every k-step once, in one group, whole lines 
             // Whole lines: the bytes each thread loads, by (local pair, half), to check the int4 swap.
             std::map<std::pair<int, int>, long long> loaded;  // (q, i) -> byte
             for (int i = 0; i < n; ++i) {
-              std::set<long long> sectors;
+              std::set<long long> sectors, touched;
               std::set<int> groups;
               int s = -1;
+              const bool opens_pair = lines != 0 && i % 2 == 0 && i + 1 < n;
               for (int q = 0; q < 4; ++q) {
                 const QuantStep st = quant_step(i, steps, warps, w, q, lines, values_per_byte);
                 s = st.s;
+                // lines = 2: the pair's first step prefetches the line holding both steps' bytes.
+                if (lines == 2 && opens_pair) {
+                  REQUIRE(st.touch >= 0);
+                  touched.insert(st.touch / 32);
+                  CHECK(st.touch / 128 == st.byte / 128);
+                  CHECK(quant_step(i + 1, steps, warps, w, q, lines, values_per_byte).byte / 128 ==
+                        st.byte / 128);
+                } else {
+                  CHECK(st.touch == -1);
+                }
                 REQUIRE(st.s >= 0);
                 REQUIRE(st.s < steps);
                 REQUIRE(st.byte % 16 == 0);
@@ -105,15 +116,16 @@ TEST_CASE("quantized decode steps: every k-step once, in one group, whole lines 
               ++step_seen[s];
               CHECK(groups.size() == 1);
               CHECK(*groups.begin() == s * step_values / group);
-              const bool paired = lines && i % 2 == 0 && i + 1 < n;
-              if (paired) CHECK(sectors.size() == 4);  // the pair's first instruction: the whole line
+              if (opens_pair && lines == 1)
+                CHECK(sectors.size() == 4);  // the first instruction: the whole line
+              if (opens_pair && lines == 2) CHECK(touched.size() == 4);  // the prefetch: the whole line
             }
             // What each thread's values are: without a swap its own load (k = byte · values_per_byte); int4
             // pairs after the swap the 16 bytes int4_holder names.
             for (int i = 0; i < n; ++i)
               for (int q = 0; q < 4; ++q) {
                 const QuantStep st = quant_step(i, steps, warps, w, q, lines, values_per_byte);
-                const bool full_pair = lines && (i % 2 == 1 || i + 1 < n);
+                const bool full_pair = lines == 1 && (i % 2 == 1 || i + 1 < n);
                 long long held = st.byte;
                 if (full_pair && values_per_byte == 2) {
                   const Holder h = int4_holder(q, i % 2);

@@ -5,9 +5,10 @@
 # shared chunks), Qwen3 and Mixtral, the configurations CONFIGS side by side, one process per seed. The sweep
 # that chose the table's stages (at cb3c7eb, when the table had no staged row) is the default CONFIGS; the
 # table's check: CONFIGS=default,int8,int8-steady,int4 (int8-steady: the table without staged tiles). The
-# whole-line tiles (decode::Tile's kLines): CONFIGS=int8,int8-lines,int4,int4-lines TESTS="quantized experts:
-# whole-line decode tiles" BETWEEN="0:0 64:0" (BETWEEN: MB read : written by other kernels after every layer
-# call, paged_moe_bench's --between-read / --between-write, one set of processes per setting).
+# whole-line tiles (decode::Tile's kLines): CONFIGS=int8,int8-lines,int8-touch,int4,int4-lines,
+# int4-lines-staged2,int4-touch,int4-touch-staged2 TESTS="quantized experts: whole-line decode tiles"
+# BETWEEN="0:0 64:0" (BETWEEN: MB read : written by other kernels after every layer call, paged_moe_bench's
+# --between-read / --between-write, one set of processes per setting).
 #   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=1,3,8,16,33,64,128] [CONFIGS=...] [TEST=1] [TESTS="<test names>"] \
 #     [BETWEEN="0:0"] bash benchmarks/device/staged_run.sh
 # Writes $OUT/staged.tgz: staged_seed<i>.json, or staged_<R>_<W>_seed<i>.json with BETWEEN (paged_moe_bench's

@@ -59,14 +59,17 @@ __device__ __forceinline__ void cp_async_16(std::uint32_t smem_addr, const void*
 template <int kPrefetch = 128, bool kThroughL1 = false>
 __device__ __forceinline__ void cp_async_stream_16(std::uint32_t smem_addr, const void* gmem) {
   static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
+#define AMOEBA_CP_ASYNC_16(CACHE, L2) \
+  asm volatile("cp.async." CACHE ".shared.global.L2::" L2 "B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem))
   if constexpr (kThroughL1 && kPrefetch == 256)
-    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+    AMOEBA_CP_ASYNC_16("ca", "256");
   else if constexpr (kThroughL1)
-    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+    AMOEBA_CP_ASYNC_16("ca", "128");
   else if constexpr (kPrefetch == 256)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+    AMOEBA_CP_ASYNC_16("cg", "256");
   else
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+    AMOEBA_CP_ASYNC_16("cg", "128");
+#undef AMOEBA_CP_ASYNC_16
 }
 __device__ __forceinline__ void cp_async_cached_16(std::uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
@@ -93,22 +96,19 @@ template <int kPrefetch = 128, bool kThroughL1 = false>
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
   static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
   uint4 v;
+#define AMOEBA_LD_STREAM_16(L1, L2)                                                \
+  asm volatile("ld.global.nc.L1::" L1 ".L2::" L2 "B.v4.u32 {%0,%1,%2,%3}, [%4];\n" \
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                        \
+               : "l"(p))
   if constexpr (kThroughL1 && kPrefetch == 256)
-    asm volatile("ld.global.nc.L1::evict_first.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    AMOEBA_LD_STREAM_16("evict_first", "256");
   else if constexpr (kThroughL1)
-    asm volatile("ld.global.nc.L1::evict_first.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    AMOEBA_LD_STREAM_16("evict_first", "128");
   else if constexpr (kPrefetch == 256)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    AMOEBA_LD_STREAM_16("no_allocate", "256");
   else
-    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    AMOEBA_LD_STREAM_16("no_allocate", "128");
+#undef AMOEBA_LD_STREAM_16
   return v;
 }
 

@@ -116,6 +116,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   constexpr bool kSwap = kLines == 1 && P::kBits == quant::Bits::kInt4, kThroughL1 = kLines != 0;
   constexpr int kValuesPerByte = 8 / static_cast<int>(quant::bit_count(P::kBits));
   static_assert(kBytesPerStep == 64, "a k-step is half a 128-byte line of a row (moe/decode_steps.hpp)");
+  static_assert(quant::kGroup == 128, "QuantStep::group counts 128-value groups (moe/decode_steps.hpp)");
   const int steps = K / kStep;
   // The warp's steps (moe/decode_steps.hpp): k-steps round robin, or with kLines pairs of them (lines).
   const int my_steps = quant_warp_steps(steps, kWarps, warp, kLines);
@@ -125,14 +126,22 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     uint4 wlo[kRowTiles], whi[kRowTiles], b[kTokTiles][kChunks];
     float slo[kRowTiles], shi[kRowTiles];
   };
+  // The thread's weight rows: g (low) and g + 8 (high) of each row tile.
+  const unsigned char* lo_row[kRowTiles];
+  const unsigned char* hi_row[kRowTiles];
+#pragma unroll
+  for (int r = 0; r < kRowTiles; ++r) {
+    lo_row[r] = rows[r] + g * row_bytes;
+    hi_row[r] = rows[r] + (g + 8) * row_bytes;
+  }
   // kLines = 2: the first step of a pair prefetches its rows' lines into L1 (thread q sector q).
   auto touch = [&](const QuantStep& w) {
     if constexpr (kLines == 2) {
       if (w.touch >= 0) {
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
-          ptx::prefetch_l1(rows[r] + g * row_bytes + w.touch);
-          ptx::prefetch_l1(rows[r] + (g + 8) * row_bytes + w.touch);
+          ptx::prefetch_l1(lo_row[r] + w.touch);
+          ptx::prefetch_l1(hi_row[r] + w.touch);
         }
       }
     }
@@ -141,12 +150,12 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     touch(w);
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(rows[r] + g * row_bytes + w.byte);
-      st.whi[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(rows[r] + (g + 8) * row_bytes + w.byte);
+      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(lo_row[r] + w.byte);
+      st.whi[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(hi_row[r] + w.byte);
     }
   };
   auto load_rest = [&](Step& st, const QuantStep& w) {  // the group scales and token chunks of step w
-    const int group = w.s * kStep / static_cast<int>(quant::kGroup);
+    const int group = w.group(kValuesPerByte);
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
       st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
@@ -230,10 +239,8 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       touch(w);
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r) * kOpBytes,
-                                                          rows[r] + g * row_bytes + w.byte);
-        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r + 1) * kOpBytes,
-                                                          rows[r] + (g + 8) * row_bytes + w.byte);
+        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r) * kOpBytes, lo_row[r] + w.byte);
+        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r + 1) * kOpBytes, hi_row[r] + w.byte);
       }
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
@@ -252,7 +259,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     // Step i's operands from shared memory: the weights from slot `from` at thread `lane_from`'s place (an
     // int4 pair's swapped half, decode_steps.hpp's int4_holder; else step i's own), the tokens step i's own.
     auto read = [&](Step& st, int i, int from, int lane_from) {
-      const int group = where(i).s * kStep / static_cast<int>(quant::kGroup);
+      const int group = where(i).group(kValuesPerByte);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);
       const std::uint32_t wslot = slots + (from % kS) * (kOps * kOpBytes) + 16 * (lane_from - lane);
 #pragma unroll

@@ -57,6 +57,8 @@ struct QuantStep {
   long long byte;
   int k;
   long long touch = -1;
+  // The scale group of the step's values (128 values a group: k-step s · 64 bytes · values_per_byte / 128).
+  AMOEBA_HOST_DEVICE constexpr int group(int values_per_byte) const { return s * values_per_byte / 2; }
 };
 AMOEBA_HOST_DEVICE constexpr QuantStep quant_step(int i, int steps, int warps, int warp, int q, int lines,
                                                   int values_per_byte) {

@@ -116,6 +116,8 @@ TEST_CASE("quantized decode steps: every k-step once, in one group, whole lines 
               ++step_seen[s];
               CHECK(groups.size() == 1);
               CHECK(*groups.begin() == s * step_values / group);
+              CHECK(quant_step(i, steps, warps, w, 0, lines, values_per_byte).group(values_per_byte) ==
+                    *groups.begin());
               if (opens_pair && lines == 1)
                 CHECK(sectors.size() == 4);  // the first instruction: the whole line
               if (opens_pair && lines == 2) CHECK(touched.size() == 4);  // the prefetch: the whole line

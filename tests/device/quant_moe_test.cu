@@ -474,18 +474,11 @@ TEST_CASE("quantized experts: whole-line decode tiles", "[gpu][models][quant]") 
     for (int tokens : {1, 3, 16, 37}) {
       const std::uint64_t seed = 2200 + tokens;
       const int hot = tokens == 37 ? 2 : -1;
-      check_quant_case<kernels::Int8, OnlyTileConfig<L8>>(s8, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int8, OnlyTileConfig<L8s>>(s8, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<L8>>(s4, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<L8w8>>(s4, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<L16>>(s4, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<L8s2>>(s4, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<L8s4>>(s4, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int8, OnlyTileConfig<T8>>(s8, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int8, OnlyTileConfig<T8s3>>(s8, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<T8>>(s4, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<T8s3>>(s4, tokens, seed, MoePath::kDecode, hot);
-      check_quant_case<kernels::Int4, OnlyTileConfig<T16w8>>(s4, tokens, seed, MoePath::kDecode, hot);
+      auto check = [&]<class Precision, class... Tiles>(const QuantStore& st) {
+        (check_quant_case<Precision, OnlyTileConfig<Tiles>>(st, tokens, seed, MoePath::kDecode, hot), ...);
+      };
+      check.template operator()<kernels::Int8, L8, L8s, T8, T8s3>(s8);
+      check.template operator()<kernels::Int4, L8, L8w8, L16, L8s2, L8s4, T8, T8s3, T16w8>(s4);
     }
   }
 }

@@ -35,15 +35,12 @@
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
-// loop); int8-lines / int4-lines: the default's quantized choice with whole-line decode tiles (k-steps dealt
-// to the warps in line pairs through L1, by sectors: decode::Tile's kLines = 1), int4-lines-staged2 / 4 with
-// 2 or 4 k-steps in flight through shared memory on every decode tile; int8-touch / int4-touch /
-// int4-touch-staged2: the same by halves after an L1 prefetch of each line (kLines = 2); int8-staged2 / 3 / 4
-// (int4 alike): the default's quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per
-// thread through shared memory (cp.async); int8-tma / int8-twoblock (int4 alike): the default's quantized
-// choice with its grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel;
-// int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
-// sweep that chose the quantized rows of the default table.
+// loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
+// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
+// int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
+// dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
+// every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
+// table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -376,41 +373,6 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
   }
 };
 
-// The default table's quantized choice with whole-line decode tiles (decode::Tile's kLines = kMode: k-steps
-// dealt to the warps in line pairs, read through L1; 1 by sectors, 2 by halves after an L1 prefetch of the
-// line), each keeping its stage count (with kMode = 1, int4 ones with an odd count on the register loop: its
-// staged tiles keep whole pairs in flight), or with kStages >= 0 every one that many (unroll 1 when staged).
-// Its tiles: the default's and their whole-line twins.
-template <bool kInt4, int kStages, int kMode, class T>
-constexpr int lines_stages() {
-  if constexpr (kStages >= 0) return kStages;
-  return kMode == 1 && kInt4 && T::kStages % 2 == 1 ? 0 : T::kStages;
-}
-template <bool kInt4, int kStages, int kMode, class... Ts>
-auto relined(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
-    std::tuple<Ts...>,
-    kernels::decode::Tile<Ts::kTokTiles, Ts::kWarps,
-                          (lines_stages<kInt4, kStages, kMode, Ts>() > 0 ? 1 : Ts::kUnroll), Ts::kPrefetch,
-                          lines_stages<kInt4, kStages, kMode, Ts>(), kMode>...>::type;
-template <bool kInt4, int kStages = -1, int kMode = 1>
-struct LinesQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(relined<kInt4, kStages, kMode>(kernels::detail::DefaultQuantDecodeTiles{}));
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    if (c.path == MoePath::kDecode) {
-      c.decode_lines = kMode;
-      if (kStages >= 0) {
-        c.decode_stages = kStages;
-        if (kStages > 0) c.decode_unroll = 1;
-      } else if (kMode == 1 && bits == kernels::quant::Bits::kInt4 && c.decode_stages % 2 == 1) {
-        c.decode_stages = 0;
-      }
-    }
-    return c;
-  }
-};
-
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, const Between&, cudaStream_t);
 
@@ -449,13 +411,6 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
       {"int8-steady", &make_quant_graph<kernels::Int8, StagedQuantConfig<0>>},
-      {"int8-lines", &make_quant_graph<kernels::Int8, LinesQuantConfig<false>>},
-      {"int4-lines", &make_quant_graph<kernels::Int4, LinesQuantConfig<true>>},
-      {"int4-lines-staged2", &make_quant_graph<kernels::Int4, LinesQuantConfig<true, 2>>},
-      {"int4-lines-staged4", &make_quant_graph<kernels::Int4, LinesQuantConfig<true, 4>>},
-      {"int8-touch", &make_quant_graph<kernels::Int8, LinesQuantConfig<false, -1, 2>>},
-      {"int4-touch", &make_quant_graph<kernels::Int4, LinesQuantConfig<true, -1, 2>>},
-      {"int4-touch-staged2", &make_quant_graph<kernels::Int4, LinesQuantConfig<true, 2, 2>>},
       {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
       {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
       {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},

@@ -4,13 +4,11 @@
 # their register-loop twins, and the reference); (2) int8 / int4 decode at 1–128 tokens on Qwen1.5 (with its
 # shared chunks), Qwen3 and Mixtral, the configurations CONFIGS side by side, one process per seed. The sweep
 # that chose the table's stages (at cb3c7eb, when the table had no staged row) is the default CONFIGS; the
-# table's check: CONFIGS=default,int8,int8-steady,int4 (int8-steady: the table without staged tiles). The
-# whole-line tiles (decode::Tile's kLines): CONFIGS=int8,int8-lines,int8-touch,int4,int4-lines,
-# int4-lines-staged2,int4-touch,int4-touch-staged2 TESTS="quantized experts: whole-line decode tiles"
-# BETWEEN="0:0 64:0" (BETWEEN: MB read : written by other kernels after every layer call, paged_moe_bench's
-# --between-read / --between-write, one set of processes per setting).
+# table's check: CONFIGS=default,int8,int8-steady,int4 (int8-steady: the table without staged tiles).
+# BETWEEN: MB read : written by other kernels after every layer call (paged_moe_bench's --between-read /
+# --between-write), one set of processes per setting, e.g. BETWEEN="0:0 64:0". SECS: the bench's --seconds.
 #   BIN=.gpu OUT=$OUT [SEEDS=3] [TOKENS=1,3,8,16,33,64,128] [CONFIGS=...] [TEST=1] [TESTS="<test names>"] \
-#     [BETWEEN="0:0"] bash benchmarks/device/staged_run.sh
+#     [BETWEEN="0:0"] [SECS=0.1] bash benchmarks/device/staged_run.sh
 # Writes $OUT/staged.tgz: staged_seed<i>.json, or staged_<R>_<W>_seed<i>.json with BETWEEN (paged_moe_bench's
 # format: `python3 benchmarks/device/compare.py int8 int8-staged2 staged_seed*.json`) and the logs.
 set -uo pipefail
@@ -30,7 +28,7 @@ for seed in $(seq 1 "${SEEDS:-3}"); do
     [[ -n ${BETWEEN:-} ]] && name=staged_${between/:/_}_seed$seed
     timeout 200 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral \
       --tokens "${TOKENS:-1,3,8,16,33,64,128}" --placement shuffled --seed "$seed" --config "$configs" \
-      --between-read "${between%%:*}" --between-write "${between##*:}" --json "$OUT/$name.json" \
+      --seconds "${SECS:-0.1}" --between-read "${between%%:*}" --between-write "${between##*:}" --json "$OUT/$name.json" \
       >"$OUT/$name.txt" 2>&1
     echo "staged seed $seed between $between rc=$?"
   done

@@ -25,12 +25,11 @@
 // thread's 16-byte load holds 16 int8 or 32 int4 values of one row, turned into 2 or 4 of the 8-value chunks
 // above (exact integers as bf16) right before their MMAs, with the token operand loaded to match. K is cut
 // into k-steps of 64 (int8) or 128 (int4) values, each inside one scale group, dealt to the warps round robin
-// (K need only be a multiple of the k-step; or in line pairs, Tile's kLines); each step's MMAs go to fresh
-// float partial sums, which are then scaled by the two rows' group scales and added to the accumulators. A
-// staged tile (Tile's kStages) moves each thread's own operands of its next k-steps into shared memory with
-// cp.async: the dequantising loop holds one step in registers while several are in flight (the register
-// loop's second step in flight costs it occupancy). The same steps in the same order either way:
-// bit-identical outputs.
+// (K need only be a multiple of the k-step); each step's MMAs go to fresh float partial sums, which are then
+// scaled by the two rows' group scales and added to the accumulators. A staged tile (Tile's kStages) moves
+// each thread's own operands of its next k-steps into shared memory with cp.async: the dequantising loop
+// holds one step in registers while several are in flight (the register loop's second step in flight costs
+// it occupancy). The same steps in the same order either way: bit-identical outputs.
 #pragma once
 
 #include "moe/decode_steps.hpp"
@@ -53,19 +52,8 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers.
-// kLines (quantized experts only; bf16 always reads whole lines): 0, k-steps dealt to the warps round robin;
-// 1 and 2, dealt in pairs, a pair reading one 128-byte line of each row through L1 so that the L2 sees one
-// request per line (as the bf16 loop; moe/decode_steps.hpp). 1 (sectors): thread q reads its sector q; an
-// int8 pair is one scale group and each thread's half sector a step's operand as before; an int4 pair is two
-// groups with sector q in group q / 2, so threads q and q ^ 2 swap half their sectors for each step to lie in
-// one group again (shuffles on the register loop, which then holds both steps' weights; a staged tile reads
-// the partner's shared memory and keeps whole pairs in flight: kStages even, which PagedMoe::can_implement
-// checks). 2 (touch): the pair's first step prefetches the line into L1 (thread q its sector q: one
-// instruction), then each step reads its half as with 0 (no swap, one step's registers).
-template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0, int kLinesT = 0>
+template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
 struct Tile {
-  static constexpr int kLines = kLinesT;
-  static_assert(kLinesT >= 0 && kLinesT <= 2, "kLines: 0, 1 or 2");
   static constexpr int kStages = kStagesT;
   static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
                 "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
@@ -112,15 +100,13 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
-  constexpr int kLines = T::kLines;
-  constexpr bool kSwap = kLines == 1 && P::kBits == quant::Bits::kInt4, kThroughL1 = kLines != 0;
   constexpr int kValuesPerByte = 8 / static_cast<int>(quant::bit_count(P::kBits));
   static_assert(kBytesPerStep == 64, "a k-step is half a 128-byte line of a row (moe/decode_steps.hpp)");
   static_assert(quant::kGroup == 128, "QuantStep::group counts 128-value groups (moe/decode_steps.hpp)");
   const int steps = K / kStep;
-  // The warp's steps (moe/decode_steps.hpp): k-steps round robin, or with kLines pairs of them (lines).
-  const int my_steps = quant_warp_steps(steps, kWarps, warp, kLines);
-  auto where = [&](int i) { return quant_step(i, steps, kWarps, warp, q, kLines, kValuesPerByte); };
+  // The warp's steps (moe/decode_steps.hpp): k-steps round robin.
+  const int my_steps = quant_warp_steps(steps, kWarps, warp);
+  auto where = [&](int i) { return quant_step(i, kWarps, warp, q, kValuesPerByte); };
   // One k-step's operands: the two row tiles' low and high rows, their group scales, the token chunks.
   struct Step {
     uint4 wlo[kRowTiles], whi[kRowTiles], b[kTokTiles][kChunks];
@@ -134,30 +120,13 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     lo_row[r] = rows[r] + g * row_bytes;
     hi_row[r] = rows[r] + (g + 8) * row_bytes;
   }
-  // kLines = 2: the first step of a pair prefetches its rows' lines into L1 (thread q sector q).
-  auto touch = [&](const QuantStep& w) {
-    if constexpr (kLines == 2) {
-      if (w.touch >= 0) {
-#pragma unroll
-        for (int r = 0; r < kRowTiles; ++r) {
-          ptx::prefetch_l1(lo_row[r] + w.touch);
-          ptx::prefetch_l1(hi_row[r] + w.touch);
-        }
-      }
-    }
-  };
-  auto load_weights = [&](Step& st, const QuantStep& w) {
-    touch(w);
-#pragma unroll
-    for (int r = 0; r < kRowTiles; ++r) {
-      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(lo_row[r] + w.byte);
-      st.whi[r] = ptx::ld_stream_16<T::kPrefetch, kThroughL1>(hi_row[r] + w.byte);
-    }
-  };
-  auto load_rest = [&](Step& st, const QuantStep& w) {  // the group scales and token chunks of step w
+  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
+    const QuantStep w = where(i);
     const int group = w.group(kValuesPerByte);
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
+      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(lo_row[r] + w.byte);
+      st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(hi_row[r] + w.byte);
       st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
       st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
     }
@@ -165,33 +134,6 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + w.k + 8 * c);
-  };
-  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
-    const QuantStep w = where(i);
-    load_weights(st, w);
-    load_rest(st, w);
-  };
-  // int4 whole lines: thread q loaded sector q's halves into a (u = 0) and b (u = 1), all of group 2p + q /
-  // 2; threads q and q ^ 2 swap so that a holds group 2p (threads 0, 1 their own first halves, 2, 3 their
-  // partner's second) and b group 2p + 1 (decode_steps.hpp's int4_holder).
-  auto swap_halves = [&](Step& a, Step& b) {
-    auto swap = [&](uint4& lo_half, uint4& hi_half) {
-      const uint4 send = q < 2 ? hi_half : lo_half;
-      uint4 got;
-      got.x = __shfl_xor_sync(0xffffffffu, send.x, 2);
-      got.y = __shfl_xor_sync(0xffffffffu, send.y, 2);
-      got.z = __shfl_xor_sync(0xffffffffu, send.z, 2);
-      got.w = __shfl_xor_sync(0xffffffffu, send.w, 2);
-      if (q < 2)
-        hi_half = got;
-      else
-        lo_half = got;
-    };
-#pragma unroll
-    for (int r = 0; r < kRowTiles; ++r) {
-      swap(a.wlo[r], b.wlo[r]);
-      swap(a.whi[r], b.whi[r]);
-    }
   };
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
@@ -236,11 +178,10 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
       const QuantStep w = where(i);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
-      touch(w);
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r) * kOpBytes, lo_row[r] + w.byte);
-        ptx::cp_async_stream_16<T::kPrefetch, kThroughL1>(slot + (2 * r + 1) * kOpBytes, hi_row[r] + w.byte);
+        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r) * kOpBytes, lo_row[r] + w.byte);
+        ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r + 1) * kOpBytes, hi_row[r] + w.byte);
       }
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
@@ -255,17 +196,14 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     }
     ptx::cp_async_wait<kS - 1>();
     __syncthreads();  // every thread's scale chunks landed
-    const int lane = static_cast<int>(threadIdx.x % 32);
-    // Step i's operands from shared memory: the weights from slot `from` at thread `lane_from`'s place (an
-    // int4 pair's swapped half, decode_steps.hpp's int4_holder; else step i's own), the tokens step i's own.
-    auto read = [&](Step& st, int i, int from, int lane_from) {
+    // Step i's operands from its slot in shared memory.
+    auto read = [&](Step& st, int i) {
       const int group = where(i).group(kValuesPerByte);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);
-      const std::uint32_t wslot = slots + (from % kS) * (kOps * kOpBytes) + 16 * (lane_from - lane);
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        st.wlo[r] = ptx::ld_shared_16(wslot + (2 * r) * kOpBytes);
-        st.whi[r] = ptx::ld_shared_16(wslot + (2 * r + 1) * kOpBytes);
+        st.wlo[r] = ptx::ld_shared_16(slot + (2 * r) * kOpBytes);
+        st.whi[r] = ptx::ld_shared_16(slot + (2 * r + 1) * kOpBytes);
         st.slo[r] = __bfloat162float(sc[(r * 16 + g) * groups + group]);
         st.shi[r] = __bfloat162float(sc[(r * 16 + g + 8) * groups + group]);
       }
@@ -275,62 +213,17 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
         for (int c = 0; c < kChunks; ++c)
           st.b[nt][c] = ptx::ld_shared_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes);
     };
-    if constexpr (kSwap) {
-      // int4 whole lines: a pair's steps read each other's (and the partner thread's) slots, so a pair waits
-      // for both its copies, every lane's (__syncwarp after the wait), and its slots are refilled only after
-      // both steps, every lane's, are read.
-      static_assert(kS % 2 == 0, "int4 whole-line staged tiles keep whole pairs in flight (even kStages)");
-      for (int i = 0; i < my_steps; i += 2) {
-        const bool pair = i + 1 < my_steps;  // else the warp's lone last k-step
-        if (pair)
-          ptx::cp_async_wait<kS - 2>();  // groups 0..i + 1 complete: kS + i committed
-        else
-          ptx::cp_async_wait<kS - 1>();
-        __syncwarp();
-        for (int u = 0; u < (pair ? 2 : 1); ++u) {
-          Step st;
-          const Holder h = pair ? int4_holder(q, u) : Holder{q, u};
-          read(st, i + u, i + h.half, h.thread == q ? lane : (lane ^ 2));
-          compute(st);
-        }
-        __syncwarp();  // the partner read this thread's slots of the pair
-        if (i + kS < my_steps) issue(i + kS);
-        ptx::cp_async_commit();
-        if (i + 1 + kS < my_steps) issue(i + 1 + kS);
-        ptx::cp_async_commit();
-      }
-    } else {
-      for (int i = 0; i < my_steps; ++i) {
-        ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
-        Step st;
-        read(st, i, i, lane);
-        compute(st);  // its MMAs consume the slot's values before the slot is refilled below
-        if (i + kS < my_steps) issue(i + kS);
-        ptx::cp_async_commit();
-      }
-    }
-  } else if constexpr (kSwap) {
-    // A pair's both halves, swapped, then its two steps; a lone last step as it lies.
-    for (int i = 0; i < my_steps; i += 2) {
-      if (i + 1 == my_steps) {
-        Step st;
-        load(st, i);
-        compute(st);
-        break;
-      }
-      Step st[2];
-      const QuantStep w0 = where(i), w1 = where(i + 1);
-      load_weights(st[0], w0);
-      load_weights(st[1], w1);
-      swap_halves(st[0], st[1]);
-      load_rest(st[0], w0);
-      compute(st[0]);
-      load_rest(st[1], w1);
-      compute(st[1]);
+    for (int i = 0; i < my_steps; ++i) {
+      ptx::cp_async_wait<kS - 1>();  // groups 0..i complete: kS + i committed
+      Step st;
+      read(st, i);
+      compute(st);  // its MMAs consume the slot's values before the slot is refilled below
+      if (i + kS < my_steps) issue(i + kS);
+      ptx::cp_async_commit();
     }
   } else {
     for (int i = 0; i < my_steps; i += kUnroll) {
-      // Every load of kUnroll steps first; steps past the warp's last reload its last one (a cache hit) with
+      // Every load of kUnroll steps first; steps past the warp's last reload its last one (an L2 hit) with
       // zeroed tokens, so the loads stay unconditional.
       Step st[kUnroll];
 #pragma unroll

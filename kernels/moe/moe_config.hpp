@@ -28,7 +28,6 @@ struct MoeConfig {
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
                           // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
-  int decode_lines = 0;  // decode, quantized experts: how k-steps meet 128-byte lines (decode::Tile's kLines)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -48,15 +47,14 @@ constexpr bool fits(double mean, double limit) {
 }  // namespace config_detail
 
 // A decode tile's compile-time shape, host-side: decode::Tile<tile_tokens / 8, warps, unroll, prefetch,
-// stages, lines>.
+// stages>.
 struct DecodeTileShape {
   int tile_tokens = 8, warps = 4, unroll = 2, prefetch = 128;
   int stages = 0;
-  int lines = 0;
   friend constexpr bool operator==(const DecodeTileShape&, const DecodeTileShape&) = default;
 };
 constexpr DecodeTileShape decode_tile_of(const MoeConfig& c) {
-  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch, c.decode_stages, c.decode_lines};
+  return {c.tile_tokens, c.decode_warps, c.decode_unroll, c.decode_prefetch, c.decode_stages};
 }
 
 // At most N decode tiles, each once, in the order first added.

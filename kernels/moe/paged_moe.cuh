@@ -130,7 +130,7 @@ Status set_smem(int device, int bytes, int static_bytes = 0) {
 template <const auto& kList, std::size_t... I>
 auto tile_types(std::index_sequence<I...>)
     -> std::tuple<decode::Tile<kList.tiles[I].tile_tokens / 8, kList.tiles[I].warps, kList.tiles[I].unroll,
-                               kList.tiles[I].prefetch, kList.tiles[I].stages, kList.tiles[I].lines>...>;
+                               kList.tiles[I].prefetch, kList.tiles[I].stages>...>;
 template <const auto& kList>
 using tile_types_t = decltype(tile_types<kList>(std::make_index_sequence<kList.size>{}));
 
@@ -272,22 +272,12 @@ class PagedMoe {
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
-    if (c.path == MoePath::kDecode && c.decode_lines != 0 && !Precision::kQuantized)
-      return Status::error("config.decode_lines", c.decode_lines,
-                           "is for quantized experts only (bf16 decode tiles always read whole lines)");
-    if constexpr (Precision::kQuantized) {
-      if (c.path == MoePath::kDecode && c.decode_lines == 1 && c.decode_stages % 2 != 0 &&
-          Precision::kBits == quant::Bits::kInt4)
-        return Status::error("config.decode_stages", c.decode_stages,
-                             "int4 whole-line decode tiles by sectors keep whole pairs of k-steps in flight "
-                             "(an even count with decode_lines = 1)");
-    }
     if (c.path == MoePath::kDecode) {
       const int multiple = decode_k_multiple(c);
       if (multiple == 0)
         return Status::error(
             "config.tile_tokens", c.tile_tokens,
-            "with decode_warps, decode_unroll, decode_prefetch, decode_stages and decode_lines must name an "
+            "with decode_warps, decode_unroll, decode_prefetch and decode_stages must name an "
             "instantiated decode tile (PagedMoe::DecodeTiles)");
       if constexpr (Precision::kQuantized) {
         // K is dealt to the warps in whole k-steps, each inside one scale group.
@@ -542,7 +532,7 @@ class PagedMoe {
   template <class T>
   static constexpr bool names(const MoeConfig& c) {
     return c.tile_tokens == T::kTileTokens && c.decode_warps == T::kWarps && c.decode_unroll == T::kUnroll &&
-           c.decode_prefetch == T::kPrefetch && c.decode_stages == T::kStages && c.decode_lines == T::kLines;
+           c.decode_prefetch == T::kPrefetch && c.decode_stages == T::kStages;
   }
   template <class T>
   static constexpr int k_multiple_of(const MoeConfig& c) {

@@ -54,22 +54,15 @@ __device__ __forceinline__ uint4 ld_shared_16(std::uint32_t smem_addr) {
 __device__ __forceinline__ void cp_async_16(std::uint32_t smem_addr, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
 }
-// 16-byte global→shared copies of a thread's own future operands: weights past L1 (or through it, kThroughL1)
-// with the weight loads' L2 prefetch hint (ld_stream_16), activations through L1 (ld_cached_16).
-template <int kPrefetch = 128, bool kThroughL1 = false>
+// 16-byte global→shared copies of a thread's own future operands: weights past L1 with the weight loads' L2
+// prefetch hint (ld_stream_16), activations through L1 (ld_cached_16).
+template <int kPrefetch = 128>
 __device__ __forceinline__ void cp_async_stream_16(std::uint32_t smem_addr, const void* gmem) {
   static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
-#define AMOEBA_CP_ASYNC_16(CACHE, L2) \
-  asm volatile("cp.async." CACHE ".shared.global.L2::" L2 "B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem))
-  if constexpr (kThroughL1 && kPrefetch == 256)
-    AMOEBA_CP_ASYNC_16("ca", "256");
-  else if constexpr (kThroughL1)
-    AMOEBA_CP_ASYNC_16("ca", "128");
-  else if constexpr (kPrefetch == 256)
-    AMOEBA_CP_ASYNC_16("cg", "256");
+  if constexpr (kPrefetch == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
   else
-    AMOEBA_CP_ASYNC_16("cg", "128");
-#undef AMOEBA_CP_ASYNC_16
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_cached_16(std::uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
@@ -90,8 +83,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // (docs/results/engine_h200.md, "Decode at fixed batches"); no hint at all was 9% slower still.
 // kPrefetch: the hint's size, 128 or 256 bytes (a decode tile's choice, moe_config.hpp). kThroughL1: false
 // streams past L1 (no allocation: the quantized loops, whose loads never meet a sector twice); true allocates
-// in L1, evict-first (the bf16 loop and the quantized whole-line tiles, whose step pairs read each sector
-// twice: moe/decode_gemv.cuh).
+// in L1, evict-first (the bf16 loop, whose step pairs read each line's sectors twice: moe/decode_gemv.cuh).
 template <int kPrefetch = 128, bool kThroughL1 = false>
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
   static_assert(kPrefetch == 128 || kPrefetch == 256, "L2 prefetch hint: 128 or 256 bytes");
@@ -110,12 +102,6 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
     AMOEBA_LD_STREAM_16("no_allocate", "128");
 #undef AMOEBA_LD_STREAM_16
   return v;
-}
-
-// Brings the line holding p into L1 (a 128-byte line's sectors, one per thread of a quad, ask for the whole
-// line in one instruction).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
 }
 
 // Activations are re-read by every block that works on the same tokens: keep them in L1.

@@ -243,10 +243,7 @@ constexpr ModelSpec kEngineSmall{"small E16 k4 m2 H256 F128", 16, 4, 256, 128, 2
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
   static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
-    kernels::MoeConfig c{MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128,
-                         T::kStages};
-    c.decode_lines = T::kLines;
-    return c;
+    return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128, T::kStages};
   }
 };
 
@@ -453,36 +450,6 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
   }
 }
 
-// Whole-line decode tiles (decode::Tile's kLines: k-steps dealt to the warps in line pairs; int4 swaps half
-// sectors between threads q and q ^ 2) visit K in another order than the default tiles, so they are held to
-// the reference and paged = contiguous: on Qwen1.5 (down: 22 int8 steps = 11 pairs over 4 warps, 3 3 3 2;
-// 11 int4 steps = 5 pairs and a lone last step) and Qwen3 (6 int4 steps over 4 warps: two warps idle), 8
-// warps, 8- and 16-token tiles, the register loop and staged (int4 by sectors: 2 and 4 stages, whole pairs),
-// by sectors (kLines 1) and by halves after an L1 prefetch of the line (kLines 2), and a hot expert.
-TEST_CASE("quantized experts: whole-line decode tiles", "[gpu][models][quant]") {
-  using L8 = kernels::decode::Tile<1, 4, 1, 128, 0, 1>;
-  using L8s = kernels::decode::Tile<1, 4, 1, 128, 3, 1>;
-  using L8w8 = kernels::decode::Tile<1, 8, 1, 128, 0, 1>;
-  using L16 = kernels::decode::Tile<2, 4, 1, 128, 0, 1>;
-  using L8s2 = kernels::decode::Tile<1, 4, 1, 128, 2, 1>;
-  using L8s4 = kernels::decode::Tile<1, 4, 1, 128, 4, 1>;
-  using T8 = kernels::decode::Tile<1, 4, 1, 128, 0, 2>;    // touch
-  using T8s3 = kernels::decode::Tile<1, 4, 1, 128, 3, 2>;  // touch, staged (any count)
-  using T16w8 = kernels::decode::Tile<2, 8, 1, 128, 0, 2>;
-  for (const ModelSpec& m : {kQwen15, kQwen3}) {
-    const QuantStore s8(m, Bits::kInt8, 25), s4(m, Bits::kInt4, 26);
-    for (int tokens : {1, 3, 16, 37}) {
-      const std::uint64_t seed = 2200 + tokens;
-      const int hot = tokens == 37 ? 2 : -1;
-      auto check = [&]<class Precision, class... Tiles>(const QuantStore& st) {
-        (check_quant_case<Precision, OnlyTileConfig<Tiles>>(st, tokens, seed, MoePath::kDecode, hot), ...);
-      };
-      check.template operator()<kernels::Int8, L8, L8s, T8, T8s3>(s8);
-      check.template operator()<kernels::Int4, L8, L8w8, L16, L8s2, L8s4, T8, T8s3, T16w8>(s4);
-    }
-  }
-}
-
 TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant]") {
   using Moe8 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int8>;
   using Moe4 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int4>;
@@ -552,38 +519,4 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
-  // Whole lines: any stage count on int8, an even one on int4; bf16 tiles always read whole lines.
-  using OddStagedLines = OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 3, 1>>;
-  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, 1>>,
-                 kernels::Int4>::can_implement(b)
-            .ok);
-  CHECK(PagedMoe<kernels::Contiguous, OnlyTileConfig<kernels::decode::Tile<1, 4, 1, 128, 2, 1>>,
-                 kernels::Int4>::can_implement(b)
-            .ok);
-  a.shape = MoeShape{4, 256, 384, 8, 2, 0};
-  CHECK(PagedMoe<kernels::Contiguous, OddStagedLines, kernels::Int8>::can_implement(a).ok);
-  struct Int4OddLines : QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, 1>> {
-    using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, 0, 1>>;
-    static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p,
-                                                         kernels::quant::Bits bits) {
-      kernels::MoeConfig c =
-          QuantTileConfig<kernels::decode::Tile<1, 4, 1, 128, 0, 1>>::select_quantized(s, p, bits);
-      c.decode_stages = 3;  // names no instantiated tile either; the stage rule is checked first
-      return c;
-    }
-  };
-  const kernels::Status int4_odd_stages =
-      PagedMoe<kernels::Contiguous, Int4OddLines, kernels::Int4>::can_implement(b);
-  CHECK(int4_odd_stages.field == "config.decode_stages");
-  CHECK_THAT(int4_odd_stages.message, Catch::Contains("an even count"));
-  struct Bf16Lines : kernels::DefaultMoeConfig {
-    static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
-      kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-      c.decode_lines = 1;
-      return c;
-    }
-  };
-  const kernels::Status bf16_lines = PagedMoe<kernels::Contiguous, Bf16Lines>::can_implement(a);
-  CHECK(bf16_lines.field == "config.decode_lines");
-  CHECK_THAT(bf16_lines.message, Catch::Contains("bf16 decode tiles always read whole lines"));
 }

@@ -112,23 +112,22 @@ constexpr DecodeTileList<3 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
 // H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians; the 8-token tiles
 // with 8 warps or 3–4 k-steps: docs/results/paged_moe_h200.md, "Decode tiles with more bytes in flight", 3
 // processes):
-//  - few tokens on small experts (Qwen at 1 and 3 tokens): 8-token tiles with two k-steps in flight, 4–12%
-//    faster than 32-token ones, 0.1–10% faster than three or four k-steps;
+//  - up to 32 routed slots on small experts (Qwen1.5 to 8 tokens, Qwen3 to 4): 8-token tiles with two k-steps
+//    in flight. At 1 and 3 tokens 4–12% faster than 32-token ones, 0.1–10% faster than three or four
+//    k-steps; at 7–8 tokens (Qwen1.5, since the GEMV reads whole lines) the CUDA backend's MoE phase 0.967 ±
+//    0.002× (batch 7) and 0.968 ± 0.003× (batch 8) the 32-token tiles' time (3 runs each; the benchmark:
+//    0.87–0.89× between back-to-back layers, 0.96–0.99× with 32–64 MB of other reads between them:
+//    docs/results/paged_moe_h200.md, "The 8-token rows to 32 routed slots"). Before whole lines 8-token tiles
+//    made the engine's steps at batch 7–14 up to 1.3× slower (their line halves were read from DRAM twice
+//    whenever the L2 held other data: docs/results/calibration_h200.md). Qwen1.5 with its shared chunks at 12
+//    tokens (two 8-token tiles per chunk) 0.92× and 1.04× in the benchmark: not taken;
 //  - up to 6 routed slots on huge experts (Mixtral at 1 and 3 tokens): 8-token tiles with 8 warps splitting K
 //    (the down projection has only H/32 blocks per expert): 0.945× and 0.926× the 32-token tiles' time;
-//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. 8-token tiles
-//    with three or four k-steps took 0.931–0.986× their time on Qwen at 8 and 14 tokens under the benchmark's
-//    uniform router, but made the CUDA backend's decode steps at batch 7–14 on Qwen1.5 with its shared chunks
-//    up to 1.3× slower (docs/results/calibration_h200.md; the cause, found since: their line halves were read
-//    from DRAM twice whenever the L2 held other data, removed by the whole-line loads; with them the
-//    benchmark puts 8-token tiles at 0.87–0.89× the 32-token ones on Qwen at 7–12 tokens (Qwen3 from 4)
-//    between back-to-back layers and 0.96–0.99× with 32–64 MB of other reads between them, but Qwen1.5 with
-//    shared chunks at 12 tokens at 0.92× and 1.04×: docs/results/paged_moe_h200.md,
-//    "Whole lines"; the engine at batch 7–14 is not yet measured with them). On the measured models
-//    the 8-token rows apply only where no expert can get more than 8 tokens (T ≤ 6; tests/unit/moe_config):
-//    an expert's batch can reach T (shared chunks always do), and an 8-token tile re-reads the expert per 8
-//    tokens. The rows' slot limits are what keep it so; a model with F ≤ 2048 and k = 1 (2) would meet row 1
-//    at up to 24 (12) tokens. 16-token tiles
+//  - otherwise 32-token tiles with one k-step of loads in flight: 0.5–2.3% faster than two. On the measured
+//    models the 8-token rows apply only where no expert can get more than 8 tokens (T ≤ 8;
+//    tests/unit/moe_config): an expert's batch can reach T (shared chunks always do), and an 8-token tile
+//    re-reads the expert per 8 tokens. The rows' slot limits are what keep it so; a model with F ≤ 2048 and
+//    k = 1 (2) would meet row 1 at up to 32 (16) tokens. 16-token tiles
 //    were 1–6% faster on Qwen at 16 and 33 tokens but made the paged layer up to 3% slower than the
 //    contiguous one (Qwen3 at 33 tokens, shuffled and adjacent pages alike); 32-token tiles stay within 1%.
 //  - the weights' L2 prefetch hint: 128 bytes everywhere. Against 256 (docs/results/paged_moe_h200.md, one
@@ -148,7 +147,7 @@ struct DefaultMoeConfig {
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages
-      {24,        0,      2048,    8,      8,   4,    2,     128,     0, 0},
+      {32,        0,      2048,    8,      8,   4,    2,     128,     0, 0},
       {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     0, 0},
       {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     0, 0},
   };
@@ -377,6 +376,10 @@ static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto
 static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({8, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 32, 4, 1});
+static_assert(DefaultMoeConfig::select({8, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 2});
+static_assert(DefaultMoeConfig::select({9, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});

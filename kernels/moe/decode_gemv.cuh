@@ -36,6 +36,7 @@
 #include "moe/moe_params.cuh"
 #include "moe/precision.cuh"
 #include "moe/ptx.cuh"
+#include "moe/tma.cuh"
 
 namespace amoeba::kernels::decode {
 
@@ -51,12 +52,17 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // weights.
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
-// before its MMAs, so kStages steps are in flight per warp at one step's registers.
+// before its MMAs, so kStages steps are in flight per warp at one step's registers. kStages = 1 (bulk): the
+// block's whole weight tile (its 32 rows × K) in one stage of shared memory, asked for at the block's start
+// by bulk copies (cp.async.bulk, one per row and chunk of K, issued by the lanes of warp 0, completing on
+// one mbarrier per chunk), so every byte of the tile is in flight at once at no register cost; the warps
+// read their steps' weights from it as soon as a step's chunk has landed, their tokens and scales as the
+// register loop does.
 template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
 struct Tile {
   static constexpr int kStages = kStagesT;
-  static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
-                "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
+  static_assert(kStagesT >= 0 && (kStagesT == 0 || kUnrollT == 1),
+                "a staged tile (kStages >= 1) keeps one step in registers");
   static constexpr int kPrefetch = kPrefetchT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
@@ -73,11 +79,25 @@ template <class P, class T>
 constexpr int staged_operands() {
   return 2 * kRowTiles + T::kTokTiles * (P::kValuesPerLoad / 8);
 }
+// A bulk tile's (kStages = 1) shared memory: the block's 2 × 16 weight rows of K packed values at a pitch of
+// bulk_pitch bytes (a row's bytes, plus 64 where they are a multiple of 128, so that two successive rows'
+// 64-byte steps fill the 32 banks: each 8-thread phase of a warp's 16-byte loads reads rows g and g + 1),
+// then kBulkChunks mbarriers.
+inline constexpr int kBulkChunks = 4;  // K is asked for in this many chunks (whole k-steps each)
+template <class P>
+constexpr std::int64_t bulk_pitch(int K) {
+  const std::int64_t row = static_cast<std::int64_t>(K) * quant::bit_count(P::kBits) / 8;
+  return row + (row % 128 == 0 ? 64 : 0);
+}
 template <class P, class T>
 constexpr std::int64_t staged_smem_bytes(int K) {
-  const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
-  return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
-         kRowTiles * 16 * groups * 2;
+  if constexpr (T::kStages == 1) {
+    return kRowTiles * 16 * bulk_pitch<P>(K) + kBulkChunks * 8;
+  } else {
+    const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
+    return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
+           kRowTiles * 16 * groups * 2;
+  }
 }
 
 // The K split's reduction buffer (static shared memory of every decode tile): warps 1.. hand warp 0 their
@@ -120,13 +140,10 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     lo_row[r] = rows[r] + g * row_bytes;
     hi_row[r] = rows[r] + (g + 8) * row_bytes;
   }
-  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
-    const QuantStep w = where(i);
+  auto load_rest = [&](Step& st, const QuantStep& w) {  // step w's group scales and token chunks
     const int group = w.group(kValuesPerByte);
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(lo_row[r] + w.byte);
-      st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(hi_row[r] + w.byte);
       st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
       st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
     }
@@ -134,6 +151,15 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + w.k + 8 * c);
+  };
+  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps), its weights from global memory
+    const QuantStep w = where(i);
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(lo_row[r] + w.byte);
+      st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(hi_row[r] + w.byte);
+    }
+    load_rest(st, w);
   };
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
@@ -157,7 +183,57 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
-  if constexpr (T::kStages > 0) {
+  if constexpr (T::kStages == 1) {
+    // Bulk: the block's weight tile in shared memory, row (16r + i) at w_smem + (16r + i)·pitch; chunk c of K
+    // (bytes [c·chunk_bytes, ...) of every row) completes on bar[c].
+    const std::int64_t pitch = bulk_pitch<P>(K);
+    const int row_len = static_cast<int>(K / kStep) * kBytesPerStep;  // the row's packed bytes
+    const int chunk_steps = (steps + kBulkChunks - 1) / kBulkChunks;
+    const int chunk_bytes = chunk_steps * kBytesPerStep;
+    const int chunks = (steps + chunk_steps - 1) / chunk_steps;  // <= kBulkChunks
+    auto* bar = reinterpret_cast<std::uint64_t*>(smem + kRowTiles * 16 * pitch);
+    if (threadIdx.x == 0) {
+      for (int c = 0; c < chunks; ++c) tma::mbarrier_init(&bar[c], 1);
+      tma::fence_barrier_init();
+    }
+    __syncthreads();
+    if (warp == 0) {
+      // Lane l copies row l % 16 of row tile l / 16, chunk by chunk; lane 0 announces each chunk's bytes
+      // first (one arrival per chunk barrier, 32 rows' worth).
+      const int l = 4 * g + q;  // the lane
+      if (l == 0)
+        for (int c = 0; c < chunks; ++c)
+          tma::arrive_expect_tx(
+              &bar[c], static_cast<unsigned>(kRowTiles * 16 * min(chunk_bytes, row_len - c * chunk_bytes)));
+      __syncwarp();
+      const unsigned char* src = rows[l / 16] + (l % 16) * row_bytes;
+      unsigned char* dst = smem + l * pitch;
+      for (int c = 0; c < chunks; ++c) {
+        const int off = c * chunk_bytes;
+        tma::bulk_copy(dst + off, src + off, static_cast<unsigned>(min(chunk_bytes, row_len - off)), &bar[c]);
+      }
+    }
+    int ready = -1;  // the chunks this thread has seen land: a warp's steps increase, so its chunks too
+    auto read = [&](Step& st, int i) {
+      const QuantStep w = where(i);
+      const int c = w.s / chunk_steps;
+      if (c > ready) {
+        tma::wait(&bar[c], 0);
+        ready = c;
+      }
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) {
+        st.wlo[r] = ptx::ld_shared_16(ptx::smem_u32(smem + (16 * r + g) * pitch + w.byte));
+        st.whi[r] = ptx::ld_shared_16(ptx::smem_u32(smem + (16 * r + g + 8) * pitch + w.byte));
+      }
+      load_rest(st, w);
+    };
+    for (int i = 0; i < my_steps; ++i) {
+      Step st;
+      read(st, i);
+      compute(st);
+    }
+  } else if constexpr (T::kStages > 0) {
     // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;
     // the block's scales are copied once, with the first step, and are the only data threads share.
     constexpr int kS = T::kStages, kOps = staged_operands<P, T>(), kThreads = T::kThreads;

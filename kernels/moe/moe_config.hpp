@@ -364,7 +364,7 @@ static_assert([] {
     if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch
     const int staged[] = {r.int8_stages, r.int4_stages};
     for (const int stages : staged)
-      if (stages != 0 && (stages < 2 || r.unroll != 1)) return false;  // decode::Tile's rule
+      if (stages != 0 && (stages < 1 || r.unroll != 1)) return false;  // decode::Tile's rule
   }
   for (const auto& r : DefaultMoeConfig::kDecodeRows)
     if (r.int8_stages != 0 || r.int4_stages != 0) return false;  // bf16 tiles are never staged

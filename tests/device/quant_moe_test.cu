@@ -409,10 +409,10 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   }
 }
 
-// The staged main loop (2, 3 or 4 k-steps per thread in flight through shared memory) adds the same partial
-// sums in the same order as the register loop: bit-identical outputs, on model shapes whose warps get odd and
-// even step counts (Qwen1.5 down: 22 int8 / 11 int4 steps over 4 warps, fewer than the stages at int4), and
-// the reference holds.
+// The staged main loop (2, 3 or 4 k-steps per thread in flight through shared memory, or the bulk one: the
+// block's whole weight tile) adds the same partial sums in the same order as the register loop: bit-identical
+// outputs, on model shapes whose warps get odd and even step counts (Qwen1.5 down: 22 int8 / 11 int4 steps
+// over 4 warps, fewer than the stages at int4), and the reference holds.
 TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bit for bit",
           "[gpu][models][quant]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
@@ -433,6 +433,7 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
                       r, shape, st.paged_args(), st.stride(), MoePath::kDecode);
                   CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
                 };
+                twin.template operator()<Staged<T, 1>>();  // bulk: the block's weight tile at once
                 twin.template operator()<Staged<T, 2>>();
                 twin.template operator()<Staged<T, 3>>();
                 twin.template operator()<Staged<T, 4>>();
@@ -446,6 +447,19 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
           s8, tokens, 1800 + tokens, MoePath::kDecode);
       check_quant_case<kernels::Int4, OnlyTileConfig<Staged<kernels::decode::Tile<2, 4, 1>, 3>>>(
           s4, tokens, 1900 + tokens, MoePath::kDecode);
+      check_quant_case<kernels::Int4, OnlyTileConfig<Staged<kernels::decode::Tile<1, 4, 1>, 1>>>(
+          s4, tokens, 2000 + tokens, MoePath::kDecode);
+    }
+  }
+  // Bulk tiles on small shapes: fewer k-steps than warps and chunks (K = 128 int4: one step, one chunk), a
+  // row of one step's bytes, against the reference.
+  for (const ModelSpec& m : {kOddK, kEngineSmall}) {
+    const QuantStore s8(m, Bits::kInt8, 27), s4(m, Bits::kInt4, 28);
+    for (int tokens : {1, 5}) {
+      check_quant_case<kernels::Int8, OnlyTileConfig<Staged<kernels::decode::Tile<1, 4, 1>, 1>>>(
+          s8, tokens, 2100 + tokens, MoePath::kDecode);
+      check_quant_case<kernels::Int4, OnlyTileConfig<Staged<kernels::decode::Tile<1, 8, 1>, 1>>>(
+          s4, tokens, 2200 + tokens, MoePath::kDecode);
     }
   }
 }
@@ -519,4 +533,15 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
+  // A bulk tile (kStages = 1) holds its block's 32 weight rows of K: at H = 16384 (int4: 8192 bytes a row, at
+  // a pitch of 8256) 264192 bytes, past the maximum; at H = 4096 66560.
+  using Moe4Bulk =
+      PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<1, 4, 1>, 1>>, kernels::Int4>;
+  b.shape.hidden = 16384;
+  const kernels::Status bulk = Moe4Bulk::can_implement(b);
+  CHECK(bulk.field == "config.decode_stages");
+  CHECK_THAT(bulk.message, Catch::Contains("bytes of shared memory per block"));
+  b.shape.hidden = 4096;
+  CHECK(Moe4Bulk::can_implement(b).ok);
+  b.shape.hidden = 256;
 }

@@ -7,7 +7,8 @@
 #   BIN=.gpu OUT=$OUT [QWEN3=1] [STEPS="bf16 int8 int4"] [START=file.json] bash benchmarks/device/refit_run.sh
 # STEPS and START split the chain over device calls when it outlasts one (since every decode batch 1..16 is
 # calibrated, a Qwen1.5 step takes an estimated ~3 min): e.g. STEPS=bf16 QWEN3=0, then STEPS="int8 int4" QWEN3=0
-# START=<the first call's h200-qwen1.5.json, carried>.
+# START=<the first call's h200-qwen1.5.json, carried>. STEPS= (set, empty) QWEN3=1: Qwen3's fit alone (an
+# unset STEPS runs all three).
 # Writes $OUT/<step>/calibration.tgz and summary.txt per step (bf16, int8, int4, qwen3), and the final fits
 # as $OUT/h200-qwen1.5.json and $OUT/h200-qwen3.json (copy them over reference_engine/data/cost_models/).
 set -uo pipefail
@@ -16,7 +17,7 @@ set -uo pipefail
 here=$(dirname "$0")
 models=reference_engine/data/cost_models
 start=${START:-$models/h200-qwen1.5.json}
-for step in ${STEPS:-bf16 int8 int4}; do
+for step in ${STEPS-bf16 int8 int4}; do
   mkdir -p "$OUT/$step"
   BIN=$BIN OUT=$OUT/$step START=$start PRECISION=$step MODELS=qwen1.5-moe-a2.7b POLICIES=static \
     TRACES=poisson bash "$here/calibration_run.sh" >"$OUT/$step/run.txt" 2>&1

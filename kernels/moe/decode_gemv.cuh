@@ -184,8 +184,8 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
   if constexpr (T::kStages == 1) {
-    // Bulk: the block's weight tile in shared memory, row (16r + i) at w_smem + (16r + i)·pitch; chunk c of K
-    // (bytes [c·chunk_bytes, ...) of every row) completes on bar[c].
+    // Bulk: the block's weight tile in shared memory, row i of row tile r at smem + (16r + i)·pitch; chunk c
+    // of K (bytes [c·chunk_bytes, ...) of every row) completes on bar[c].
     const std::int64_t pitch = bulk_pitch<P>(K);
     const int row_len = static_cast<int>(K / kStep) * kBytesPerStep;  // the row's packed bytes
     const int chunk_steps = (steps + kBulkChunks - 1) / kBulkChunks;

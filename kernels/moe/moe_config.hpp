@@ -27,7 +27,8 @@ struct MoeConfig {
                            // kernels) or 256 (the persistent TMA kernels, grouped::gemm_tma_kernel for bf16,
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
-                          // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
+                          // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop); 1:
+                          // the block's whole weight tile at once (bulk copies)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -74,25 +74,17 @@ struct Tile {
 
 // A staged tile's shared memory on quantized experts P: kStages slots of every thread's 16-byte operands of
 // one k-step (the two row tiles' low and high rows, the token chunks), [slot][operand][thread], then the
-// block's rows' group scales ([row tile][16 rows][groups], bf16). K: the stage's reduction length.
+// block's rows' group scales ([row tile][16 rows][groups], bf16); a bulk tile's (kStages = 1): its rows and
+// mbarriers (moe/decode_steps.hpp, bulk_smem_bytes). K: the stage's reduction length.
 template <class P, class T>
 constexpr int staged_operands() {
   return 2 * kRowTiles + T::kTokTiles * (P::kValuesPerLoad / 8);
 }
-// A bulk tile's (kStages = 1) shared memory: the block's 2 × 16 weight rows of K packed values at a pitch of
-// bulk_pitch bytes (a row's bytes, plus 64 where they are a multiple of 128, so that two successive rows'
-// 64-byte steps fill the 32 banks: each 8-thread phase of a warp's 16-byte loads reads rows g and g + 1),
-// then kBulkChunks mbarriers.
-inline constexpr int kBulkChunks = 4;  // K is asked for in this many chunks (whole k-steps each)
-template <class P>
-constexpr std::int64_t bulk_pitch(int K) {
-  const std::int64_t row = static_cast<std::int64_t>(K) * quant::bit_count(P::kBits) / 8;
-  return row + (row % 128 == 0 ? 64 : 0);
-}
 template <class P, class T>
 constexpr std::int64_t staged_smem_bytes(int K) {
-  if constexpr (T::kStages == 1) {
-    return kRowTiles * 16 * bulk_pitch<P>(K) + kBulkChunks * 8;
+  if constexpr (T::kStages == 1) {  // a bulk tile: the block's rows of K, then mbarriers (decode_steps.hpp)
+    static_assert(kRowTiles * 16 == 32, "bulk_smem_bytes counts 32 rows");
+    return bulk_smem_bytes(K / P::kKStep);
   } else {
     const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
     return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
@@ -186,11 +178,9 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   if constexpr (T::kStages == 1) {
     // Bulk: the block's weight tile in shared memory, row i of row tile r at smem + (16r + i)·pitch; chunk c
     // of K (bytes [c·chunk_bytes, ...) of every row) completes on bar[c].
-    const std::int64_t pitch = bulk_pitch<P>(K);
-    const int row_len = static_cast<int>(K / kStep) * kBytesPerStep;  // the row's packed bytes
-    const int chunk_steps = (steps + kBulkChunks - 1) / kBulkChunks;
-    const int chunk_bytes = chunk_steps * kBytesPerStep;
-    const int chunks = (steps + chunk_steps - 1) / chunk_steps;  // <= kBulkChunks
+    const std::int64_t pitch = bulk_pitch(steps);
+    const BulkChunks bc = bulk_chunks(steps);  // moe/decode_steps.hpp
+    const int chunk_bytes = bc.steps_per_chunk * kBytesPerStep, chunks = bc.chunks;
     auto* bar = reinterpret_cast<std::uint64_t*>(smem + kRowTiles * 16 * pitch);
     if (threadIdx.x == 0) {
       for (int c = 0; c < chunks; ++c) tma::mbarrier_init(&bar[c], 1);
@@ -203,20 +193,18 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       const int l = 4 * g + q;  // the lane
       if (l == 0)
         for (int c = 0; c < chunks; ++c)
-          tma::arrive_expect_tx(
-              &bar[c], static_cast<unsigned>(kRowTiles * 16 * min(chunk_bytes, row_len - c * chunk_bytes)));
+          tma::arrive_expect_tx(&bar[c], static_cast<unsigned>(kRowTiles * 16 * bc.bytes(c, steps)));
       __syncwarp();
       const unsigned char* src = rows[l / 16] + (l % 16) * row_bytes;
       unsigned char* dst = smem + l * pitch;
-      for (int c = 0; c < chunks; ++c) {
-        const int off = c * chunk_bytes;
-        tma::bulk_copy(dst + off, src + off, static_cast<unsigned>(min(chunk_bytes, row_len - off)), &bar[c]);
-      }
+      for (int c = 0; c < chunks; ++c)
+        tma::bulk_copy(dst + c * chunk_bytes, src + c * chunk_bytes,
+                       static_cast<unsigned>(bc.bytes(c, steps)), &bar[c]);
     }
     int ready = -1;  // the chunks this thread has seen land: a warp's steps increase, so its chunks too
     auto read = [&](Step& st, int i) {
       const QuantStep w = where(i);
-      const int c = w.s / chunk_steps;
+      const int c = w.s / bc.steps_per_chunk;
       if (c > ready) {
         tma::wait(&bar[c], 0);
         ready = c;

@@ -54,4 +54,31 @@ AMOEBA_HOST_DEVICE constexpr QuantStep quant_step(int i, int warps, int warp, in
   return {s, 64LL * s + 16 * q, 64 * values_per_byte * s + 16 * values_per_byte * q};
 }
 
+// Quantized bulk tiles (decode::Tile's kStages = 1): the block's 32 weight rows of `steps` k-steps each (64
+// bytes a step) in shared memory at bulk_pitch() bytes a row, asked for in at most kBulkChunks chunks of
+// whole k-steps (one bulk copy per row and chunk, one mbarrier per chunk). The pitch: the row's bytes, plus
+// 64 where they are a multiple of 128, so that the two rows an 8-thread phase of a warp's 16-byte loads reads
+// (g and g + 1, 64 bytes each) fill the 32 banks once.
+inline constexpr int kBulkChunks = 4;
+AMOEBA_HOST_DEVICE constexpr long long bulk_pitch(int steps) {
+  const long long row = 64LL * steps;
+  return row + (row % 128 == 0 ? 64 : 0);
+}
+struct BulkChunks {
+  int steps_per_chunk, chunks;
+  // Chunk c's bytes of each row: whole k-steps, the last chunk the rest.
+  AMOEBA_HOST_DEVICE constexpr int bytes(int c, int steps) const {
+    const int rest = steps - c * steps_per_chunk;
+    return 64 * (rest < steps_per_chunk ? rest : steps_per_chunk);
+  }
+};
+AMOEBA_HOST_DEVICE constexpr BulkChunks bulk_chunks(int steps) {
+  const int per = (steps + kBulkChunks - 1) / kBulkChunks;
+  return {per, (steps + per - 1) / per};
+}
+// Shared memory of a bulk tile: 32 rows, then one 8-byte mbarrier per chunk (kBulkChunks reserved).
+AMOEBA_HOST_DEVICE constexpr long long bulk_smem_bytes(int steps) {
+  return 32 * bulk_pitch(steps) + 8 * kBulkChunks;
+}
+
 }  // namespace amoeba::kernels::decode

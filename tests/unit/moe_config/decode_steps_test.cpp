@@ -112,3 +112,42 @@ TEST_CASE("quantized decode steps: every k-step once, round robin, in one group"
     }
   }
 }
+
+TEST_CASE("quantized bulk tiles: chunks cover each row once, pitch reads conflict-free",
+          "[kernels][decode]") {
+  for (int steps = 1; steps <= 240; ++steps) {  // K / k-step: 1 .. Mixtral's int8 down (14336 / 64 = 224)
+    INFO("steps=" << steps);
+    const BulkChunks bc = bulk_chunks(steps);
+    REQUIRE(bc.chunks >= 1);
+    REQUIRE(bc.chunks <= kBulkChunks);
+    int covered = 0;
+    for (int c = 0; c < bc.chunks; ++c) {
+      const int bytes = bc.bytes(c, steps);
+      CHECK(bytes > 0);
+      CHECK(bytes % 16 == 0);  // a bulk copy's size
+      CHECK(c * bc.steps_per_chunk * 64 == covered);
+      covered += bytes;
+    }
+    CHECK(covered == 64 * steps);                                               // the row's bytes, once
+    for (int s = 0; s < steps; ++s) CHECK(s / bc.steps_per_chunk < bc.chunks);  // the chunk a step waits on
+    const long long pitch = bulk_pitch(steps);
+    CHECK(pitch % 16 == 0);  // bulk copies land 16-byte aligned
+    CHECK(pitch >= 64LL * steps);
+    CHECK(bulk_smem_bytes(steps) == 32 * pitch + 8 * kBulkChunks);
+    CHECK(32 * pitch % 8 == 0);  // the mbarriers' alignment
+    // Each 8-thread phase of a warp's 16-byte shared loads (lanes 8p .. 8p + 7: rows g = 2p, 2p + 1 of a row
+    // tile, threads q = 0..3 at 16·q of the step's 64 bytes) touches each of the 32 4-byte banks once.
+    for (int s = 0; s < steps; ++s)
+      for (int r = 0; r < 2; ++r)
+        for (int hi = 0; hi < 2; ++hi)  // the low rows g, or the high rows g + 8
+          for (int p = 0; p < 4; ++p) {
+            std::set<long long> banks;
+            for (int lane = 8 * p; lane < 8 * p + 8; ++lane) {
+              const int g = lane / 4, q = lane % 4;
+              const long long addr = (16 * r + g + 8 * hi) * pitch + 64LL * s + 16 * q;
+              for (int word = 0; word < 4; ++word) banks.insert((addr / 4 + word) % 32);
+            }
+            REQUIRE(banks.size() == 32);
+          }
+  }
+}

@@ -37,8 +37,8 @@
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
 // loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
 // 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-bulk / int4-bulk: with every
-// decode tile taking its block's whole weight tile into shared memory by bulk copies (kStages = 1) where it
-// fits two blocks per SM (not on Mixtral); int8-tma /
+// decode tile taking its block's weight tile into shared memory by bulk copies (kStages = 1: the whole tile
+// where it fits 72 KB, else a ring of chunks); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
 // every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
@@ -375,23 +375,6 @@ struct StagedQuantConfig : kernels::DefaultMoeConfig {
   }
 };
 
-// The default table with every quantized decode tile taking its block's whole weight tile into shared memory
-// by bulk copies (decode::Tile's kStages = 1) where both stages' tiles fit two blocks per SM (Qwen; the
-// default's choice on Mixtral, whose int4 down tile alone would take 231 KB).
-struct BulkQuantConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(restaged<1>(kernels::detail::DefaultQuantDecodeTiles{}));
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    const long long row = std::max(s.hidden, s.intermediate) * kernels::quant::bit_count(bits) / 8;
-    if (c.path == MoePath::kDecode && 32 * (row + 64) <= 113 * 1024) {
-      c.decode_unroll = 1;
-      c.decode_stages = 1;
-    }
-    return c;
-  }
-};
-
 using QuantFactory = std::unique_ptr<GraphBase> (*)(const std::vector<RoutingSet>&, const MoeShape&,
                                                     const QuantWeights&, bf16*, const Between&, cudaStream_t);
 
@@ -430,8 +413,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
       {"int8-steady", &make_quant_graph<kernels::Int8, StagedQuantConfig<0>>},
-      {"int8-bulk", &make_quant_graph<kernels::Int8, BulkQuantConfig>},
-      {"int4-bulk", &make_quant_graph<kernels::Int4, BulkQuantConfig>},
+      {"int8-bulk", &make_quant_graph<kernels::Int8, StagedQuantConfig<1>>},
+      {"int4-bulk", &make_quant_graph<kernels::Int4, StagedQuantConfig<1>>},
       {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
       {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
       {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},

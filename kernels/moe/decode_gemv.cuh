@@ -53,9 +53,10 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
 // before its MMAs, so kStages steps are in flight per warp at one step's registers. kStages = 1 (bulk): the
-// block's whole weight tile (its 32 rows × K) in one stage of shared memory, asked for at the block's start
-// by bulk copies (cp.async.bulk, one per row and chunk of K, issued by the lanes of warp 0, completing on
-// one mbarrier per chunk), so every byte of the tile is in flight at once at no register cost; the warps
+// block's weight tile (its 32 rows × K) comes into shared memory by bulk copies (cp.async.bulk, one per row
+// and chunk of K, issued by the lanes of warp 0, completing on one mbarrier per chunk): the whole tile at the
+// block's start where it fits 72 KB, else a ring of 4 chunks refilled as the warps leave them
+// (moe/decode_steps.hpp, bulk_geometry), so up to the whole tile is in flight at no register cost; the warps
 // read their steps' weights from it as soon as a step's chunk has landed, their tokens and scales as the
 // register loop does.
 template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
@@ -74,8 +75,8 @@ struct Tile {
 
 // A staged tile's shared memory on quantized experts P: kStages slots of every thread's 16-byte operands of
 // one k-step (the two row tiles' low and high rows, the token chunks), [slot][operand][thread], then the
-// block's rows' group scales ([row tile][16 rows][groups], bf16); a bulk tile's (kStages = 1): its rows and
-// mbarriers (moe/decode_steps.hpp, bulk_smem_bytes). K: the stage's reduction length.
+// block's rows' group scales ([row tile][16 rows][groups], bf16); a bulk tile's (kStages = 1): its slots of
+// rows and mbarriers (moe/decode_steps.hpp, bulk_geometry). K: the stage's reduction length.
 template <class P, class T>
 constexpr int staged_operands() {
   return 2 * kRowTiles + T::kTokTiles * (P::kValuesPerLoad / 8);
@@ -83,8 +84,8 @@ constexpr int staged_operands() {
 template <class P, class T>
 constexpr std::int64_t staged_smem_bytes(int K) {
   if constexpr (T::kStages == 1) {  // a bulk tile: the block's rows of K, then mbarriers (decode_steps.hpp)
-    static_assert(kRowTiles * 16 == 32, "bulk_smem_bytes counts 32 rows");
-    return bulk_smem_bytes(K / P::kKStep);
+    static_assert(kRowTiles * 16 == 32, "a bulk slot holds 32 rows");
+    return bulk_geometry(K / P::kKStep, T::kWarps).smem_bytes();
   } else {
     const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
     return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
@@ -176,49 +177,59 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
   if constexpr (T::kStages == 1) {
-    // Bulk: the block's weight tile in shared memory, row i of row tile r at smem + (16r + i)·pitch; chunk c
-    // of K (bytes [c·chunk_bytes, ...) of every row) completes on bar[c].
-    const std::int64_t pitch = bulk_pitch(steps);
-    const BulkChunks bc = bulk_chunks(steps);  // moe/decode_steps.hpp
-    const int chunk_bytes = bc.steps_per_chunk * kBytesPerStep, chunks = bc.chunks;
-    auto* bar = reinterpret_cast<std::uint64_t*>(smem + kRowTiles * 16 * pitch);
+    // Bulk (moe/decode_steps.hpp, bulk_geometry): chunk c of the block's 32 rows in slot c % slots, row l at
+    // slot + l·pitch, landing on full[c % slots]; in a ring, warps leaving a chunk arrive on its slot's
+    // empty barrier and warp 0 refills the slot once all have.
+    const BulkGeometry bg = bulk_geometry(steps, kWarps);
+    const int lane = 4 * g + q;
+    auto* full = reinterpret_cast<std::uint64_t*>(smem + bg.slots * 32 * bg.pitch);
+    std::uint64_t* empty = full + kBulkSlots;
     if (threadIdx.x == 0) {
-      for (int c = 0; c < chunks; ++c) tma::mbarrier_init(&bar[c], 1);
+      for (int c = 0; c < bg.slots; ++c) {
+        tma::mbarrier_init(&full[c], 1);
+        tma::mbarrier_init(&empty[c], kWarps);
+      }
       tma::fence_barrier_init();
     }
     __syncthreads();
-    if (warp == 0) {
-      // Lane l copies row l % 16 of row tile l / 16, chunk by chunk; lane 0 announces each chunk's bytes
-      // first (one arrival per chunk barrier, 32 rows' worth).
-      const int l = 4 * g + q;  // the lane
-      if (l == 0)
-        for (int c = 0; c < chunks; ++c)
-          tma::arrive_expect_tx(&bar[c], static_cast<unsigned>(kRowTiles * 16 * bc.bytes(c, steps)));
+    auto slot_of = [&](int c) { return smem + static_cast<std::int64_t>(c % bg.slots) * 32 * bg.pitch; };
+    // Warp 0 asks for chunk c: lane 0 announces its 32 rows' bytes, lane l copies row l % 16 of row tile l
+    // / 16.
+    auto issue = [&](int c) {
+      std::uint64_t* bar = &full[c % bg.slots];
+      const int bytes = bg.bytes(c, steps);
+      if (lane == 0) tma::arrive_expect_tx(bar, static_cast<unsigned>(32 * bytes));
       __syncwarp();
-      const unsigned char* src = rows[l / 16] + (l % 16) * row_bytes;
-      unsigned char* dst = smem + l * pitch;
-      for (int c = 0; c < chunks; ++c)
-        tma::bulk_copy(dst + c * chunk_bytes, src + c * chunk_bytes,
-                       static_cast<unsigned>(bc.bytes(c, steps)), &bar[c]);
-    }
-    int ready = -1;  // the chunks this thread has seen land: a warp's steps increase, so its chunks too
-    auto read = [&](Step& st, int i) {
+      tma::bulk_copy(slot_of(c) + lane * bg.pitch,
+                     rows[lane / 16] + (lane % 16) * row_bytes + 64LL * bg.steps_per_chunk * c,
+                     static_cast<unsigned>(bytes), bar);
+    };
+    if (warp == 0)
+      for (int c = 0; c < bg.slots && c < bg.chunks; ++c) issue(c);
+    int cur = -1;  // the chunk the warp reads (its steps increase, so its chunks too)
+    for (int i = 0; i < my_steps; ++i) {
       const QuantStep w = where(i);
-      const int c = w.s / bc.steps_per_chunk;
-      if (c > ready) {
-        tma::wait(&bar[c], 0);
-        ready = c;
+      const int c = w.s / bg.steps_per_chunk;
+      if (c != cur) {
+        if (cur >= 0 && bg.ring()) {  // leaving chunk cur: its slot may be refilled once every warp has
+          __syncwarp();
+          if (lane == 0) tma::arrive(&empty[cur % bg.slots]);
+          if (warp == 0 && cur + bg.slots < bg.chunks) {
+            tma::wait(&empty[cur % bg.slots], (cur / bg.slots) & 1);
+            issue(cur + bg.slots);
+          }
+        }
+        tma::wait(&full[c % bg.slots], (c / bg.slots) & 1);
+        cur = c;
       }
+      const unsigned char* at = slot_of(c) + 64 * (w.s % bg.steps_per_chunk) + 16 * q;
+      Step st;
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        st.wlo[r] = ptx::ld_shared_16(ptx::smem_u32(smem + (16 * r + g) * pitch + w.byte));
-        st.whi[r] = ptx::ld_shared_16(ptx::smem_u32(smem + (16 * r + g + 8) * pitch + w.byte));
+        st.wlo[r] = ptx::ld_shared_16(ptx::smem_u32(at + (16 * r + g) * bg.pitch));
+        st.whi[r] = ptx::ld_shared_16(ptx::smem_u32(at + (16 * r + g + 8) * bg.pitch));
       }
       load_rest(st, w);
-    };
-    for (int i = 0; i < my_steps; ++i) {
-      Step st;
-      read(st, i);
       compute(st);
     }
   } else if constexpr (T::kStages > 0) {

@@ -113,41 +113,63 @@ TEST_CASE("quantized decode steps: every k-step once, round robin, in one group"
   }
 }
 
-TEST_CASE("quantized bulk tiles: chunks cover each row once, pitch reads conflict-free",
+TEST_CASE("quantized bulk tiles: chunks cover each row once, rings refill safely, reads conflict-free",
           "[kernels][decode]") {
-  for (int steps = 1; steps <= 240; ++steps) {  // K / k-step: 1 .. Mixtral's int8 down (14336 / 64 = 224)
-    INFO("steps=" << steps);
-    const BulkChunks bc = bulk_chunks(steps);
-    REQUIRE(bc.chunks >= 1);
-    REQUIRE(bc.chunks <= kBulkChunks);
-    int covered = 0;
-    for (int c = 0; c < bc.chunks; ++c) {
-      const int bytes = bc.bytes(c, steps);
-      CHECK(bytes > 0);
-      CHECK(bytes % 16 == 0);  // a bulk copy's size
-      CHECK(c * bc.steps_per_chunk * 64 == covered);
-      covered += bytes;
-    }
-    CHECK(covered == 64 * steps);                                               // the row's bytes, once
-    for (int s = 0; s < steps; ++s) CHECK(s / bc.steps_per_chunk < bc.chunks);  // the chunk a step waits on
-    const long long pitch = bulk_pitch(steps);
-    CHECK(pitch % 16 == 0);  // bulk copies land 16-byte aligned
-    CHECK(pitch >= 64LL * steps);
-    CHECK(bulk_smem_bytes(steps) == 32 * pitch + 8 * kBulkChunks);
-    CHECK(32 * pitch % 8 == 0);  // the mbarriers' alignment
-    // Each 8-thread phase of a warp's 16-byte shared loads (lanes 8p .. 8p + 7: rows g = 2p, 2p + 1 of a row
-    // tile, threads q = 0..3 at 16·q of the step's 64 bytes) touches each of the 32 4-byte banks once.
-    for (int s = 0; s < steps; ++s)
-      for (int r = 0; r < 2; ++r)
-        for (int hi = 0; hi < 2; ++hi)  // the low rows g, or the high rows g + 8
-          for (int p = 0; p < 4; ++p) {
-            std::set<long long> banks;
-            for (int lane = 8 * p; lane < 8 * p + 8; ++lane) {
-              const int g = lane / 4, q = lane % 4;
-              const long long addr = (16 * r + g + 8 * hi) * pitch + 64LL * s + 16 * q;
-              for (int word = 0; word < 4; ++word) banks.insert((addr / 4 + word) % 32);
-            }
-            REQUIRE(banks.size() == 32);
+  for (int warps : {1, 2, 4, 8}) {
+    for (int steps = 1; steps <= 240; ++steps) {  // K / k-step: 1 .. Mixtral's int8 down (14336 / 64 = 224)
+      INFO("steps=" << steps << " warps=" << warps);
+      const BulkGeometry bg = bulk_geometry(steps, warps);
+      REQUIRE(bg.chunks >= 1);
+      REQUIRE(bg.slots >= 1);
+      CHECK(bg.slots <= kBulkSlots);
+      CHECK((bg.chunks - 1) * bg.steps_per_chunk < steps);
+      CHECK(bg.chunks * bg.steps_per_chunk >= steps);
+      // The whole tile where it fits, one chunk a slot; a ring of kBulkSlots slots beyond.
+      const bool whole = 32 * bulk_pitch(steps) <= kBulkWholeBytes;
+      CHECK(bg.ring() == !whole);
+      if (whole) CHECK(bg.slots == bg.chunks);
+      int covered = 0;
+      for (int c = 0; c < bg.chunks; ++c) {
+        const int bytes = bg.bytes(c, steps);
+        CHECK(bytes > 0);
+        CHECK(bytes % 16 == 0);  // a bulk copy's size
+        CHECK(bytes <= 64 * bg.steps_per_chunk);
+        CHECK(c * bg.steps_per_chunk * 64 == covered);
+        covered += bytes;
+      }
+      CHECK(covered == 64 * steps);  // the row's bytes, once
+      CHECK(bg.pitch % 16 == 0);     // bulk copies land 16-byte aligned
+      CHECK(bg.pitch >= 64LL * bg.steps_per_chunk);
+      CHECK(bg.smem_bytes() == bg.slots * 32 * bg.pitch + 16 * kBulkSlots);
+      CHECK(32 * bg.pitch % 8 == 0);        // the mbarriers' alignment
+      CHECK(bg.smem_bytes() <= 80 * 1024);  // a few blocks per SM, whatever K
+      // A ring refills chunk c's slot with chunk c + slots once every warp has left chunk c (moved to a later
+      // chunk): every warp must leave every such chunk, and warp 0 (the one that refills) must visit it.
+      if (bg.ring()) {
+        for (int w = 0; w < warps; ++w) {
+          std::set<int> visited;
+          const int n = quant_warp_steps(steps, warps, w);
+          for (int i = 0; i < n; ++i) visited.insert(quant_step(i, warps, w, 0, 1).s / bg.steps_per_chunk);
+          for (int c = 0; c + bg.slots < bg.chunks; ++c) {
+            CHECK(visited.count(c) == 1);
+            CHECK(*visited.rbegin() > c);
           }
+        }
+      }
+      // Each 8-thread phase of a warp's 16-byte shared loads (lanes 8p .. 8p + 7: rows g = 2p, 2p + 1 of a
+      // row tile, threads q = 0..3 at 16·q of a step's 64 bytes in its chunk) touches each 4-byte bank once.
+      for (int s = 0; s < bg.steps_per_chunk; ++s)
+        for (int r = 0; r < 2; ++r)
+          for (int hi = 0; hi < 2; ++hi)  // the low rows g, or the high rows g + 8
+            for (int p = 0; p < 4; ++p) {
+              std::set<long long> banks;
+              for (int lane = 8 * p; lane < 8 * p + 8; ++lane) {
+                const int g = lane / 4, q = lane % 4;
+                const long long addr = (16 * r + g + 8 * hi) * bg.pitch + 64LL * s + 16 * q;
+                for (int word = 0; word < 4; ++word) banks.insert((addr / 4 + word) % 32);
+              }
+              REQUIRE(banks.size() == 32);
+            }
+    }
   }
 }

@@ -193,8 +193,8 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     }
     __syncthreads();
     auto slot_of = [&](int c) { return smem + static_cast<std::int64_t>(c % bg.slots) * 32 * bg.pitch; };
-    // Warp 0 asks for chunk c: lane 0 announces its 32 rows' bytes, lane l copies row l % 16 of row tile l
-    // / 16.
+    // Warp 0 asks for chunk c: lane 0 announces its 32 rows' bytes, each lane copies its row (l: row tile
+    // l / 16, row l % 16).
     auto issue = [&](int c) {
       std::uint64_t* bar = &full[c % bg.slots];
       const int bytes = bg.bytes(c, steps);

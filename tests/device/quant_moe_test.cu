@@ -456,9 +456,14 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
           s4, tokens, 2000 + tokens, MoePath::kDecode);
     }
   }
-  // Bulk tiles on small shapes (fewer k-steps than warps and chunks: K = 128 int4, one step, one chunk) and
-  // on rings (K past the whole tile's 72 KB: gate/up at H = 4608, int8 9 chunks of 8 steps, int4 5; down at
-  // F = 6144, int8 12 chunks, int4 6; 4 slots refilled), against the reference.
+}
+
+// Bulk tiles on small shapes (fewer k-steps than warps and chunks: K = 128 int4, one step, one chunk) and on
+// rings (K past the whole tile's 72 KB: gate/up at H = 4608, int8 9 chunks of 8 steps, int4 5; down at F =
+// 6144, int8 12 chunks, int4 6; 4 slots refilled), against the reference. Small enough for
+// compute-sanitizer's racecheck and synccheck (gpu_tests.sh: the mbarriers, the bulk copies and the ring's
+// refills).
+TEST_CASE("quantized experts: bulk decode tiles on small shapes and rings", "[gpu][small][quant][bulk]") {
   for (const ModelSpec& m : {kOddK, kEngineSmall, kRingH, kRingF}) {
     const QuantStore s8(m, Bits::kInt8, 27), s4(m, Bits::kInt4, 28);
     for (int tokens : {1, 5}) {

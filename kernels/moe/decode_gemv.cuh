@@ -200,13 +200,15 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       const int bytes = bg.bytes(c, steps);
       if (lane == 0) tma::arrive_expect_tx(bar, static_cast<unsigned>(32 * bytes));
       __syncwarp();
-      tma::bulk_copy(slot_of(c) + lane * bg.pitch,
-                     rows[lane / 16] + (lane % 16) * row_bytes + 64LL * bg.steps_per_chunk * c,
+      tma::bulk_copy(slot_of(c) + lane * bg.pitch, rows[lane / 16] + (lane % 16) * row_bytes + bg.offset(c),
                      static_cast<unsigned>(bytes), bar);
     };
     if (warp == 0)
       for (int c = 0; c < bg.slots && c < bg.chunks; ++c) issue(c);
     int cur = -1;  // the chunk the warp reads (its steps increase, so its chunks too)
+    // Shared address of chunk cur's row 0 byte 0 as if the whole row were there: its slot less its offset
+    // (unsigned: it may wrap below the slot), so that a step's 16 bytes lie at chunk + QuantStep::byte.
+    std::uint32_t chunk = 0;
     for (int i = 0; i < my_steps; ++i) {
       const QuantStep w = where(i);
       const int c = w.s / bg.steps_per_chunk;
@@ -221,13 +223,14 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
         }
         tma::wait(&full[c % bg.slots], (c / bg.slots) & 1);
         cur = c;
+        chunk = ptx::smem_u32(slot_of(c)) - static_cast<std::uint32_t>(bg.offset(c));
       }
-      const unsigned char* at = slot_of(c) + 64 * (w.s % bg.steps_per_chunk) + 16 * q;
+      const std::uint32_t at = chunk + static_cast<std::uint32_t>(w.byte);  // the thread's bytes of row 0
       Step st;
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        st.wlo[r] = ptx::ld_shared_16(ptx::smem_u32(at + (16 * r + g) * bg.pitch));
-        st.whi[r] = ptx::ld_shared_16(ptx::smem_u32(at + (16 * r + g + 8) * bg.pitch));
+        st.wlo[r] = ptx::ld_shared_16(at + static_cast<std::uint32_t>((16 * r + g) * bg.pitch));
+        st.whi[r] = ptx::ld_shared_16(at + static_cast<std::uint32_t>((16 * r + g + 8) * bg.pitch));
       }
       load_rest(st, w);
       compute(st);

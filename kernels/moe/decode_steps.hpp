@@ -76,7 +76,9 @@ struct BulkGeometry {
   int steps_per_chunk, chunks, slots;
   long long pitch;
   AMOEBA_HOST_DEVICE constexpr bool ring() const { return chunks > slots; }
-  // Chunk c's bytes of each row: whole k-steps, the last chunk the rest of `steps`.
+  // Where chunk c starts in a row (bytes), and its bytes of each row: whole k-steps, the last chunk the rest
+  // of `steps`.
+  AMOEBA_HOST_DEVICE constexpr long long offset(int c) const { return 64LL * steps_per_chunk * c; }
   AMOEBA_HOST_DEVICE constexpr int bytes(int c, int steps) const {
     const int rest = steps - c * steps_per_chunk;
     return 64 * (rest < steps_per_chunk ? rest : steps_per_chunk);

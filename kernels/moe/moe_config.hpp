@@ -28,7 +28,7 @@ struct MoeConfig {
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
                           // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop); 1:
-                          // the block's whole weight tile at once (bulk copies)
+                          // bulk copies of the block's weight tile (whole, or a ring of chunks)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -116,7 +116,7 @@ constexpr DecodeTileList<3 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
 //  - up to 32 routed slots on small experts (Qwen1.5 to 8 tokens, Qwen3 to 4): 8-token tiles with two k-steps
 //    in flight. At 1 and 3 tokens 4–12% faster than 32-token ones, 0.1–10% faster than three or four
 //    k-steps; at 7–8 tokens (Qwen1.5, since the GEMV reads whole lines) the CUDA backend's MoE phase 0.967 ±
-//    0.002× (batch 7) and 0.968 ± 0.003× (batch 8) the 32-token tiles' time (3 runs each; the benchmark:
+//    0.003× (batch 7) and 0.968 ± 0.002× (batch 8) the 32-token tiles' time (3 runs each; the benchmark:
 //    0.87–0.89× between back-to-back layers, 0.96–0.99× with 32–64 MB of other reads between them:
 //    docs/results/paged_moe_h200.md, "The 8-token rows to 32 routed slots"). Before whole lines 8-token tiles
 //    made the engine's steps at batch 7–14 up to 1.3× slower (their line halves were read from DRAM twice

@@ -106,16 +106,25 @@ double copy_bandwidth_gbs() {
   return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
-// Streams `n` 16-byte words with the loads the decode kernels use for weights; one word per block is written
-// so the reads cannot be dropped.
-__global__ void read_kernel(const uint4* p, std::size_t n, uint4* sink) {
+// Reads `n` 16-byte words over the grid (kStream: with the loads the decode kernels use for weights; else
+// plain loads, as other kernels read) and XORs them; one word per block is written to `sink` when the XOR
+// hits an unlikely value, so the reads cannot be dropped.
+template <bool kStream>
+__device__ void xor_reads(const uint4* p, std::size_t n, uint4* sink) {
   uint4 acc = make_uint4(0, 0, 0, 0);
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = kernels::ptx::ld_stream_16(p + i);
+    uint4 v;
+    if constexpr (kStream)
+      v = kernels::ptx::ld_stream_16(p + i);
+    else
+      v = p[i];
     acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
   }
   if ((acc.x | acc.y | acc.z | acc.w) == 0x12345678u) sink[blockIdx.x] = acc;
+}
+__global__ void read_kernel(const uint4* p, std::size_t n, uint4* sink) {
+  xor_reads<true>(p, n, sink);
 }
 
 // Device read bandwidth (bytes read only), the memory floor's rate: the weights are only read.
@@ -132,16 +141,11 @@ double read_bandwidth_gbs(int sms) {
 // and writing `write_words` 16-byte words, plain loads and stores.
 __global__ void between_kernel(const uint4* read, std::size_t read_words, uint4* write,
                                std::size_t write_words, uint4* sink) {
+  xor_reads<false>(read, read_words, sink);
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t first = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  uint4 acc = make_uint4(0, 0, 0, 0);
-  for (std::size_t i = first; i < read_words; i += stride) {
-    const uint4 v = read[i];
-    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
-  }
-  for (std::size_t i = first; i < write_words; i += stride)
-    write[i] = make_uint4(static_cast<unsigned>(i), acc.x, acc.y, acc.z);
-  if ((acc.x | acc.y | acc.z | acc.w) == 0x12345678u) sink[blockIdx.x] = acc;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < write_words;
+       i += stride)
+    write[i] = make_uint4(static_cast<unsigned>(i), 0, 0, 0);
 }
 struct Between {
   DeviceBuffer<uint4> read, write, sink;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Registers per thread of decode GEMV instantiations (ptxas -v, sm_90a), no GPU needed: the bf16 tiles of
-# the default table and quantized ones on the register loop, staged and bulk (decode::Tile's kStages). Prints one
+# the default table and quantized ones on the register loop and staged (decode::Tile's kStages). Prints one
 # line per kernel: stage (0 gate/up, 1 down), tile, precision, registers.
 #   [NVCC=/usr/local/cuda/bin/nvcc] bash benchmarks/device/decode_registers.sh
 set -euo pipefail
@@ -22,8 +22,7 @@ void* kernels_[] = {
     both<decode::Tile<1, 4, 2>, Bf16>(),         both<decode::Tile<1, 8, 2>, Bf16>(),
     both<decode::Tile<4, 4, 1>, Bf16>(),         both<decode::Tile<1, 4, 1>, Int8>(),
     both<decode::Tile<1, 4, 1, 128, 3>, Int8>(), both<decode::Tile<1, 4, 1>, Int4>(),
-    both<decode::Tile<1, 4, 1, 128, 2>, Int4>(), both<decode::Tile<1, 4, 1, 128, 1>, Int8>(),
-    both<decode::Tile<1, 4, 1, 128, 1>, Int4>(), both<decode::Tile<2, 4, 1, 128, 1>, Int4>(),
+    both<decode::Tile<1, 4, 1, 128, 2>, Int4>(),
 };
 CU
 "$nvcc" -I "$root/kernels" -I "$root/include" -I "$root/policies" -O3 -DNDEBUG -std=c++20 \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call that runs every GPU test suite (paged MoE on bf16 and on int8/int4 experts, loader, paged
 # attention and K/V append, decoder operations) and, unless SKIP_SANITIZER=1, compute-sanitizer memcheck on
-# the quick ones (racecheck and synccheck on the bulk decode tiles' small cases); prints one line per suite
-# and exits non-zero if any failed. For an integration check after merging kernel work.
+# the quick ones; prints one line per suite and exits non-zero if any failed. For an integration check after
+# merging kernel work.
 #   BIN=/folder/with/binaries bash benchmarks/device/gpu_tests.sh
 # $BIN holds the test binaries as the ci or gpu preset builds them (build/ci/tests/*/...), copied into a carried
 # folder (e.g. .gpu/): paged_moe_device_test, quant_moe_device_test, device_loader_tests, device_attention_tests,
@@ -70,8 +70,6 @@ fi
 if [[ "${SKIP_SANITIZER:-0}" != 1 ]] && command -v compute-sanitizer >/dev/null; then
   run memcheck_model device_model_tests compute-sanitizer --tool memcheck "$BIN/device_model_tests"
   run memcheck_append device_attention_tests compute-sanitizer --tool memcheck "$BIN/device_attention_tests" "[append]"
-  run racecheck_bulk quant_moe_device_test compute-sanitizer --tool racecheck "$BIN/quant_moe_device_test" "[bulk]"
-  run synccheck_bulk quant_moe_device_test compute-sanitizer --tool synccheck "$BIN/quant_moe_device_test" "[bulk]"
 fi
 printf '%s\n' "${summary[@]}"
 exit $status

@@ -36,9 +36,7 @@
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
 // loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
-// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-bulk / int4-bulk: with every
-// decode tile taking its block's weight tile into shared memory by bulk copies (kStages = 1: the whole tile
-// where it fits 72 KB, else a ring of chunks); int8-tma /
+// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
 // every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
@@ -417,8 +415,6 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},
       {"int4-grouped", &make_quant_graph<kernels::Int4, Grouped>},
       {"int8-steady", &make_quant_graph<kernels::Int8, StagedQuantConfig<0>>},
-      {"int8-bulk", &make_quant_graph<kernels::Int8, StagedQuantConfig<1>>},
-      {"int4-bulk", &make_quant_graph<kernels::Int4, StagedQuantConfig<1>>},
       {"int8-staged2", &make_quant_graph<kernels::Int8, StagedQuantConfig<2>>},
       {"int4-staged2", &make_quant_graph<kernels::Int4, StagedQuantConfig<2>>},
       {"int8-staged3", &make_quant_graph<kernels::Int8, StagedQuantConfig<3>>},

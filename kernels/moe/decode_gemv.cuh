@@ -36,7 +36,6 @@
 #include "moe/moe_params.cuh"
 #include "moe/precision.cuh"
 #include "moe/ptx.cuh"
-#include "moe/tma.cuh"
 
 namespace amoeba::kernels::decode {
 
@@ -52,18 +51,12 @@ inline constexpr int kKStep = 32;       // k per (two-MMA) step
 // weights.
 // kStages (quantized experts only, kUnroll = 1; 0: off): each thread copies its own operands of its next
 // kStages k-steps into shared memory with cp.async (weights, tokens) and reads the current one back right
-// before its MMAs, so kStages steps are in flight per warp at one step's registers. kStages = 1 (bulk): the
-// block's weight tile (its 32 rows × K) comes into shared memory by bulk copies (cp.async.bulk, one per row
-// and chunk of K, issued by the lanes of warp 0, completing on one mbarrier per chunk): the whole tile at the
-// block's start where it fits 72 KB, else a ring of 4 chunks refilled as the warps leave them
-// (moe/decode_steps.hpp, bulk_geometry), so up to the whole tile is in flight at no register cost; the warps
-// read their steps' weights from it as soon as a step's chunk has landed, their tokens and scales as the
-// register loop does.
+// before its MMAs, so kStages steps are in flight per warp at one step's registers.
 template <int kTokTilesT, int kWarpsT, int kUnrollT, int kPrefetchT = 128, int kStagesT = 0>
 struct Tile {
   static constexpr int kStages = kStagesT;
-  static_assert(kStagesT >= 0 && (kStagesT == 0 || kUnrollT == 1),
-                "a staged tile (kStages >= 1) keeps one step in registers");
+  static_assert(kStagesT == 0 || (kStagesT >= 2 && kUnrollT == 1),
+                "a staged tile keeps kStages >= 2 steps in shared memory, one in registers");
   static constexpr int kPrefetch = kPrefetchT;
   static constexpr int kTokTiles = kTokTilesT;
   static constexpr int kTileTokens = 8 * kTokTiles;
@@ -75,22 +68,16 @@ struct Tile {
 
 // A staged tile's shared memory on quantized experts P: kStages slots of every thread's 16-byte operands of
 // one k-step (the two row tiles' low and high rows, the token chunks), [slot][operand][thread], then the
-// block's rows' group scales ([row tile][16 rows][groups], bf16); a bulk tile's (kStages = 1): its slots of
-// rows and mbarriers (moe/decode_steps.hpp, bulk_geometry). K: the stage's reduction length.
+// block's rows' group scales ([row tile][16 rows][groups], bf16). K: the stage's reduction length.
 template <class P, class T>
 constexpr int staged_operands() {
   return 2 * kRowTiles + T::kTokTiles * (P::kValuesPerLoad / 8);
 }
 template <class P, class T>
 constexpr std::int64_t staged_smem_bytes(int K) {
-  if constexpr (T::kStages == 1) {  // a bulk tile: the block's rows of K, then mbarriers (decode_steps.hpp)
-    static_assert(kRowTiles * 16 == 32, "a bulk slot holds 32 rows");
-    return bulk_geometry(K / P::kKStep, T::kWarps).smem_bytes();
-  } else {
-    const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
-    return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
-           kRowTiles * 16 * groups * 2;
-  }
+  const std::int64_t groups = (K + quant::kGroup - 1) / quant::kGroup;
+  return static_cast<std::int64_t>(T::kStages) * staged_operands<P, T>() * T::kThreads * 16 +
+         kRowTiles * 16 * groups * 2;
 }
 
 // The K split's reduction buffer (static shared memory of every decode tile): warps 1.. hand warp 0 their
@@ -133,10 +120,13 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     lo_row[r] = rows[r] + g * row_bytes;
     hi_row[r] = rows[r] + (g + 8) * row_bytes;
   }
-  auto load_rest = [&](Step& st, const QuantStep& w) {  // step w's group scales and token chunks
+  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
+    const QuantStep w = where(i);
     const int group = w.group(kValuesPerByte);
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
+      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(lo_row[r] + w.byte);
+      st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(hi_row[r] + w.byte);
       st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
       st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
     }
@@ -144,15 +134,6 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + w.k + 8 * c);
-  };
-  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps), its weights from global memory
-    const QuantStep w = where(i);
-#pragma unroll
-    for (int r = 0; r < kRowTiles; ++r) {
-      st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(lo_row[r] + w.byte);
-      st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(hi_row[r] + w.byte);
-    }
-    load_rest(st, w);
   };
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
@@ -176,66 +157,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
-  if constexpr (T::kStages == 1) {
-    // Bulk (moe/decode_steps.hpp, bulk_geometry): chunk c of the block's 32 rows in slot c % slots, row l at
-    // slot + l·pitch, landing on full[c % slots]; in a ring, warps leaving a chunk arrive on its slot's
-    // empty barrier and warp 0 refills the slot once all have.
-    const BulkGeometry bg = bulk_geometry(steps, kWarps);
-    const int lane = 4 * g + q;
-    auto* full = reinterpret_cast<std::uint64_t*>(smem + bg.slots * 32 * bg.pitch);
-    std::uint64_t* empty = full + kBulkSlots;
-    if (threadIdx.x == 0) {
-      for (int c = 0; c < bg.slots; ++c) {
-        tma::mbarrier_init(&full[c], 1);
-        tma::mbarrier_init(&empty[c], kWarps);
-      }
-      tma::fence_barrier_init();
-    }
-    __syncthreads();
-    auto slot_of = [&](int c) { return smem + static_cast<std::int64_t>(c % bg.slots) * 32 * bg.pitch; };
-    // Warp 0 asks for chunk c: lane 0 announces its 32 rows' bytes, each lane copies its row (l: row tile
-    // l / 16, row l % 16).
-    auto issue = [&](int c) {
-      std::uint64_t* bar = &full[c % bg.slots];
-      const int bytes = bg.bytes(c, steps);
-      if (lane == 0) tma::arrive_expect_tx(bar, static_cast<unsigned>(32 * bytes));
-      __syncwarp();
-      tma::bulk_copy(slot_of(c) + lane * bg.pitch, rows[lane / 16] + (lane % 16) * row_bytes + bg.offset(c),
-                     static_cast<unsigned>(bytes), bar);
-    };
-    if (warp == 0)
-      for (int c = 0; c < bg.slots && c < bg.chunks; ++c) issue(c);
-    int cur = -1;  // the chunk the warp reads (its steps increase, so its chunks too)
-    // Shared address of chunk cur's row 0 byte 0 as if the whole row were there: its slot less its offset
-    // (unsigned: it may wrap below the slot), so that a step's 16 bytes lie at chunk + QuantStep::byte.
-    std::uint32_t chunk = 0;
-    for (int i = 0; i < my_steps; ++i) {
-      const QuantStep w = where(i);
-      const int c = w.s / bg.steps_per_chunk;
-      if (c != cur) {
-        if (cur >= 0 && bg.ring()) {  // leaving chunk cur: its slot may be refilled once every warp has
-          __syncwarp();
-          if (lane == 0) tma::arrive(&empty[cur % bg.slots]);
-          if (warp == 0 && cur + bg.slots < bg.chunks) {
-            tma::wait(&empty[cur % bg.slots], (cur / bg.slots) & 1);
-            issue(cur + bg.slots);
-          }
-        }
-        tma::wait(&full[c % bg.slots], (c / bg.slots) & 1);
-        cur = c;
-        chunk = ptx::smem_u32(slot_of(c)) - static_cast<std::uint32_t>(bg.offset(c));
-      }
-      const std::uint32_t at = chunk + static_cast<std::uint32_t>(w.byte);  // the thread's bytes of row 0
-      Step st;
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r) {
-        st.wlo[r] = ptx::ld_shared_16(at + static_cast<std::uint32_t>((16 * r + g) * bg.pitch));
-        st.whi[r] = ptx::ld_shared_16(at + static_cast<std::uint32_t>((16 * r + g + 8) * bg.pitch));
-      }
-      load_rest(st, w);
-      compute(st);
-    }
-  } else if constexpr (T::kStages > 0) {
+  if constexpr (T::kStages > 0) {
     // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;
     // the block's scales are copied once, with the first step, and are the only data threads share.
     constexpr int kS = T::kStages, kOps = staged_operands<P, T>(), kThreads = T::kThreads;

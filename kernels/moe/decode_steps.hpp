@@ -54,45 +54,4 @@ AMOEBA_HOST_DEVICE constexpr QuantStep quant_step(int i, int warps, int warp, in
   return {s, 64LL * s + 16 * q, 64 * values_per_byte * s + 16 * values_per_byte * q};
 }
 
-// Quantized bulk tiles (decode::Tile's kStages = 1): the block's 32 weight rows of `steps` k-steps (64 bytes
-// each) come into shared memory by bulk copies, one per row and chunk of whole k-steps, chunk c into slot
-// c % slots (32 rows at `pitch` bytes a row) and completing on the slot's "full" mbarrier.
-//  - whole tile, where 32 rows of the whole K fit kBulkWholeBytes (Qwen's int8 and int4 layers, Mixtral's
-//    int4 gate/up): at most kBulkSlots chunks, a slot each, all asked for at the block's start;
-//  - ring, beyond (Mixtral's down layers, its int8 gate/up): chunks of a multiple of the warps (at least
-//    kBulkRingSteps steps, so every warp has steps in every chunk but the last ones, warp 0 the first of
-//    each) in kBulkSlots slots; a warp leaving chunk c arrives on the slot's "empty" mbarrier, and warp 0,
-//    once all have, asks for chunk c + slots into it.
-// The pitch: the chunk's bytes, plus 64 where they are a multiple of 128, so that the two rows an 8-thread
-// phase of a warp's 16-byte loads reads (g and g + 1, 64 bytes each) fill the 32 banks once.
-inline constexpr int kBulkSlots = 4;
-inline constexpr int kBulkRingSteps = 8;
-inline constexpr long long kBulkWholeBytes = 72 * 1024;
-AMOEBA_HOST_DEVICE constexpr long long bulk_pitch(int chunk_steps) {
-  const long long row = 64LL * chunk_steps;
-  return row + (row % 128 == 0 ? 64 : 0);
-}
-struct BulkGeometry {
-  int steps_per_chunk, chunks, slots;
-  long long pitch;
-  AMOEBA_HOST_DEVICE constexpr bool ring() const { return chunks > slots; }
-  // Where chunk c starts in a row (bytes), and its bytes of each row: whole k-steps, the last chunk the rest
-  // of `steps`.
-  AMOEBA_HOST_DEVICE constexpr long long offset(int c) const { return 64LL * steps_per_chunk * c; }
-  AMOEBA_HOST_DEVICE constexpr int bytes(int c, int steps) const {
-    const int rest = steps - c * steps_per_chunk;
-    return 64 * (rest < steps_per_chunk ? rest : steps_per_chunk);
-  }
-  // Shared memory: the slots, then kBulkSlots "full" and kBulkSlots "empty" mbarriers.
-  AMOEBA_HOST_DEVICE constexpr long long smem_bytes() const { return slots * 32 * pitch + 16 * kBulkSlots; }
-};
-AMOEBA_HOST_DEVICE constexpr BulkGeometry bulk_geometry(int steps, int warps) {
-  if (32 * bulk_pitch(steps) <= kBulkWholeBytes) {
-    const int per = (steps + kBulkSlots - 1) / kBulkSlots, chunks = (steps + per - 1) / per;
-    return {per, chunks, chunks, bulk_pitch(per)};
-  }
-  const int per = (kBulkRingSteps + warps - 1) / warps * warps;
-  return {per, (steps + per - 1) / per, kBulkSlots, bulk_pitch(per)};
-}
-
 }  // namespace amoeba::kernels::decode

@@ -27,8 +27,7 @@ struct MoeConfig {
                            // kernels) or 256 (the persistent TMA kernels, grouped::gemm_tma_kernel for bf16,
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
-                          // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop); 1:
-                          // bulk copies of the block's weight tile (whole, or a ring of chunks)
+                          // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -365,7 +364,7 @@ static_assert([] {
     if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch
     const int staged[] = {r.int8_stages, r.int4_stages};
     for (const int stages : staged)
-      if (stages != 0 && (stages < 1 || r.unroll != 1)) return false;  // decode::Tile's rule
+      if (stages != 0 && (stages < 2 || r.unroll != 1)) return false;  // decode::Tile's rule
   }
   for (const auto& r : DefaultMoeConfig::kDecodeRows)
     if (r.int8_stages != 0 || r.int4_stages != 0) return false;  // bf16 tiles are never staged

@@ -57,17 +57,6 @@ __device__ __forceinline__ void wait(std::uint64_t* bar, unsigned parity) {
       : "memory");
 }
 
-// `bytes` (a multiple of 16) contiguous bytes from global to shared memory (both 16-byte aligned), completing
-// them on `bar` (a 1-D bulk copy: no tensor map).
-__device__ __forceinline__ void bulk_copy(void* smem_dst, const void* gmem_src, unsigned bytes,
-                                          std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          ptx::smem_u32(smem_dst)),
-      "l"(gmem_src), "r"(bytes), "r"(ptx::smem_u32(bar))
-      : "memory");
-}
-
 // Box (x = k, y = row) of a 2-D tensor map into shared memory, completing `bytes` on `bar`.
 __device__ __forceinline__ void load_2d(void* smem_dst, const CUtensorMap* map, std::uint64_t* bar, int x,
                                         int y) {

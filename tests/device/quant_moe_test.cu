@@ -239,11 +239,6 @@ constexpr ModelSpec kOddK{"small E6 k2 m0 H384 F128", 6, 2, 384, 128, 0};
 // and two 64-k steps, its shared expert two chunks.
 constexpr ModelSpec kEngineSmall{"small E16 k4 m2 H256 F128", 16, 4, 256, 128, 2};
 
-// Bulk decode tiles' rings: rows past the whole tile's 72 KB in gate/up (K = H = 4608) or down (K = F =
-// 6144).
-constexpr ModelSpec kRingH{"ring E4 k2 H4608 F256", 4, 2, 4608, 256, 0};
-constexpr ModelSpec kRingF{"ring E4 k2 H256 F6144", 4, 2, 256, 6144, 0};
-
 // One quantized decode tile T of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
@@ -414,10 +409,10 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   }
 }
 
-// The staged main loop (2, 3 or 4 k-steps per thread in flight through shared memory, or the bulk one: the
-// block's whole weight tile) adds the same partial sums in the same order as the register loop: bit-identical
-// outputs, on model shapes whose warps get odd and even step counts (Qwen1.5 down: 22 int8 / 11 int4 steps
-// over 4 warps, fewer than the stages at int4), and the reference holds.
+// The staged main loop (2, 3 or 4 k-steps per thread in flight through shared memory) adds the same partial
+// sums in the same order as the register loop: bit-identical outputs, on model shapes whose warps get odd and
+// even step counts (Qwen1.5 down: 22 int8 / 11 int4 steps over 4 warps, fewer than the stages at int4), and
+// the reference holds.
 TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bit for bit",
           "[gpu][models][quant]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
@@ -438,7 +433,6 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
                       r, shape, st.paged_args(), st.stride(), MoePath::kDecode);
                   CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
                 };
-                twin.template operator()<Staged<T, 1>>();  // bulk: the block's weight tile at once
                 twin.template operator()<Staged<T, 2>>();
                 twin.template operator()<Staged<T, 3>>();
                 twin.template operator()<Staged<T, 4>>();
@@ -452,25 +446,6 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
           s8, tokens, 1800 + tokens, MoePath::kDecode);
       check_quant_case<kernels::Int4, OnlyTileConfig<Staged<kernels::decode::Tile<2, 4, 1>, 3>>>(
           s4, tokens, 1900 + tokens, MoePath::kDecode);
-      check_quant_case<kernels::Int4, OnlyTileConfig<Staged<kernels::decode::Tile<1, 4, 1>, 1>>>(
-          s4, tokens, 2000 + tokens, MoePath::kDecode);
-    }
-  }
-}
-
-// Bulk tiles on small shapes (fewer k-steps than warps and chunks: K = 128 int4, one step, one chunk) and on
-// rings (K past the whole tile's 72 KB: gate/up at H = 4608, int8 9 chunks of 8 steps, int4 5; down at F =
-// 6144, int8 12 chunks, int4 6; 4 slots refilled), against the reference. Small enough for
-// compute-sanitizer's racecheck and synccheck (gpu_tests.sh: the mbarriers, the bulk copies and the ring's
-// refills).
-TEST_CASE("quantized experts: bulk decode tiles on small shapes and rings", "[gpu][small][quant][bulk]") {
-  for (const ModelSpec& m : {kOddK, kEngineSmall, kRingH, kRingF}) {
-    const QuantStore s8(m, Bits::kInt8, 27), s4(m, Bits::kInt4, 28);
-    for (int tokens : {1, 5}) {
-      check_quant_case<kernels::Int8, OnlyTileConfig<Staged<kernels::decode::Tile<1, 4, 1>, 1>>>(
-          s8, tokens, 2100 + tokens, MoePath::kDecode);
-      check_quant_case<kernels::Int4, OnlyTileConfig<Staged<kernels::decode::Tile<1, 8, 1>, 1>>>(
-          s4, tokens, 2200 + tokens, MoePath::kDecode);
     }
   }
 }
@@ -544,11 +519,4 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
-  // A bulk tile (kStages = 1) takes its block's whole weight tile up to 72 KB and a ring of chunks beyond, so
-  // its shared memory fits whatever K (H = 16384: int4 rows of 8192 bytes, a ring of 4 × 18 KB).
-  using Moe4Bulk =
-      PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<1, 4, 1>, 1>>, kernels::Int4>;
-  b.shape.hidden = 16384;
-  CHECK(Moe4Bulk::can_implement(b).ok);
-  b.shape.hidden = 256;
 }

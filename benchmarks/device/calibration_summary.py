@@ -2,10 +2,12 @@
 """Collects `amoeba calibrate` / `amoeba validate` outputs into one results JSON and a markdown table.
 
     python3 benchmarks/device/calibration_summary.py --out results.json \
-        --run DIR COMMIT [--run DIR COMMIT ...]
+        --run DIR COMMIT [PRECISION] [--run DIR COMMIT [PRECISION] ...]
 
 Each DIR holds what benchmarks/device/calibration_run.sh packs (calibration.tgz, unpacked): the fitted cost
-models (<model>.json) and validate_<model>_<policy>_<trace>.json. COMMIT names the binaries that made them.
+models (<model>.json) and validate_<model>_<policy>_<trace>.json. COMMIT names the binaries that made them;
+PRECISION the experts' (bf16, int8, int4) where a validate JSON does not record it (those written before
+`expert_precision` was added to it); a recorded one wins, a differing PRECISION is an error.
 Prints the table (step error paired and priced when present, end-to-end ratios, targets in bold) to stdout and
 writes the JSON to --out (nothing is written anywhere else).
 """
@@ -29,25 +31,33 @@ def bold(text, ok):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", nargs=2, action="append", metavar=("DIR", "COMMIT"), required=True)
+    ap.add_argument("--run", nargs="+", action="append", metavar="DIR COMMIT [PRECISION]", required=True)
     ap.add_argument("--out", required=True, help="the results JSON")
     args = ap.parse_args()
 
     cost_models, runs = [], []
-    for folder, commit in args.run:
+    for run in args.run:
+        if len(run) not in (2, 3):
+            sys.exit(f"calibration_summary: --run takes DIR COMMIT [PRECISION], got {run}")
+        folder, commit = run[:2]
+        precision = run[2] if len(run) == 3 else None
         for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
             d = load(path)
             name = os.path.basename(path)
             if d.get("format") == "amoeba.validation":
-                runs.append({"commit": commit, "file": name, **d})
+                recorded = d.get("expert_precision")
+                if recorded and precision and recorded != precision:
+                    sys.exit(f"calibration_summary: {path} records expert_precision {recorded}, --run says "
+                             f"{precision}")
+                runs.append({"commit": commit, "file": name, "expert_precision": recorded or precision, **d})
             elif "moe_memory_efficiency" in d:
                 cost_models.append({"commit": commit, "file": name, **d})
     if not runs:
-        sys.exit("calibration_summary: no validate_*.json in " + ", ".join(f for f, _ in args.run))
+        sys.exit("calibration_summary: no validate_*.json in " + ", ".join(r[0] for r in args.run))
 
-    print("| model | policy | workload | commit | paired steps | median | p90 | priced median | priced p90 "
+    print("| model | precision | policy | workload | commit | paired steps | median | p90 | priced median | priced p90 "
           "| throughput | TTFT p50 | TPOT p50 |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         s, e = r["steps"], r["end_to_end"]
         m, sim = e["measured"], e["simulated"]
@@ -60,7 +70,7 @@ def main():
         p90 = s.get("p90_abs_rel_error")
         pr = r.get("priced_steps", {})
         cells = [
-            r["model"], r["policy"], r["workload"], r["commit"], f"{s['paired']} of {s['measured']}",
+            r["model"], r["expert_precision"] or "-", r["policy"], r["workload"], r["commit"], f"{s['paired']} of {s['measured']}",
             bold(f"{100 * med:.2f}%", med <= TARGETS["median"]) if med is not None else "-",
             bold(f"{100 * p90:.2f}%", p90 <= TARGETS["p90"]) if p90 is not None else "-",
             bold(f"{100 * pr['median_abs_rel_error']:.2f}%", pr["median_abs_rel_error"] <= TARGETS["median"])

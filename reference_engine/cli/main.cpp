@@ -834,6 +834,7 @@ int cmd_validate(const ScenarioFlags& given, const std::string& policy,
   l.model = model_label(s);
   l.gpu = meas_setup.gpu.name;
   l.policy = policy;
+  l.expert_precision = std::string(to_string(s.expert_precision));
   l.measured_backend = measured.backend;
   l.measured_simulated = measured_is_simulated;
   l.measured_cost_model = measured.cost_model;

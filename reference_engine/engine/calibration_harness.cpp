@@ -287,7 +287,8 @@ std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
                    l.measured_simulated ? "SIMULATED GPU" : "MEASURED on a GPU", l.measured_backend,
                    l.measured_simulated ? ", cost model " + l.measured_cost_model : std::string(),
                    l.simulated_cost_model);
-  t += fmt::format("model {} on {}, policy {}, {}\n\n", l.model, l.gpu, l.policy, l.workload);
+  t += fmt::format("model {} on {}, {} experts, policy {}, {}\n\n", l.model, l.gpu, l.expert_precision,
+                   l.policy, l.workload);
   if (c.match == StepMatch::kNone) {
     t += fmt::format(
         "step time: no forward steps could be paired (measured {}, simulated {}): only the end-to-end "
@@ -342,6 +343,7 @@ std::string validation_json(const RunComparison& c, const ValidationLabels& l) {
   j["format"] = "amoeba.validation";
   j["model"] = l.model;
   j["gpu"] = l.gpu;
+  j["expert_precision"] = l.expert_precision;
   j["policy"] = l.policy;
   j["workload"] = l.workload;
   nlohmann::ordered_json meas;

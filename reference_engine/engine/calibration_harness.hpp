@@ -159,7 +159,8 @@ struct ValidationLabels {
   bool measured_simulated = false;  // the measured side's times come from a cost model
   std::string measured_cost_model;  // that cost model (measured_simulated only)
   std::string simulated_cost_model;
-  std::string workload;  // one line: requests, rate or trace, seed
+  std::string workload;                   // one line: requests, rate or trace, seed
+  std::string expert_precision = "bf16";  // the experts' precision on both sides (`--expert-precision`)
 };
 
 // Upper bounds of the |error| buckets the reports count steps in (the last bucket: the rest).

@@ -507,6 +507,12 @@ TEST_CASE("compare_runs: TTFT request by request, over requests finished in both
   CHECK_THAT(text,
              Catch::Contains("TTFT request by request, simulated / measured over 4 requests: median 1.050"));
   CHECK(validation_json(c, ValidationLabels{}).find("\"ttft_paired\"") != std::string::npos);
+  // The report names the experts' precision, bf16 unless told.
+  CHECK_THAT(text, Catch::Contains(", bf16 experts, policy"));
+  ValidationLabels int8;
+  int8.expert_precision = "int8";
+  CHECK_THAT(validation_text(c, int8), Catch::Contains(", int8 experts, policy"));
+  CHECK_THAT(validation_json(c, int8), Catch::Contains("\"expert_precision\": \"int8\""));
   sim.request_ttft_ms.pop_back();  // runs of different traces: nothing to pair
   CHECK(compare_runs(meas, sim).ttft_paired.requests == 0);
   CHECK(validation_json(compare_runs(meas, sim), ValidationLabels{}).find("ttft_paired") ==

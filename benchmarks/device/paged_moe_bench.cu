@@ -36,7 +36,9 @@
 // expert bytes the packed ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized
 // choice held to one path; int8-steady: the default's int8 choice with no staged decode tile (the register
 // loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice with every decode tile keeping 2,
-// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-tma /
+// 3 or 4 k-steps in flight per thread through shared memory (cp.async); int8-dq / int4-dq: the default's
+// quantized choice with its grouped stages on a bf16 copy (the routed experts dequantised into the workspace,
+// then the bf16 TMA grouped GEMM: MoeConfig::grouped_dequant); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
 // every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
@@ -425,6 +427,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-tma", &make_quant_graph<kernels::Int4, GroupedRowsConfig<256>>},
       {"int8-twoblock", &make_quant_graph<kernels::Int8, GroupedRowsConfig<128>>},
       {"int4-twoblock", &make_quant_graph<kernels::Int4, GroupedRowsConfig<128>>},
+      {"int8-dq", &make_quant_graph<kernels::Int8, DequantConfig<>>},
+      {"int4-dq", &make_quant_graph<kernels::Int4, DequantConfig<>>},
   };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");

@@ -28,6 +28,10 @@ struct MoeConfig {
                            // gemm_tma_quant_kernel for int8 / int4 experts); ignored off sm_90
   int decode_stages = 0;  // decode, quantized experts: k-steps each thread keeps in flight through shared
                           // memory (decode::Tile's kStages; unroll 1); 0: none (the register loop)
+  bool grouped_dequant = false;  // grouped path, quantized experts, sm_90: dequantise the routed experts into
+                                 // a bf16 copy in the workspace, then run the bf16 TMA grouped GEMM on it
+                                 // (256-row blocks); needs a configuration type with kDequantWorkspace = true
+                                 // (the copy: (E+m)·3·F·H bf16 more workspace)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -417,5 +421,45 @@ static_assert([] {
     if (r.max_expected_batch > r.tile_tokens) return false;
   return true;
 }());
+
+// A quantized grouped choice moved onto a bf16 copy (MoeConfig::grouped_dequant: the routed experts
+// dequantised into the workspace, then the bf16 TMA grouped GEMM's 256-row blocks on 128-token tiles), where
+// H allows those blocks; any other choice unchanged.
+constexpr MoeConfig with_grouped_dequant(MoeConfig c, const MoeShape& s) {
+  if (c.path == MoePath::kGrouped && s.hidden % 256 == 0) {
+    c.grouped_dequant = true;
+    c.grouped_rows = 256;
+    c.tile_tokens = 128;
+  }
+  return c;
+}
+
+// Opt-in: DefaultMoeConfig with quantized experts' largest prefills (kDequantMinTokens tokens and more) on a
+// bf16 copy. It costs workspace: PagedMoe's holds the copy of all E + m experts, (E+m)·3·F·H bf16
+// (Qwen1.5-MoE with its shared chunks 1.1 GB, Qwen3-30B-A3B 1.2 GB, Mixtral-8x7B 2.8 GB), which is why the
+// default table does not choose it. On the H200 at 16384 tokens (docs/results/quantized_h200.md, "Prefill on
+// a dequantised bf16 copy", 3 processes) it takes 0.85–0.94× the in-register TMA kernel's time for int8
+// (Qwen1.5, Qwen3, Mixtral), 0.93× for int4 on Qwen1.5 and Mixtral, and loses on Qwen3 int4 (1.06×); at 4096
+// tokens and below it loses but for Mixtral int4 at 4096 (0.98×): the copy's bytes (reading the packed
+// experts, writing 2 bytes a weight) outweigh the dequantisation it saves until each expert's weights serve
+// many token tiles.
+struct DequantPrefillMoeConfig : DefaultMoeConfig {
+  static constexpr bool kDequantWorkspace = true;
+  static constexpr int kDequantMinTokens = 16384;
+  static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested, quant::Bits bits) {
+    const MoeConfig c = DefaultMoeConfig::select_quantized(s, requested, bits);
+    return s.num_tokens >= kDequantMinTokens ? with_grouped_dequant(c, s) : c;
+  }
+};
+static_assert(DequantPrefillMoeConfig::select_quantized({16384, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                        quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1, 128, 256, 0, true});
+static_assert(DequantPrefillMoeConfig::select_quantized({4096, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                        quant::Bits::kInt4) ==
+              DefaultMoeConfig::select_quantized({4096, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4));
+static_assert(!DequantPrefillMoeConfig::select_quantized({16384, 2176, 768, 128, 8, 0}, MoePath::kAuto,
+                                                         quant::Bits::kInt8)
+                   .grouped_dequant);  // H = 2176: no 256-row blocks
 
 }  // namespace amoeba::kernels

@@ -12,7 +12,8 @@
 // experts (the default), or int8 / int4 experts packed as moe/quant_layout.hpp says: the decode GEMV
 // dequantises in its main loop, the grouped GEMMs in registers (the TMA kernel, 256-row blocks) or in shared
 // memory (the two-block kernel, 128-row blocks) (sm_90 only: on other devices quantized layers stay on the
-// decode path, with 32-token tiles).
+// decode path, with 32-token tiles), or, with MoeConfig::grouped_dequant, once per call into a bf16 copy of
+// the routed experts in the workspace that the bf16 TMA grouped GEMM then reads (moe/dequant_experts.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +30,7 @@
 
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
+#include "moe/dequant_experts.cuh"
 #include "moe/grouped_gemm.cuh"
 #include "moe/grouped_gemm_sm90.cuh"
 #include "moe/grouped_gemm_tma_quant.cuh"
@@ -166,6 +168,20 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
+// Whether the configuration may choose MoeConfig::grouped_dequant (Config::kDequantWorkspace = true): then
+// PagedMoe's workspace holds the bf16 copy of a layer's experts.
+template <class Config>
+struct dequant_workspace_of {
+  static constexpr bool value = false;
+};
+template <class Config>
+requires requires {
+  Config::kDequantWorkspace;
+}
+struct dequant_workspace_of<Config> {
+  static constexpr bool value = Config::kDequantWorkspace;
+};
+
 template <class Config, class Precision>
 struct decode_tiles_of {
   using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
@@ -219,6 +235,9 @@ class PagedMoe {
   // One type per addressing, whatever the configuration and precision: a caller that picks the precision at
   // run time builds one Arguments.
   using Arguments = MoeArguments<Addressing>;
+  // Whether workspace_size() holds a bf16 copy of the experts for MoeConfig::grouped_dequant.
+  static constexpr bool kDequantWorkspace =
+      Precision::kQuantized && detail::dequant_workspace_of<Config>::value;
 
   // Tiling limits. Paths need: H % 128 (down tiles, decode K split), F % 64 (gate/up tiles), F % 128 (decode
   // K split of the down stage); total experts <= 1024 (one per routing thread).
@@ -255,6 +274,19 @@ class PagedMoe {
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 with 64-token grouped tiles");
     if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 or 256");
+    if (c.grouped_dequant) {
+      if (!Precision::kQuantized)
+        return Status::error("config.grouped_dequant", 1, "dequantises quantized experts only (0 on bf16)");
+      if (c.path != MoePath::kGrouped)
+        return Status::error("config.grouped_dequant", 1, "applies to the grouped path (kGrouped) only");
+      if (!kDequantWorkspace)
+        return Status::error("config.grouped_dequant", 1,
+                             "needs a configuration type with kDequantWorkspace = true (the workspace's bf16 "
+                             "copy of the experts)");
+      if (c.grouped_rows != 2 * grouped::kBlockN)
+        return Status::error("config.grouped_rows", c.grouped_rows,
+                             "must be 256 with config.grouped_dequant (the bf16 TMA grouped GEMM)");
+    }
     if (c.path != MoePath::kDecode && c.grouped_rows == 2 * grouped::kBlockN) {
       if (s.hidden % (2 * grouped::kBlockN) != 0)
         return Status::error("shape.hidden", s.hidden,
@@ -336,7 +368,8 @@ class PagedMoe {
   static constexpr MoeConfig config(const Arguments& a) {
     if constexpr (Precision::kQuantized && quantized_moe_config<Config>) {
       MoeConfig c = Config::select_quantized(a.shape, a.path, Precision::kBits);
-      if (uses_tma(c) && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
+      // A bf16 copy (grouped_dequant) is contiguous, on the TMA kernel's rows whatever the pages.
+      if (uses_tma(c) && !c.grouped_dequant && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
       return c;
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
@@ -392,55 +425,72 @@ class PagedMoe {
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice.tile_tokens = grouped::kBlockM;  // the mma.sync grouped GEMM's tiles
 
-    routing::RoutingParams<Addressing> r{};
-    MoeParams<Addressing>& p = r.moe;
     const long long stride = a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes
                                                         : Precision::matrix_bytes(s.intermediate, s.hidden);
-    p.addr = Addressing::make_params(a.weights, stride / 2);
-    p.input = a.input;
-    p.output = a.output;
-    p.topk_ids = a.topk_ids;
-    p.topk_weights = a.topk_weights;
-    p.shared_weights = a.shared_weights;
-    p.num_tokens = s.num_tokens;
-    p.hidden = s.hidden;
-    p.intermediate = s.intermediate;
-    p.num_experts = s.num_experts;
-    p.top_k = s.top_k;
-    p.slots_per_token = s.slots_per_token();
-    p.num_slots = static_cast<int>(s.num_slots());
-    p.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
-    p.tiles = static_cast<WorkTile*>(at(lay.tiles));
-    p.num_tiles = static_cast<int*>(at(lay.num_tiles));
-    p.unit_counters = static_cast<int*>(at(lay.unit_counters));
-    p.act = static_cast<bf16*>(at(lay.act));
-    p.y = static_cast<bf16*>(at(lay.y));
-    r.total_experts = s.total_experts();
-    r.tile_rows = choice.tile_tokens;
-    r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
-    r.expert_offset = static_cast<int*>(at(lay.expert_offset));
-    r.tiles = static_cast<WorkTile*>(at(lay.tiles));
-    r.num_tiles = static_cast<int*>(at(lay.num_tiles));
-    r.keys = static_cast<int*>(at(lay.keys));
-    r.vals = static_cast<int*>(at(lay.vals));
-    r.sorted_keys = static_cast<int*>(at(lay.sorted_keys));
+    // One layer's parameters with the experts at `addr` (A: the addressing the GEMMs read them through).
+    auto params = [&]<class A>(const typename A::Params& addr) {
+      routing::RoutingParams<A> r{};
+      MoeParams<A>& p = r.moe;
+      p.addr = addr;
+      p.input = a.input;
+      p.output = a.output;
+      p.topk_ids = a.topk_ids;
+      p.topk_weights = a.topk_weights;
+      p.shared_weights = a.shared_weights;
+      p.num_tokens = s.num_tokens;
+      p.hidden = s.hidden;
+      p.intermediate = s.intermediate;
+      p.num_experts = s.num_experts;
+      p.top_k = s.top_k;
+      p.slots_per_token = s.slots_per_token();
+      p.num_slots = static_cast<int>(s.num_slots());
+      p.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
+      p.tiles = static_cast<WorkTile*>(at(lay.tiles));
+      p.num_tiles = static_cast<int*>(at(lay.num_tiles));
+      p.unit_counters = static_cast<int*>(at(lay.unit_counters));
+      p.act = static_cast<bf16*>(at(lay.act));
+      p.y = static_cast<bf16*>(at(lay.y));
+      r.total_experts = s.total_experts();
+      r.tile_rows = choice.tile_tokens;
+      r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
+      r.expert_offset = static_cast<int*>(at(lay.expert_offset));
+      r.tiles = static_cast<WorkTile*>(at(lay.tiles));
+      r.num_tiles = static_cast<int*>(at(lay.num_tiles));
+      r.keys = static_cast<int*>(at(lay.keys));
+      r.vals = static_cast<int*>(at(lay.vals));
+      r.sorted_keys = static_cast<int*>(at(lay.sorted_keys));
+      return r;
+    };
+    const auto addr = Addressing::make_params(a.weights, stride / 2);
+
+    if constexpr (kDequantWorkspace) {
+      // Routing over the bf16 copy (the tiles point into it), the routed experts dequantised into it, then
+      // the bf16 layer.
+      if (choice.grouped_dequant && choice.path == MoePath::kGrouped && dev.major == 9) {
+        auto* copy = static_cast<bf16*>(at(lay.dequant));
+        const auto r = params.template operator()<Contiguous>(
+            Contiguous::make_params({copy}, static_cast<std::int64_t>(s.intermediate) * s.hidden));
+        if (Status st = route(r, lay, base, stream); !st) return st;
+        const dequant::ExpertsParams<Addressing> d{addr,     r.expert_offset, copy, s.total_experts(),
+                                                   s.hidden, s.intermediate};
+        if (Status st =
+                launch(dequant::experts_kernel<Addressing, Precision::kBits>,
+                       dequant::experts_grid<Precision::kBits>(s.total_experts(), s.hidden, s.intermediate),
+                       dequant::kThreads, 0, stream, d, "dequant::experts_kernel");
+            !st)
+          return st;
+        const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
+        if (Status st = run_tma<Contiguous, Bf16>(r.moe, s, choice, grid_tiles, dev, stream, nullptr); !st)
+          return st;
+        return combine(r.moe, s, stream);
+      }
+    }
+
+    const auto r = params.template operator()<Addressing>(addr);
+    const MoeParams<Addressing>& p = r.moe;
 
     // 1. Routing preparation.
-    if (p.num_slots <= routing::kSmallSlots) {
-      routing::small_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
-      if (Status st = launched("routing::small_kernel"); !st) return st;
-    } else {
-      routing::expand_kernel<Addressing><<<(p.num_slots + 255) / 256, 256, 0, stream>>>(r);
-      if (Status st = launched("routing::expand_kernel"); !st) return st;
-      std::size_t temp_bytes = lay.sort_temp_bytes;
-      if (cudaError_t e = cub::DeviceRadixSort::SortPairs(at(lay.sort_temp), temp_bytes, r.keys,
-                                                          r.sorted_keys, r.vals, r.sorted_slot, p.num_slots,
-                                                          0, routing::key_bits(r.total_experts), stream);
-          e != cudaSuccess)
-        return Status::error("cub::DeviceRadixSort", cudaGetErrorString(e));
-      routing::finalize_kernel<Addressing><<<1, routing::kThreads, 0, stream>>>(r);
-      if (Status st = launched("routing::finalize_kernel"); !st) return st;
-    }
+    if (Status st = route(r, lay, base, stream); !st) return st;
 
     // 2-3. Gate/up then down.
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
@@ -452,8 +502,9 @@ class PagedMoe {
       using Small =
           std::conditional_t<Precision::kQuantized, Narrow,
                              grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
-      if (Status st = uses_tma(choice) ? run_tma(p, s, choice, grid_tiles, dev, stream,
-                                                 static_cast<bf16*>(at(lay.permuted_input)))
+      if (Status st = uses_tma(choice)
+                          ? run_tma<Addressing, Precision>(p, s, choice, grid_tiles, dev, stream,
+                                                           static_cast<bf16*>(at(lay.permuted_input)))
                       : choice.tile_tokens == grouped::kSmallM
                           ? run_sm90<Small>(p, s, grid_tiles, dev.device, stream)
                           : run_sm90<Narrow>(p, s, grid_tiles, dev.device, stream);
@@ -474,15 +525,13 @@ class PagedMoe {
     }
 
     // 4. Combine.
-    const std::int64_t threads = static_cast<std::int64_t>(s.num_tokens) * (s.hidden / 8);
-    return launch(detail::combine_kernel<Addressing>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
-                  0, stream, p, "combine_kernel");
+    return combine(p, s, stream);
   }
 
  private:
   struct Layout {
     std::size_t expert_offset, num_tiles, unit_counters, tiles, sorted_slot, keys, vals, sorted_keys,
-        sort_temp, act, y, permuted_input;
+        sort_temp, act, y, permuted_input, dequant;
     std::size_t sort_temp_bytes, total;
   };
 
@@ -520,8 +569,43 @@ class PagedMoe {
     l.permuted_input = take(Precision::kQuantized ? static_cast<std::size_t>(s.num_tokens) *
                                                         static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                                                   : 0);
+    // MoeConfig::grouped_dequant: the bf16 copy of the E + m experts ([E+m][3][F·H], Contiguous's layout).
+    l.dequant = take(kDequantWorkspace
+                         ? static_cast<std::size_t>(experts) * 3 * static_cast<std::size_t>(s.intermediate) *
+                               static_cast<std::size_t>(s.hidden) * sizeof(bf16)
+                         : 0);
     l.total = off;
     return l;
+  }
+
+  // Routing preparation: the expert-sorted slots, expert offsets and work tiles (small: one block; large:
+  // CUB's radix sort between two kernels).
+  template <class A>
+  static Status route(const routing::RoutingParams<A>& r, const Layout& lay, unsigned char* base,
+                      cudaStream_t stream) {
+    const int slots = r.moe.num_slots;
+    if (slots <= routing::kSmallSlots) {
+      routing::small_kernel<A><<<1, routing::kThreads, 0, stream>>>(r);
+      return launched("routing::small_kernel");
+    }
+    routing::expand_kernel<A><<<(slots + 255) / 256, 256, 0, stream>>>(r);
+    if (Status st = launched("routing::expand_kernel"); !st) return st;
+    std::size_t temp_bytes = lay.sort_temp_bytes;
+    if (cudaError_t e = cub::DeviceRadixSort::SortPairs(base + lay.sort_temp, temp_bytes, r.keys,
+                                                        r.sorted_keys, r.vals, r.sorted_slot, slots, 0,
+                                                        routing::key_bits(r.total_experts), stream);
+        e != cudaSuccess)
+      return Status::error("cub::DeviceRadixSort", cudaGetErrorString(e));
+    routing::finalize_kernel<A><<<1, routing::kThreads, 0, stream>>>(r);
+    return launched("routing::finalize_kernel");
+  }
+
+  // The top-k weighted sum of each token's slot outputs.
+  template <class A>
+  static Status combine(const MoeParams<A>& p, const MoeShape& s, cudaStream_t stream) {
+    const std::int64_t threads = static_cast<std::int64_t>(s.num_tokens) * (s.hidden / 8);
+    return launch(detail::combine_kernel<A>, dim3(static_cast<unsigned>((threads + 255) / 256)), 256, 0,
+                  stream, p, "combine_kernel");
   }
 
   // The decode tiles a configuration may name, one instantiation each: the configuration's own list
@@ -584,19 +668,21 @@ class PagedMoe {
   // K permuted into `permuted_input`); each stage's tensor maps over the addressing's regions (gate/up: K =
   // H, boxes of a unit's 128 W1 rows and 128 W3 rows; down: K = F, boxes of its 256 W2 rows) and unit
   // counter, one block per SM at most.
-  static Status run_tma(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                        unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream,
-                        bf16* permuted_input) {
-    if constexpr (tma_addressing<Addressing>) {
+  // A, P: the addressing and precision of the experts it reads (the layer's own, or Contiguous bf16 over a
+  // grouped_dequant copy).
+  template <class A, class P>
+  static Status run_tma(const MoeParams<A>& p, const MoeShape& s, const MoeConfig& c, unsigned grid_tiles,
+                        const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
+    if constexpr (tma_addressing<A>) {
       using grouped::Stage;
-      using Gemm = grouped::TmaGemm<Addressing, Precision>;
+      using Gemm = grouped::TmaGemm<A, P>;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
         constexpr auto kernel = Gemm::template kKernel<kStage>;
-        grouped::TmaParams<Addressing> tp{};
+        grouped::TmaParams<A> tp{};
         tp.moe = p;
-        if (Precision::kQuantized && kStage == Stage::kGateUp) tp.moe.input = permuted_input;
+        if (P::kQuantized && kStage == Stage::kGateUp) tp.moe.input = permuted_input;
         tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);
-        const std::array<const void*, 2> regions = Addressing::tma_regions(p.addr);
+        const std::array<const void*, 2> regions = A::tma_regions(p.addr);
         for (int i = 0; i < 2; ++i) {
           tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
           if (regions[i] == nullptr) continue;
@@ -607,7 +693,7 @@ class PagedMoe {
         const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
         return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
       };
-      if constexpr (Precision::kQuantized) {
+      if constexpr (P::kQuantized) {
         const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
         if (Status st =
                 launch_args(grouped::permute_k_kernel, dim3(static_cast<unsigned>((threads + 255) / 256)),

@@ -34,6 +34,23 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
   }
 };
 
+// DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with quantized experts' grouped stages on
+// a bf16 copy at every token count (kernels::with_grouped_dequant; kernels::DequantPrefillMoeConfig does so
+// from 16384 tokens only).
+template <kernels::MoePath kPath = kernels::MoePath::kAuto>
+struct DequantConfig {
+  static constexpr bool kDequantWorkspace = true;
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
+    return kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    return kernels::with_grouped_dequant(kernels::DefaultMoeConfig::select_quantized(
+                                             s, kPath == kernels::MoePath::kAuto ? requested : kPath, bits),
+                                         s);
+  }
+};
+
 // DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: the two-block
 // cp.async kernel; 256: the persistent TMA kernels, bf16 or quantized, on 128-token tiles).
 template <int kRows>

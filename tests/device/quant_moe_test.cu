@@ -290,6 +290,27 @@ struct OnlyT8Grouped : QuantGroupedConfig {
   using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1>>;
 };
 
+// grouped_dequant on every grouped choice, 128-token tiles, kRows-row blocks, bf16 (select) and quantized
+// (select_quantized) alike; with (DequantRows) or without (DequantNoWorkspace) the workspace's bf16 copy.
+template <int kRows>
+struct DequantNoWorkspace {
+  static constexpr kernels::MoeConfig dequant(const MoeShape& s, kernels::MoeConfig c) {
+    c = kernels::with_grouped_dequant(c, s);
+    if (c.grouped_dequant) c.grouped_rows = kRows;
+    return c;
+  }
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    return dequant(s, kernels::DefaultMoeConfig::select(s, requested));
+  }
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested, Bits bits) {
+    return dequant(s, kernels::DefaultMoeConfig::select_quantized(s, requested, bits));
+  }
+};
+template <int kRows>
+struct DequantRows : DequantNoWorkspace<kRows> {
+  static constexpr bool kDequantWorkspace = true;
+};
+
 }  // namespace
 
 TEST_CASE("quantized experts: int8x4 and int4x8 convert every 32-bit word exactly", "[gpu][small][quant]") {
@@ -387,6 +408,32 @@ TEST_CASE(
   // ... and off a row: PagedMoe::config takes the two-block kernel instead.
   const QuantStore p8(kSmall, Bits::kInt8, 45, 48);
   check_quant_case<kernels::Int8, QuantTmaConfig>(p8, 300, 1900, MoePath::kGrouped, -1, 128);
+}
+
+// The grouped stages on a bf16 copy (MoeConfig::grouped_dequant): the routed experts dequantised into the
+// workspace, then the bf16 TMA grouped GEMM. Paged and contiguous read the same copy (bit for bit); against
+// the reference at tile edges, with a hot expert, unrouted experts (3 tokens: most experts skipped) and
+// padded pages (the copy is contiguous whatever the pages).
+TEST_CASE("quantized experts: the grouped stages on a dequantised bf16 copy, against the reference",
+          "[gpu][small][quant][dequant]") {
+  using Dequant = testing::DequantConfig<MoePath::kGrouped>;
+  const QuantStore s8(kSmall, Bits::kInt8, 61), s4(kSmall, Bits::kInt4, 62);
+  for (int tokens : {3, 200, 700}) {
+    check_quant_case<kernels::Int8, Dequant>(s8, tokens, 2300 + tokens, MoePath::kGrouped, -1, 256);
+    check_quant_case<kernels::Int4, Dequant>(s4, tokens, 2400 + tokens, MoePath::kGrouped, -1, 256);
+  }
+  check_quant_case<kernels::Int8, Dequant>(s8, 700, 63, MoePath::kGrouped, 5, 256);
+  const QuantStore e8(kEngineSmall, Bits::kInt8, 64), e4(kEngineSmall, Bits::kInt4, 65);
+  check_quant_case<kernels::Int8, Dequant>(e8, 384, 2500, MoePath::kGrouped, -1, 256);
+  check_quant_case<kernels::Int4, Dequant>(e4, 384, 2600, MoePath::kGrouped, -1, 256);
+  const QuantStore p8(kSmall, Bits::kInt8, 66, 48), p4(kSmall, Bits::kInt4, 67, 4096);
+  check_quant_case<kernels::Int8, Dequant>(p8, 300, 2700, MoePath::kGrouped, -1, 256);
+  check_quant_case<kernels::Int4, Dequant>(p4, 300, 2800, MoePath::kGrouped, -1, 256);
+  for (const ModelSpec& m : {kQwen15, kQwen3}) {
+    const QuantStore q8(m, Bits::kInt8, 68), q4(m, Bits::kInt4, 69);
+    check_quant_case<kernels::Int8, Dequant>(q8, 300, 2900, MoePath::kGrouped, -1, 256);
+    check_quant_case<kernels::Int4, Dequant>(q4, 300, 3000, MoePath::kGrouped, -1, 256);
+  }
 }
 
 TEST_CASE("quantized experts: the TMA grouped GEMM on model shapes", "[gpu][models][quant][tma]") {
@@ -519,4 +566,21 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   using Moe4Fits =
       PagedMoe<kernels::Contiguous, OnlyTileConfig<Staged<kernels::decode::Tile<4, 8, 1>, 2>>, kernels::Int4>;
   CHECK(Moe4Fits::can_implement(b).ok);
+  // grouped_dequant: its workspace holds the bf16 copy (kDequantWorkspace) and it runs the bf16 TMA GEMM's
+  // 256-row blocks; a configuration type without the workspace, 128-row blocks or bf16 experts are refused.
+  b.shape.num_tokens = 4096;
+  b.path = MoePath::kAuto;
+  using Moe4Dequant = PagedMoe<kernels::Contiguous, DequantConfig<>, kernels::Int4>;
+  CHECK(Moe4Dequant::can_implement(b).ok);
+  CHECK(Moe4Dequant::config(b).grouped_dequant);
+  CHECK(Moe4Dequant::workspace_size(b) ==
+        Moe4::workspace_size(b) + kernels::detail::align_up(std::size_t{8} * 3 * 384 * 256 * 2));
+  using Moe4NoCopy = PagedMoe<kernels::Contiguous, DequantNoWorkspace<256>, kernels::Int4>;
+  const kernels::Status no_copy = Moe4NoCopy::can_implement(b);
+  CHECK(no_copy.field == "config.grouped_dequant");
+  CHECK_THAT(no_copy.message, Catch::Contains("kDequantWorkspace"));
+  using Moe4Narrow = PagedMoe<kernels::Contiguous, DequantRows<128>, kernels::Int4>;
+  CHECK(Moe4Narrow::can_implement(b).field == "config.grouped_rows");
+  using MoeBf16Dequant = PagedMoe<kernels::Contiguous, DequantRows<256>, kernels::Bf16>;
+  CHECK(MoeBf16Dequant::can_implement(b).field == "config.grouped_dequant");
 }

@@ -142,3 +142,38 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
       CHECK(grouped_seen);
     }
 }
+
+TEST_CASE("DequantPrefillMoeConfig: the default's choice, on a bf16 copy only for grouped prefills >= 16384",
+          "[moe_config]") {
+  using amoeba::kernels::DequantPrefillMoeConfig;
+  static_assert(DequantPrefillMoeConfig::kDequantWorkspace);
+  std::vector<Model> all = models();
+  all.push_back({"h2176", {0, 2176, 768, 128, 8, 0}});  // H not a multiple of 256: never copied
+  for (const Model& m : all)
+    for (const Bits bits : {Bits::kInt8, Bits::kInt4})
+      for (int t : {1, 64, 1024, 4096, 16383, 16384, 32768, 65536}) {
+        MoeShape s = m.shape;
+        s.num_tokens = t;
+        INFO(m.name << " int" << amoeba::kernels::quant::bit_count(bits) << " T=" << t);
+        const MoeConfig base = DefaultMoeConfig::select_quantized(s, MoePath::kAuto, bits);
+        const MoeConfig c = DequantPrefillMoeConfig::select_quantized(s, MoePath::kAuto, bits);
+        const bool copied = base.path == MoePath::kGrouped && t >= 16384 && s.hidden % 256 == 0;
+        CHECK(c.grouped_dequant == copied);
+        if (copied) {  // the bf16 TMA kernel's blocks and tiles; everything else the default's
+          CHECK(c.grouped_rows == 256);
+          CHECK(c.tile_tokens == 128);
+          MoeConfig rest = c;
+          rest.grouped_dequant = false;
+          rest.grouped_rows = base.grouped_rows;
+          rest.tile_tokens = base.tile_tokens;
+          CHECK(rest == base);
+        } else {
+          CHECK(c == base);
+        }
+        // bf16 experts keep the default's choice (select is DefaultMoeConfig's).
+        CHECK(DequantPrefillMoeConfig::select(s, MoePath::kAuto) ==
+              DefaultMoeConfig::select(s, MoePath::kAuto));
+        // The decode path when asked for stays the decode path.
+        CHECK_FALSE(DequantPrefillMoeConfig::select_quantized(s, MoePath::kDecode, bits).grouped_dequant);
+      }
+}

@@ -287,8 +287,13 @@ std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
                    l.measured_simulated ? "SIMULATED GPU" : "MEASURED on a GPU", l.measured_backend,
                    l.measured_simulated ? ", cost model " + l.measured_cost_model : std::string(),
                    l.simulated_cost_model);
-  t += fmt::format("model {} on {}, {} experts, policy {}, {}\n\n", l.model, l.gpu, l.expert_precision,
+  t += fmt::format("model {} on {}, {} experts, policy {}, {}\n", l.model, l.gpu, l.expert_precision,
                    l.policy, l.workload);
+  if (l.gpu_memory_bytes > 0)
+    t += fmt::format(
+        "GPU memory {:.2f} GiB, at most {} experts per layer offloaded, {} resident at the start\n",
+        double(l.gpu_memory_bytes) / double(1ull << 30), l.offload_limit, l.resident_per_layer);
+  t += "\n";
   if (c.match == StepMatch::kNone) {
     t += fmt::format(
         "step time: no forward steps could be paired (measured {}, simulated {}): only the end-to-end "
@@ -346,6 +351,10 @@ std::string validation_json(const RunComparison& c, const ValidationLabels& l) {
   j["expert_precision"] = l.expert_precision;
   j["policy"] = l.policy;
   j["workload"] = l.workload;
+  if (l.gpu_memory_bytes > 0)
+    j["memory"] = {{"gpu_memory_gib", double(l.gpu_memory_bytes) / double(1ull << 30)},
+                   {"expert_offload_limit", l.offload_limit},
+                   {"experts_resident_per_layer", l.resident_per_layer}};
   nlohmann::ordered_json meas;
   meas["backend"] = l.measured_backend;
   meas["simulated"] = l.measured_simulated;

@@ -513,6 +513,19 @@ TEST_CASE("compare_runs: TTFT request by request, over requests finished in both
   int8.expert_precision = "int8";
   CHECK_THAT(validation_text(c, int8), Catch::Contains(", int8 experts, policy"));
   CHECK_THAT(validation_json(c, int8), Catch::Contains("\"expert_precision\": \"int8\""));
+  // The memory line and object where the plan is given: the GPU memory (or cap), the offload limit and the
+  // initial residency; none without it.
+  CHECK(text.find("GPU memory") == std::string::npos);
+  CHECK(validation_json(c, int8).find("\"memory\"") == std::string::npos);
+  int8.gpu_memory_bytes = 34359738368ull;  // 32 GiB
+  int8.offload_limit = 40;
+  int8.resident_per_layer = 60;
+  CHECK_THAT(validation_text(c, int8),
+             Catch::Contains(
+                 "GPU memory 32.00 GiB, at most 40 experts per layer offloaded, 60 resident at the start"));
+  CHECK_THAT(validation_json(c, int8), Catch::Contains("\"expert_offload_limit\": 40") &&
+                                           Catch::Contains("\"experts_resident_per_layer\": 60") &&
+                                           Catch::Contains("\"gpu_memory_gib\": 32.0"));
   sim.request_ttft_ms.pop_back();  // runs of different traces: nothing to pair
   CHECK(compare_runs(meas, sim).ttft_paired.requests == 0);
   CHECK(validation_json(compare_runs(meas, sim), ValidationLabels{}).find("ttft_paired") ==

@@ -25,6 +25,15 @@ def load(path):
         return json.load(f)
 
 
+def workload(run):
+    """The run's workload line, with its memory where the report gives it (validate since ccb6152)."""
+    m = run.get("memory")
+    if not m:
+        return run["workload"]
+    return (f'{run["workload"]}; {m["gpu_memory_gib"]:.2f} GiB, at most {m["expert_offload_limit"]} experts '
+            f'per layer offloaded')
+
+
 def bold(text, ok):
     return f"**{text}**" if ok else text
 
@@ -70,7 +79,7 @@ def main():
         p90 = s.get("p90_abs_rel_error")
         pr = r.get("priced_steps", {})
         cells = [
-            r["model"], r["expert_precision"] or "-", r["policy"], r["workload"], r["commit"], f"{s['paired']} of {s['measured']}",
+            r["model"], r["expert_precision"] or "-", r["policy"], workload(r), r["commit"], f"{s['paired']} of {s['measured']}",
             bold(f"{100 * med:.2f}%", med <= TARGETS["median"]) if med is not None else "-",
             bold(f"{100 * p90:.2f}%", p90 <= TARGETS["p90"]) if p90 is not None else "-",
             bold(f"{100 * pr['median_abs_rel_error']:.2f}%", pr["median_abs_rel_error"] <= TARGETS["median"])

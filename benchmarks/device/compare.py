@@ -14,9 +14,11 @@ from quant_report import mean_sd  # 'm ± sd' over the files, or the one value
 
 
 def tile(x):
-    """A configuration's path and tile as the results tables write it: decode/8, grouped/64, grouped/128×256."""
+    """A configuration's path and tile as the results tables write it: decode/8, grouped/64, grouped/128×256,
+    grouped/128×256+copy (on a dequantised bf16 copy: MoeConfig::grouped_dequant)."""
     t = f'{x["path"]}/{x["tile_tokens"]}'
-    return t + "×256" if x["path"] != "decode" and x.get("grouped_rows") == 256 else t
+    t = t + "×256" if x["path"] != "decode" and x.get("grouped_rows") == 256 else t
+    return t + "+copy" if x.get("grouped_dequant") else t
 
 
 def main(base, other, files):

@@ -168,7 +168,8 @@ struct Between {
 
 struct GraphBase {
   cudaGraphExec_t exec = nullptr;
-  kernels::MoeConfig config{};  // what the layer chose for the first routing set
+  kernels::MoeConfig config{};      // what the layer chose for the first routing set
+  std::size_t workspace_bytes = 0;  // the largest workspace_size() over the routing sets
   GraphBase() = default;
   GraphBase(const GraphBase&) = delete;
   GraphBase& operator=(const GraphBase&) = delete;
@@ -183,7 +184,6 @@ struct Graph : GraphBase {
   using Moe = PagedMoe<Addressing, Config, Precision>;
   std::vector<typename Moe::Arguments> args;
   DeviceBuffer<unsigned char> workspace;
-  std::size_t workspace_bytes = 0;
 
   const Between* between = nullptr;  // run after every call when active
   // Call i reads layers[i % layers.size()]: several layers' weights, as an engine step reads them.
@@ -688,9 +688,11 @@ int main(int argc, char** argv) {
                     mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
         std::fprintf(js,
                      "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
-                     "\"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
+                     "\"grouped_dequant\": %s, \"workspace_bytes\": %zu, \"expert_bytes\": %.0f, "
+                     "\"contiguous_us\": %.3f, \"paged\": [",
                      ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens,
-                     chosen.grouped_rows, cfg_bytes, mc);
+                     chosen.grouped_rows, chosen.grouped_dequant ? "true" : "false",
+                     graphs[base]->workspace_bytes, cfg_bytes, mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

@@ -70,26 +70,16 @@ __global__ void __launch_bounds__(kThreads)
       scale[i] = scales[n * groups + (load - n * loads_per_row) * kValues / quant::kGroup];
     }
   }
+  // Packed rows are whole loads (row_bytes a multiple of 16: K a multiple of 128, PagedMoe::can_implement),
+  // so load L's values are those at L · kValues of the bf16 matrix too.
 #pragma unroll
   for (int i = 0; i < kLoadsPerThread; ++i) {
     const std::int64_t load = first + static_cast<std::int64_t>(i) * kThreads;
     if (load >= loads) break;
-    const std::int64_t n = load / loads_per_row;
-    const std::int64_t k0 = (load - n * loads_per_row) * kValues;
-    const __nv_bfloat162 pair = __bfloat162bfloat162(scale[i]);
-    auto* o = reinterpret_cast<uint4*>(out + n * static_cast<std::int64_t>(m.k) + k0);
+    auto* o = reinterpret_cast<uint4*>(out + load * kValues);
 #pragma unroll
-    for (int c = 0; c < kValues / 8; ++c) {
-      const uint4 v = chunk<kBits>(raw[i], c);  // 8 exact values as bf16 pairs
-      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      std::uint32_t scaled[4];
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w[p]), pair);
-        scaled[p] = *reinterpret_cast<const std::uint32_t*>(&x);
-      }
-      o[c] = make_uint4(scaled[0], scaled[1], scaled[2], scaled[3]);
-    }
+    for (int c = 0; c < kValues / 8; ++c)
+      o[c] = scaled_chunk<kBits>(raw[i], c, __bfloat162bfloat162(scale[i]));
   }
 }
 

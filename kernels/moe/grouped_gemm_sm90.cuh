@@ -232,16 +232,9 @@ struct PackedB {
       for (int w = 0; w < kStep / 32; ++w)
         words[w] = ptx::ld_shared_16(from + 16 * chunk_at(row, dq_half * (kStep / 32) + w));
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {  // 8 values each, the layout of one bf16 chunk of the tile
-        uint4 v = dequant::chunk<kBits>(words[c / kChunksPerWord], c % kChunksPerWord);
-        std::uint32_t* vw = reinterpret_cast<std::uint32_t*>(&v);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&vw[k]), s);
-          vw[k] = *reinterpret_cast<const std::uint32_t*>(&prod);
-        }
-        ptx::st_shared_16(to + 2 * swizzle(row, 4 * dq_half + c), v);
-      }
+      for (int c = 0; c < 4; ++c)  // 8 values each, the layout of one bf16 chunk of the tile
+        ptx::st_shared_16(to + 2 * swizzle(row, 4 * dq_half + c),
+                          dequant::scaled_chunk<kBits>(words[c / kChunksPerWord], c % kChunksPerWord, s));
     }
   }
 };

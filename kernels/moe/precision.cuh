@@ -119,6 +119,21 @@ __device__ __forceinline__ uint4 chunk(const uint4& raw, int c) {
   return out;
 }
 
+// chunk() times the values' group scale, each product rounded to bf16 (w = bf16(q · scale)): the weights the
+// quantized grouped GEMMs and the bf16 copy (moe/dequant_experts.cuh) multiply.
+template <quant::Bits kBits>
+__device__ __forceinline__ uint4 scaled_chunk(const uint4& raw, int c, __nv_bfloat162 scale) {
+  const uint4 v = chunk<kBits>(raw, c);
+  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  std::uint32_t out[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&words[p]), scale);
+    out[p] = *reinterpret_cast<const std::uint32_t*>(&x);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 }  // namespace dequant
 
 }  // namespace amoeba::kernels

@@ -444,9 +444,6 @@ class PagedMoe {
       p.top_k = s.top_k;
       p.slots_per_token = s.slots_per_token();
       p.num_slots = static_cast<int>(s.num_slots());
-      p.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
-      p.tiles = static_cast<WorkTile*>(at(lay.tiles));
-      p.num_tiles = static_cast<int*>(at(lay.num_tiles));
       p.unit_counters = static_cast<int*>(at(lay.unit_counters));
       p.act = static_cast<bf16*>(at(lay.act));
       p.y = static_cast<bf16*>(at(lay.y));
@@ -456,12 +453,16 @@ class PagedMoe {
       r.expert_offset = static_cast<int*>(at(lay.expert_offset));
       r.tiles = static_cast<WorkTile*>(at(lay.tiles));
       r.num_tiles = static_cast<int*>(at(lay.num_tiles));
+      p.sorted_slot = r.sorted_slot;  // routing writes them, the GEMMs and combine read them
+      p.tiles = r.tiles;
+      p.num_tiles = r.num_tiles;
       r.keys = static_cast<int*>(at(lay.keys));
       r.vals = static_cast<int*>(at(lay.vals));
       r.sorted_keys = static_cast<int*>(at(lay.sorted_keys));
       return r;
     };
     const auto addr = Addressing::make_params(a.weights, stride / 2);
+    const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
 
     if constexpr (kDequantWorkspace) {
       // Routing over the bf16 copy (the tiles point into it), the routed experts dequantised into it, then
@@ -479,7 +480,6 @@ class PagedMoe {
                        dequant::kThreads, 0, stream, d, "dequant::experts_kernel");
             !st)
           return st;
-        const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
         if (Status st = run_tma<Contiguous, Bf16>(r.moe, s, choice, grid_tiles, dev, stream, nullptr); !st)
           return st;
         return combine(r.moe, s, stream);
@@ -493,7 +493,6 @@ class PagedMoe {
     if (Status st = route(r, lay, base, stream); !st) return st;
 
     // 2-3. Gate/up then down.
-    const unsigned grid_tiles = static_cast<unsigned>(max_tiles(s, choice.tile_tokens));
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
       // 256-row blocks: the TMA kernels (bf16 or quantized); 128: the two-block kernel or the small-batch
       // one.

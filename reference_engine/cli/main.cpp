@@ -835,7 +835,7 @@ int cmd_validate(const ScenarioFlags& given, const std::string& policy,
   l.gpu = meas_setup.gpu.name;
   l.policy = policy;
   l.expert_precision = std::string(to_string(s.expert_precision));
-  l.gpu_memory_bytes = meas_setup.memory.gpu_bytes;
+  l.gpu_memory_gib = memory_gib(meas_setup.memory.gpu_bytes);
   l.offload_limit = meas_setup.offload_limit;
   l.resident_per_layer = meas_setup.memory.initial_resident_per_layer;
   l.measured_backend = measured.backend;

@@ -289,10 +289,10 @@ std::string validation_text(const RunComparison& c, const ValidationLabels& l) {
                    l.simulated_cost_model);
   t += fmt::format("model {} on {}, {} experts, policy {}, {}\n", l.model, l.gpu, l.expert_precision,
                    l.policy, l.workload);
-  if (l.gpu_memory_bytes > 0)
+  if (l.gpu_memory_gib > 0)
     t += fmt::format(
         "GPU memory {:.2f} GiB, at most {} experts per layer offloaded, {} resident at the start\n",
-        double(l.gpu_memory_bytes) / double(1ull << 30), l.offload_limit, l.resident_per_layer);
+        l.gpu_memory_gib, l.offload_limit, l.resident_per_layer);
   t += "\n";
   if (c.match == StepMatch::kNone) {
     t += fmt::format(
@@ -351,8 +351,8 @@ std::string validation_json(const RunComparison& c, const ValidationLabels& l) {
   j["expert_precision"] = l.expert_precision;
   j["policy"] = l.policy;
   j["workload"] = l.workload;
-  if (l.gpu_memory_bytes > 0)
-    j["memory"] = {{"gpu_memory_gib", double(l.gpu_memory_bytes) / double(1ull << 30)},
+  if (l.gpu_memory_gib > 0)
+    j["memory"] = {{"gpu_memory_gib", l.gpu_memory_gib},
                    {"expert_offload_limit", l.offload_limit},
                    {"experts_resident_per_layer", l.resident_per_layer}};
   nlohmann::ordered_json meas;

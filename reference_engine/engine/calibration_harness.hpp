@@ -163,7 +163,7 @@ struct ValidationLabels {
   std::string expert_precision = "bf16";  // the experts' precision on both sides (`--expert-precision`)
   // The run's memory and residency (both sides run the same plan): the GPU memory it planned with (the GPU's,
   // or the cap), at most how many experts per layer the policy offloads, how many it starts with resident.
-  std::uint64_t gpu_memory_bytes = 0;  // 0: not given (the report omits the line)
+  double gpu_memory_gib = 0;  // 0: not given (the report omits the line)
   std::uint32_t offload_limit = 0, resident_per_layer = 0;
 };
 

@@ -299,6 +299,9 @@ std::string memory_cap_rule() {
 std::uint64_t memory_cap_bytes(double gib) {
   return static_cast<std::uint64_t>(gib * double(1ull << 30));
 }
+double memory_gib(std::uint64_t bytes) {
+  return double(bytes) / double(1ull << 30);
+}
 
 std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::ordered_json j;
@@ -310,7 +313,7 @@ std::string scenario_to_json(const Scenario& s, int indent) {
     j["weights"] = s.weights;
   j["gpu"] = s.gpu;
   j["cost_model"] = s.cost_model;
-  j["memory_cap_gib"] = double(s.memory.memory_cap_bytes) / double(1ull << 30);
+  j["memory_cap_gib"] = memory_gib(s.memory.memory_cap_bytes);
   j["usable_fraction"] = s.memory.usable_fraction;
   if (s.trace.empty())
     j["workload"] = {{"rate", s.rate},

@@ -161,8 +161,9 @@ Scenario apply_named_scenario(const NamedScenario& n, Scenario base = {});
 std::string range_rule(RealRange r);
 std::string range_rule(CountRange r);
 std::string memory_cap_rule();
-// GiB -> bytes for the memory cap (0 stays 0 = no cap).
+// GiB -> bytes for the memory cap (0 stays 0 = no cap), and bytes -> GiB.
 std::uint64_t memory_cap_bytes(double gib);
+double memory_gib(std::uint64_t bytes);
 // The scenario as JSON (written into ablate's output). With a trace, the workload holds only the seed and the
 // trace: the generator's rate and count did not run, and the JSON stays a valid config.
 std::string scenario_to_json(const Scenario& s, int indent = 2);

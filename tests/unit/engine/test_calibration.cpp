@@ -517,7 +517,7 @@ TEST_CASE("compare_runs: TTFT request by request, over requests finished in both
   // initial residency; none without it.
   CHECK(text.find("GPU memory") == std::string::npos);
   CHECK(validation_json(c, int8).find("\"memory\"") == std::string::npos);
-  int8.gpu_memory_bytes = 34359738368ull;  // 32 GiB
+  int8.gpu_memory_gib = 32;
   int8.offload_limit = 40;
   int8.resident_per_layer = 60;
   CHECK_THAT(validation_text(c, int8),

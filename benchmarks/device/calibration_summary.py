@@ -64,8 +64,8 @@ def main():
     if not runs:
         sys.exit("calibration_summary: no validate_*.json in " + ", ".join(r[0] for r in args.run))
 
-    print("| model | precision | policy | workload | commit | paired steps | median | p90 | priced median | priced p90 "
-          "| throughput | TTFT p50 | TPOT p50 |")
+    print("| model | precision | policy | workload | commit | paired steps | median | p90 | priced median "
+          "| priced p90 | throughput | TTFT p50 | TPOT p50 |")
     print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         s, e = r["steps"], r["end_to_end"]
@@ -79,7 +79,8 @@ def main():
         p90 = s.get("p90_abs_rel_error")
         pr = r.get("priced_steps", {})
         cells = [
-            r["model"], r["expert_precision"] or "-", r["policy"], workload(r), r["commit"], f"{s['paired']} of {s['measured']}",
+            r["model"], r["expert_precision"] or "-", r["policy"], workload(r), r["commit"],
+            f"{s['paired']} of {s['measured']}",
             bold(f"{100 * med:.2f}%", med <= TARGETS["median"]) if med is not None else "-",
             bold(f"{100 * p90:.2f}%", p90 <= TARGETS["p90"]) if p90 is not None else "-",
             bold(f"{100 * pr['median_abs_rel_error']:.2f}%", pr["median_abs_rel_error"] <= TARGETS["median"])

@@ -48,12 +48,12 @@ def main():
         ra, rb = a[batch], b[batch]
         pairs = list(zip(ra, rb))
         col = lambda rs, key: [r[key] for r in rs]
+        ratio = lambda key: [y[key] / x[key] for x, y in pairs]  # B / A, run by run
+        out[batch] = {"a": ra, "b": rb, "step_ratio": ratio("step_ms"), "moe_ratio": ratio("moe_ms")}
         print(f"| {batch} | {len(pairs)} | {mean_sd(col(ra, 'step_ms'))} | {mean_sd(col(rb, 'step_ms'))} | "
-              f"{mean_sd([y['step_ms'] / x['step_ms'] for x, y in pairs])} | {mean_sd(col(ra, 'moe_ms'))} | "
-              f"{mean_sd(col(rb, 'moe_ms'))} | {mean_sd([y['moe_ms'] / x['moe_ms'] for x, y in pairs])} | "
+              f"{mean_sd(out[batch]['step_ratio'])} | {mean_sd(col(ra, 'moe_ms'))} | "
+              f"{mean_sd(col(rb, 'moe_ms'))} | {mean_sd(out[batch]['moe_ratio'])} | "
               f"{st.mean(col(ra, 'step_over_floor')):.2f} → {st.mean(col(rb, 'step_over_floor')):.2f} |")
-        out[batch] = {"a": ra, "b": rb, "step_ratio": [y["step_ms"] / x["step_ms"] for x, y in pairs],
-                      "moe_ratio": [y["moe_ms"] / x["moe_ms"] for x, y in pairs]}
     if args.json:
         json.dump(out, open(args.json, "w"), indent=1)
 

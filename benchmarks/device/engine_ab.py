@@ -38,8 +38,7 @@ def main():
     ap.add_argument("--precision", default="bf16", choices=sorted(overheads.MATRIX_BYTES))
     ap.add_argument("--json", help="also write each batch's runs and ratios here")
     args = ap.parse_args()
-    overheads.EXPERT_BYTES = 3 * overheads.MATRIX_BYTES[args.precision]
-    overheads.SHARED_BYTES = overheads.LAYERS * (overheads.SHARED_F // overheads.F) * overheads.EXPERT_BYTES
+    overheads.set_precision(args.precision)
     a, b = runs(args.a, args.context), runs(args.b, args.context)
     out = {}
     print("| batch | runs | step ms A | step ms B | step B / A | MoE ms A | MoE ms B | MoE B / A | step / floor A → B |")

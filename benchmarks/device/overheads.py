@@ -39,6 +39,13 @@ def packed_matrix_bytes(bits):
 MATRIX_BYTES = {"bf16": F * H * 2, "int8": packed_matrix_bytes(8), "int4": packed_matrix_bytes(4)}
 EXPERT_BYTES = 3 * MATRIX_BYTES["bf16"]
 SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES["bf16"]
+
+
+def set_precision(precision):
+    """The experts' bytes the floor counts: one routed expert and all layers' shared experts, per precision."""
+    global EXPERT_BYTES, SHARED_BYTES
+    EXPERT_BYTES = 3 * MATRIX_BYTES[precision]
+    SHARED_BYTES = LAYERS * (SHARED_F // F) * EXPERT_BYTES
 HEAD_BYTES = VOCAB * H * 2
 KV_PAGE = 131072  # 16 tokens of one layer's K and V
 READ_BW = 4.25e12  # bytes/s, measured device copy on the project's H200 (reference_engine/data/gpus/h200.json)
@@ -102,10 +109,9 @@ def main():
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the run (the floor is one GPU's)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    global EXPERT_BYTES, SHARED_BYTES, TP
+    global TP
     TP = a.tp
-    EXPERT_BYTES = 3 * MATRIX_BYTES[a.precision]
-    SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES[a.precision]
+    set_precision(a.precision)
     t = table(a.plain, a.gated, [int(x) for x in a.targets.split(",")], a.context)
     print(f"{'batch':>5} {'steps':>5} {'step ms':>8} {'GPU ms':>7} {'gated GPU':>9} {'fwd host':>8} {'eng host':>8} "
           f"{'unhidden':>8} {'attn':>6} {'MoE':>6} {'head':>5} {'allred':>6} {'floor':>6} {'step/floor':>10}")

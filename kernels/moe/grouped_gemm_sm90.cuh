@@ -62,12 +62,20 @@ __device__ __forceinline__ void pin(T (&d)[N]) {
   }
 }
 
-// The 64 fp32 accumulators of a m64n128 wgmma as inline-asm text (operands %0..%63) and operands.
-#define AMOEBA_WGMMA_D64_REGS                                                        \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+// The 64 fp32 accumulators of a m64n128 wgmma as inline-asm text (operands %0..%63) and operands; a m64n256
+// wgmma's upper 64 are operands %64..%127.
+#define AMOEBA_WGMMA_D64_LIST                                                        \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define AMOEBA_WGMMA_D64_LIST_HI                                                           \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "       \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "       \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "   \
+  "%125, %126, %127"
+#define AMOEBA_WGMMA_D64_REGS "{" AMOEBA_WGMMA_D64_LIST "}"
 #define AMOEBA_WGMMA_D64_OPERANDS(d)                                                                        \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -91,6 +99,27 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], std::uint64_t des
       "}\n"
       : AMOEBA_WGMMA_D64_OPERANDS(d)
       : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+  __trap();  // built without sm_90a: PagedMoe never selects this kernel then
+#endif
+}
+
+// [D0 | D1](64×256, fp32) += A(64×16, smem) · B(256×16, smem)ᵀ: D0 takes B's rows 0–127, D1 rows 128–255 (the
+// accumulators of columns 0–127 are a m64n256 fragment's first 64 registers, in m64n128's order). One
+// instruction reads A once where two m64n128k16 read it twice.
+__device__ __forceinline__ void mma_m64n256k16(float (&d0)[64], float (&d1)[64], std::uint64_t desc_a,
+                                               std::uint64_t desc_b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" AMOEBA_WGMMA_D64_LIST
+      ", " AMOEBA_WGMMA_D64_LIST_HI
+      "}, %128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : AMOEBA_WGMMA_D64_OPERANDS(d0), AMOEBA_WGMMA_D64_OPERANDS(d1)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
   __trap();  // built without sm_90a: PagedMoe never selects this kernel then
 #endif
@@ -284,6 +313,21 @@ __device__ __forceinline__ void issue_mmas(float (&acc)[64], const bf16* a_rows,
   for (int kk = 0; kk < kBlockK / 16; ++kk)
     wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
 }
+// The same over 256 weight rows as four m64n256k16 (acc0: rows 0–127, acc1: rows 128–255), each output in the
+// same k order as two issue_mmas calls. `first`: the unit's first step, whose first wgmma overwrites the
+// accumulators instead of adding to them (so they need no zero fill: one, done by moves, had made ptxas
+// serialise the m64n256 wgmma, C7515).
+__device__ __forceinline__ void issue_mmas_wide(float (&acc0)[64], float (&acc1)[64], const bf16* a_rows,
+                                                const bf16* b_tile, bool first) {
+  const std::uint32_t sa = ptx::smem_u32(a_rows);
+  const std::uint32_t sb = ptx::smem_u32(b_tile);
+  wgmma::pin(acc0);
+  wgmma::pin(acc1);
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk)
+    wgmma::mma_m64n256k16(acc0, acc1, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32),
+                          kk > 0 || !first);
+}
 // The same as one commit group (not waited for).
 __device__ __forceinline__ void issue_step(float (&acc)[64], const bf16* a_rows, const bf16* b_tile) {
   wgmma::pin(acc);
@@ -433,7 +477,8 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
 // thread copies the step's 256 weight rows with TMA (tma.cuh: one tensor map per region of expert matrices,
 // so a box comes straight from any page), the warpgroup's 128 threads gather the 128 token rows with
 // cp.async, and both arrive on the stage's `full` mbarrier. Warpgroups 1 and 2 consume: each multiplies its
-// 64 token rows by both 128-row halves (two accumulators), keeps one step of wgmma in flight, and releases a
+// 64 token rows by all 256 rows (m64n256k16: two 64-register accumulators, one per 128-row half; it reads A
+// once per 16 k where two m64n128k16 read it twice), keeps one step of wgmma in flight, and releases a
 // stage on its `empty` mbarrier once that step's wgmma has finished. The producer runs up to kTmaStages steps
 // ahead, across units, so the next unit's loads overlap this one's epilogue.
 // Units are handed out in order from a counter (the producer takes the next one when it starts a unit and
@@ -590,7 +635,7 @@ __device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& 
   }
 }
 
-template <class Addressing, Stage kStage>
+template <class Addressing, Stage kStage, bool kWideMma = true>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
@@ -626,8 +671,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       // every stage).
       const bool active = cw * 64 < tile.count;
       float acc0[64], acc1[64];
+      if constexpr (!kWideMma) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+        for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+      }
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % kTmaStages;
         if (kt > 0) tma::wait(&full[s], (it / kTmaStages) & 1);
@@ -636,8 +683,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
           const bf16* a_rows = smem_a + s * kTmaATile + cw * 64 * kBlockK;
           const bf16* b = smem_b + s * kTmaBTile;
           wgmma::fence();
-          issue_mmas(acc0, a_rows, b);
-          issue_mmas(acc1, a_rows, b + kBlockN * kBlockK);
+          if constexpr (kWideMma) {
+            issue_mmas_wide(acc0, acc1, a_rows, b, kt == 0);
+          } else {
+            issue_mmas(acc0, a_rows, b);
+            issue_mmas(acc1, a_rows, b + kBlockN * kBlockK);
+          }
           wgmma::commit();
           wgmma::wait<1>();  // step it − 1's wgmma has finished
         }

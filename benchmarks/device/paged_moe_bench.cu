@@ -29,8 +29,7 @@
 // p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
-// tiles) / 128 (the two-block cp.async kernel); n128: the default with the TMA kernel's 64×256 steps as two
-// m64n128k16 per 16 k instead of one m64n256k16; tile128: the two-block kernel wherever the default takes
+// tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
 // kGrouped; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
 // and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes only); int8 / int4: the default's tiles
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
@@ -304,8 +303,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
           {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
           {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
-          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}},
-          {"n128", {&make_graphs<NarrowMmaConfig>, Where::kGrouped}}};
+          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
 // Writes `value` into n bf16 scales.

@@ -635,7 +635,7 @@ __device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& 
   }
 }
 
-template <class Addressing, Stage kStage, bool kWideMma = true>
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
@@ -670,11 +670,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
       // every stage).
       const bool active = cw * 64 < tile.count;
-      float acc0[64], acc1[64];
-      if constexpr (!kWideMma) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
-      }
+      float acc0[64], acc1[64];  // set by the unit's first wgmma (no zero fill: see issue_mmas_wide)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % kTmaStages;
         if (kt > 0) tma::wait(&full[s], (it / kTmaStages) & 1);
@@ -683,12 +679,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
           const bf16* a_rows = smem_a + s * kTmaATile + cw * 64 * kBlockK;
           const bf16* b = smem_b + s * kTmaBTile;
           wgmma::fence();
-          if constexpr (kWideMma) {
-            issue_mmas_wide(acc0, acc1, a_rows, b, kt == 0);
-          } else {
-            issue_mmas(acc0, a_rows, b);
-            issue_mmas(acc1, a_rows, b + kBlockN * kBlockK);
-          }
+          issue_mmas_wide(acc0, acc1, a_rows, b, kt == 0);
           wgmma::commit();
           wgmma::wait<1>();  // step it − 1's wgmma has finished
         }

@@ -182,16 +182,6 @@ struct dequant_workspace_of<Config> {
   static constexpr bool value = Config::kDequantWorkspace;
 };
 
-// Whether the bf16 TMA grouped GEMM multiplies by m64n256k16 (grouped::gemm_tma_kernel's kWideMma), unless
-// the configuration sets kTmaWideMma = false (two m64n128k16, for comparison).
-template <class Config>
-inline constexpr bool tma_wide_mma_of = true;
-template <class Config>
-requires requires {
-  Config::kTmaWideMma;
-}
-inline constexpr bool tma_wide_mma_of<Config> = Config::kTmaWideMma;
-
 template <class Config, class Precision>
 struct decode_tiles_of {
   using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
@@ -684,7 +674,7 @@ class PagedMoe {
                         const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
     if constexpr (tma_addressing<A>) {
       using grouped::Stage;
-      using Gemm = grouped::TmaGemm<A, P, detail::tma_wide_mma_of<Config>>;
+      using Gemm = grouped::TmaGemm<A, P>;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
         constexpr auto kernel = Gemm::template kKernel<kStage>;
         grouped::TmaParams<A> tp{};

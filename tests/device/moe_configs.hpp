@@ -51,12 +51,6 @@ struct DequantConfig {
   }
 };
 
-// DefaultMoeConfig with the bf16 TMA grouped GEMM on two m64n128k16 per 64×16 step instead of one
-// m64n256k16 (detail::tma_wide_mma_of).
-struct NarrowMmaConfig : kernels::DefaultMoeConfig {
-  static constexpr bool kTmaWideMma = false;
-};
-
 // DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: the two-block
 // cp.async kernel; 256: the persistent TMA kernels, bf16 or quantized, on 128-token tiles).
 template <int kRows>

@@ -268,15 +268,6 @@ struct PackedB {
   }
 };
 
-// One accumulator row of a m64n128 fragment (the thread's row g + 8·half) as bf16 pairs: columns 8c + 2q and
-// 8c + 2q + 1 of `row`, which points at column 2q.
-__device__ __forceinline__ void store_row_half(bf16* row, const float (&acc)[64], int half) {
-#pragma unroll
-  for (int c = 0; c < 16; ++c)
-    *reinterpret_cast<std::uint32_t*>(row + 8 * c) =
-        ptx::pack_bf16x2(acc[4 * c + 2 * half], acc[4 * c + 2 * half + 1]);
-}
-
 // The epilogue of one warpgroup's 64 rows (row_base..row_base+63): accumulator 4c + i holds token row
 // row_base + 16·warp + g + 8·(i/2), B row 8c + 2q + (i % 2). Gate/up: SiLU(gate)·up as bf16 `act` rows;
 // down: bf16 rows of `y` at their slot index.
@@ -303,7 +294,11 @@ __device__ __forceinline__ void store_tile(const MoeParams<Addressing>& p, const
         }
     } else {
       const int slot = p.sorted_slot[tile.row_start + m];
-      store_row_half(p.y + static_cast<std::int64_t>(slot) * p.hidden + slice * kBlockN + 2 * q, acc, half);
+      bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + slice * kBlockN + 2 * q;
+#pragma unroll
+      for (int c = 0; c < 16; ++c)
+        *reinterpret_cast<std::uint32_t*>(yrow + 8 * c) =
+            ptx::pack_bf16x2(acc[4 * c + 2 * half], acc[4 * c + 2 * half + 1]);
     }
   }
 }
@@ -498,24 +493,8 @@ inline constexpr int kTmaStages = 4;
 inline constexpr int kTmaThreads = 384;
 inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
 inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
-// What the producer passes to the consumers with a unit's first stage: the unit (-1: none left), its weight
-// pair and its work tile's rows, which the producer has read anyway, so the bf16 kernel's consumers take them
-// from shared memory instead of repeating unit_at's two dependent global loads at every unit. (Passing the
-// tile's matrix pointers as well made ptxas spill in the producer; the quantized kernel, which needs them for
-// the scales, calls unit_at.)
-struct alignas(16) StageUnit {
-  int unit;
-  int pair;
-  int row_start;  // the work tile's first row of the sorted slots
-  int count;      // and its rows
-};
-// Shared memory of a TMA kernel past its stages: the full and empty mbarriers (16 bytes per stage, so what
-// follows stays 16-byte aligned), a StageUnit per stage and the producer's two-slot broadcast.
-template <int kStages>
-inline constexpr int kTmaBookkeepingBytes = 2 * kStages * 8 + kStages* static_cast<int>(sizeof(StageUnit)) +
-                                            2 * 4;
 inline constexpr int kTmaSmemBytes =
-    kTmaStages * (kTmaATile + kTmaBTile) * 2 + kTmaBookkeepingBytes<kTmaStages> + 1024;
+    kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
 inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
 static_assert(kTmaSmemBytes <= ptx::kMaxBlockSmemBytes, "the TMA block must fit one SM");
 static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
@@ -565,17 +544,16 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
 }
 
 // The producer warpgroup of the TMA kernels (thread t of 128): takes units in order from the stage's
-// counter and passes each to the consumers with its first stage (stage_unit: the unit, its tile and pair;
-// unit -1 in an empty stage ends them); per k-step one thread copies the unit's weight rows by TMA (gate/up:
-// 128 W1 rows, then 128 W3 rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box
-// x at kt · step_x, the stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128
-// token rows by cp.async. Runs up to kStages steps ahead, across units.
+// counter and passes each to the consumers with its first stage (stage_unit; -1 in an empty stage ends
+// them); per k-step one thread copies the unit's weight rows by TMA (gate/up: 128 W1 rows, then 128 W3
+// rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
+// stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
+// Runs up to kStages steps ahead, across units.
 template <Stage kStage, int kStages, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
-                                              std::uint64_t* empty, StageUnit* stage_unit, int* next_unit,
-                                              int t) {
+                                              std::uint64_t* empty, int* stage_unit, int* next_unit, int t) {
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const MoeParams<Addressing>& p = tp.moe;
   tma::release_registers<kTmaProducerRegs>();
@@ -588,7 +566,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     if (it >= kStages) tma::wait(&empty[s0], ((it / kStages) - 1) & 1);
     if (u >= units) {  // no unit left: an empty stage tells the consumers
       if (t == 0) {
-        stage_unit[s0].unit = -1;
+        stage_unit[s0] = -1;
         tma::arrive(&full[s0]);
       }
       tma::arrive(&full[s0]);
@@ -606,7 +584,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
       } else {
         row0 = tma_row(tp, tile.matrix[2], pitch, map0) + pair * 2 * kBlockN;
       }
-      stage_unit[s0] = {u, pair, tile.row_start, tile.count};
+      stage_unit[s0] = u;
     }
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % kStages;
@@ -623,28 +601,31 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
   }
 }
 
-// A consumer warpgroup's next unit: waits for the stage of step `it` (a unit's first) and reads what the
+// A consumer warpgroup's next unit: waits for the stage of step `it` (a unit's first) and reads the unit the
 // producer passed with it; false once the producer has run out of units.
-template <int kStages>
-__device__ __forceinline__ bool take_unit(std::uint64_t* full, const StageUnit* stage_unit, int it,
-                                          StageUnit& unit) {
+template <int kStages, class Addressing>
+__device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, std::uint64_t* full,
+                                          const int* stage_unit, int it, int pairs, WorkTile& tile,
+                                          int& pair) {
   tma::wait(&full[it % kStages], (it / kStages) & 1);
-  unit = stage_unit[it % kStages];
-  return unit.unit >= 0;
+  const int u = stage_unit[it % kStages];
+  if (u < 0) return false;
+  unit_at(p, u, pairs, tile, pair);
+  return true;
 }
 
 // Gate/up epilogue of a 128-feature unit: SiLU(gate)·up of gate (W1 half) and up (W3 half) accumulators.
 template <class Addressing>
-__device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& p, const StageUnit& unit,
-                                                   const float (&gate)[64], const float (&up)[64],
+__device__ __forceinline__ void store_gate_up_pair(const MoeParams<Addressing>& p, const WorkTile& tile,
+                                                   int pair, const float (&gate)[64], const float (&up)[64],
                                                    int row_base, int warp_in_wg, int lane) {
   const int g = lane / 4, q = lane % 4;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int m = row_base + 16 * warp_in_wg + g + 8 * half;
-    if (m >= unit.count) continue;
-    bf16* arow = p.act + static_cast<std::int64_t>(unit.row_start + m) * p.intermediate +
-                 unit.pair * 2 * kGateUpFeatures + 2 * q;
+    if (m >= tile.count) continue;
+    bf16* arow = p.act + static_cast<std::int64_t>(tile.row_start + m) * p.intermediate +
+                 pair * 2 * kGateUpFeatures + 2 * q;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
       const int i = 4 * c + 2 * half;
@@ -663,9 +644,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   bf16* smem_b = smem_a + kTmaStages * kTmaATile;                  // [stages][256][64]
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem_b + kTmaStages * kTmaBTile);
   std::uint64_t* empty = full + kTmaStages;
-  StageUnit* stage_unit =
-      reinterpret_cast<StageUnit*>(empty + kTmaStages);              // [stages] a unit's first stage's
-  int* next_unit = reinterpret_cast<int*>(stage_unit + kTmaStages);  // [2] the producer's broadcast
+  int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
+  int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   start_tma_block<kTmaStages>(tp, full, empty);
 
@@ -684,20 +664,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
     int it = 0;
     for (;;) {
-      StageUnit unit;
-      if (!take_unit<kTmaStages>(full, stage_unit, it, unit)) break;
+      WorkTile tile;
+      int pair;
+      if (!take_unit<kTmaStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
       // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
       // every stage).
-      const bool active = cw * 64 < unit.count;
-      // Down: the slots of this thread's two rows, loaded now so that the epilogue waits for no global load.
-      int slot[2] = {0, 0};
-      if constexpr (!kGateUp) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int m = cw * 64 + 16 * warp_in_wg + lane / 4 + 8 * half;
-          if (m < unit.count) slot[half] = p.sorted_slot[unit.row_start + m];
-        }
-      }
+      const bool active = cw * 64 < tile.count;
       float acc0[64], acc1[64];  // set by the unit's first wgmma (no zero fill: see issue_mmas_wide)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % kTmaStages;
@@ -718,16 +690,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       wgmma::pin(acc1);
       tma::arrive(&empty[(it - 1) % kTmaStages]);
       if constexpr (kGateUp) {
-        store_gate_up_pair(p, unit, acc0, acc1, cw * 64, warp_in_wg, lane);
+        store_gate_up_pair(p, tile, pair, acc0, acc1, cw * 64, warp_in_wg, lane);
       } else {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          if (cw * 64 + 16 * warp_in_wg + lane / 4 + 8 * half >= unit.count) continue;
-          bf16* yrow = p.y + static_cast<std::int64_t>(slot[half]) * p.hidden + unit.pair * 2 * kBlockN +
-                       2 * (lane % 4);
-          store_row_half(yrow, acc0, half);
-          store_row_half(yrow + kBlockN, acc1, half);
-        }
+        store_tile<kStage>(p, tile, 2 * pair, acc0, cw * 64, warp_in_wg, lane);
+        store_tile<kStage>(p, tile, 2 * pair + 1, acc1, cw * 64, warp_in_wg, lane);
       }
     }
   }

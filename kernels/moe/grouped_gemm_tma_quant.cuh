@@ -68,7 +68,7 @@ struct TmaQuant {
   static constexpr int kStagingPitch = kBlockN + 8;    // bf16 per staged token row (+8: no bank conflicts)
   static constexpr int kStagingElems = kBlockM * kStagingPitch;  // per consumer warpgroup
   static constexpr int kSmemBytes =
-      kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + kTmaBookkeepingBytes<kStages> + 1024;
+      kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
   static_assert(kSmemBytes <= ptx::kMaxBlockSmemBytes, "the quantized TMA block must fit one SM");
   static_assert(kBlockK == k_permutation::kBlock, "a k-step is one permuted block");
 };
@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][128][kStagingPitch]
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * Q::kStagingElems);
   std::uint64_t* empty = full + Q::kStages;
-  StageUnit* stage_unit = reinterpret_cast<StageUnit*>(empty + Q::kStages);
-  int* next_unit = reinterpret_cast<int*>(stage_unit + Q::kStages);
+  int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
+  int* next_unit = stage_unit + Q::kStages;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   start_tma_block<Q::kStages>(tp, full, empty);
 
@@ -151,11 +151,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int groups = static_cast<int>(layout.groups_per_row());
   int it = 0;
   for (;;) {
-    StageUnit unit;
-    if (!take_unit<Q::kStages>(full, stage_unit, it, unit)) break;
-    WorkTile tile;  // the matrices' pointers locate the scales
+    WorkTile tile;
     int pair;
-    unit_at(p, unit.unit, pairs, tile, pair);
+    if (!take_unit<Q::kStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
     // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights).
     const std::uint16_t* scales[2][2];
 #pragma unroll

@@ -508,7 +508,6 @@ struct TmaParams {
   CUtensorMap maps[2];
   const unsigned char* regions[2];
   int* unit_counter;
-  int probe;  // timing probe (experiment): 1 no epilogue, 2 no wgmma, 4 no B loads, 8 no A loads
 };
 
 // Tensor row of weight row 0 of `matrix` (rows `pitch` bytes apart: 2K for bf16), and which map reads it
@@ -590,14 +589,13 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % kStages;
       if (kt > 0 && it >= kStages) tma::wait(&empty[s], ((it / kStages) - 1) & 1);
-      if (t == 0 && (tp.probe & 4)) tma::arrive(&full[s]);
-      if (t == 0 && !(tp.probe & 4)) {
+      if (t == 0) {
         unsigned char* b = smem_b + s * b_bytes;
         tma::arrive_expect_tx(&full[s], b_bytes);
         tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
         if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
       }
-      if (!(tp.probe & 8)) a.load(smem_a + s * kTmaATile, kt);
+      a.load(smem_a + s * kTmaATile, kt);
       tma::cp_async_arrive(&full[s]);
     }
   }
@@ -671,7 +669,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       if (!take_unit<kTmaStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
       // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
       // every stage).
-      const bool active = cw * 64 < tile.count && !(tp.probe & 2);
+      const bool active = cw * 64 < tile.count;
       float acc0[64], acc1[64];  // set by the unit's first wgmma (no zero fill: see issue_mmas_wide)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % kTmaStages;
@@ -691,7 +689,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       wgmma::pin(acc0);
       wgmma::pin(acc1);
       tma::arrive(&empty[(it - 1) % kTmaStages]);
-      if (tp.probe & 1) continue;
       if constexpr (kGateUp) {
         store_gate_up_pair(p, tile, pair, acc0, acc1, cw * 64, warp_in_wg, lane);
       } else {

@@ -23,7 +23,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -682,7 +681,6 @@ class PagedMoe {
         tp.moe = p;
         if (P::kQuantized && kStage == Stage::kGateUp) tp.moe.input = permuted_input;
         tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);
-        if (const char* probe = std::getenv("AMOEBA_TMA_PROBE")) tp.probe = std::atoi(probe);
         const std::array<const void*, 2> regions = A::tma_regions(p.addr);
         for (int i = 0; i < 2; ++i) {
           tp.regions[i] = static_cast<const unsigned char*>(regions[i]);

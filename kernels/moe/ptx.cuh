@@ -41,6 +41,9 @@ __device__ __forceinline__ void st_shared_16(std::uint32_t smem_addr, const uint
                "r"(v.w)
                : "memory");
 }
+__device__ __forceinline__ void st_shared_4(std::uint32_t smem_addr, std::uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(v) : "memory");
+}
 __device__ __forceinline__ uint4 ld_shared_16(std::uint32_t smem_addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"

@@ -622,17 +622,17 @@ __device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, std::u
 // 16-byte chunks of a staging row are XOR-swizzled by row (chunk c of row r at c ^ (r & 7)): the fragment's
 // writes (8 rows × one chunk per warp instruction) and the row reads meet no bank conflicts.
 // stage_fragment writes one 64×128 fragment, value(i) the packed bf16 pair of accumulators i, i + 1
-// (accumulator 4c + i: row 16·warp + g + 8·(i / 2), column 8c + 2q + (i % 2)).
+// (accumulator 4c + i: row 16·warp + g + 8·(i / 2), column 8c + 2q + (i % 2)), by stmatrix.
 template <class Value>
 __device__ __forceinline__ void stage_fragment(std::uint32_t staging, int warp_in_wg, int lane,
                                                const Value& value) {
-  const int g = lane / 4, q = lane % 4;
+  // stmatrix: matrix j of instruction c2 is chunk 2·c2 + j / 2 of the warp's rows 8·(j % 2) .. + 7.
+  const int j = lane / 8, r = 16 * warp_in_wg + 8 * (j % 2) + lane % 8;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = 16 * warp_in_wg + g + 8 * half;
-#pragma unroll
-    for (int c = 0; c < 16; ++c)
-      ptx::st_shared_4(staging + r * 256 + 16 * (c ^ (r & 7)) + 4 * q, value(4 * c + 2 * half));
+  for (int c2 = 0; c2 < 8; ++c2) {
+    const int c = 2 * c2 + j / 2;
+    ptx::stmatrix_x4(staging + r * 256 + 16 * (c ^ (r & 7)), value(8 * c2), value(8 * c2 + 2),
+                     value(8 * c2 + 4), value(8 * c2 + 6));
   }
 }
 // Copies staging rows r < rows to global memory, row r's 128 values to row(i, r) (thread t of the warpgroup:

@@ -28,9 +28,11 @@ inline constexpr int kThreads = 256;  // 8 warps: 2 along M (64 rows each) × 4 
 inline constexpr int kGateUpFeatures = kBlockN / 2;
 inline constexpr int kSmemBytes = kStages * (kBlockM + kBlockN) * kBlockK * 2;
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][64] bf16 tile, XOR-swizzled by row.
+// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kRowElems] bf16 tile (by default the
+// [rows][64] operand tiles), XOR-swizzled by row.
+template <int kRowElems = kBlockK>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * kBlockK + ((chunk ^ (row & 7)) * 8);
+  return row * kRowElems + ((chunk ^ (row & 7)) * 8);
 }
 
 // B row b of a tile (0..127) → (matrix j, weight row n). Gate/up: 64 features of W1 and the same 64 of W3,

@@ -493,9 +493,9 @@ inline constexpr int kTmaStages = 4;
 inline constexpr int kTmaThreads = 384;
 inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
 inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
-// The epilogue's staging rows: per consumer warpgroup 64 token rows × 128 bf16 values (256 bytes a row).
-inline constexpr int kTmaStagingBytes = 64 * 128 * 2;
-inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStagingBytes +
+inline constexpr int kTmaStaging =
+    64 * 128;  // elements: a consumer warpgroup's epilogue rows (store_fragment)
+inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStaging * 2 +
                                      2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
 inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
 static_assert(kTmaSmemBytes <= ptx::kMaxBlockSmemBytes, "the TMA block must fit one SM");
@@ -616,36 +616,34 @@ __device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, std::u
   return true;
 }
 
-// The TMA kernel's epilogue goes through its warpgroup's staging rows, so that global memory sees whole
-// 16-byte stores, a token row's 256 bytes from 16 threads (the fragment's own 4-byte stores put 8 rows' 16
-// bytes in each warp instruction, and cost Qwen3 at 4096 tokens about a fifth of the layer's time). The
-// 16-byte chunks of a staging row are XOR-swizzled by row (chunk c of row r at c ^ (r & 7)): the fragment's
-// writes (8 rows × one chunk per warp instruction) and the row reads meet no bank conflicts.
-// stage_fragment writes one 64×128 fragment, value(i) the packed bf16 pair of accumulators i, i + 1
-// (accumulator 4c + i: row 16·warp + g + 8·(i / 2), column 8c + 2q + (i % 2)), by stmatrix.
-template <class Value>
-__device__ __forceinline__ void stage_fragment(std::uint32_t staging, int warp_in_wg, int lane,
-                                               const Value& value) {
-  // stmatrix: matrix j of instruction c2 is chunk 2·c2 + j / 2 of the warp's rows 8·(j % 2) .. + 7.
-  const int j = lane / 8, r = 16 * warp_in_wg + 8 * (j % 2) + lane % 8;
+// The TMA kernel's epilogue goes through its warpgroup's staging rows (64 token rows × 128 bf16 values), so
+// that global memory sees whole 16-byte stores, a token row's 256 bytes from 16 threads (the fragment's own
+// 4-byte stores put 8 rows' 16 bytes in each warp instruction; leaving the epilogue out saved up to a fifth
+// of Qwen3's layer at 4096 tokens). The rows' 16-byte chunks are XOR-swizzled (swizzle<128>): the fragment's
+// stmatrix writes (8 rows × one chunk per matrix) and the row reads meet no bank conflicts.
+// store_fragment: value(i) is the packed bf16 pair of accumulators i, i + 1 (accumulator 4c + i: row
+// 16·warp + g + 8·(i / 2), column 8c + 2q + (i % 2)); row(i, r) is where staging row r goes (thread t copies
+// chunk t % 16 of rows r = t / 16 + 8i, i < 8), for r < rows. Named barrier `barrier` (the warpgroup's 128
+// threads) before the writes (the previous rows are read) and after them (these are written).
+template <class Value, class Row>
+__device__ __forceinline__ void store_fragment(const bf16* staging, int barrier, int warp_in_wg, int lane,
+                                               int t, int rows, const Value& value, const Row& row) {
+  const std::uint32_t base = ptx::smem_u32(staging);
+  tma::named_sync<128>(barrier);
+  {  // stmatrix: matrix j of instruction c2 is chunk 2·c2 + j / 2 of the warp's rows 8·(j % 2) .. + 7
+    const int j = lane / 8, r = 16 * warp_in_wg + 8 * (j % 2) + lane % 8;
 #pragma unroll
-  for (int c2 = 0; c2 < 8; ++c2) {
-    const int c = 2 * c2 + j / 2;
-    ptx::stmatrix_x4(staging + r * 256 + 16 * (c ^ (r & 7)), value(8 * c2), value(8 * c2 + 2),
-                     value(8 * c2 + 4), value(8 * c2 + 6));
+    for (int c2 = 0; c2 < 8; ++c2)
+      ptx::stmatrix_x4(base + 2 * swizzle<128>(r, 2 * c2 + j / 2), value(8 * c2), value(8 * c2 + 2),
+                       value(8 * c2 + 4), value(8 * c2 + 6));
   }
-}
-// Copies staging rows r < rows to global memory, row r's 128 values to row(i, r) (thread t of the warpgroup:
-// chunk t % 16 of rows r = t / 16 + 8i, i < 8).
-template <class Row>
-__device__ __forceinline__ void store_staged(std::uint32_t staging, int t, int rows, const Row& row) {
+  tma::named_sync<128>(barrier);
   const int c = t % 16;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = t / 16 + 8 * i;
     if (r < rows)
-      *reinterpret_cast<uint4*>(row(i, r) + 8 * c) =
-          ptx::ld_shared_16(staging + r * 256 + 16 * (c ^ (r & 7)));
+      *reinterpret_cast<uint4*>(row(i, r) + 8 * c) = ptx::ld_shared_16(base + 2 * swizzle<128>(r, c));
   }
 }
 
@@ -656,8 +654,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
   bf16* smem_b = smem_a + kTmaStages * kTmaATile;                  // [stages][256][64]
-  unsigned char* staging = reinterpret_cast<unsigned char*>(smem_b + kTmaStages * kTmaBTile);  // [2][64][128]
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * kTmaStagingBytes);
+  bf16* staging = smem_b + kTmaStages * kTmaBTile;                 // [2][64][128]
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * kTmaStaging);
   std::uint64_t* empty = full + kTmaStages;
   int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
   int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
@@ -705,40 +703,33 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       wgmma::pin(acc1);
       tma::arrive(&empty[(it - 1) % kTmaStages]);
       if (!active) continue;
-      // Epilogue through the staging rows (the named barriers: the previous rows are read, these written).
-      const std::uint32_t rows_at = ptx::smem_u32(staging + cw * kTmaStagingBytes);
+      const bf16* rows_at = staging + cw * kTmaStaging;
       const int rows = tile.count - cw * 64, first = tile.row_start + cw * 64;
       if constexpr (kGateUp) {  // SiLU(gate)·up of the W1 half (acc0) and the W3 half (acc1): `act` rows
-        tma::named_sync<128>(2 + cw);
-        stage_fragment(rows_at, warp_in_wg, lane, [&](int i) {
-          return ptx::pack_bf16x2(silu(acc0[i]) * acc1[i], silu(acc0[i + 1]) * acc1[i + 1]);
-        });
-        tma::named_sync<128>(2 + cw);
-        store_staged(rows_at, t, rows, [&](int, int r) {
-          return p.act + static_cast<std::int64_t>(first + r) * p.intermediate + pair * 2 * kGateUpFeatures;
-        });
-      } else {  // rows of `y` at their slot index: columns of acc0, then of acc1
+        store_fragment(
+            rows_at, 2 + cw, warp_in_wg, lane, t, rows,
+            [&](int i) { return ptx::pack_bf16x2(silu(acc0[i]) * acc1[i], silu(acc0[i + 1]) * acc1[i + 1]); },
+            [&](int, int r) {
+              return p.act + static_cast<std::int64_t>(first + r) * p.intermediate +
+                     pair * 2 * kGateUpFeatures;
+            });
+      } else {  // rows of `y` at their slot index: the columns of acc0, then those of acc1
         int slot[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int r = t / 16 + 8 * i;
           slot[i] = r < rows ? p.sorted_slot[first + r] : 0;
         }
-        auto y_row = [&](int half) {
-          return [&, half](int i, int) {
-            return p.y + static_cast<std::int64_t>(slot[i]) * p.hidden + (2 * pair + half) * kBlockN;
-          };
+        auto store_half = [&](const float(&acc)[64], int half) {
+          store_fragment(
+              rows_at, 2 + cw, warp_in_wg, lane, t, rows,
+              [&](int i) { return ptx::pack_bf16x2(acc[i], acc[i + 1]); },
+              [&](int i, int) {
+                return p.y + static_cast<std::int64_t>(slot[i]) * p.hidden + (2 * pair + half) * kBlockN;
+              });
         };
-        tma::named_sync<128>(2 + cw);
-        stage_fragment(rows_at, warp_in_wg, lane,
-                       [&](int i) { return ptx::pack_bf16x2(acc0[i], acc0[i + 1]); });
-        tma::named_sync<128>(2 + cw);
-        store_staged(rows_at, t, rows, y_row(0));
-        tma::named_sync<128>(2 + cw);
-        stage_fragment(rows_at, warp_in_wg, lane,
-                       [&](int i) { return ptx::pack_bf16x2(acc1[i], acc1[i + 1]); });
-        tma::named_sync<128>(2 + cw);
-        store_staged(rows_at, t, rows, y_row(1));
+        store_half(acc0, 0);
+        store_half(acc1, 1);
       }
     }
   }

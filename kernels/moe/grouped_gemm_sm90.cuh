@@ -486,41 +486,20 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
 // token tiles of an expert's weight slice start together on whichever blocks are free and read the slice
 // from DRAM once. (A fixed stride of the grid let blocks drift apart, and on Qwen3 at 4096 tokens the
 // gate/up stage read its weights from DRAM about twice.)
-// Clusters of two blocks (kTmaCluster) halve the L2 bytes of the weights where two token tiles share them:
-// the cluster takes two consecutive units at a time; when both are the same expert's same weight slice,
-// each block copies half of every step's 256 rows and the copy lands in both blocks (TMA multicast), so a
-// block reads 16 KB of A and 16 of B per step instead of 16 and 32 (Qwen's prefill units were bound by the
-// L2's bandwidth: 92% of its peak). Otherwise each block copies its own unit's rows. The blocks' stages
-// move in step: a stage's `empty` barrier counts the consumer warps of both blocks, so neither copies into
-// a stage the other still reads. (The last unit of an odd count leaves the second block a unit without
-// tokens, which only keeps the stages in step.)
 // Gate/up units hold 128 features: W1's rows in the first half of B, W3's same rows in the second, so
 // accumulator i of both halves is gate and up of one (token, feature). Every output is the same wgmma steps
 // in the same k order as in the two-block kernel: bit-identical to it.
 inline constexpr int kTmaStages = 4;
 inline constexpr int kTmaThreads = 384;
-inline constexpr int kTmaCluster = 2;
 inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
 inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
 inline constexpr int kTmaStaging =
     64 * 128;  // elements: a consumer warpgroup's epilogue rows (store_fragment)
-inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
-static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
-
-// The TMA kernels' barriers and unit slots, in shared memory after the tiles.
-template <int kStages>
-struct TmaSync {
-  std::uint64_t full[kStages];   // the stage's A rows and B rows have landed (producer → consumers)
-  std::uint64_t empty[kStages];  // the stage is free (consumers → the producers that copy into it)
-  std::uint64_t unit_full[2];    // clusters, in the second block: the first's units of slot n are in mailbox
-  std::uint64_t unit_empty[2];   // clusters, in the first block: the second has read them
-  int stage_unit[kStages];       // the unit of a unit's first stage (-1: no more units)
-  int next_unit[2];              // the producer warpgroup's broadcast
-  int mailbox[2];                // clusters: the first unit of slot n, written by the first block
-};
 inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStaging * 2 +
-                                     static_cast<int>(sizeof(TmaSync<kTmaStages>)) + 1024;
+                                     2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
+inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
 static_assert(kTmaSmemBytes <= ptx::kMaxBlockSmemBytes, "the TMA block must fit one SM");
+static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
 
 // The kernel's parameters: the layer's, the stage's unit counter (zeroed by routing), and the stage's B
 // tensor maps over the (at most two) regions the addressing policy keeps expert matrices in (tma_regions()).
@@ -545,116 +524,56 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
   return static_cast<int>(at.row);
 }
 
-// The start of a TMA kernel's block: thread 0 initialises the mbarriers (full: the producer warpgroup's 128
-// cp.async arrivals + the TMA thread's; empty: the 256 consumer threads, or in a cluster one arrival per
-// consumer warp of both blocks; the cluster's unit hand-over: one arrival) and prefetches the tensor maps;
-// then programmatic dependent launch (wait for the layer's previous kernels, let the next one's blocks
-// launch). In a cluster every thread of both blocks meets there, so no remote arrival precedes the peer's
-// initialisation.
-template <int kStages, int kCluster, class Addressing>
-__device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp, TmaSync<kStages>& sync) {
-  static_assert(kCluster == 1 || kCluster == 2, "one block or a pair");
+// The start of a TMA kernel's block: thread 0 initialises the stages' mbarriers (full: the producer
+// warpgroup's 128 cp.async arrivals + the TMA thread's; empty: the 256 consumer threads) and prefetches the
+// tensor maps; then programmatic dependent launch (wait for the layer's previous kernels, let the next one's
+// blocks launch).
+template <int kStages, class Addressing>
+__device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp, std::uint64_t* full,
+                                                std::uint64_t* empty) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      tma::mbarrier_init(&sync.full[s], 128 + 1);
-      tma::mbarrier_init(&sync.empty[s], kCluster == 1 ? 256 : 2 * 8);
+      tma::mbarrier_init(&full[s], 128 + 1);
+      tma::mbarrier_init(&empty[s], 256);
     }
-    if constexpr (kCluster == 2)
-      for (int i = 0; i < 2; ++i) {
-        tma::mbarrier_init(&sync.unit_full[i], 1);
-        tma::mbarrier_init(&sync.unit_empty[i], 1);
-      }
     tma::fence_barrier_init();
     tma::prefetch_map(&tp.maps[0]);
     if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
   }
-  if constexpr (kCluster == 2)
-    tma::cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
 }
 
-// Thread 0 of the producer warpgroup: the first unit of the block's slot n from the stage's counter. A
-// cluster's first block takes two and hands them to the second through its mailbox (unit_full), once the
-// second has read slot n − 2's (unit_empty).
-template <int kStages, int kCluster, class Addressing>
-__device__ __forceinline__ int take_units(const TmaParams<Addressing>& tp, TmaSync<kStages>& sync, int n,
-                                          unsigned rank) {
-  if constexpr (kCluster == 1) {
-    return atomicAdd(tp.unit_counter, 1);
-  } else if (rank == 0) {
-    if (n >= 2) tma::wait_cluster(&sync.unit_empty[n & 1], ((n >> 1) - 1) & 1);
-    const int u = atomicAdd(tp.unit_counter, 2);
-    tma::store_peer(&sync.mailbox[n & 1], 1, u);
-    tma::arrive_peer(&sync.unit_full[n & 1], 1);
-    return u;
-  } else {
-    tma::wait_cluster(&sync.unit_full[n & 1], (n >> 1) & 1);
-    const int u = *static_cast<volatile int*>(&sync.mailbox[n & 1]);
-    tma::arrive_peer(&sync.unit_empty[n & 1], 0);
-    return u;
-  }
-}
-
-// Whether units u and v read the same weights (one expert's same slice).
-template <class Addressing>
-__device__ __forceinline__ bool same_weights(const MoeParams<Addressing>& p, int u, int v, int nx) {
-  WorkTile a, b;
-  int slice_a, slice_b;
-  unit_at(p, u, nx, a, slice_a);
-  unit_at(p, v, nx, b, slice_b);
-  return a.first_tile == b.first_tile && slice_a == slice_b;
-}
-
 // The producer warpgroup of the TMA kernels (thread t of 128): takes units in order from the stage's
-// counter (take_units; in a cluster two per slot, this block's is the first + its rank) and passes each to
-// the consumers with its first stage (stage_unit; -1 in an empty stage ends them; a cluster's block without
-// a unit passes kNoTokens); per k-step one thread copies the unit's weight rows by TMA — gate/up: 128 W1
-// rows, then 128 W3 rows at half the stage; down: 256 W2 rows (two boxes of 128 in a cluster); tensor rows
-// `pitch` bytes apart, box x at kt · step_x, the stage's b_bytes announced on its full barrier; where the
-// cluster's two units share their weights, each block copies one of the two halves into both — and the
-// warpgroup gathers the 128 token rows by cp.async. Runs up to kStages steps ahead, across units.
-inline constexpr int kNoTokens = -2;
-template <Stage kStage, int kStages, int kCluster, class Addressing>
+// counter and passes each to the consumers with its first stage (stage_unit; -1 in an empty stage ends
+// them); per k-step one thread copies the unit's weight rows by TMA (gate/up: 128 W1 rows, then 128 W3
+// rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
+// stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
+// Runs up to kStages steps ahead, across units.
+template <Stage kStage, int kStages, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
-                                              unsigned char* smem_b, TmaSync<kStages>& sync, int t) {
+                                              unsigned char* smem_b, std::uint64_t* full,
+                                              std::uint64_t* empty, int* stage_unit, int* next_unit, int t) {
   constexpr bool kGateUp = kStage == Stage::kGateUp;
-  constexpr int kBoxes = kGateUp || kCluster == 2 ? 2 : 1;
   const MoeParams<Addressing>& p = tp.moe;
   tma::release_registers<kTmaProducerRegs>();
-  const unsigned rank = kCluster == 2 ? tma::cluster_rank() : 0;
   int it = 0;
   for (int n = 0;; ++n) {
-    if (t == 0) sync.next_unit[n & 1] = take_units<kStages, kCluster>(tp, sync, n, rank);
+    if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
     tma::named_sync<128>(1);
+    const int u = next_unit[n & 1];
     const int s0 = it % kStages;
-    if (it >= kStages) tma::wait(&sync.empty[s0], ((it / kStages) - 1) & 1);
-    const int first = sync.next_unit[n & 1];
-    const int u = first + static_cast<int>(rank);
-    if (first >= units) {  // no unit left: an empty stage tells the consumers
+    if (it >= kStages) tma::wait(&empty[s0], ((it / kStages) - 1) & 1);
+    if (u >= units) {  // no unit left: an empty stage tells the consumers
       if (t == 0) {
-        sync.stage_unit[s0] = -1;
-        tma::arrive(&sync.full[s0]);
+        stage_unit[s0] = -1;
+        tma::arrive(&full[s0]);
       }
-      tma::arrive(&sync.full[s0]);
+      tma::arrive(&full[s0]);
       return;
     }
-    if (kCluster == 2 && u >= units) {
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {  // the peer has the last unit: stages without copies
-        const int s = it % kStages;
-        if (kt > 0 && it >= kStages) tma::wait(&sync.empty[s], ((it / kStages) - 1) & 1);
-        if (t == 0) {
-          if (kt == 0) sync.stage_unit[s] = kNoTokens;
-          tma::arrive(&sync.full[s]);
-        }
-        tma::arrive(&sync.full[s]);
-      }
-      continue;
-    }
-    const bool shared = kCluster == 2 && first + 1 < units && same_weights(p, first, first + 1, pairs);
     WorkTile tile;
     int pair;
     unit_at(p, u, pairs, tile, pair);
@@ -666,59 +585,35 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
         row1 = tma_row(tp, tile.matrix[1], pitch, map1) + pair * 2 * kGateUpFeatures;
       } else {
         row0 = tma_row(tp, tile.matrix[2], pitch, map0) + pair * 2 * kBlockN;
-        if constexpr (kBoxes == 2) row1 = row0 + kBlockN, map1 = map0;
       }
-      sync.stage_unit[s0] = u;
+      stage_unit[s0] = u;
     }
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % kStages;
-      if (kt > 0 && it >= kStages) tma::wait(&sync.empty[s], ((it / kStages) - 1) & 1);
+      if (kt > 0 && it >= kStages) tma::wait(&empty[s], ((it / kStages) - 1) & 1);
       if (t == 0) {
         unsigned char* b = smem_b + s * b_bytes;
-        tma::arrive_expect_tx(&sync.full[s], b_bytes);
-        if (shared) {  // this block's half, into both blocks
-          tma::load_2d_multicast(b + rank * (b_bytes / 2), &tp.maps[rank ? map1 : map0], &sync.full[s],
-                                 kt * step_x, rank ? row1 : row0, 0b11);
-        } else {
-          tma::load_2d(b, &tp.maps[map0], &sync.full[s], kt * step_x, row0);
-          if constexpr (kBoxes == 2)
-            tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &sync.full[s], kt * step_x, row1);
-        }
+        tma::arrive_expect_tx(&full[s], b_bytes);
+        tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
+        if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
       }
       a.load(smem_a + s * kTmaATile, kt);
-      tma::cp_async_arrive(&sync.full[s]);
+      tma::cp_async_arrive(&full[s]);
     }
   }
 }
 
 // A consumer warpgroup's next unit: waits for the stage of step `it` (a unit's first) and reads the unit the
-// producer passed with it (kNoTokens: a unit of no tokens, tile.count = 0); false once the producer has run
-// out of units.
-template <int kStages, int kCluster, class Addressing>
-__device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, TmaSync<kStages>& sync, int it,
-                                          int pairs, WorkTile& tile, int& pair) {
-  tma::wait(&sync.full[it % kStages], (it / kStages) & 1);
-  const int u = sync.stage_unit[it % kStages];
-  if (u == -1) return false;
-  if (kCluster == 2 && u == kNoTokens) {
-    tile = WorkTile{};
-    pair = 0;
-    return true;
-  }
+// producer passed with it; false once the producer has run out of units.
+template <int kStages, class Addressing>
+__device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, std::uint64_t* full,
+                                          const int* stage_unit, int it, int pairs, WorkTile& tile,
+                                          int& pair) {
+  tma::wait(&full[it % kStages], (it / kStages) & 1);
+  const int u = stage_unit[it % kStages];
+  if (u < 0) return false;
   unit_at(p, u, pairs, tile, pair);
   return true;
-}
-
-// A consumer thread is done with stage s: one arrival per thread, or in a cluster one per warp on the
-// stage's barrier in both blocks.
-template <int kStages, int kCluster>
-__device__ __forceinline__ void release_stage(TmaSync<kStages>& sync, int s, int lane, unsigned peer) {
-  if constexpr (kCluster == 1) {
-    tma::arrive(&sync.empty[s]);
-  } else {
-    if (lane == 0) tma::arrive(&sync.empty[s]);
-    if (lane == 1) tma::arrive_peer(&sync.empty[s], peer);
-  }
 }
 
 // The TMA kernel's epilogue goes through its warpgroup's staging rows (64 token rows × 128 bf16 values), so
@@ -760,9 +655,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
   bf16* smem_b = smem_a + kTmaStages * kTmaATile;                  // [stages][256][64]
   bf16* staging = smem_b + kTmaStages * kTmaBTile;                 // [2][64][128]
-  auto& sync = *reinterpret_cast<TmaSync<kTmaStages>*>(staging + 2 * kTmaStaging);
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * kTmaStaging);
+  std::uint64_t* empty = full + kTmaStages;
+  int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
+  int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  start_tma_block<kTmaStages, kTmaCluster>(tp, sync);
+  start_tma_block<kTmaStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
@@ -771,24 +669,24 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
-    produce_units<kStage, kTmaStages, kTmaCluster>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2,
-                                                   smem_a, reinterpret_cast<unsigned char*>(smem_b), sync, t);
+    produce_units<kStage, kTmaStages>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
+                                      reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit,
+                                      next_unit, t);
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
-    const unsigned peer = kTmaCluster == 2 ? tma::cluster_rank() ^ 1u : 0u;
     int it = 0;
     for (;;) {
       WorkTile tile;
       int pair;
-      if (!take_unit<kTmaStages, kTmaCluster>(p, sync, it, pairs, tile, pair)) break;
+      if (!take_unit<kTmaStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
       // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
       // every stage).
       const bool active = cw * 64 < tile.count;
       float acc0[64], acc1[64];  // set by the unit's first wgmma (no zero fill: see issue_mmas_wide)
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % kTmaStages;
-        if (kt > 0) tma::wait(&sync.full[s], (it / kTmaStages) & 1);
+        if (kt > 0) tma::wait(&full[s], (it / kTmaStages) & 1);
         wgmma::fence_proxy_async();  // the token rows came through cp.async (the generic proxy)
         if (active) {
           const bf16* a_rows = smem_a + s * kTmaATile + cw * 64 * kBlockK;
@@ -798,12 +696,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
           wgmma::commit();
           wgmma::wait<1>();  // step it − 1's wgmma has finished
         }
-        if (kt > 0) release_stage<kTmaStages, kTmaCluster>(sync, (it - 1) % kTmaStages, lane, peer);
+        if (kt > 0) tma::arrive(&empty[(it - 1) % kTmaStages]);
       }
       wgmma::wait<0>();
       wgmma::pin(acc0);
       wgmma::pin(acc1);
-      release_stage<kTmaStages, kTmaCluster>(sync, (it - 1) % kTmaStages, lane, peer);
+      tma::arrive(&empty[(it - 1) % kTmaStages]);
       if (!active) continue;
       const bf16* rows_at = staging + cw * kTmaStaging;
       const int rows = tile.count - cw * 64, first = tile.row_start + cw * 64;
@@ -835,7 +733,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
     }
   }
-  if constexpr (kTmaCluster == 2) tma::cluster_sync();  // the peer's last remote operations here have landed
 }
 
 // What PagedMoe launches on sm_90 besides the TMA kernel (which has its own launcher, run_tma): the two-block

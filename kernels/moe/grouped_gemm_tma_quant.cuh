@@ -67,8 +67,8 @@ struct TmaQuant {
   static constexpr int kBBytes = 2 * kBlockN * kStep;  // 256 packed rows
   static constexpr int kStagingPitch = kBlockN + 8;    // bf16 per staged token row (+8: no bank conflicts)
   static constexpr int kStagingElems = kBlockM * kStagingPitch;  // per consumer warpgroup
-  static constexpr int kSmemBytes = kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 +
-                                    static_cast<int>(sizeof(TmaSync<kStages>)) + 1024;
+  static constexpr int kSmemBytes =
+      kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
   static_assert(kSmemBytes <= ptx::kMaxBlockSmemBytes, "the quantized TMA block must fit one SM");
   static_assert(kBlockK == k_permutation::kBlock, "a k-step is one permuted block");
 };
@@ -115,11 +115,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   unsigned char* smem_b =
       reinterpret_cast<unsigned char*>(smem_a + Q::kStages * Q::kATile);      // [stages][256][kStep]
   bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][128][kStagingPitch]
-  auto& sync = *reinterpret_cast<TmaSync<Q::kStages>*>(staging + 2 * Q::kStagingElems);
-  std::uint64_t* full = sync.full;
-  std::uint64_t* empty = sync.empty;
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * Q::kStagingElems);
+  std::uint64_t* empty = full + Q::kStages;
+  int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
+  int* next_unit = stage_unit + Q::kStages;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  start_tma_block<Q::kStages, 1>(tp, sync);
+  start_tma_block<Q::kStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const quant::MatrixLayout layout =
@@ -130,8 +131,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer: the bf16 kernel's, with packed boxes
-    produce_units<kStage, Q::kStages, 1>(tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()),
-                                         Q::kStep, Q::kBBytes, smem_a, smem_b, sync, t);
+    produce_units<kStage, Q::kStages>(tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()),
+                                      Q::kStep, Q::kBBytes, smem_a, smem_b, full, empty, stage_unit,
+                                      next_unit, t);
     return;
   }
 
@@ -151,7 +153,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   for (;;) {
     WorkTile tile;
     int pair;
-    if (!take_unit<Q::kStages, 1>(p, sync, it, pairs, tile, pair)) break;
+    if (!take_unit<Q::kStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
     // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights).
     const std::uint16_t* scales[2][2];
 #pragma unroll
@@ -301,18 +303,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 }
 
 // What PagedMoe launches on 256-row blocks (the TMA counterpart of Sm90Gemm): each stage's kernel, its
-// dynamic shared memory, blocks per cluster, the bits of a value in its weight tensor maps
-// (tma::Region::bits), the rows of a down-stage box, and names. bf16 experts: gemm_tma_kernel (clusters of
-// two, each block copying half of a shared unit's rows); int8 / int4: gemm_tma_quant_kernel, whose gate/up
-// stage reads the input permuted by permute_k_kernel.
+// dynamic shared memory, the bits of a value in its weight tensor maps (tma::Region::bits) and names. bf16
+// experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel, whose gate/up stage reads the input permuted
+// by permute_k_kernel.
 template <class Addressing, class Precision>
 struct TmaGemm {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
   static constexpr int kSmem = kTmaSmemBytes;
-  static constexpr int kCluster = kTmaCluster;
   static constexpr int kBits = 16;
-  static constexpr int kDownBoxRows = 2 * kBlockN / kTmaCluster;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
 };
@@ -321,9 +320,7 @@ struct TmaGemm<Addressing, Quantized<kB>> {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>>::kSmemBytes;
-  static constexpr int kCluster = 1;
   static constexpr int kBits = static_cast<int>(quant::bit_count(kB));
-  static constexpr int kDownBoxRows = 2 * kBlockN;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_quant_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_quant_kernel<kDown>";
 };

@@ -665,8 +665,8 @@ class PagedMoe {
   // The persistent TMA grouped GEMMs (tma_addressing): grouped::gemm_tma_kernel on bf16 experts,
   // grouped::gemm_tma_quant_kernel on int8 / int4 ones (after grouped::permute_k_kernel writes the input with
   // K permuted into `permuted_input`); each stage's tensor maps over the addressing's regions (gate/up: K =
-  // H, boxes of a unit's 128 W1 rows and 128 W3 rows; down: K = F, boxes of Gemm::kDownBoxRows W2 rows) and
-  // unit counter, one block per SM at most, in clusters of Gemm::kCluster.
+  // H, boxes of a unit's 128 W1 rows and 128 W3 rows; down: K = F, boxes of its 256 W2 rows) and unit
+  // counter, one block per SM at most.
   // A, P: the addressing and precision of the experts it reads (the layer's own, or Contiguous bf16 over a
   // grouped_dequant copy).
   template <class A, class P>
@@ -689,11 +689,8 @@ class PagedMoe {
         }
         if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
         const long long units = static_cast<long long>(grid_tiles) * slices;
-        const long long clusters =
-            std::min<long long>((units + Gemm::kCluster - 1) / Gemm::kCluster, dev.sms / Gemm::kCluster);
-        const unsigned grid = static_cast<unsigned>(clusters * Gemm::kCluster);
-        return launch_cluster(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, Gemm::kCluster,
-                              name, tp);
+        const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
+        return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
       };
       if constexpr (P::kQuantized) {
         const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
@@ -708,7 +705,7 @@ class PagedMoe {
               s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), Gemm::kGateUpName);
           !st)
         return st;
-      return stage.template operator()<Stage::kDown>(s.intermediate, Gemm::kDownBoxRows,
+      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
                                                      s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream, (void)permuted_input;
@@ -768,26 +765,16 @@ class PagedMoe {
   template <class Kernel, class... Args>
   static Status launch_args(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
                             const char* what, Args... args) {
-    return launch_cluster(kernel, grid, threads, smem, stream, 1, what, args...);
-  }
-  // launch_args() in clusters of `cluster` blocks along x (the grid a multiple of it).
-  template <class Kernel, class... Args>
-  static Status launch_cluster(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem,
-                               cudaStream_t stream, unsigned cluster, const char* what, Args... args) {
-    cudaLaunchAttribute attrs[2]{};
-    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[0].val.programmaticStreamSerializationAllowed = 1;
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = cluster;
-    attrs[1].val.clusterDim.y = 1;
-    attrs[1].val.clusterDim.z = 1;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = dim3(threads);
     config.dynamicSmemBytes = smem;
     config.stream = stream;
-    config.attrs = attrs;
-    config.numAttrs = cluster > 1 ? 2 : 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
     if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, args...); e != cudaSuccess)
       return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
     return launched(what);

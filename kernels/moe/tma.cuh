@@ -1,10 +1,8 @@
 // The Hopper (sm_90a) asynchronous-copy machinery of the TMA grouped GEMMs: shared-memory mbarriers (arrive,
 // expected transaction bytes, phase waits), 2-D tensor copies (cp.async.bulk.tensor; bf16 boxes 128-byte
-// swizzled, packed int8 / int4 boxes as they are; multicast into both CTAs of a cluster), cp.async arrivals
-// on an mbarrier, the cluster's remote arrivals and stores (a CTA's barriers as its peer sees them), named
-// barriers, register reallocation between warpgroups (setmaxnreg), and the host side: a 2-D tensor map over a
-// region of expert matrices, encoded through the driver entry point the runtime hands out (no link against
-// libcuda).
+// swizzled, packed int8 / int4 boxes as they are), cp.async arrivals on an mbarrier, named barriers, register
+// reallocation between warpgroups (setmaxnreg), and the host side: a 2-D tensor map over a region of expert
+// matrices, encoded through the driver entry point the runtime hands out (no link against libcuda).
 // One map per (region, K) serves every page of the region, whatever its position: moe/tensor_rows.hpp says
 // why and finds a matrix's map and row.
 #pragma once
@@ -69,60 +67,8 @@ __device__ __forceinline__ void load_2d(void* smem_dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(ptx::smem_u32(bar))
       : "memory");
 }
-// load_2d into the same shared-memory offset of every CTA of the cluster in `cta_mask`, completing `bytes`
-// on the mbarrier at `bar`'s offset in each of them.
-__device__ __forceinline__ void load_2d_multicast(void* smem_dst, const CUtensorMap* map, std::uint64_t* bar,
-                                                  int x, int y, std::uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-      "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(ptx::smem_u32(smem_dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(ptx::smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-}
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
-}
-
-// ---- clusters (the two CTAs of a TMA kernel that share weight copies) -------------------------------------
-
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster: arrive (release) and wait (acquire). Orders the barriers'
-// initialisation before the peer's first remote arrival, and keeps a CTA's shared memory alive until the
-// peer's last remote operation on it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
-}
-// The address of `local`'s counterpart in CTA `rank` of the cluster (a shared::cluster address).
-__device__ __forceinline__ std::uint32_t peer_address(const void* local, unsigned rank) {
-  std::uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(ptx::smem_u32(local)), "r"(rank));
-  return r;
-}
-// One arrival (release at cluster scope) on `bar`'s counterpart in CTA `rank`.
-__device__ __forceinline__ void arrive_peer(const std::uint64_t* bar, unsigned rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(peer_address(bar, rank))
-               : "memory");
-}
-// `value` into `slot`'s counterpart in CTA `rank` (made visible by a later arrive_peer).
-__device__ __forceinline__ void store_peer(const int* slot, unsigned rank, int value) {
-  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(peer_address(slot, rank)), "r"(value) : "memory");
-}
-// wait() that also acquires, at cluster scope, what the peer wrote before its arrival.
-__device__ __forceinline__ void wait_cluster(std::uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(ptx::smem_u32(bar)),
-      "r"(parity)
-      : "memory");
 }
 
 // Named barrier `id` among kThreads threads (0 is __syncthreads; the TMA kernels use 1 for the producer

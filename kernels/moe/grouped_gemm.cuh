@@ -29,15 +29,10 @@ inline constexpr int kGateUpFeatures = kBlockN / 2;
 inline constexpr int kSmemBytes = kStages * (kBlockM + kBlockN) * kBlockK * 2;
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kRowElems] bf16 tile (by default the
-// [rows][64] operand tiles), XOR-swizzled by row: rows of 64 or 128 values, chunk ^ (row % 8) (for 64,
-// wgmma's and TMA's 128-byte swizzle); rows of 32 values (64 bytes), chunk ^ (row / 2 % 4) (their 64-byte
-// swizzle).
+// [rows][64] operand tiles), XOR-swizzled by row.
 template <int kRowElems = kBlockK>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
-  if constexpr (kRowElems == 32)
-    return row * kRowElems + ((chunk ^ ((row >> 1) & 3)) * 8);
-  else
-    return row * kRowElems + ((chunk ^ (row & 7)) * 8);
+  return row * kRowElems + ((chunk ^ (row & 7)) * 8);
 }
 
 // B row b of a tile (0..127) → (matrix j, weight row n). Gate/up: 64 features of W1 and the same 64 of W3,
@@ -58,39 +53,36 @@ __device__ __forceinline__ const bf16* tile_matrix(const WorkTile& t, int j) {
   return j == 0 ? t.matrix[0] : j == 1 ? t.matrix[1] : t.matrix[2];
 }
 
-// One operand's k-step — kRows rows of kStepK bf16 (64, or 32 for the TMA kernel) — copied by kLoaders
-// threads into a swizzled [kRows][kStepK] stage: thread t copies chunk t % c of rows t / c + (kLoaders / c)·i
-// (c = kStepK / 8 chunks per row), from src[i] (the row's chunk at k = 0) with bytes[i] (16, or 0 to
-// zero-fill a row past the tile's tokens). ALoader and BLoader fill src and bytes.
-template <int kLoaders, int kRows = 128, int kStepK = kBlockK>
+// One operand's 64-k step — kRows rows of 64 bf16 — copied by kLoaders threads into a swizzled [kRows][64]
+// stage: thread t copies chunk t % 8 of rows t / 8 + (kLoaders / 8)·i, from src[i] (the row's chunk at k = 0)
+// with bytes[i] (16, or 0 to zero-fill a row past the tile's tokens). ALoader and BLoader fill src and bytes.
+template <int kLoaders, int kRows = 128>
 struct RowCopier {
-  static constexpr int kChunks = kStepK / 8;
-  static constexpr int kRowsPerPass = kLoaders / kChunks;
+  static constexpr int kRowsPerPass = kLoaders / 8;
   static constexpr int kPasses = kRows / kRowsPerPass;
   static_assert(kRows % kRowsPerPass == 0, "whole passes");
-  static_assert(kRowsPerPass % 8 == 0, "the passes' rows must share (row % 8): one swizzle offset");
+  static_assert(kRowsPerPass % 8 == 0, "the passes' rows must share (row & 7): one swizzle offset");
   const bf16* src[kPasses];
   int bytes[kPasses];
   int offset;  // the thread's first chunk in a stage (elements)
 
-  __device__ __forceinline__ explicit RowCopier(int t) : offset(swizzle<kStepK>(t / kChunks, t % kChunks)) {}
-  __device__ __forceinline__ static int row(int t, int i) { return t / kChunks + kRowsPerPass * i; }
+  __device__ __forceinline__ explicit RowCopier(int t) : offset(swizzle(t / 8, t % 8)) {}
+  __device__ __forceinline__ static int row(int t, int i) { return t / 8 + kRowsPerPass * i; }
   __device__ __forceinline__ void load(bf16* stage, int kt) const {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i)
-      ptx::cp_async_16(ptx::smem_u32(stage + offset + kRowsPerPass * i * kStepK), src[i] + kt * kStepK,
+      ptx::cp_async_16(ptx::smem_u32(stage + offset + kRowsPerPass * i * kBlockK), src[i] + kt * kBlockK,
                        bytes[i]);
   }
 };
 
 // The A operand: the tile's kRows token rows (gate/up: input rows gathered through the permutation; down:
 // `act` rows), rows past the tile's count zero-filled.
-template <Stage kStage, int kLoaders, int kRows = kBlockM, int kStepK = kBlockK>
-struct ALoader : RowCopier<kLoaders, kRows, kStepK> {
+template <Stage kStage, int kLoaders, int kRows = kBlockM>
+struct ALoader : RowCopier<kLoaders, kRows> {
   template <class Addressing>
   __device__ __forceinline__ ALoader(const MoeParams<Addressing>& p, const WorkTile& tile, int t)
-      : RowCopier<kLoaders, kRows, kStepK>(t) {
-    constexpr int kChunks = kStepK / 8;
+      : RowCopier<kLoaders, kRows>(t) {
     const int K = kStage == Stage::kGateUp ? p.hidden : p.intermediate;
 #pragma unroll
     for (int i = 0; i < this->kPasses; ++i) {
@@ -100,9 +92,9 @@ struct ALoader : RowCopier<kLoaders, kRows, kStepK> {
       this->bytes[i] = valid ? 16 : 0;
       if constexpr (kStage == Stage::kGateUp) {
         const int slot = p.sorted_slot[tile.row_start + mm];
-        this->src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + (t % kChunks) * 8;
+        this->src[i] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K + (t % 8) * 8;
       } else {
-        this->src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + (t % kChunks) * 8;
+        this->src[i] = p.act + static_cast<std::int64_t>(tile.row_start + mm) * K + (t % 8) * 8;
       }
     }
   }

@@ -28,16 +28,13 @@ namespace amoeba::kernels::grouped {
 
 namespace wgmma {
 
-// Shared-memory matrix descriptor, K-major, rows of kRowBytes swizzled by their bytes: 128 (the [rows][64]
-// bf16 tiles: 8-row groups 1024 bytes apart) or 64 (the TMA kernel's [rows][32] tiles: 512 bytes apart).
-template <int kRowBytes = 128>
+// Shared-memory matrix descriptor: 128-byte swizzle, K-major, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ std::uint64_t descriptor(std::uint32_t smem_addr) {
-  static_assert(kRowBytes == 128 || kRowBytes == 64, "128- or 64-byte swizzle");
   std::uint64_t d = 0;
   d |= static_cast<std::uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<std::uint64_t>(16 >> 4) << 16;  // leading byte offset (unused: swizzled K-major)
-  d |= static_cast<std::uint64_t>(8 * kRowBytes >> 4) << 32;        // stride byte offset: next 8-row group
-  d |= static_cast<std::uint64_t>(kRowBytes == 128 ? 1 : 2) << 62;  // 128- or 64-byte swizzle
+  d |= static_cast<std::uint64_t>(16 >> 4) << 16;    // leading byte offset (unused for swizzled K-major)
+  d |= static_cast<std::uint64_t>(1024 >> 4) << 32;  // stride byte offset: next 8-row group
+  d |= static_cast<std::uint64_t>(1) << 62;          // 128-byte swizzle
   return d;
 }
 
@@ -316,11 +313,10 @@ __device__ __forceinline__ void issue_mmas(float (&acc)[64], const bf16* a_rows,
   for (int kk = 0; kk < kBlockK / 16; ++kk)
     wgmma::mma_m64n128k16(acc, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32));
 }
-// The same over 256 weight rows and a kStepK-wide step (64, or 32 on [rows][32] tiles) as kStepK / 16
-// m64n256k16 (acc0: rows 0–127, acc1: rows 128–255), each output in the same k order as issue_mmas calls.
-// `first`: the unit's first step, whose first wgmma overwrites the accumulators instead of adding to them (so
-// they need no zero fill: one, done by moves, had made ptxas serialise the m64n256 wgmma, C7515).
-template <int kStepK = kBlockK>
+// The same over 256 weight rows as four m64n256k16 (acc0: rows 0–127, acc1: rows 128–255), each output in the
+// same k order as two issue_mmas calls. `first`: the unit's first step, whose first wgmma overwrites the
+// accumulators instead of adding to them (so they need no zero fill: one, done by moves, had made ptxas
+// serialise the m64n256 wgmma, C7515).
 __device__ __forceinline__ void issue_mmas_wide(float (&acc0)[64], float (&acc1)[64], const bf16* a_rows,
                                                 const bf16* b_tile, bool first) {
   const std::uint32_t sa = ptx::smem_u32(a_rows);
@@ -328,9 +324,9 @@ __device__ __forceinline__ void issue_mmas_wide(float (&acc0)[64], float (&acc1)
   wgmma::pin(acc0);
   wgmma::pin(acc1);
 #pragma unroll
-  for (int kk = 0; kk < kStepK / 16; ++kk)
-    wgmma::mma_m64n256k16(acc0, acc1, wgmma::descriptor<2 * kStepK>(sa + kk * 32),
-                          wgmma::descriptor<2 * kStepK>(sb + kk * 32), kk > 0 || !first);
+  for (int kk = 0; kk < kBlockK / 16; ++kk)
+    wgmma::mma_m64n256k16(acc0, acc1, wgmma::descriptor(sa + kk * 32), wgmma::descriptor(sb + kk * 32),
+                          kk > 0 || !first);
 }
 // The same as one commit group (not waited for).
 __device__ __forceinline__ void issue_step(float (&acc)[64], const bf16* a_rows, const bf16* b_tile) {
@@ -493,11 +489,10 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
 // Gate/up units hold 128 features: W1's rows in the first half of B, W3's same rows in the second, so
 // accumulator i of both halves is gate and up of one (token, feature). Every output is the same wgmma steps
 // in the same k order as in the two-block kernel: bit-identical to it.
-inline constexpr int kTmaStepK = 32;
-inline constexpr int kTmaStages = 8;
+inline constexpr int kTmaStages = 4;
 inline constexpr int kTmaThreads = 384;
-inline constexpr int kTmaATile = kBlockM * kTmaStepK;      // elements
-inline constexpr int kTmaBTile = 2 * kBlockN * kTmaStepK;  // elements: 256 weight rows
+inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
+inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
 inline constexpr int kTmaStaging =
     64 * 128;  // elements: a consumer warpgroup's epilogue rows (store_fragment)
 inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStaging * 2 +
@@ -556,7 +551,7 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
 // rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
 // stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
 // Runs up to kStages steps ahead, across units.
-template <Stage kStage, int kStages, int kStepK, class Addressing>
+template <Stage kStage, int kStages, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
@@ -582,7 +577,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     WorkTile tile;
     int pair;
     unit_at(p, u, pairs, tile, pair);
-    const ALoader<kStage, 128, kBlockM, kStepK> a(p, tile, t);  // the warpgroup's 128 threads: 128 token rows
+    const ALoader<kStage, 128> a(p, tile, t);  // the warpgroup's 128 threads gather the 128 token rows
     int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
     if (t == 0) {
       if constexpr (kGateUp) {
@@ -602,7 +597,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
         tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
         if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
       }
-      a.load(smem_a + s * kBlockM * kStepK, kt);
+      a.load(smem_a + s * kTmaATile, kt);
       tma::cp_async_arrive(&full[s]);
     }
   }
@@ -669,14 +664,14 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
-  const int k_tiles = K / kTmaStepK;
+  const int k_tiles = K / kBlockK;
   const int pairs = kGateUp ? p.intermediate / (2 * kGateUpFeatures) : p.hidden / (2 * kBlockN);
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
-    produce_units<kStage, kTmaStages, kTmaStepK>(tp, units, pairs, k_tiles, 2 * K, kTmaStepK, kTmaBTile * 2,
-                                                 smem_a, reinterpret_cast<unsigned char*>(smem_b), full,
-                                                 empty, stage_unit, next_unit, t);
+    produce_units<kStage, kTmaStages>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
+                                      reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit,
+                                      next_unit, t);
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
@@ -694,10 +689,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         if (kt > 0) tma::wait(&full[s], (it / kTmaStages) & 1);
         wgmma::fence_proxy_async();  // the token rows came through cp.async (the generic proxy)
         if (active) {
-          const bf16* a_rows = smem_a + s * kTmaATile + cw * 64 * kTmaStepK;
+          const bf16* a_rows = smem_a + s * kTmaATile + cw * 64 * kBlockK;
           const bf16* b = smem_b + s * kTmaBTile;
           wgmma::fence();
-          issue_mmas_wide<kTmaStepK>(acc0, acc1, a_rows, b, kt == 0);
+          issue_mmas_wide(acc0, acc1, a_rows, b, kt == 0);
           wgmma::commit();
           wgmma::wait<1>();  // step it − 1's wgmma has finished
         }

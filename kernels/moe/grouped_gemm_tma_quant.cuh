@@ -131,9 +131,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer: the bf16 kernel's, with packed boxes
-    produce_units<kStage, Q::kStages, kBlockK>(tp, units, pairs, k_tiles,
-                                               static_cast<int>(layout.row_bytes()), Q::kStep, Q::kBBytes,
-                                               smem_a, smem_b, full, empty, stage_unit, next_unit, t);
+    produce_units<kStage, Q::kStages>(tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()),
+                                      Q::kStep, Q::kBBytes, smem_a, smem_b, full, empty, stage_unit,
+                                      next_unit, t);
     return;
   }
 
@@ -303,16 +303,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 }
 
 // What PagedMoe launches on 256-row blocks (the TMA counterpart of Sm90Gemm): each stage's kernel, its
-// dynamic shared memory, the bits of a value and the k of a copy in its weight tensor maps
-// (tma::Region::bits, box_k) and names. bf16 experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel,
-// whose gate/up stage reads the input permuted by permute_k_kernel.
+// dynamic shared memory, the bits of a value in its weight tensor maps (tma::Region::bits) and names. bf16
+// experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel, whose gate/up stage reads the input permuted
+// by permute_k_kernel.
 template <class Addressing, class Precision>
 struct TmaGemm {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
   static constexpr int kSmem = kTmaSmemBytes;
   static constexpr int kBits = 16;
-  static constexpr int kStepK = kTmaStepK;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
 };
@@ -322,7 +321,6 @@ struct TmaGemm<Addressing, Quantized<kB>> {
   static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>>::kSmemBytes;
   static constexpr int kBits = static_cast<int>(quant::bit_count(kB));
-  static constexpr int kStepK = kBlockK;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_quant_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_quant_kernel<kDown>";
 };

@@ -685,8 +685,7 @@ class PagedMoe {
         for (int i = 0; i < 2; ++i) {
           tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
           if (regions[i] == nullptr) continue;
-          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, Gemm::kBits, Gemm::kStepK}); !st)
-            return st;
+          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, Gemm::kBits}); !st) return st;
         }
         if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
         const long long units = static_cast<long long>(grid_tiles) * slices;

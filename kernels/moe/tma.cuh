@@ -1,8 +1,8 @@
 // The Hopper (sm_90a) asynchronous-copy machinery of the TMA grouped GEMMs: shared-memory mbarriers (arrive,
-// expected transaction bytes, phase waits), 2-D tensor copies (cp.async.bulk.tensor; bf16 boxes 128- or
-// 64-byte swizzled, packed int8 / int4 boxes as they are), cp.async arrivals on an mbarrier, named barriers,
-// register reallocation between warpgroups (setmaxnreg), and the host side: a 2-D tensor map over a region of
-// expert matrices, encoded through the driver entry point the runtime hands out (no link against libcuda).
+// expected transaction bytes, phase waits), 2-D tensor copies (cp.async.bulk.tensor; bf16 boxes 128-byte
+// swizzled, packed int8 / int4 boxes as they are), cp.async arrivals on an mbarrier, named barriers, register
+// reallocation between warpgroups (setmaxnreg), and the host side: a 2-D tensor map over a region of expert
+// matrices, encoded through the driver entry point the runtime hands out (no link against libcuda).
 // One map per (region, K) serves every page of the region, whatever its position: moe/tensor_rows.hpp says
 // why and finds a matrix's map and row.
 #pragma once
@@ -99,15 +99,14 @@ __device__ __forceinline__ void claim_registers() {
 struct Region {
   const void* base = nullptr;
   int k = 0;         // values per row (the matrices' K)
-  int box_rows = 0;  // rows per copy
+  int box_rows = 0;  // rows per copy; a copy is 64 k wide (128 bytes bf16, 64 / 32 bytes packed)
   int bits = 16;     // 16: bf16; 8, 4: packed bytes
-  int box_k = 64;    // k per copy: 64 (128 bytes bf16, 64 / 32 bytes packed), or 32 (bf16: 64 bytes)
 };
 
-// The region's tensor map: 2-D, boxes of box_k × box_rows rows. bf16: swizzled by the box's row bytes, 128
-// or 64 (the grouped GEMMs' shared-memory layouts, grouped::swizzle); packed: bytes, unswizzled (the
-// quantized kernel's threads read their own rows). The row count is left at 2^31 − 1: the map is only ever
-// read at rows inside the region (each matrix's rows), and pages carry no size here.
+// The region's tensor map: 2-D, boxes of 64 k × box_rows rows. bf16: 128-byte swizzle (the grouped GEMM's
+// shared-memory layout); packed: bytes, unswizzled (the quantized kernel's threads read their own rows). The
+// row count is left at 2^31 − 1: the map is only ever read at rows inside the region (each matrix's rows),
+// and pages carry no size here.
 inline Status encode(CUtensorMap& map, const Region& r) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                               const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -124,23 +123,18 @@ inline Status encode(CUtensorMap& map, const Region& r) {
   if (fn == nullptr) return Status::error("cuTensorMapEncodeTiled", "not available from the driver");
   if (r.bits != 16 && r.bits != 8 && r.bits != 4)
     return Status::error("tma::Region::bits", r.bits, "must be 16 (bf16), 8 or 4 (packed)");
-  if (r.box_k != 64 && !(r.box_k == 32 && r.bits == 16))
-    return Status::error("tma::Region::box_k", r.box_k, "must be 64, or 32 for bf16");
   const bool bf16 = r.bits == 16;
   const cuuint64_t row_elems =
       bf16 ? static_cast<cuuint64_t>(r.k) : static_cast<cuuint64_t>(r.k) * r.bits / 8;
   const cuuint64_t dims[2] = {row_elems, (1ull << 31) - 1};
   const cuuint64_t strides[1] = {bf16 ? row_elems * 2 : row_elems};
-  const cuuint32_t box[2] = {
-      bf16 ? static_cast<cuuint32_t>(r.box_k) : static_cast<cuuint32_t>(64 * r.bits / 8),
-      static_cast<cuuint32_t>(r.box_rows)};
-  const CUtensorMapSwizzle swizzle = !bf16           ? CU_TENSOR_MAP_SWIZZLE_NONE
-                                     : r.box_k == 64 ? CU_TENSOR_MAP_SWIZZLE_128B
-                                                     : CU_TENSOR_MAP_SWIZZLE_64B;
+  const cuuint32_t box[2] = {bf16 ? 64u : static_cast<cuuint32_t>(64 * r.bits / 8),
+                             static_cast<cuuint32_t>(r.box_rows)};
   const cuuint32_t elem[2] = {1, 1};
   const CUresult e = fn(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
                         const_cast<void*>(r.base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                        bf16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (e != CUDA_SUCCESS)
     return Status::error("cuTensorMapEncodeTiled", "error " + std::to_string(static_cast<int>(e)) +
                                                        " (k = " + std::to_string(r.k) +

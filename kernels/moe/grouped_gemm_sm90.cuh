@@ -8,7 +8,7 @@
 // Blocks walk the work expert-major: an expert's blocks run weight slice by weight slice with its token tiles
 // innermost, so the blocks resident at one time share a weight slice and read it from DRAM once (a Mixtral
 // expert's W1+W3 is 235 MB: streaming it once per 128-token tile cost 8–13%). The order depends only on the
-// tile list, never on where pages sit.
+// tile list (shared chunks first: moe/routing.cuh), never on where pages sit.
 // Quantized experts (Precision Int8 / Int4): B is staged packed and dequantised in shared memory, overlapped
 // with the tensor cores (see kPackedStepBytes below); everything else is the bf16 kernel. Two bf16 variants
 // follow it: the persistent warp-specialised TMA kernel on 128 tokens × 256 weight rows (gemm_tma_kernel,

@@ -25,8 +25,8 @@ __device__ __forceinline__ float silu(float v) {
 // One unit of GEMM work: `count` consecutive rows of the expert-sorted order starting at `row_start`, all
 // routed to `expert`. Built by the routing kernel, `count` <= the path's token tile.
 // `matrix` holds the expert's W1, W3, W2 base pointers, resolved by the addressing policy in the routing
-// kernel. `first_tile` and `expert_tiles` locate all tiles of the same expert (consecutive in the list), so a
-// GEMM can order its work expert by expert.
+// kernel. `first_tile` and `expert_tiles` locate all tiles of the same expert (consecutive in the list, whose
+// order is the shared chunks', then the routed experts'), so a GEMM can order its work expert by expert.
 struct alignas(16) WorkTile {
   const bf16* matrix[3];
   int expert;

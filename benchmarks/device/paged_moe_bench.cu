@@ -688,11 +688,11 @@ int main(int argc, char** argv) {
                     mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
         std::fprintf(js,
                      "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
-                     "\"grouped_dequant\": %s, \"workspace_bytes\": %zu, \"expert_bytes\": %.0f, "
-                     "\"contiguous_us\": %.3f, \"paged\": [",
+                     "\"grouped_dequant\": %s, \"small_deep\": %s, \"workspace_bytes\": %zu, "
+                     "\"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
                      ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens,
                      chosen.grouped_rows, chosen.grouped_dequant ? "true" : "false",
-                     graphs[base]->workspace_bytes, cfg_bytes, mc);
+                     chosen.small_deep ? "true" : "false", graphs[base]->workspace_bytes, cfg_bytes, mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

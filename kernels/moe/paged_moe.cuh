@@ -238,6 +238,9 @@ class PagedMoe {
   // Whether workspace_size() holds a bf16 copy of the experts for MoeConfig::grouped_dequant.
   static constexpr bool kDequantWorkspace =
       Precision::kQuantized && detail::dequant_workspace_of<Config>::value;
+  // The stages of the 64-token grouped tiles where the configuration asks for MoeConfig::small_deep (one
+  // block per SM).
+  static constexpr int kDeepSmallStages = 8;
 
   // Tiling limits. Paths need: H % 128 (down tiles, decode K split), F % 64 (gate/up tiles), F % 128 (decode
   // K split of the down stage); total experts <= 1024 (one per routing thread).
@@ -270,6 +273,9 @@ class PagedMoe {
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
           "must be 128 for quantized experts on the grouped path (64-token tiles read bf16)");
+    if (c.small_deep && !small)
+      return Status::error("config.small_deep", 1,
+                           "applies to 64-token tiles on the grouped path (kGrouped, tile_tokens = 64) only");
     if (small && c.grouped_rows != grouped::kBlockN)
       return Status::error("config.grouped_rows", c.grouped_rows, "must be 128 with 64-token grouped tiles");
     if (c.grouped_rows != grouped::kBlockN && c.grouped_rows != 2 * grouped::kBlockN)
@@ -374,7 +380,10 @@ class PagedMoe {
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
       c.grouped_rows = grouped::kBlockN;
-      if (c.path != MoePath::kDecode) c.tile_tokens = grouped::kBlockM;
+      if (c.path != MoePath::kDecode) {
+        c.tile_tokens = grouped::kBlockM;
+        c.small_deep = false;
+      }
       return c;
     } else {
       MoeConfig c = Config::select(a.shape, a.path);
@@ -422,8 +431,10 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = config(a);
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
+    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9) {
       choice.tile_tokens = grouped::kBlockM;  // the mma.sync grouped GEMM's tiles
+      choice.small_deep = false;
+    }
 
     const long long stride = a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes
                                                         : Precision::matrix_bytes(s.intermediate, s.hidden);
@@ -501,11 +512,14 @@ class PagedMoe {
       using Small =
           std::conditional_t<Precision::kQuantized, Narrow,
                              grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
+      using SmallDeep = std::conditional_t<Precision::kQuantized, Narrow,
+                                           grouped::Sm90SmallGemm<Addressing, kDeepSmallStages, 1>>;
       if (Status st = uses_tma(choice)
                           ? run_tma<Addressing, Precision>(p, s, choice, grid_tiles, dev, stream,
                                                            static_cast<bf16*>(at(lay.permuted_input)))
                       : choice.tile_tokens == grouped::kSmallM
-                          ? run_sm90<Small>(p, s, grid_tiles, dev.device, stream)
+                          ? (choice.small_deep ? run_sm90<SmallDeep>(p, s, grid_tiles, dev.device, stream)
+                                               : run_sm90<Small>(p, s, grid_tiles, dev.device, stream))
                           : run_sm90<Narrow>(p, s, grid_tiles, dev.device, stream);
           !st)
         return st;

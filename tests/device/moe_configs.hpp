@@ -58,7 +58,10 @@ struct GroupedRowsConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     c.grouped_rows = kRows;
-    if (kRows != 128 && c.path != kernels::MoePath::kDecode) c.tile_tokens = 128;
+    if (kRows != 128 && c.path != kernels::MoePath::kDecode) {
+      c.tile_tokens = 128;
+      c.small_deep = false;
+    }
     return c;
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
@@ -81,6 +84,7 @@ struct GroupedTileConfig {
     if (c.path == kernels::MoePath::kGrouped) {
       c.tile_tokens = kTile;
       c.grouped_rows = 128;
+      c.small_deep = false;  // the 64-token tiles on this type's kStages / kBlocks
     }
     return c;
   }

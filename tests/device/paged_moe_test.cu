@@ -281,6 +281,11 @@ struct StagedBf16Config {
     return {MoePath::kDecode, 8, 4, 1, 128, 128, 3};
   }
 };
+struct DeepDecodeConfig {  // 8-stage 64-token grouped tiles asked for on the decode path
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    return {MoePath::kDecode, 8, 4, 2, 128, 128, 0, false, true};
+  }
+};
 // ... and (moe_configs.hpp's GroupedRowsConfig) grouped blocks of other than 128 or 256 weight rows, 256 on
 // quantized experts or where H % 256 != 0.
 
@@ -420,6 +425,10 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sgd.field == "config.decode_stages");
   CHECK(sgd.message.find("decode_stages = 3") != std::string::npos);
   CHECK(sgd.message.find("quantized experts only") != std::string::npos);
+  using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
+  const kernels::Status sdd = DeepDecode::can_implement(small);
+  CHECK(sdd.field == "config.small_deep");
+  CHECK(sdd.message.find("64-token tiles") != std::string::npos);
 
   PagedMoe<kernels::Paged, GroupedRowsConfig<192>>::Arguments rows{};
   fill(rows);
@@ -593,6 +602,12 @@ TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gp
   for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
     ExpertStore store(spec, 37);
     for (int tokens : {16, 64, 256}) check_small_case<4, 2>(store, tokens, 1600 + tokens);
+  }
+  // The default table's 8-stage tiles on huge experts (MoeConfig::small_deep: Mixtral at 16–128 tokens).
+  ExpertStore mixtral(kMixtral, 38);
+  for (int tokens : {16, 128}) {
+    REQUIRE(PagedMoe<kernels::Paged>::config({.shape = shape_of(kMixtral, tokens)}).small_deep);
+    check_against_two_block<kernels::DefaultMoeConfig>(mixtral, tokens, 1700 + tokens, "default (8 stages)");
   }
 }
 

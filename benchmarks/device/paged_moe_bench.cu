@@ -669,14 +669,14 @@ int main(int argc, char** argv) {
                            shape.num_shared_chunks * 3.0 * static_cast<double>(shape.matrix_bytes());
       const double flops =
           2.0 * t * shape.slots_per_token() * 3.0 * static_cast<double>(shape.matrix_elems());
-      std::fprintf(
-          js,
-          "%s  {\"model\": \"%s\", \"tokens\": %d, \"E\": %d, \"k\": %d, \"H\": %d, \"F\": %d, "
-          "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
-          "\"distinct_experts\": %.2f, \"expert_bytes\": %.0f, \"flops\": %.0f, \"reps\": %d, \"configs\": [",
-          first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden, spec.intermediate,
-          spec.shared_chunks, path_name(config.path), config.tile_tokens, config.grouped_rows, distinct,
-          bytes, flops, reps);
+      std::fprintf(js,
+                   "%s  {\"model\": \"%s\", \"tokens\": %d, \"E\": %d, \"k\": %d, \"H\": %d, \"F\": %d, "
+                   "\"shared_chunks\": %d, \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
+                   "\"small_deep\": %s, \"distinct_experts\": %.2f, \"expert_bytes\": %.0f, \"flops\": %.0f, "
+                   "\"reps\": %d, \"configs\": [",
+                   first ? "" : ",\n", spec.name, t, spec.num_experts, spec.top_k, spec.hidden,
+                   spec.intermediate, spec.shared_chunks, path_name(config.path), config.tile_tokens,
+                   config.grouped_rows, config.small_deep ? "true" : "false", distinct, bytes, flops, reps);
       for (std::size_t ci = 0; ci < used.size(); ++ci) {
         const int base = first_graph[ci];
         const float mc = median(us[base]);

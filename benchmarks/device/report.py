@@ -75,6 +75,7 @@ def main():
         row = {k: c0[k] for k in ("model", "tokens", "E", "k", "H", "F", "shared_chunks", "path", "tile_tokens",
                                   "distinct_experts", "expert_bytes", "flops")}
         row["grouped_rows"] = c0.get("grouped_rows", 128)  # files from before 256-row grouped blocks: 128
+        row["small_deep"] = c0.get("small_deep", False)  # 64-token tiles on 8 stages (MoeConfig::small_deep)
         row.update(processes=len(cs), contiguous_us=contig[0], contiguous_sd_us=contig[1],
                    floor_us=floor, floor_memory_us=mem_us, floor_compute_us=cmp_us, floor_datasheet_us=ds_floor,
                    floor_kind="mem" if mem_us >= cmp_us else "math")
@@ -151,6 +152,7 @@ def main():
     md += [hdr, sep]
     for r in rows:
         wide = "×256" if r["path"] == "grouped" and r["grouped_rows"] == 256 else ""
+        wide += " (8 stages)" if r.get("small_deep") else ""
         line = (f"| {r['model']} | {r['tokens']} | {r['path']}/{r['tile_tokens']}{wide} | "
                 f"{r['contiguous_us']:.1f} ± {r['contiguous_sd_us']:.1f} | {r['paged_us']:.1f} |")
         for pl in placements:

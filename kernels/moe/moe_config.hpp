@@ -115,15 +115,15 @@ constexpr DecodeTileList<3 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
 // and with shared chunks) and at 16–128 on Mixtral, 1.097× at Mixtral 256 (mean batch 64: every expert in two
 // tiles); 3 stages and 3 blocks 0.907–0.984×, 8 stages and 1 block 0.928–0.982×
 // (docs/results/paged_moe_h200.md, "Small batches on 64-token grouped tiles", 3 processes). On huge experts
-// (F ≥ kDeepSmallIntermediate: Mixtral's K of 14336 in the down stage) from a mean routed batch of 4 the
+// (F ≥ kDeepSmallIntermediate: Mixtral's K of 14336 in the down stage) from a mean routed batch of 2 the
 // 64-token tiles run 8 stages and one block per SM (MoeConfig::small_deep): 0.973–0.976× and, on another
-// lease, 0.990–0.997× the 4-stage kernel's time at 16–128 tokens on Mixtral, but 1.007× at 4 tokens (mean
-// batch 1; 8 tokens not measured); on Qwen shapes 8 stages range 0.986–1.079× and 3 stages 0.976–1.027×
-// (3 processes each: docs/results/paged_moe_h200.md, "Eight stages for huge experts' 64-token tiles"). The
-// decode tile is the first row of kDecodeRows the shape satisfies. Each row is the fastest of the tiles
-// measured on the H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous medians; the
-// 8-token tiles with 8 warps or 3–4 k-steps: docs/results/paged_moe_h200.md, "Decode tiles with more bytes in
-// flight", 3 processes):
+// lease, 0.990–0.997× the 4-stage kernel's time at 16–128 tokens on Mixtral, 0.985× at 8 tokens (a third
+// lease), but 1.007× at 4 tokens (mean batch 1); on Qwen shapes 8 stages range 0.986–1.079× and 3 stages
+// 0.976–1.027× (3 processes each: docs/results/paged_moe_h200.md, "Eight stages for huge experts' 64-token
+// tiles"). The decode tile is the first row of kDecodeRows the shape satisfies. Each row is the fastest of
+// the tiles measured on the H200 for its shapes (docs/kernel.md, "Decode tiles"; same process, contiguous
+// medians; the 8-token tiles with 8 warps or 3–4 k-steps: docs/results/paged_moe_h200.md, "Decode tiles with
+// more bytes in flight", 3 processes):
 //  - up to 32 routed slots on small experts (Qwen1.5 to 8 tokens, Qwen3 to 4): 8-token tiles with two k-steps
 //    in flight. At 1 and 3 tokens 4–12% faster than 32-token ones, 0.1–10% faster than three or four
 //    k-steps; at 7–8 tokens (Qwen1.5, since the GEMV reads whole lines) the CUDA backend's MoE phase 0.967 ±
@@ -173,7 +173,7 @@ struct DefaultMoeConfig {
   static constexpr int kSmallGroupedTile = 64;  // bf16 grouped tiles while the expected batch fits this
   static constexpr int kTmaRows = 256;          // bf16 grouped blocks beyond: the TMA kernel's width
   static constexpr int kDeepSmallIntermediate = 8192;  // 64-token tiles on 8 stages from this F on ...
-  static constexpr double kDeepSmallMeanBatch = 4.0;   // ... and this mean routed batch on
+  static constexpr double kDeepSmallMeanBatch = 2.0;   // ... and this mean routed batch on
 
   // Quantized experts (select_quantized): the decode collective while the expected largest routed batch fits
   // kQuantDecodeTile tokens and shared chunks, which take every token, at most kQuantSharedDecodeTokens; the
@@ -415,13 +415,14 @@ static_assert(DefaultMoeConfig::select({512, 2048, 768, 128, 8, 0}, MoePath::kAu
 static_assert(DefaultMoeConfig::select({1024, 2048, 768, 128, 8, 0}, MoePath::kAuto).tile_tokens == 128);
 static_assert(DefaultMoeConfig::select({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto).tile_tokens == 64);
 static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kGroupedMma).tile_tokens == 128);
-// Huge experts' 64-token tiles on 8 stages from a mean batch of 4 (Mixtral at 16–128 tokens), the rest on
+// Huge experts' 64-token tiles on 8 stages from a mean batch of 2 (Mixtral at 8–128 tokens), the rest on
 // the type's (4).
 static_assert(DefaultMoeConfig::select({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kGrouped, 64, 4, 1, 128, 128, 0, false, true});
 static_assert(DefaultMoeConfig::select({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto).small_deep);
 static_assert(!DefaultMoeConfig::select({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto).small_deep);
-static_assert(!DefaultMoeConfig::select({15, 4096, 14336, 8, 2, 0}, MoePath::kAuto).small_deep);
+static_assert(!DefaultMoeConfig::select({7, 4096, 14336, 8, 2, 0}, MoePath::kAuto).small_deep);
+static_assert(DefaultMoeConfig::select({8, 4096, 14336, 8, 2, 0}, MoePath::kAuto).small_deep);
 static_assert(!DefaultMoeConfig::select({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto).small_deep);
 static_assert(!DefaultMoeConfig::select({16, 4096, 14336, 8, 2, 0}, MoePath::kGroupedMma).small_deep);
 // The TMA kernel (256-row blocks) wherever the tiles hold 128 tokens on kGrouped: Mixtral from 256 tokens,

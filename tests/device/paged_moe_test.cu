@@ -603,7 +603,7 @@ TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gp
     ExpertStore store(spec, 37);
     for (int tokens : {16, 64, 256}) check_small_case<4, 2>(store, tokens, 1600 + tokens);
   }
-  // The default table's 8-stage tiles on huge experts (MoeConfig::small_deep: Mixtral at 16–128 tokens).
+  // The default table's 8-stage tiles on huge experts (MoeConfig::small_deep: Mixtral at 8–128 tokens).
   ExpertStore mixtral(kMixtral, 38);
   for (int tokens : {16, 128}) {
     REQUIRE(PagedMoe<kernels::Paged>::config({.shape = shape_of(kMixtral, tokens)}).small_deep);

@@ -72,7 +72,7 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
         const bool fits64 = mean + 3.0 * std::sqrt(mean) + 1.0 <= 64.0;
         CHECK(c.tile_tokens == (fits64 ? 64 : 128));
         CHECK(c.grouped_rows == (fits64 || s.hidden % 256 != 0 ? 128 : 256));
-        // 64-token tiles of huge experts (Mixtral) from a mean batch of 4 on 8 stages, one block per SM.
+        // 64-token tiles of huge experts (Mixtral) from a mean batch of 2 on 8 stages, one block per SM.
         CHECK(c.small_deep == (fits64 && s.intermediate >= DefaultMoeConfig::kDeepSmallIntermediate &&
                                mean >= DefaultMoeConfig::kDeepSmallMeanBatch));
         if (grouped_seen && c.tile_tokens == 64) CHECK(last_grouped_tile == 64);

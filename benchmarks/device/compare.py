@@ -11,16 +11,7 @@ import json
 import sys
 
 from quant_report import mean_sd  # 'm ± sd' over the files, or the one value
-
-
-def tile(x):
-    """A configuration's path and tile as the results tables write it: decode/8, grouped/64, grouped/128×256,
-    grouped/128×256+copy (on a dequantised bf16 copy: MoeConfig::grouped_dequant), grouped/64 (8 stages)
-    (MoeConfig::small_deep)."""
-    t = f'{x["path"]}/{x["tile_tokens"]}'
-    t = t + "×256" if x["path"] != "decode" and x.get("grouped_rows") == 256 else t
-    t = t + " (8 stages)" if x.get("small_deep") else t
-    return t + "+copy" if x.get("grouped_dequant") else t
+from report import tile  # a configuration's path/tile label
 
 
 def main(base, other, files):

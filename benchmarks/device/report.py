@@ -15,6 +15,17 @@ import statistics
 DATASHEET_GBS = 4800.0  # H200 SXM HBM3e
 DATASHEET_TFLOPS = 989.0  # dense bf16
 
+
+def tile(x):
+    """A configuration's path and tile as the results tables write it: decode/8, grouped/64, grouped/128×256,
+    grouped/128×256+copy (on a dequantised bf16 copy: MoeConfig::grouped_dequant), grouped/64 (8 stages)
+    (MoeConfig::small_deep)."""
+    t = f'{x["path"]}/{x["tile_tokens"]}'
+    t = t + "×256" if x["path"] != "decode" and x.get("grouped_rows") == 256 else t
+    t = t + " (8 stages)" if x.get("small_deep") else t
+    return t + "+copy" if x.get("grouped_dequant") else t
+
+
 # vLLM fused_moe (Triton 3.6, routed experts only, whole layer incl. routing), µs: GPU_NOTES, "The strongest
 # peer" (H200, 2026-12-01, project commit 67fa3b5).
 VLLM_US = {
@@ -151,9 +162,7 @@ def main():
     sep += "---:|---:|---:|---:|---:|"
     md += [hdr, sep]
     for r in rows:
-        wide = "×256" if r["path"] == "grouped" and r["grouped_rows"] == 256 else ""
-        wide += " (8 stages)" if r.get("small_deep") else ""
-        line = (f"| {r['model']} | {r['tokens']} | {r['path']}/{r['tile_tokens']}{wide} | "
+        line = (f"| {r['model']} | {r['tokens']} | {tile(r)} | "
                 f"{r['contiguous_us']:.1f} ± {r['contiguous_sd_us']:.1f} | {r['paged_us']:.1f} |")
         for pl in placements:
             p = r["placements"].get(pl)

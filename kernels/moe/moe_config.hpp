@@ -38,6 +38,14 @@ struct MoeConfig {
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
+// `c` on grouped tiles of `tokens` tokens: small_deep names a variant of the 64-token tiles, so other tiles
+// drop it.
+constexpr MoeConfig with_grouped_tile(MoeConfig c, int tokens) {
+  c.tile_tokens = tokens;
+  if (tokens != 64) c.small_deep = false;
+  return c;
+}
+
 template <class C>
 concept moe_config = requires(const MoeShape& s, MoePath requested) {
   { C::select(s, requested) } -> std::same_as<MoeConfig>;

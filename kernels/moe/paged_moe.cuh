@@ -380,11 +380,7 @@ class PagedMoe {
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
       c.grouped_rows = grouped::kBlockN;
-      if (c.path != MoePath::kDecode) {
-        c.tile_tokens = grouped::kBlockM;
-        c.small_deep = false;
-      }
-      return c;
+      return c.path != MoePath::kDecode ? with_grouped_tile(c, grouped::kBlockM) : c;
     } else {
       MoeConfig c = Config::select(a.shape, a.path);
       if (uses_tma(c) && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
@@ -431,10 +427,8 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = config(a);
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9) {
-      choice.tile_tokens = grouped::kBlockM;  // the mma.sync grouped GEMM's tiles
-      choice.small_deep = false;
-    }
+    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
+      choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
     const long long stride = a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes
                                                         : Precision::matrix_bytes(s.intermediate, s.hidden);

@@ -36,28 +36,29 @@ struct RoutingParams {
   int* sorted_keys;
 };
 
-// Writes expert_offset and the tiles of every expert, given thread e's offset and count for expert e (one
-// thread per expert). The tile list runs the shared chunks (experts E..E+m-1) first, then the routed experts
-// in order: the chunks take every token, so from ~128 tokens on their tiles read the same weights several
-// times, from the L2; started first they overlap the routed experts' DRAM stream instead of forming the
-// layer's tail (Qwen1.5-MoE with its 4 chunks at 256 tokens: 0.958–0.968× the time of chunks last in bf16,
-// int8 and int4, neutral without chunks; docs/results/paged_moe_h200.md, "Shared chunks first").
+// Per-thread tile counts of the routed experts (x) and of the shared chunks (y), summed in one block scan.
+struct SumPair {
+  __device__ int2 operator()(const int2& a, const int2& b) const { return make_int2(a.x + b.x, a.y + b.y); }
+};
+
+// Writes expert_offset and the tiles of expert `e` (one thread per expert) given its offset and count. The
+// tile list runs the shared chunks (experts E..E+m-1) first, then the routed experts in order: the chunks
+// take every token, so from ~128 tokens on their tiles read the same weights several times, from the L2;
+// started first they overlap the routed experts' DRAM stream instead of forming the layer's tail (Qwen1.5-MoE
+// with its 4 chunks at 256 tokens: 0.958–0.968× the time of chunks last in bf16, int8 and int4, neutral
+// without chunks; docs/results/paged_moe_h200.md, "Shared chunks first"). A chunk's first tile follows the
+// tiles of the chunks before it; a routed expert's, every chunk's tiles and those of the routed experts
+// before it.
 template <class Addressing>
 __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int count) {
-  using Scan = cub::BlockScan<int, kThreads>;
+  using Scan = cub::BlockScan<int2, kThreads>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ int offset_of[kMaxExperts], count_of[kMaxExperts];
-  offset_of[threadIdx.x] = offset;
-  count_of[threadIdx.x] = count;
-  __syncthreads();
-  // Thread t writes the tiles of the list's t-th expert.
-  const int t = static_cast<int>(threadIdx.x), m = r.total_experts - r.moe.num_experts;
-  const int e = t >= r.total_experts ? t : t < m ? r.moe.num_experts + t : t - m;
-  offset = offset_of[e];
-  count = count_of[e];
+  const int e = threadIdx.x;
   const int n = (count + r.tile_rows - 1) / r.tile_rows;
-  int first = 0, total = 0;
-  Scan(scan).ExclusiveSum(n, first, total);
+  const bool chunk = e >= r.moe.num_experts;  // threads past the experts count 0 tiles
+  int2 before, sums;
+  Scan(scan).ExclusiveScan(make_int2(chunk ? 0 : n, chunk ? n : 0), before, make_int2(0, 0), SumPair{}, sums);
+  const int first = chunk ? before.y : sums.y + before.x, total = sums.x + sums.y;
   if (e < r.total_experts) {
     r.expert_offset[e] = offset;
     if (n > 0) {

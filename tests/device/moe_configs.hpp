@@ -58,10 +58,7 @@ struct GroupedRowsConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
     c.grouped_rows = kRows;
-    if (kRows != 128 && c.path != kernels::MoePath::kDecode) {
-      c.tile_tokens = 128;
-      c.small_deep = false;
-    }
+    if (kRows != 128 && c.path != kernels::MoePath::kDecode) c = kernels::with_grouped_tile(c, 128);
     return c;
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,

@@ -226,6 +226,64 @@ TEST_CASE("model shapes at every token count", "[gpu][models]") {
   }
 }
 
+// The routing kernel's tile list: the shared chunks' tiles first, then the routed experts' in order; each
+// expert's tiles consecutive, covering its rows of the expert-sorted order in tile-sized pieces, with its
+// resolved matrices.
+TEST_CASE("routing lists the shared chunks' tiles first, then the routed experts' in order", "[gpu][small]") {
+  constexpr int E = 6, m = 2, k = 2, T = 50, kTile = 8;
+  std::vector<std::int32_t> ids(T * k);
+  for (int i = 0; i < T * k; ++i) ids[i] = (i * 7 + i / 3) % (E + 1);  // id E: outside [0, E), dropped
+  std::vector<int> count(E + m, 0);
+  for (const int id : ids)
+    if (id < E) ++count[id];
+  for (int c = 0; c < m; ++c) count[E + c] = T;
+  DeviceBuffer<std::int32_t> d_ids(ids.size());
+  d_ids.upload(ids);
+  DeviceBuffer<int> sorted(T * (k + m)), offsets(E + m + 1), num_tiles(1), counters(2);
+  DeviceBuffer<kernels::WorkTile> tiles(T * (k + m) / kTile + E + m + 1);
+  const bf16* weights = reinterpret_cast<const bf16*>(std::uintptr_t{1} << 20);  // never dereferenced
+  constexpr std::int64_t kElems = 1024;
+  kernels::routing::RoutingParams<kernels::Contiguous> r{};
+  r.moe.addr = kernels::Contiguous::make_params({weights}, kElems);
+  r.moe.topk_ids = d_ids.get();
+  r.moe.num_tokens = T;
+  r.moe.num_experts = E;
+  r.moe.top_k = k;
+  r.moe.slots_per_token = k + m;
+  r.moe.num_slots = T * (k + m);
+  r.moe.unit_counters = counters.get();
+  r.total_experts = E + m;
+  r.tile_rows = kTile;
+  r.sorted_slot = sorted.get();
+  r.expert_offset = offsets.get();
+  r.tiles = tiles.get();
+  r.num_tiles = num_tiles.get();
+  kernels::routing::small_kernel<kernels::Contiguous><<<1, kernels::routing::kThreads>>>(r);
+  AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto list = tiles.download();
+  const auto offset = offsets.download();
+  std::vector<int> order;  // E, ..., E+m-1, 0, ..., E-1
+  for (int c = 0; c < m; ++c) order.push_back(E + c);
+  for (int e = 0; e < E; ++e) order.push_back(e);
+  int next = 0;
+  for (const int e : order) {
+    INFO("expert " << e);
+    CHECK(offset[e] == std::accumulate(count.begin(), count.begin() + e, 0));  // rows stay in expert order
+    const int n = (count[e] + kTile - 1) / kTile;
+    for (int i = 0; i < n; ++i) {
+      const kernels::WorkTile& t = list[next + i];
+      CHECK(t.expert == e);
+      CHECK(t.first_tile == next);
+      CHECK(t.expert_tiles == n);
+      CHECK(t.row_start == offset[e] + i * kTile);
+      CHECK(t.count == std::min(kTile, count[e] - i * kTile));
+      for (int j = 0; j < 3; ++j) CHECK(t.matrix[j] == weights + (3 * e + j) * kElems);
+    }
+    next += n;
+  }
+  CHECK(num_tiles.download()[0] == next);
+}
+
 TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu][small]") {
   const ModelSpec spec{"tiny", 8, 2, 256, 128, 0};
   ExpertStore store(spec, 3, 0);

@@ -26,7 +26,9 @@
 // default; t8 / t32 / w8: one decode tile wherever it holds the expected largest batch, else the default's
 // (t8w4u3, t8w4u4, t8w8u2, t8w8u4 alike: 8-token tiles with 4 or 8 warps and 3 or 4 k-steps of loads in
 // flight, the more bytes in flight per block at 1–3 tokens);
-// p256: the default's tile with the 256-byte L2 prefetch hint (these four where the default decodes);
+// p256: the default's tile with the 256-byte L2 prefetch hint; preload: the default's choice with the down
+// blocks copying their W2 rows into shared memory before gate/up ends (MoeConfig::decode_preload, on 8-token
+// tiles where the rows fit) (these, like t8 … t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
@@ -296,6 +298,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"t8w8u2", {&make_graphs<DecodeTileConfig<8, 8, 2>>, Where::kDecode}},
           {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
           {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
+          {"preload", {&make_graphs<PreloadConfig<>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
@@ -686,13 +689,14 @@ int main(int argc, char** argv) {
         std::printf("%-14s T=%-6d %-8s tile=%-4d %-9s contiguous %9.2f us (%.2fx the read floor)  paged",
                     name.c_str(), t, path_name(chosen.path), chosen.tile_tokens, used[ci].c_str(), mc,
                     mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
-        std::fprintf(js,
-                     "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
-                     "\"grouped_dequant\": %s, \"small_deep\": %s, \"workspace_bytes\": %zu, "
-                     "\"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
-                     ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens,
-                     chosen.grouped_rows, chosen.grouped_dequant ? "true" : "false",
-                     chosen.small_deep ? "true" : "false", graphs[base]->workspace_bytes, cfg_bytes, mc);
+        std::fprintf(
+            js,
+            "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
+            "\"grouped_dequant\": %s, \"small_deep\": %s, \"decode_preload\": %s, "
+            "\"workspace_bytes\": %zu, \"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
+            ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens, chosen.grouped_rows,
+            chosen.grouped_dequant ? "true" : "false", chosen.small_deep ? "true" : "false",
+            chosen.decode_preload ? "true" : "false", graphs[base]->workspace_bytes, cfg_bytes, mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

@@ -241,13 +241,64 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   }
 }
 
-template <class Addressing, Stage kStage, class T, class P = Bf16>
+// A preloading down block's shared memory: its 32 W2 rows of K values, each row padded by 16 bytes (a pitch
+// of 16 modulo 128 bytes puts the 8 rows a quarter-warp's 16-byte loads touch on distinct banks).
+constexpr std::int64_t preload_pitch(int K) {
+  return 2LL * K + 16;
+}
+constexpr std::int64_t preload_smem_bytes(int K) {
+  return kDownRows * preload_pitch(K);
+}
+
+// The work tile, read from the L2 (past L1) before this kernel's dependency wait: routing wrote it, and its
+// kernel completed before the gate/up kernel let this one start (programmatic dependent launch), but this
+// SM's L1 may hold a previous layer call's copy.
+__device__ __forceinline__ WorkTile load_tile_l2(const WorkTile* t) {
+  static_assert(sizeof(WorkTile) % 16 == 0);
+  WorkTile tile;
+  const uint4* src = reinterpret_cast<const uint4*>(t);
+  uint4* dst = reinterpret_cast<uint4*>(&tile);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(WorkTile) / 16); ++i) dst[i] = __ldcg(src + i);
+  return tile;
+}
+
+// kPreload (bf16 down stage only): the block copies its 32 W2 rows into shared memory (cp.async, whole
+// 16-byte chunks in row order, so each warp instruction covers 512 contiguous bytes) before it waits for the
+// gate/up kernel, so the down weights stream while gate/up still runs (the down blocks start early,
+// programmatic dependent launch), and its main loop then reads them from shared memory: the same values in
+// the same k order and MMAs as the streaming loop, so the outputs are bit-identical.
+template <class Addressing, Stage kStage, class T, class P = Bf16, bool kPreload = false>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
-  ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
-  ptx::launch_dependents();
-  if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
-  const WorkTile tile = p.tiles[blockIdx.y];
+  static_assert(!kPreload || (kStage == Stage::kDown && !P::kQuantized),
+                "preloading reads the bf16 down stage's W2 rows");
+  WorkTile tile;
+  if constexpr (kPreload) {
+    if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
+    tile = load_tile_l2(p.tiles + blockIdx.y);
+    extern __shared__ __align__(16) unsigned char preload_smem[];
+    const int K = p.intermediate, chunks = K / 8;  // 16-byte chunks per row
+    const std::int64_t pitch = preload_pitch(K);
+    // The block's 32 rows are consecutive rows of W2 (one matrix: contiguous in its page).
+    const bf16* src = tile.matrix[2] + static_cast<std::int64_t>(blockIdx.x) * kDownRows * K;
+    const std::uint32_t dst = ptx::smem_u32(preload_smem);
+    for (int c = threadIdx.x; c < kDownRows * chunks; c += T::kThreads) {
+      const int row = c / chunks, x = c - row * chunks;
+      ptx::cp_async_stream_16<T::kPrefetch>(dst + static_cast<std::uint32_t>(row * pitch + 16 * x),
+                                            src + static_cast<std::int64_t>(row) * K + 8 * x);
+    }
+    ptx::cp_async_commit();
+    ptx::grid_dependency_wait();  // act: written by the gate/up kernel
+    ptx::launch_dependents();
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // every thread's chunks landed
+  } else {
+    ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
+    ptx::launch_dependents();
+    if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+    tile = p.tiles[blockIdx.y];
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
@@ -305,10 +356,17 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
     const bf16* a_lo[kRowTiles];
     const bf16* a_hi[kRowTiles];
+    std::uint32_t s_lo[kRowTiles] = {}, s_hi[kRowTiles] = {};  // kPreload: the same rows in shared memory
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
       a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
       a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
+      if constexpr (kPreload) {
+        extern __shared__ __align__(16) unsigned char preload_smem[];
+        const std::uint32_t base = ptx::smem_u32(preload_smem) + 2 * k0;
+        s_lo[r] = base + static_cast<std::uint32_t>((16 * r + g) * preload_pitch(K));
+        s_hi[r] = base + static_cast<std::uint32_t>((16 * r + g + 8) * preload_pitch(K));
+      }
     }
     for (int s = 0; s < steps; s += kUnroll) {
       uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
@@ -320,8 +378,13 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
             bf16_k(min(s + u, steps - 1), steps, q);  // a pair of steps: one line (decode_steps.hpp)
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
-          alo[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_lo[r] + k);
-          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_hi[r] + k);
+          if constexpr (kPreload) {
+            alo[u][r] = ptx::ld_shared_16(s_lo[r] + 2 * k);
+            ahi[u][r] = ptx::ld_shared_16(s_hi[r] + 2 * k);
+          } else {
+            alo[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_lo[r] + k);
+            ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_hi[r] + k);
+          }
         }
 #pragma unroll
         for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);

@@ -35,6 +35,9 @@ struct MoeConfig {
   bool small_deep = false;       // 64-token grouped tiles (bf16, sm_90): eight stages and one block per SM
                                  // (gemm_wgmma_small_kernel<8, 1>) instead of the configuration type's
                                  // kSmallStages / kSmallBlocks (4 and 2 unless it says otherwise)
+  bool decode_preload = false;   // decode, bf16, 8-token tiles: each down block copies its 32 W2 rows into
+                                // shared memory before it waits for the gate/up kernel (decode::gemv_kernel's
+                                // kPreload), so W2 streams while gate/up runs; 32·(2F + 16) bytes per block
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -307,6 +307,19 @@ class PagedMoe {
             "quantized experts need the 32-token decode tile (4 warps, unroll 1) instantiated "
             "for devices without wgmma (PagedMoe::DecodeTiles)");
     }
+    if (c.decode_preload) {
+      if (Precision::kQuantized || c.path != MoePath::kDecode || c.tile_tokens != 8)
+        return Status::error(
+            "config.decode_preload", 1,
+            "applies to bf16 experts on 8-token decode tiles (kDecode, tile_tokens = 8) only");
+      const long long bytes = preload_block_smem(c, s.intermediate);
+      if (bytes > ptx::kMaxBlockSmemBytes)
+        return Status::error("config.decode_preload", 1,
+                             "needs " + std::to_string(bytes) +
+                                 " bytes of shared memory per down block (W2 rows of " +
+                                 "intermediate = " + std::to_string(s.intermediate) + "); at most " +
+                                 std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
+    }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
@@ -645,6 +658,15 @@ class PagedMoe {
   static constexpr long long decode_block_smem(const MoeConfig& c, int k) {
     return std::apply([&](auto... t) { return (staged_smem_of<decltype(t)>(c, k) + ...); }, DecodeTiles{});
   }
+  // Shared memory per preloading down block (MoeConfig::decode_preload) of the configuration's decode tile at
+  // intermediate size F: its W2 rows plus the reduction buffer; 0 when it names no instantiated tile.
+  template <class T>
+  static constexpr long long preload_smem_of(const MoeConfig& c, int f) {
+    return names<T>(c) ? decode::preload_smem_bytes(f) + decode::reduction_bytes<T>() : 0;
+  }
+  static constexpr long long preload_block_smem(const MoeConfig& c, int f) {
+    return std::apply([&](auto... t) { return (preload_smem_of<decltype(t)>(c, f) + ...); }, DecodeTiles{});
+  }
 
   // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, one
   // per block, each with `smem` bytes of dynamic shared memory (set once per device).
@@ -727,8 +749,9 @@ class PagedMoe {
     Status st = Status::success();
     std::apply(
         [&](auto... t) {
-          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, device, stream), 0)
-                                  : 0),
+          ((names<decltype(t)>(c)
+                ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, c.decode_preload, device, stream), 0)
+                : 0),
            ...);
         },
         DecodeTiles{});
@@ -737,7 +760,7 @@ class PagedMoe {
 
   template <class T>
   static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                                int device, cudaStream_t stream) {
+                                bool preload, int device, cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
     constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T, Precision>;
@@ -755,8 +778,20 @@ class PagedMoe {
                            gate_up_smem, stream, p, "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
-    return launch(kDown, dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, down_smem, stream, p,
-                  "decode::gemv_kernel<kDown>");
+    const dim3 down_grid(s.hidden / decode::kDownRows, grid_tiles);
+    if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {
+      if (preload) {
+        constexpr auto kPreloadDown = gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
+        const int smem = static_cast<int>(decode::preload_smem_bytes(s.intermediate));
+        if (Status st =
+                detail::set_smem<kPreloadDown>(device, smem, static_cast<int>(decode::reduction_bytes<T>()));
+            !st)
+          return st;
+        return launch(kPreloadDown, down_grid, T::kThreads, smem, stream, p,
+                      "decode::gemv_kernel<kDown, preload>");
+      }
+    }
+    return launch(kDown, down_grid, T::kThreads, down_smem, stream, p, "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start

@@ -339,6 +339,14 @@ struct StagedBf16Config {
     return {MoePath::kDecode, 8, 4, 1, 128, 128, 3};
   }
 };
+template <int kTile, int kF = 0>
+struct PreloadRuleConfig {  // W2 preloading on a kTile-token decode tile, at F = kF where kF > 0
+  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
+    kernels::MoeConfig c{MoePath::kDecode, kTile, 4, kTile == 8 ? 2 : 1};
+    c.decode_preload = true;
+    return c;
+  }
+};
 struct DeepDecodeConfig {  // 8-stage 64-token grouped tiles asked for on the decode path
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     return {MoePath::kDecode, 8, 4, 2, 128, 128, 0, false, true};
@@ -483,6 +491,21 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sgd.field == "config.decode_stages");
   CHECK(sgd.message.find("decode_stages = 3") != std::string::npos);
   CHECK(sgd.message.find("quantized experts only") != std::string::npos);
+  // W2 preloading: bf16 experts on 8-token decode tiles whose down block's rows fit its shared memory.
+  REQUIRE(PagedMoe<kernels::Paged, PreloadRuleConfig<8>>::can_implement(small).ok);  // F = 1408: 90 KB
+  const kernels::Status spt = PagedMoe<kernels::Paged, PreloadRuleConfig<32>>::can_implement(small);
+  CHECK(spt.field == "config.decode_preload");
+  CHECK(spt.message.find("8-token decode tiles") != std::string::npos);
+  const kernels::Status spq =
+      PagedMoe<kernels::Paged, PreloadRuleConfig<8>, kernels::Int8>::can_implement(small);
+  CHECK(spq.field == "config.decode_preload");
+  CHECK(spq.message.find("bf16 experts") != std::string::npos);
+  PagedMoe<kernels::Paged, PreloadRuleConfig<8>>::Arguments huge = small;
+  huge.shape.intermediate = 14336;  // Mixtral: 32 rows of 28 KB
+  const kernels::Status sph = PagedMoe<kernels::Paged, PreloadRuleConfig<8>>::can_implement(huge);
+  CHECK(sph.field == "config.decode_preload");
+  CHECK(sph.message.find("intermediate = 14336") != std::string::npos);
+  CHECK(sph.message.find("shared memory") != std::string::npos);
   using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
   const kernels::Status sdd = DeepDecode::can_implement(small);
   CHECK(sdd.field == "config.small_deep");
@@ -607,6 +630,58 @@ TEST_CASE("decode tiles", "[gpu][small][sanitize]") {
       check_case<DecodeTileConfig<8, 4, 2, 256>>(uneven_store, shape, MoePath::kDecode, true, 64,
                                                  920 + tokens);
     }
+  }
+}
+
+// The down blocks preloading their W2 rows into shared memory (MoeConfig::decode_preload) read the same
+// values in the same k order as the streaming loop: outputs equal the streaming tile's bit for bit (and the
+// references, in check_case).
+template <int kWarps, int kUnroll>
+struct PreloadTileConfig {
+  using DecodeTiles = kernels::DecodeTilesWith<kernels::decode::Tile<1, kWarps, kUnroll>>;
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    kernels::MoeConfig c = DecodeTileConfig<8, kWarps, kUnroll>::select(s, requested);
+    c.decode_preload = c.path == MoePath::kDecode;
+    return c;
+  }
+};
+template <int kWarps, int kUnroll>
+void check_preload_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int hot_expert = -1) {
+  const MoeShape shape = shape_of(store.spec(), tokens);
+  REQUIRE(PagedMoe<kernels::Paged, PreloadTileConfig<kWarps, kUnroll>>::config(
+              {.shape = shape, .path = MoePath::kDecode})
+              .decode_preload);
+  const auto preload = check_case<PreloadTileConfig<kWarps, kUnroll>>(store, shape, MoePath::kDecode, cpu, 32,
+                                                                      seed, hot_expert);
+  const auto streamed = check_case<DecodeTileConfig<8, kWarps, kUnroll>>(store, shape, MoePath::kDecode,
+                                                                         false, 8, seed, hot_expert);
+  INFO(store.spec().name << " T=" << tokens << " warps=" << kWarps << " unroll=" << kUnroll
+                         << (hot_expert >= 0 ? " skewed" : "") << ": preloaded W2 against streamed");
+  CHECK(std::memcmp(preload.data(), streamed.data(), preload.size() * 2) == 0);
+}
+
+TEST_CASE("decode tiles preloading the down weights equal the streaming ones", "[gpu][small][sanitize]") {
+  // K = F: 4 and 8 warps over 4 lines (F = 256), uneven splits (F = 384, 640), unroll 1-3.
+  for (const ModelSpec& tiny :
+       {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny-f384", 8, 2, 256, 384, 1},
+        ModelSpec{"tiny-f640", 8, 2, 256, 640, 1}}) {
+    ExpertStore store(tiny, 41, 3);
+    for (int tokens : {1, 5, 37}) {
+      check_preload_case<4, 2>(store, tokens, 1800 + tokens, true);
+      check_preload_case<4, 1>(store, tokens, 1800 + tokens, true);
+      check_preload_case<4, 3>(store, tokens, 1800 + tokens, true);
+    }
+    if (tiny.intermediate % 256 == 0) check_preload_case<8, 2>(store, 5, 1810, true);  // 8 warps: K % 256
+    check_preload_case<4, 2>(store, 37, 1820, true,
+                             3);  // one hot expert: several 8-token tiles of one expert
+  }
+}
+
+TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][small]") {
+  for (const ModelSpec& spec : {kQwen15, kQwen15Routed, kQwen3}) {
+    ExpertStore store(spec, 43);
+    for (int tokens : {1, 3, 8}) check_preload_case<4, 2>(store, tokens, 1900 + tokens, false);
+    check_preload_case<4, 2>(store, 33, 1950, false, 7);
   }
 }
 

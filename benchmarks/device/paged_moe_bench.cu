@@ -27,8 +27,9 @@
 // (t8w4u3, t8w4u4, t8w8u2, t8w8u4 alike: 8-token tiles with 4 or 8 warps and 3 or 4 k-steps of loads in
 // flight, the more bytes in flight per block at 1–3 tokens);
 // p256: the default's tile with the 256-byte L2 prefetch hint; preload: the default's choice with the down
-// blocks copying their W2 rows into shared memory before gate/up ends (MoeConfig::decode_preload, on 8-token
-// tiles where the rows fit) (these, like t8 … t8w8u4, where the default decodes);
+// blocks copying their W2 rows into shared memory before gate/up ends (MoeConfig::decode_preload) on every
+// 8-token tile whose block's rows fit its shared memory, nopreload: on none (the default preloads where every
+// block's rows fit the device at once: Qwen at 1 token) (these, like t8 … t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
@@ -299,6 +300,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
           {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
           {"preload", {&make_graphs<PreloadConfig<>>, Where::kDecode}},
+          {"nopreload", {&make_graphs<NoPreloadConfig>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},

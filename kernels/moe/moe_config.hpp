@@ -185,6 +185,16 @@ struct DefaultMoeConfig {
   static constexpr int kTmaRows = 256;          // bf16 grouped blocks beyond: the TMA kernel's width
   static constexpr int kDeepSmallIntermediate = 8192;  // 64-token tiles on 8 stages from this F on ...
   static constexpr double kDeepSmallMeanBatch = 2.0;   // ... and this mean routed batch on
+  // bf16 decode on 8-token tiles: the down blocks preload their W2 rows into shared memory while gate/up
+  // runs (MoeConfig::decode_preload) where every down block's rows fit the device's shared memory at once,
+  // preload_bytes(s) <= kPreloadBytes: 26 MiB of the H200's 132 SMs × 228 KB (29.4 MiB), the rest left to the
+  // gate/up blocks and the per-block reservations. Measured on the H200 (docs/results/paged_moe_h200.md,
+  // "Down weights preloaded during gate/up", 3 processes): 0.932× the streaming down stage's layer time on
+  // Qwen1.5-MoE's routed experts at 1 token (23 MB of rows) and 0.964× on Qwen3-30B-A3B (25 MB; with 64 MB of
+  // other reads between layers 0.917× and 0.931×); where the rows do not fit at once the blocks that wait for
+  // room load and compute in turn and the layer is slower: 1.042× with Qwen1.5's 4 shared chunks at 1 token
+  // (46 MB), 1.09–1.25× at 3 and 8 tokens.
+  static constexpr long long kPreloadBytes = 26LL << 20;
 
   // Quantized experts (select_quantized): the decode collective while the expected largest routed batch fits
   // kQuantDecodeTile tokens and shared chunks, which take every token, at most kQuantSharedDecodeTokens; the
@@ -247,9 +257,21 @@ struct DefaultMoeConfig {
       return c;
     }
     for (const DecodeRow& r : kDecodeRows)  // bf16 tiles split K over their warps in 32-value steps
-      if (matches(r, s) && s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0)
-        return {path, r.tile_tokens, r.warps, r.unroll, r.prefetch};
+      if (matches(r, s) && s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0) {
+        MoeConfig c{path, r.tile_tokens, r.warps, r.unroll, r.prefetch};
+        c.decode_preload = c.tile_tokens == 8 && preload_bytes(s) <= kPreloadBytes;
+        return c;
+      }
     return fallback(path);
+  }
+
+  // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) when each of
+  // its at most min(T·k, E) routed experts and m shared chunks is one work tile (no expert has more than 8
+  // tokens, as on the 8-token rows): tiles × H rows of 2F bytes, each padded by 16.
+  static constexpr long long preload_bytes(const MoeShape& s) {
+    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
+    const long long tiles = (slots < s.num_experts ? slots : s.num_experts) + s.num_shared_chunks;
+    return tiles * s.hidden * (2LL * s.intermediate + 16);
   }
 
   // The configuration for quantized experts of `bits` (PagedMoe<..., Int8|Int4>): kAuto picks the path by
@@ -398,7 +420,18 @@ static_assert([] {
 }());
 // Examples (T, H, F, E, k, m).
 static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 2});
+              MoeConfig{MoePath::kDecode, 8, 4, 2, 128, 128, 0, false, false, true});
+// W2 preloaded where every down block's rows fit at once: Qwen3 and Qwen1.5's routed experts at 1 token
+// (25 and 23 MB); not with Qwen1.5's shared chunks (46 MB), from 2 tokens on Qwen3 (51 MB), on Mixtral
+// (28 KB rows), nor off the 8-token tiles.
+static_assert(DefaultMoeConfig::select({1, 2048, 1408, 60, 4, 0}, MoePath::kAuto).decode_preload);
+static_assert(!DefaultMoeConfig::select({1, 2048, 1408, 60, 4, 4}, MoePath::kAuto).decode_preload);
+static_assert(!DefaultMoeConfig::select({2, 2048, 768, 128, 8, 0}, MoePath::kAuto).decode_preload);
+static_assert(!DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto).decode_preload);
+static_assert(!DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped).decode_preload);
+static_assert(!DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                  quant::Bits::kInt8)
+                   .decode_preload);
 static_assert(DefaultMoeConfig::select({3, 2048, 1408, 60, 4, 4}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 4, 2});
 static_assert(DefaultMoeConfig::select({8, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -65,7 +66,15 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
         // K is split over the warps in 32-value steps.
         CHECK(s.hidden % (32 * c.decode_warps) == 0);
         CHECK(s.intermediate % (32 * c.decode_warps) == 0);
+        // W2 preloaded on 8-token tiles where every down block's padded rows (one tile per routed expert and
+        // shared chunk) fit kPreloadBytes at once: here Qwen3 and Qwen1.5's routed experts at 1 token only.
+        const long long tiles =
+            std::min<long long>(static_cast<long long>(t) * s.top_k, s.num_experts) + s.num_shared_chunks;
+        const bool fits = tiles * s.hidden * (2LL * s.intermediate + 16) <= DefaultMoeConfig::kPreloadBytes;
+        CHECK(c.decode_preload == (c.tile_tokens == 8 && fits));
+        CHECK(c.decode_preload == (t == 1 && s.num_shared_chunks == 0 && s.intermediate < 8192));
       } else {
+        CHECK_FALSE(c.decode_preload);
         // 64-token tiles while a uniform router's largest batch (mean + 3σ + 1) fits them, on 128-row blocks;
         // 128-token tiles on the TMA kernel's 256-row blocks (H a multiple of 256) from there on, never back.
         const double mean = static_cast<double>(t) * s.top_k / s.num_experts;
@@ -114,6 +123,7 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
         if (c.path == MoePath::kDecode) {
           CHECK_FALSE(grouped_seen);
           CHECK(quant_tile_instantiated(c));
+          CHECK_FALSE(c.decode_preload);  // bf16 only
           // Staged: int8 on every decode tile, 2-4 k-steps in flight, more where fewer slots are routed (3
           // only on 8-token tiles: Mixtral's 16-token tiles from 17 tokens take 2).
           if (bits == Bits::kInt8) {

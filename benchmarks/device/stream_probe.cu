@@ -4,7 +4,8 @@
 // block of 4 warps owns 32 rows of `row_bytes`, the blocks' rows consecutive. Patterns:
 //   gemv:  the decode GEMV's: warp w reads K quarter w of every row; thread (g, q) rows g, g + 8 of both
 //          16-row tiles, a pair of steps one 128-byte line (sector q of it), through L1 evict-first;
-//   rows:  each warp reads whole rows: 8 rows per warp, one row per iteration as 32 lanes × kLoads × 16 bytes
+//   rows:  each warp reads whole rows: 8 rows per warp, 4 KB of a row per iteration (32 lanes × kLoads × 16
+//   B)
 //          (each warp instruction 512 contiguous bytes), past L1;
 //   block: the block's 32 rows as one contiguous span, thread t chunks t, t + 128, ... (each iteration 16 KB
 //          contiguous per block), past L1.
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   if (acc == 0x12345678u) sink[threadIdx.x] = acc;
 }
 
-// Whole rows per warp: warp w rows w, w + 4, ...; one row per iteration (row_bytes = 32 · kLoads · 16).
+// Whole rows per warp: warp w rows w, w + 4, ...; 32 · kLoads · 16 = 4 KB of a row per iteration.
 __global__ void __launch_bounds__(kThreads)
     rows_order(const unsigned char* base, int row_bytes, unsigned* sink) {
   const unsigned char* block = base + static_cast<long long>(blockIdx.x) * kRows * row_bytes;

@@ -241,21 +241,13 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   }
 }
 
-// A preloading down block's shared memory: the first `lines` 128-byte lines (64 values) of each warp's K
-// range of its 32 W2 rows, [row][warp][line], each row padded by 16 bytes (a pitch of 16 modulo 128 bytes
-// puts the 8 rows a quarter-warp's 16-byte loads touch on distinct banks).
-template <class T>
-constexpr std::int64_t preload_pitch(int lines) {
-  return 128LL * T::kWarps * lines + 16;
+// A preloading down block's shared memory: its 32 W2 rows of K values, each row padded by 16 bytes (a pitch
+// of 16 modulo 128 bytes puts the 8 rows a quarter-warp's 16-byte loads touch on distinct banks).
+constexpr std::int64_t preload_pitch(int K) {
+  return 2LL * K + 16;
 }
-template <class T>
-constexpr std::int64_t preload_smem_bytes(int lines) {
-  return kDownRows * preload_pitch<T>(lines);
-}
-// The most lines a preload can take: the shortest warp range's whole lines (moe/decode_steps.hpp).
-template <class T>
-constexpr int preload_max_lines(int K) {
-  return (K / 64) / T::kWarps;
+constexpr std::int64_t preload_smem_bytes(int K) {
+  return kDownRows * preload_pitch(K);
 }
 
 // The work tile, read from the L2 (past L1) before this kernel's dependency wait: routing wrote it, and its
@@ -271,17 +263,13 @@ __device__ __forceinline__ WorkTile load_tile_l2(const WorkTile* t) {
   return tile;
 }
 
-// kPreload (bf16 down stage only): before it waits for the gate/up kernel, the block copies the first
-// `preload_lines` lines of each warp's K range of its 32 W2 rows into shared memory (cp.async, 16-byte chunks
-// in row order: each warp instruction covers 512 bytes of a row, in runs of 128·lines contiguous bytes), so
-// that part of W2 streams while gate/up still runs (the down blocks start early, programmatic dependent
-// launch); the main loop reads those steps from shared memory and the rest from global memory: the same
-// values in the same k order and MMAs as the streaming loop, so the outputs are bit-identical.
-// `preload_lines` (1..preload_max_lines) is chosen by the host so that every block's copy fits the device's
-// shared memory at once (PagedMoe::run_decode_tile).
+// kPreload (bf16 down stage only): the block copies its 32 W2 rows into shared memory (cp.async, whole
+// 16-byte chunks in row order, so each warp instruction covers 512 contiguous bytes) before it waits for the
+// gate/up kernel, so the down weights stream while gate/up still runs (the down blocks start early,
+// programmatic dependent launch), and its main loop then reads them from shared memory: the same values in
+// the same k order and MMAs as the streaming loop, so the outputs are bit-identical.
 template <class Addressing, Stage kStage, class T, class P = Bf16, bool kPreload = false>
-__global__ void __launch_bounds__(T::kThreads)
-    gemv_kernel(const __grid_constant__ MoeParams<Addressing> p, int preload_lines) {
+__global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   static_assert(!kPreload || (kStage == Stage::kDown && !P::kQuantized),
                 "preloading reads the bf16 down stage's W2 rows");
@@ -290,17 +278,15 @@ __global__ void __launch_bounds__(T::kThreads)
     if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
     tile = load_tile_l2(p.tiles + blockIdx.y);
     extern __shared__ __align__(16) unsigned char preload_smem[];
-    const int K = p.intermediate;
-    const int seg = 8 * preload_lines, per_row = kWarps * seg;  // 16-byte chunks: a warp's run, a row
-    const std::int64_t pitch = preload_pitch<T>(preload_lines);
+    const int K = p.intermediate, chunks = K / 8;  // 16-byte chunks per row
+    const std::int64_t pitch = preload_pitch(K);
     // The block's 32 rows are consecutive rows of W2 (one matrix: contiguous in its page).
     const bf16* src = tile.matrix[2] + static_cast<std::int64_t>(blockIdx.x) * kDownRows * K;
     const std::uint32_t dst = ptx::smem_u32(preload_smem);
-    for (int c = threadIdx.x; c < kDownRows * per_row; c += T::kThreads) {
-      const int row = c / per_row, rem = c - row * per_row, w = rem / seg, x = rem - w * seg;
-      ptx::cp_async_stream_16<T::kPrefetch>(
-          dst + static_cast<std::uint32_t>(row * pitch + 16 * rem),
-          src + static_cast<std::int64_t>(row) * K + warp_k_range(K, kWarps, w).begin + 8 * x);
+    for (int c = threadIdx.x; c < kDownRows * chunks; c += T::kThreads) {
+      const int row = c / chunks, x = c - row * chunks;
+      ptx::cp_async_stream_16<T::kPrefetch>(dst + static_cast<std::uint32_t>(row * pitch + 16 * x),
+                                            src + static_cast<std::int64_t>(row) * K + 8 * x);
     }
     ptx::cp_async_commit();
     ptx::grid_dependency_wait();  // act: written by the gate/up kernel
@@ -370,20 +356,16 @@ __global__ void __launch_bounds__(T::kThreads)
     for (int nt = 0; nt < kTokTiles; ++nt) tok[nt] += k0;
     const bf16* a_lo[kRowTiles];
     const bf16* a_hi[kRowTiles];
-    // kPreload: the same rows' first preload_lines lines of the warp's range in shared memory (its first
-    // 2·preload_lines steps).
-    std::uint32_t s_lo[kRowTiles] = {}, s_hi[kRowTiles] = {};
-    const int preloaded_steps = kPreload ? 2 * preload_lines : 0;
+    std::uint32_t s_lo[kRowTiles] = {}, s_hi[kRowTiles] = {};  // kPreload: the same rows in shared memory
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
       a_lo[r] = rows[r] + static_cast<std::int64_t>(g) * K + k0;
       a_hi[r] = rows[r] + static_cast<std::int64_t>(g + 8) * K + k0;
       if constexpr (kPreload) {
         extern __shared__ __align__(16) unsigned char preload_smem[];
-        const std::int64_t pitch = preload_pitch<T>(preload_lines);
-        const std::uint32_t base = ptx::smem_u32(preload_smem) + 128 * warp * preload_lines;
-        s_lo[r] = base + static_cast<std::uint32_t>((16 * r + g) * pitch);
-        s_hi[r] = base + static_cast<std::uint32_t>((16 * r + g + 8) * pitch);
+        const std::uint32_t base = ptx::smem_u32(preload_smem) + 2 * k0;
+        s_lo[r] = base + static_cast<std::uint32_t>((16 * r + g) * preload_pitch(K));
+        s_hi[r] = base + static_cast<std::uint32_t>((16 * r + g + 8) * preload_pitch(K));
       }
     }
     for (int s = 0; s < steps; s += kUnroll) {
@@ -392,11 +374,11 @@ __global__ void __launch_bounds__(T::kThreads)
       // (a cache hit) and are zeroed, so the loads stay unconditional and in flight together.
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int step = min(s + u, steps - 1);
-        const int k = bf16_k(step, steps, q);  // a pair of steps: one line (decode_steps.hpp)
+        const int k =
+            bf16_k(min(s + u, steps - 1), steps, q);  // a pair of steps: one line (decode_steps.hpp)
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
-          if (kPreload && step < preloaded_steps) {  // warp-uniform
+          if constexpr (kPreload) {
             alo[u][r] = ptx::ld_shared_16(s_lo[r] + 2 * k);
             ahi[u][r] = ptx::ld_shared_16(s_hi[r] + 2 * k);
           } else {

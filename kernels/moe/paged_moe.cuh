@@ -83,23 +83,17 @@ struct DeviceInfo {
   int device = 0;
   int sms = 0;
   int major = 0;
-  int smem_per_sm = 0;  // bytes of shared memory per multiprocessor
 };
 inline Status current_device(DeviceInfo& info) {
-  static std::array<std::atomic<int>, kMaxDevices> sms{}, major{}, smem{};
+  static std::array<std::atomic<int>, kMaxDevices> sms{}, major{};
   if (cudaError_t e = cudaGetDevice(&info.device); e != cudaSuccess)
     return Status::error("cudaGetDevice", cudaGetErrorString(e));
   const bool cached = info.device < kMaxDevices;
-  if (cached && sms[info.device].load(std::memory_order_acquire) > 0) {
+  if (cached && sms[info.device].load(std::memory_order_relaxed) > 0) {
     info.sms = sms[info.device].load(std::memory_order_relaxed);
     info.major = major[info.device].load(std::memory_order_relaxed);
-    info.smem_per_sm = smem[info.device].load(std::memory_order_relaxed);
     return Status::success();
   }
-  if (cudaError_t e =
-          cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, info.device);
-      e != cudaSuccess)
-    return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
   if (cudaError_t e = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, info.device);
       e != cudaSuccess)
     return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
@@ -108,8 +102,7 @@ inline Status current_device(DeviceInfo& info) {
     return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
   if (cached) {
     major[info.device].store(info.major, std::memory_order_relaxed);
-    smem[info.device].store(info.smem_per_sm, std::memory_order_relaxed);
-    sms[info.device].store(info.sms, std::memory_order_release);  // the others are set once this is
+    sms[info.device].store(info.sms, std::memory_order_relaxed);
   }
   return Status::success();
 }
@@ -314,9 +307,19 @@ class PagedMoe {
             "quantized experts need the 32-token decode tile (4 warps, unroll 1) instantiated "
             "for devices without wgmma (PagedMoe::DecodeTiles)");
     }
-    if (c.decode_preload && (Precision::kQuantized || c.path != MoePath::kDecode || c.tile_tokens != 8))
-      return Status::error("config.decode_preload", 1,
-                           "applies to bf16 experts on 8-token decode tiles (kDecode, tile_tokens = 8) only");
+    if (c.decode_preload) {
+      if (Precision::kQuantized || c.path != MoePath::kDecode || c.tile_tokens != 8)
+        return Status::error(
+            "config.decode_preload", 1,
+            "applies to bf16 experts on 8-token decode tiles (kDecode, tile_tokens = 8) only");
+      const long long bytes = preload_block_smem(c, s.intermediate);
+      if (bytes > ptx::kMaxBlockSmemBytes)
+        return Status::error("config.decode_preload", 1,
+                             "needs " + std::to_string(bytes) +
+                                 " bytes of shared memory per down block (W2 rows of " +
+                                 "intermediate = " + std::to_string(s.intermediate) + "); at most " +
+                                 std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
+    }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
@@ -375,28 +378,6 @@ class PagedMoe {
   }
 
   static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
-
-  // The lines (64 values) of each warp's K range the down blocks of a call preload on the current device
-  // (MoeConfig::decode_preload, bf16 8-token decode tiles): 0 where the call streams all of W2 (preloading
-  // off, another path or tile, or not one line fits every block at once).
-  static int decode_preload_lines(const Arguments& a) {
-    const MoeConfig c = config(a);
-    if constexpr (Precision::kQuantized) return 0;
-    if (!c.decode_preload || c.path != MoePath::kDecode) return 0;
-    detail::DeviceInfo dev;
-    if (!detail::current_device(dev)) return 0;
-    const unsigned grid_tiles = static_cast<unsigned>(max_tiles(a.shape, c.tile_tokens));
-    int lines = 0;
-    std::apply(
-        [&](auto... t) {
-          ((names<decltype(t)>(c) && decltype(t)::kTokTiles == 1
-                ? (lines = preload_lines<decltype(t)>(a.shape, grid_tiles, dev), 0)
-                : 0),
-           ...);
-        },
-        DecodeTiles{});
-    return lines;
-  }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
   // grouped).
@@ -560,7 +541,7 @@ class PagedMoe {
           !st)
         return st;
     } else {
-      if (Status st = run_decode(p, s, choice, grid_tiles, dev, stream); !st) return st;
+      if (Status st = run_decode(p, s, choice, grid_tiles, dev.device, stream); !st) return st;
     }
 
     // 4. Combine.
@@ -677,6 +658,15 @@ class PagedMoe {
   static constexpr long long decode_block_smem(const MoeConfig& c, int k) {
     return std::apply([&](auto... t) { return (staged_smem_of<decltype(t)>(c, k) + ...); }, DecodeTiles{});
   }
+  // Shared memory per preloading down block (MoeConfig::decode_preload) of the configuration's decode tile at
+  // intermediate size F: its W2 rows plus the reduction buffer; 0 when it names no instantiated tile.
+  template <class T>
+  static constexpr long long preload_smem_of(const MoeConfig& c, int f) {
+    return names<T>(c) ? decode::preload_smem_bytes(f) + decode::reduction_bytes<T>() : 0;
+  }
+  static constexpr long long preload_block_smem(const MoeConfig& c, int f) {
+    return std::apply([&](auto... t) { return (preload_smem_of<decltype(t)>(c, f) + ...); }, DecodeTiles{});
+  }
 
   // The two stages of a grouped GEMM: gate/up over F / 64 feature slices, down over H / 128 row slices, one
   // per block, each with `smem` bytes of dynamic shared memory (set once per device).
@@ -755,12 +745,12 @@ class PagedMoe {
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                           unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
+                           unsigned grid_tiles, int device, cudaStream_t stream) {
     Status st = Status::success();
     std::apply(
         [&](auto... t) {
           ((names<decltype(t)>(c)
-                ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, c.decode_preload, dev, stream), 0)
+                ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, c.decode_preload, device, stream), 0)
                 : 0),
            ...);
         },
@@ -768,41 +758,13 @@ class PagedMoe {
     return st;
   }
 
-  // Shared memory per SM a preloading down stage leaves to the gate/up blocks still resident (each a few KB:
-  // the K split's reduction buffer and the block's reservation).
-  static constexpr int kPreloadSmLeft = 32 * 1024;
-  static constexpr int kBlockReservedSmem = 1024;  // sm_90's per-block reservation
-
-  // The lines of each warp's K range a preloading down block copies (MoeConfig::decode_preload): as many as
-  // let every down block's copy sit in shared memory at once beside the gate/up blocks, at most the shortest
-  // range's; 0 where not one line fits (the streaming kernel runs). The down blocks: one per 32 rows of H
-  // per work tile, and a work tile per routed expert and shared chunk where no expert can have more tokens
-  // than a tile holds (T <= tile), else the grid's bound.
-  template <class T>
-  static int preload_lines(const MoeShape& s, unsigned grid_tiles, const detail::DeviceInfo& dev) {
-    long long tiles = grid_tiles;
-    if (s.num_tokens <= T::kTileTokens)
-      tiles = std::min<long long>(
-          tiles, std::min<long long>(static_cast<long long>(s.num_tokens) * s.top_k, s.num_experts) +
-                     s.num_shared_chunks);
-    const long long blocks = std::max<long long>(1, tiles * (s.hidden / decode::kDownRows));
-    const long long room = static_cast<long long>(dev.smem_per_sm - kPreloadSmLeft) * dev.sms;
-    const long long per_block =
-        std::min<long long>(room / blocks - kBlockReservedSmem, ptx::kMaxBlockSmemBytes) -
-        decode::reduction_bytes<T>();
-    const long long lines = (per_block - decode::preload_smem_bytes<T>(0)) /
-                            (decode::preload_smem_bytes<T>(1) - decode::preload_smem_bytes<T>(0));
-    return static_cast<int>(std::clamp<long long>(lines, 0, decode::preload_max_lines<T>(s.intermediate)));
-  }
-
   template <class T>
   static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                                bool preload, const detail::DeviceInfo& dev, cudaStream_t stream) {
+                                bool preload, int device, cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
     constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T, Precision>;
     constexpr auto kDown = gemv_kernel<Addressing, Stage::kDown, T, Precision>;
-    const int device = dev.device;
     int gate_up_smem = 0, down_smem = 0;  // a staged tile's operand slots and scales (K = H, then F)
     if constexpr (Precision::kQuantized && T::kStages > 0) {
       gate_up_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.hidden));
@@ -811,24 +773,25 @@ class PagedMoe {
       if (Status st = detail::set_smem<kGateUp>(device, gate_up_smem, kStatic); !st) return st;
       if (Status st = detail::set_smem<kDown>(device, down_smem, kStatic); !st) return st;
     }
-    if (Status st = launch_args(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,
-                                gate_up_smem, stream, "decode::gemv_kernel<kGateUp>", p, 0);
+    (void)device;
+    if (Status st = launch(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,
+                           gate_up_smem, stream, p, "decode::gemv_kernel<kGateUp>");
         !st)
       return st;
     const dim3 down_grid(s.hidden / decode::kDownRows, grid_tiles);
     if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {
-      if (const int lines = preload ? preload_lines<T>(s, grid_tiles, dev) : 0; lines > 0) {
+      if (preload) {
         constexpr auto kPreloadDown = gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
-        const int smem = static_cast<int>(decode::preload_smem_bytes<T>(lines));
+        const int smem = static_cast<int>(decode::preload_smem_bytes(s.intermediate));
         if (Status st =
                 detail::set_smem<kPreloadDown>(device, smem, static_cast<int>(decode::reduction_bytes<T>()));
             !st)
           return st;
-        return launch_args(kPreloadDown, down_grid, T::kThreads, smem, stream,
-                           "decode::gemv_kernel<kDown, preload>", p, lines);
+        return launch(kPreloadDown, down_grid, T::kThreads, smem, stream, p,
+                      "decode::gemv_kernel<kDown, preload>");
       }
     }
-    return launch_args(kDown, down_grid, T::kThreads, down_smem, stream, "decode::gemv_kernel<kDown>", p, 0);
+    return launch(kDown, down_grid, T::kThreads, down_smem, stream, p, "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start

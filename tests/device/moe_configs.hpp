@@ -94,15 +94,18 @@ template <int kStages, int kBlocks>
 using SmallGroupedConfig = GroupedTileConfig<64, kStages, kBlocks>;
 
 // DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the down blocks preloading their W2
-// rows (MoeConfig::decode_preload) wherever it decodes bf16 experts on 8-token tiles, as many lines of each
-// warp's range as fit every block at once (PagedMoe::decode_preload_lines), where the default preloads only
-// where all of them fit (DefaultMoeConfig::kPreloadBytes). Quantized experts keep the default's choice.
+// rows (MoeConfig::decode_preload) wherever it decodes bf16 experts on 8-token tiles and the rows fit a
+// block's shared memory (32·(2F + 16) bytes plus the K split's reduction buffer, at most 8 KB, within sm_90's
+// 227 KB: F up to ~3500, so not Mixtral), whether or not all the blocks' rows fit the device at once (the
+// default's rule, DefaultMoeConfig::kPreloadBytes). Quantized experts keep the default's choice.
 template <kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct PreloadConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c =
         kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
-    if (c.path == kernels::MoePath::kDecode && c.tile_tokens == 8) c.decode_preload = true;
+    if (c.path == kernels::MoePath::kDecode && c.tile_tokens == 8 &&
+        32LL * (2LL * s.intermediate + 16) + 8 * 1024 <= 227 * 1024)
+      c.decode_preload = true;
     return c;
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,

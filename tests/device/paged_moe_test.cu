@@ -501,8 +501,11 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(spq.field == "config.decode_preload");
   CHECK(spq.message.find("bf16 experts") != std::string::npos);
   PagedMoe<kernels::Paged, PreloadRuleConfig<8>>::Arguments huge = small;
-  huge.shape.intermediate = 14336;  // Mixtral: each warp's range is 56 lines; a block preloads what fits
-  CHECK(PagedMoe<kernels::Paged, PreloadRuleConfig<8>>::can_implement(huge).ok);
+  huge.shape.intermediate = 14336;  // Mixtral: 32 rows of 28 KB
+  const kernels::Status sph = PagedMoe<kernels::Paged, PreloadRuleConfig<8>>::can_implement(huge);
+  CHECK(sph.field == "config.decode_preload");
+  CHECK(sph.message.find("intermediate = 14336") != std::string::npos);
+  CHECK(sph.message.find("shared memory") != std::string::npos);
   using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
   const kernels::Status sdd = DeepDecode::can_implement(small);
   CHECK(sdd.field == "config.small_deep");
@@ -642,64 +645,44 @@ struct PreloadTileConfig {
     return c;
   }
 };
-// `lines`: the lines of each warp's range the down blocks must preload (0: at least one; -1: none, the call
-// streams; -2: any).
 template <int kWarps, int kUnroll>
-void check_preload_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int lines,
-                        int hot_expert = -1) {
-  using Moe = PagedMoe<kernels::Paged, PreloadTileConfig<kWarps, kUnroll>>;
+void check_preload_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec(), tokens);
-  const int got = Moe::decode_preload_lines({.shape = shape, .path = MoePath::kDecode});
-  INFO(store.spec().name << " T=" << tokens << " warps=" << kWarps << " unroll=" << kUnroll
-                         << (hot_expert >= 0 ? " skewed" : "") << ": preloaded W2 (" << got
-                         << " lines of each warp's range) against streamed");
-  if (lines > 0) CHECK(got == lines);
-  if (lines == 0) CHECK(got > 0);
-  if (lines == -1) CHECK(got == 0);
+  REQUIRE(PagedMoe<kernels::Paged, PreloadTileConfig<kWarps, kUnroll>>::config(
+              {.shape = shape, .path = MoePath::kDecode})
+              .decode_preload);
   const auto preload = check_case<PreloadTileConfig<kWarps, kUnroll>>(store, shape, MoePath::kDecode, cpu, 32,
                                                                       seed, hot_expert);
   const auto streamed = check_case<DecodeTileConfig<8, kWarps, kUnroll>>(store, shape, MoePath::kDecode,
                                                                          false, 8, seed, hot_expert);
+  INFO(store.spec().name << " T=" << tokens << " warps=" << kWarps << " unroll=" << kUnroll
+                         << (hot_expert >= 0 ? " skewed" : "") << ": preloaded W2 against streamed");
   CHECK(std::memcmp(preload.data(), streamed.data(), preload.size() * 2) == 0);
 }
 
 TEST_CASE("decode tiles preloading the down weights equal the streaming ones", "[gpu][small][sanitize]") {
-  // Small shapes: every warp's whole lines fit. K = F split over 4 warps: F = 256 / 384 / 640 / 1024 give the
-  // warps 1 / 1,2,1,2 / 2,3,2,3 / 4 lines, so 1, 1, 2 and 4 lines preloaded (the rest of the longer ranges
-  // streamed); 8 warps over F = 1024: 2 lines each. Unroll 1-3 split the step pairs differently.
+  // K = F: 4 and 8 warps over 4 lines (F = 256), uneven splits (F = 384, 640), unroll 1-3.
   for (const ModelSpec& tiny :
        {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny-f384", 8, 2, 256, 384, 1},
-        ModelSpec{"tiny-f640", 8, 2, 256, 640, 1}, ModelSpec{"tiny-f1024", 8, 2, 256, 1024, 1}}) {
+        ModelSpec{"tiny-f640", 8, 2, 256, 640, 1}}) {
     ExpertStore store(tiny, 41, 3);
-    const int lines = (tiny.intermediate / 64) / 4;
-    for (int tokens : {1, 5, 8}) {
-      check_preload_case<4, 2>(store, tokens, 1800 + tokens, true, lines);
-      check_preload_case<4, 1>(store, tokens, 1800 + tokens, true, lines);
-      check_preload_case<4, 3>(store, tokens, 1800 + tokens, true, lines);
+    for (int tokens : {1, 5, 37}) {
+      check_preload_case<4, 2>(store, tokens, 1800 + tokens, true);
+      check_preload_case<4, 1>(store, tokens, 1800 + tokens, true);
+      check_preload_case<4, 3>(store, tokens, 1800 + tokens, true);
     }
-    if (tiny.intermediate == 1024) check_preload_case<8, 2>(store, 5, 1810, true, 2);
-    check_preload_case<4, 2>(store, 8, 1820, true, lines, 3);  // one hot expert
+    if (tiny.intermediate % 256 == 0) check_preload_case<8, 2>(store, 5, 1810, true);  // 8 warps: K % 256
+    check_preload_case<4, 2>(store, 37, 1820, true,
+                             3);  // one hot expert: several 8-token tiles of one expert
   }
-  // More tokens than a tile: several tiles of one expert, the grid's bound counts the blocks.
-  ExpertStore store(ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, 42, 3);
-  check_preload_case<4, 2>(store, 37, 1830, true, 1, 3);
 }
 
 TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][small]") {
-  // On the H200 (132 SMs × 228 KB): Qwen3 and Qwen1.5's routed experts at 1 token preload every whole line of
-  // the shortest warp range (3 of 3; 5 of 5 and 6), Qwen1.5 with its shared chunks 2 of 5 (twice the blocks),
-  // at 3 tokens Qwen1.5 with its chunks 1 line, Qwen3 none; Mixtral at 1 token 2 of its 28 lines per warp (8
-  // warps). Other devices: at least one line where this asks for it.
-  ExpertStore qwen15(kQwen15, 43), qwen15_routed(kQwen15Routed, 44), qwen3(kQwen3, 45);
-  check_preload_case<4, 2>(qwen15_routed, 1, 1901, false, 0);
-  check_preload_case<4, 2>(qwen3, 1, 1902, false, 0);
-  check_preload_case<4, 2>(qwen15, 1, 1903, false, 0);
-  check_preload_case<4, 2>(qwen15, 3, 1904, false, 0);
-  check_preload_case<4, 2>(qwen15_routed, 8, 1905, false, -2);  // 32 tiles: whatever fits (none on the H200)
-  check_preload_case<4, 2>(qwen3, 3, 1906, false, -2);          // whatever fits (none on the H200)
-  check_preload_case<4, 2>(qwen15_routed, 8, 1907, false, -2, 7);
-  ExpertStore mixtral(kMixtral, 46);
-  check_preload_case<8, 2>(mixtral, 1, 1908, false, 0);
+  for (const ModelSpec& spec : {kQwen15, kQwen15Routed, kQwen3}) {
+    ExpertStore store(spec, 43);
+    for (int tokens : {1, 3, 8}) check_preload_case<4, 2>(store, tokens, 1900 + tokens, false);
+    check_preload_case<4, 2>(store, 33, 1950, false, 7);
+  }
 }
 
 TEST_CASE("decode tiles on model shapes", "[gpu][small]") {

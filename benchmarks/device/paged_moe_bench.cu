@@ -28,8 +28,9 @@
 // flight, the more bytes in flight per block at 1–3 tokens);
 // p256: the default's tile with the 256-byte L2 prefetch hint; preload: the default's choice with the down
 // blocks copying their W2 rows into shared memory before gate/up ends (MoeConfig::decode_preload) on every
-// 8-token tile whose block's rows fit its shared memory, nopreload: on none (the default preloads where every
-// block's rows fit the device at once: Qwen at 1 token) (these, like t8 … t8w8u4, where the default decodes);
+// 8-token tile whose block's rows fit its shared memory (the call streams where not every block's rows fit
+// the device at once; at 55e4020-8032f12 it preloaded there too), nopreload: on none (the default preloads at
+// 1 token on Qwen3 and Qwen1.5's routed experts) (these, like t8 … t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes

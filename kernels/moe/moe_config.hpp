@@ -37,7 +37,9 @@ struct MoeConfig {
                                  // kSmallStages / kSmallBlocks (4 and 2 unless it says otherwise)
   bool decode_preload = false;   // decode, bf16, 8-token tiles: each down block copies its 32 W2 rows into
                                 // shared memory before it waits for the gate/up kernel (decode::gemv_kernel's
-                                // kPreload), so W2 streams while gate/up runs; 32·(2F + 16) bytes per block
+                                // kPreload), so W2 streams while gate/up runs; 32·(2F + 16) bytes per block.
+                                // A call whose down blocks' rows do not all fit the device's shared memory at
+                                // once streams instead (PagedMoe::decode_preloads)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -193,7 +195,9 @@ struct DefaultMoeConfig {
   // Qwen1.5-MoE's routed experts at 1 token (23 MB of rows) and 0.964× on Qwen3-30B-A3B (25 MB; with 64 MB of
   // other reads between layers 0.917× and 0.931×); where the rows do not fit at once the blocks that wait for
   // room load and compute in turn and the layer is slower: 1.042× with Qwen1.5's 4 shared chunks at 1 token
-  // (46 MB), 1.09–1.25× at 3 and 8 tokens.
+  // (46 MB), 1.09–1.25× at 3 and 8 tokens. PagedMoe checks the fit again on the device it runs on (its SMs'
+  // shared memory) and streams where it fails (PagedMoe::decode_preloads): a device with fewer SMs keeps the
+  // streaming layer.
   static constexpr long long kPreloadBytes = 26LL << 20;
 
   // Quantized experts (select_quantized): the decode collective while the expected largest routed batch fits

@@ -83,17 +83,23 @@ struct DeviceInfo {
   int device = 0;
   int sms = 0;
   int major = 0;
+  int smem_per_sm = 0;  // bytes of shared memory per multiprocessor
 };
 inline Status current_device(DeviceInfo& info) {
-  static std::array<std::atomic<int>, kMaxDevices> sms{}, major{};
+  static std::array<std::atomic<int>, kMaxDevices> sms{}, major{}, smem{};
   if (cudaError_t e = cudaGetDevice(&info.device); e != cudaSuccess)
     return Status::error("cudaGetDevice", cudaGetErrorString(e));
   const bool cached = info.device < kMaxDevices;
-  if (cached && sms[info.device].load(std::memory_order_relaxed) > 0) {
+  if (cached && sms[info.device].load(std::memory_order_acquire) > 0) {
     info.sms = sms[info.device].load(std::memory_order_relaxed);
     info.major = major[info.device].load(std::memory_order_relaxed);
+    info.smem_per_sm = smem[info.device].load(std::memory_order_relaxed);
     return Status::success();
   }
+  if (cudaError_t e =
+          cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, info.device);
+      e != cudaSuccess)
+    return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
   if (cudaError_t e = cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, info.device);
       e != cudaSuccess)
     return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
@@ -102,7 +108,8 @@ inline Status current_device(DeviceInfo& info) {
     return Status::error("cudaDeviceGetAttribute", cudaGetErrorString(e));
   if (cached) {
     major[info.device].store(info.major, std::memory_order_relaxed);
-    sms[info.device].store(info.sms, std::memory_order_relaxed);
+    smem[info.device].store(info.smem_per_sm, std::memory_order_relaxed);
+    sms[info.device].store(info.sms, std::memory_order_release);  // the others are set once this is
   }
   return Status::success();
 }
@@ -379,6 +386,26 @@ class PagedMoe {
 
   static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
 
+  // Whether a call preloads the down stage's W2 rows on the current device: its configuration asks for it
+  // (MoeConfig::decode_preload) and every down block's rows fit the device's shared memory at once.
+  static bool decode_preloads(const Arguments& a) {
+    const MoeConfig c = config(a);
+    if (Precision::kQuantized || !c.decode_preload || c.path != MoePath::kDecode) return false;
+    detail::DeviceInfo dev;
+    if (!detail::current_device(dev)) return false;
+    const unsigned grid_tiles = static_cast<unsigned>(max_tiles(a.shape, c.tile_tokens));
+    bool fits = false;
+    std::apply(
+        [&](auto... t) {
+          ((names<decltype(t)>(c) && decltype(t)::kTokTiles == 1
+                ? (fits = preload_fits<decltype(t)>(a.shape, grid_tiles, dev), 0)
+                : 0),
+           ...);
+        },
+        DecodeTiles{});
+    return fits;
+  }
+
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
   // grouped).
   // Quantized experts: the configuration's quantized choice where it has one (quantized_moe_config), else
@@ -541,7 +568,7 @@ class PagedMoe {
           !st)
         return st;
     } else {
-      if (Status st = run_decode(p, s, choice, grid_tiles, dev.device, stream); !st) return st;
+      if (Status st = run_decode(p, s, choice, grid_tiles, dev, stream); !st) return st;
     }
 
     // 4. Combine.
@@ -745,12 +772,12 @@ class PagedMoe {
   }
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                           unsigned grid_tiles, int device, cudaStream_t stream) {
+                           unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
     Status st = Status::success();
     std::apply(
         [&](auto... t) {
           ((names<decltype(t)>(c)
-                ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, c.decode_preload, device, stream), 0)
+                ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, c.decode_preload, dev, stream), 0)
                 : 0),
            ...);
         },
@@ -758,11 +785,35 @@ class PagedMoe {
     return st;
   }
 
+  // Shared memory per SM a preloading down stage leaves to the gate/up blocks still resident (a few KB each:
+  // the K split's reduction buffer and the block's reservation), and sm_90's reservation per block.
+  static constexpr long long kPreloadSmLeft = 16 * 1024;
+  static constexpr long long kBlockReservedSmem = 1024;
+
+  // Whether every preloading down block of a call (one per 32 rows of H per work tile; a tile per routed
+  // expert and shared chunk where no expert can have more tokens than a tile, T <= its tokens, else the
+  // grid's bound) fits the device's shared memory at once, beside the gate/up blocks. Where they do not, the
+  // blocks that find no room wait, then load and compute in turn, and the layer is slower than streaming
+  // (docs/results/paged_moe_h200.md, "Down weights preloaded during gate/up"), so the call streams.
+  template <class T>
+  static bool preload_fits(const MoeShape& s, unsigned grid_tiles, const detail::DeviceInfo& dev) {
+    long long tiles = grid_tiles;
+    if (s.num_tokens <= T::kTileTokens)
+      tiles = std::min<long long>(
+          tiles, std::min<long long>(static_cast<long long>(s.num_tokens) * s.top_k, s.num_experts) +
+                     s.num_shared_chunks);
+    const long long per_block =
+        decode::preload_smem_bytes(s.intermediate) + decode::reduction_bytes<T>() + kBlockReservedSmem;
+    return tiles * (s.hidden / decode::kDownRows) * per_block <=
+           static_cast<long long>(dev.sms) * (dev.smem_per_sm - kPreloadSmLeft);
+  }
+
   template <class T>
   static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                                bool preload, int device, cudaStream_t stream) {
+                                bool preload, const detail::DeviceInfo& dev, cudaStream_t stream) {
     using decode::gemv_kernel;
     using decode::Stage;
+    const int device = dev.device;
     constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T, Precision>;
     constexpr auto kDown = gemv_kernel<Addressing, Stage::kDown, T, Precision>;
     int gate_up_smem = 0, down_smem = 0;  // a staged tile's operand slots and scales (K = H, then F)
@@ -780,7 +831,7 @@ class PagedMoe {
       return st;
     const dim3 down_grid(s.hidden / decode::kDownRows, grid_tiles);
     if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {
-      if (preload) {
+      if (preload && preload_fits<T>(s, grid_tiles, dev)) {
         constexpr auto kPreloadDown = gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
         const int smem = static_cast<int>(decode::preload_smem_bytes(s.intermediate));
         if (Status st =

@@ -96,8 +96,9 @@ using SmallGroupedConfig = GroupedTileConfig<64, kStages, kBlocks>;
 // DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the down blocks preloading their W2
 // rows (MoeConfig::decode_preload) wherever it decodes bf16 experts on 8-token tiles and the rows fit a
 // block's shared memory (32·(2F + 16) bytes plus the K split's reduction buffer, at most 8 KB, within sm_90's
-// 227 KB: F up to ~3500, so not Mixtral), whether or not all the blocks' rows fit the device at once (the
-// default's rule, DefaultMoeConfig::kPreloadBytes). Quantized experts keep the default's choice.
+// 227 KB: F up to ~3500, so not Mixtral); PagedMoe then preloads where all the blocks' rows fit the device at
+// once (PagedMoe::decode_preloads) and streams elsewhere, where the default asks only where they fit an
+// H200 (DefaultMoeConfig::kPreloadBytes). Quantized experts keep the default's choice.
 template <kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct PreloadConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {

@@ -645,44 +645,59 @@ struct PreloadTileConfig {
     return c;
   }
 };
+// `preloads`: whether the call must preload on this device (PagedMoe::decode_preloads: every down block's
+// rows fit the device's shared memory at once); -1: either.
 template <int kWarps, int kUnroll>
-void check_preload_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int hot_expert = -1) {
+void check_preload_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int preloads,
+                        int hot_expert = -1) {
+  using Moe = PagedMoe<kernels::Paged, PreloadTileConfig<kWarps, kUnroll>>;
   const MoeShape shape = shape_of(store.spec(), tokens);
-  REQUIRE(PagedMoe<kernels::Paged, PreloadTileConfig<kWarps, kUnroll>>::config(
-              {.shape = shape, .path = MoePath::kDecode})
-              .decode_preload);
+  REQUIRE(Moe::config({.shape = shape, .path = MoePath::kDecode}).decode_preload);
+  const bool got = Moe::decode_preloads({.shape = shape, .path = MoePath::kDecode});
+  INFO(store.spec().name << " T=" << tokens << " warps=" << kWarps << " unroll=" << kUnroll
+                         << (hot_expert >= 0 ? " skewed" : "")
+                         << (got ? ": preloaded" : ": streamed (no room)") << " W2 against streamed");
+  if (preloads >= 0) CHECK(got == (preloads == 1));
   const auto preload = check_case<PreloadTileConfig<kWarps, kUnroll>>(store, shape, MoePath::kDecode, cpu, 32,
                                                                       seed, hot_expert);
   const auto streamed = check_case<DecodeTileConfig<8, kWarps, kUnroll>>(store, shape, MoePath::kDecode,
                                                                          false, 8, seed, hot_expert);
-  INFO(store.spec().name << " T=" << tokens << " warps=" << kWarps << " unroll=" << kUnroll
-                         << (hot_expert >= 0 ? " skewed" : "") << ": preloaded W2 against streamed");
   CHECK(std::memcmp(preload.data(), streamed.data(), preload.size() * 2) == 0);
 }
 
 TEST_CASE("decode tiles preloading the down weights equal the streaming ones", "[gpu][small][sanitize]") {
-  // K = F: 4 and 8 warps over 4 lines (F = 256), uneven splits (F = 384, 640), unroll 1-3.
+  // K = F: 4 and 8 warps over 4 lines (F = 256), uneven splits (F = 384, 640), unroll 1-3; small enough that
+  // every block's rows fit any device at once.
   for (const ModelSpec& tiny :
        {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny-f384", 8, 2, 256, 384, 1},
         ModelSpec{"tiny-f640", 8, 2, 256, 640, 1}}) {
     ExpertStore store(tiny, 41, 3);
     for (int tokens : {1, 5, 37}) {
-      check_preload_case<4, 2>(store, tokens, 1800 + tokens, true);
-      check_preload_case<4, 1>(store, tokens, 1800 + tokens, true);
-      check_preload_case<4, 3>(store, tokens, 1800 + tokens, true);
+      check_preload_case<4, 2>(store, tokens, 1800 + tokens, true, 1);
+      check_preload_case<4, 1>(store, tokens, 1800 + tokens, true, 1);
+      check_preload_case<4, 3>(store, tokens, 1800 + tokens, true, 1);
     }
-    if (tiny.intermediate % 256 == 0) check_preload_case<8, 2>(store, 5, 1810, true);  // 8 warps: K % 256
-    check_preload_case<4, 2>(store, 37, 1820, true,
-                             3);  // one hot expert: several 8-token tiles of one expert
+    if (tiny.intermediate % 256 == 0) check_preload_case<8, 2>(store, 5, 1810, true, 1);  // 8 warps: K % 256
+    check_preload_case<4, 2>(store, 37, 1820, true, 1, 3);  // one hot expert: several 8-token tiles of one
   }
 }
 
 TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][small]") {
-  for (const ModelSpec& spec : {kQwen15, kQwen15Routed, kQwen3}) {
-    ExpertStore store(spec, 43);
-    for (int tokens : {1, 3, 8}) check_preload_case<4, 2>(store, tokens, 1900 + tokens, false);
-    check_preload_case<4, 2>(store, 33, 1950, false, 7);
-  }
+  // Where every block's rows fit at once on a device of 132 SMs with 228 KB each (the H200): Qwen3 and
+  // Qwen1.5's routed experts at 1 token (25 and 23 MB of rows). Qwen1.5 with its shared chunks (46 MB) and
+  // more tokens fit no device; those calls stream (and still equal the streaming tile).
+  int device = 0, sms = 0, smem = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess);
+  const int h200_class = sms >= 132 && smem >= 228 * 1024 ? 1 : -1;
+  ExpertStore qwen15(kQwen15, 43), qwen15_routed(kQwen15Routed, 44), qwen3(kQwen3, 45);
+  check_preload_case<4, 2>(qwen15_routed, 1, 1901, false, h200_class);
+  check_preload_case<4, 2>(qwen3, 1, 1902, false, h200_class);
+  check_preload_case<4, 2>(qwen15, 1, 1903, false, 0);
+  check_preload_case<4, 2>(qwen15, 3, 1904, false, 0);
+  check_preload_case<4, 2>(qwen3, 3, 1905, false, 0);
+  check_preload_case<4, 2>(qwen15_routed, 33, 1906, false, 0, 7);
 }
 
 TEST_CASE("decode tiles on model shapes", "[gpu][small]") {

@@ -53,6 +53,7 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
   if (t >= p.num_tokens) return;
   const int h = static_cast<int>(idx % per_token) * 8;
   ptx::grid_dependency_wait();  // y: written by the down stage
+  ptx::launch_dependents();     // the next layer's routing may take its SM and wait
   float acc[8] = {};
   for (int j = 0; j < p.slots_per_token; ++j) {
     const int s = static_cast<int>(t) * p.slots_per_token + j;
@@ -632,8 +633,8 @@ class PagedMoe {
                       cudaStream_t stream) {
     const int slots = r.moe.num_slots;
     if (slots <= routing::kSmallSlots) {
-      routing::small_kernel<A><<<1, routing::kThreads, 0, stream>>>(r);
-      return launched("routing::small_kernel");
+      return launch_args(routing::small_kernel<A>, dim3(1), routing::kThreads, 0, stream,
+                         "routing::small_kernel", r);
     }
     routing::expand_kernel<A><<<(slots + 255) / 256, 256, 0, stream>>>(r);
     if (Status st = launched("routing::expand_kernel"); !st) return st;

@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(kThreads)
     small_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
   // The gate/up kernel's blocks may take their SMs and set up now; they wait for this grid to finish.
   ptx::launch_dependents();
+  ptx::grid_dependency_wait();  // the previous kernels (a previous layer's combine) read this workspace
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ int counts[kMaxExperts];
   __shared__ int ranks[kSmallSlots];

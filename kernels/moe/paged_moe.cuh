@@ -846,7 +846,7 @@ class PagedMoe {
     return launch(kDown, down_grid, T::kThreads, down_smem, stream, p, "decode::gemv_kernel<kDown>");
   }
 
-  // Launches a kernel of the layer after the first with programmatic dependent launch: its blocks may start
+  // Launches a kernel of the layer with programmatic dependent launch: its blocks may start
   // while the previous kernel drains and wait in ptx::grid_dependency_wait(), which hides the launch gap (a
   // few µs per kernel against a ~16 µs decode floor). Works under stream capture (graph edges become
   // programmatic).

@@ -15,6 +15,12 @@
 // MB between two MoE layers) and cost the CUDA backend's MoE layers 7–27% of their time at batch 2–8
 // (docs/results/paged_moe_h200.md, "Whole lines").
 //
+// Preloaded down weights (bf16, 8-token tiles, MoeConfig::decode_preload): the down kernel's blocks start
+// while gate/up still runs (programmatic dependent launch) and copy their 32 W2 rows into shared memory before
+// they wait for it, so at 1 token the down stage's weights stream during gate/up's instead of after it; the
+// main loop reads the same steps from the copy. PagedMoe uses it only where every down block's rows fit the
+// device's shared memory at once (docs/results/paged_moe_h200.md, "Down weights preloaded during gate/up").
+//
 // Fragment trick: the reduction over K may visit k in any order as long as A and B agree. A thread that loads
 // 8 consecutive k (one 16-byte load) of weight rows g and g+8 and of token g uses them as its
 // {2q,2q+1,2q+8,2q+9} elements of two successive m16n8k16 MMAs; the token operand uses the same mapping, so

@@ -453,6 +453,9 @@ class PagedMoe {
   // The decode tile quantized layers run where the wgmma grouped GEMM cannot (devices other than sm_90).
   static constexpr MoeConfig kQuantFallback{MoePath::kDecode, 32, 4, 1};
 
+  // Enqueues the layer on `stream`: it waits for the work before it; a kernel launched after it with
+  // programmatic dependent launch may start while its last kernel (combine) runs and must wait
+  // (griddepcontrol.wait) before reading `output`; a plain launch after it starts once `output` is written.
   Status run(const Arguments& a, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
     if (Status st = can_implement(a); !st) return st;
     const MoeShape& s = a.shape;

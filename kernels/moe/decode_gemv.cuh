@@ -16,10 +16,11 @@
 // (docs/results/paged_moe_h200.md, "Whole lines").
 //
 // Preloaded down weights (bf16, 8-token tiles, MoeConfig::decode_preload): the down kernel's blocks start
-// while gate/up still runs (programmatic dependent launch) and copy their 32 W2 rows into shared memory before
-// they wait for it, so at 1 token the down stage's weights stream during gate/up's instead of after it; the
-// main loop reads the same steps from the copy. PagedMoe uses it only where every down block's rows fit the
-// device's shared memory at once (docs/results/paged_moe_h200.md, "Down weights preloaded during gate/up").
+// while gate/up still runs (programmatic dependent launch) and copy their 32 W2 rows into shared memory
+// before they wait for it, so at 1 token the down stage's weights stream during gate/up's instead of after
+// it; the main loop reads the same steps from the copy. PagedMoe uses it only where every down block's rows
+// fit the device's shared memory at once (docs/results/paged_moe_h200.md, "Down weights preloaded during
+// gate/up").
 //
 // Fragment trick: the reduction over K may visit k in any order as long as A and B agree. A thread that loads
 // 8 consecutive k (one 16-byte load) of weight rows g and g+8 and of token g uses them as its
@@ -247,11 +248,8 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   }
 }
 
-// A preloading down block's shared memory: its 32 W2 rows of K values, each row padded by 16 bytes (a pitch
-// of 16 modulo 128 bytes puts the 8 rows a quarter-warp's 16-byte loads touch on distinct banks).
-constexpr std::int64_t preload_pitch(int K) {
-  return 2LL * K + 16;
-}
+// A preloading down block's shared memory: its 32 W2 rows of K values at preload_pitch
+// (moe/decode_steps.hpp).
 constexpr std::int64_t preload_smem_bytes(int K) {
   return kDownRows * preload_pitch(K);
 }

@@ -35,6 +35,13 @@ AMOEBA_HOST_DEVICE constexpr int bf16_k(int s, int steps, int q) {
   return (s | 1) < steps ? (s & ~1) * 32 + 16 * q + 8 * (s & 1) : s * 32 + 8 * q;
 }
 
+// bf16, a preloading down block (moe/decode_gemv.cuh, kPreload): each of its W2 rows of K values sits in
+// shared memory at this pitch, padded by 16 bytes: with K a multiple of 64 the pitch is 16 modulo 128 bytes,
+// so the 8 rows a quarter-warp's 16-byte loads touch (rows g, g + 1 at sectors q) fall on distinct banks.
+AMOEBA_HOST_DEVICE constexpr long long preload_pitch(int K) {
+  return 2LL * K + 16;
+}
+
 // Quantized: how many of the `steps` k-steps warp `warp` of `warps` takes.
 AMOEBA_HOST_DEVICE constexpr int quant_warp_steps(int steps, int warps, int warp) {
   return steps > warp ? (steps - warp + warps - 1) / warps : 0;

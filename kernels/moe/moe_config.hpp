@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstddef>
 
+#include "moe/decode_steps.hpp"
 #include "moe/moe_shape.hpp"
 #include "moe/quant_layout.hpp"
 
@@ -49,6 +50,13 @@ constexpr MoeConfig with_grouped_tile(MoeConfig c, int tokens) {
   c.tile_tokens = tokens;
   if (tokens != 64) c.small_deep = false;
   return c;
+}
+
+// The work tiles of a decode call whose tiles hold any expert's batch (T <= the tile's tokens): one per
+// routed expert it can touch, at most min(T·k, E), and one per shared chunk.
+constexpr long long whole_batch_tiles(const MoeShape& s) {
+  const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
+  return (slots < s.num_experts ? slots : s.num_experts) + s.num_shared_chunks;
 }
 
 template <class C>
@@ -269,13 +277,10 @@ struct DefaultMoeConfig {
     return fallback(path);
   }
 
-  // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) when each of
-  // its at most min(T·k, E) routed experts and m shared chunks is one work tile (no expert has more than 8
-  // tokens, as on the 8-token rows): tiles × H rows of 2F bytes, each padded by 16.
+  // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) where no expert
+  // has more than 8 tokens (as on the 8-token rows): whole_batch_tiles × H rows at decode::preload_pitch.
   static constexpr long long preload_bytes(const MoeShape& s) {
-    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
-    const long long tiles = (slots < s.num_experts ? slots : s.num_experts) + s.num_shared_chunks;
-    return tiles * s.hidden * (2LL * s.intermediate + 16);
+    return whole_batch_tiles(s) * s.hidden * decode::preload_pitch(s.intermediate);
   }
 
   // The configuration for quantized experts of `bits` (PagedMoe<..., Int8|Int4>): kAuto picks the path by

@@ -391,20 +391,15 @@ class PagedMoe {
   // (MoeConfig::decode_preload) and every down block's rows fit the device's shared memory at once.
   static bool decode_preloads(const Arguments& a) {
     const MoeConfig c = config(a);
-    if (Precision::kQuantized || !c.decode_preload || c.path != MoePath::kDecode) return false;
+    if (!c.decode_preload || c.path != MoePath::kDecode) return false;
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return false;
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(a.shape, c.tile_tokens));
-    bool fits = false;
-    std::apply(
+    return std::apply(
         [&](auto... t) {
-          ((names<decltype(t)>(c) && decltype(t)::kTokTiles == 1
-                ? (fits = preload_fits<decltype(t)>(a.shape, grid_tiles, dev), 0)
-                : 0),
-           ...);
+          return ((names<decltype(t)>(c) && preloads<decltype(t)>(true, a.shape, grid_tiles, dev)) || ...);
         },
         DecodeTiles{});
-    return fits;
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
@@ -692,8 +687,12 @@ class PagedMoe {
   // Shared memory per preloading down block (MoeConfig::decode_preload) of the configuration's decode tile at
   // intermediate size F: its W2 rows plus the reduction buffer; 0 when it names no instantiated tile.
   template <class T>
+  static constexpr long long preload_block_bytes(int f) {
+    return decode::preload_smem_bytes(f) + decode::reduction_bytes<T>();
+  }
+  template <class T>
   static constexpr long long preload_smem_of(const MoeConfig& c, int f) {
-    return names<T>(c) ? decode::preload_smem_bytes(f) + decode::reduction_bytes<T>() : 0;
+    return names<T>(c) ? preload_block_bytes<T>(f) : 0;
   }
   static constexpr long long preload_block_smem(const MoeConfig& c, int f) {
     return std::apply([&](auto... t) { return (preload_smem_of<decltype(t)>(c, f) + ...); }, DecodeTiles{});
@@ -794,22 +793,23 @@ class PagedMoe {
   static constexpr long long kPreloadSmLeft = 16 * 1024;
   static constexpr long long kBlockReservedSmem = 1024;
 
-  // Whether every preloading down block of a call (one per 32 rows of H per work tile; a tile per routed
-  // expert and shared chunk where no expert can have more tokens than a tile, T <= its tokens, else the
-  // grid's bound) fits the device's shared memory at once, beside the gate/up blocks. Where they do not, the
-  // blocks that find no room wait, then load and compute in turn, and the layer is slower than streaming
+  // Whether a call on decode tile T preloads W2: asked for (MoeConfig::decode_preload), a bf16 8-token tile,
+  // and every preloading down block of the call (one per 32 rows of H per work tile; a tile per routed expert
+  // and shared chunk where no expert can have more tokens than a tile, T <= its tokens, else the grid's
+  // bound) fits the device's shared memory at once, beside the gate/up blocks. Where they do not, the blocks
+  // that find no room wait, then load and compute in turn, and the layer is slower than streaming
   // (docs/results/paged_moe_h200.md, "Down weights preloaded during gate/up"), so the call streams.
   template <class T>
-  static bool preload_fits(const MoeShape& s, unsigned grid_tiles, const detail::DeviceInfo& dev) {
-    long long tiles = grid_tiles;
-    if (s.num_tokens <= T::kTileTokens)
-      tiles = std::min<long long>(
-          tiles, std::min<long long>(static_cast<long long>(s.num_tokens) * s.top_k, s.num_experts) +
-                     s.num_shared_chunks);
-    const long long per_block =
-        decode::preload_smem_bytes(s.intermediate) + decode::reduction_bytes<T>() + kBlockReservedSmem;
-    return tiles * (s.hidden / decode::kDownRows) * per_block <=
-           static_cast<long long>(dev.sms) * (dev.smem_per_sm - kPreloadSmLeft);
+  static bool preloads(bool asked, const MoeShape& s, unsigned grid_tiles, const detail::DeviceInfo& dev) {
+    if constexpr (Precision::kQuantized || T::kTokTiles != 1) {
+      return false;
+    } else {
+      const long long tiles =
+          s.num_tokens <= T::kTileTokens ? std::min<long long>(grid_tiles, whole_batch_tiles(s)) : grid_tiles;
+      const long long per_block = preload_block_bytes<T>(s.intermediate) + kBlockReservedSmem;
+      return asked && tiles * (s.hidden / decode::kDownRows) * per_block <=
+                          static_cast<long long>(dev.sms) * (dev.smem_per_sm - kPreloadSmLeft);
+    }
   }
 
   template <class T>
@@ -835,7 +835,7 @@ class PagedMoe {
       return st;
     const dim3 down_grid(s.hidden / decode::kDownRows, grid_tiles);
     if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {
-      if (preload && preload_fits<T>(s, grid_tiles, dev)) {
+      if (preloads<T>(preload, s, grid_tiles, dev)) {
         constexpr auto kPreloadDown = gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
         const int smem = static_cast<int>(decode::preload_smem_bytes(s.intermediate));
         if (Status st =

@@ -105,7 +105,7 @@ struct PreloadConfig {
     kernels::MoeConfig c =
         kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
     if (c.path == kernels::MoePath::kDecode && c.tile_tokens == 8 &&
-        32LL * (2LL * s.intermediate + 16) + 8 * 1024 <= 227 * 1024)
+        32 * kernels::decode::preload_pitch(s.intermediate) + 8 * 1024 <= 227 * 1024)
       c.decode_preload = true;
     return c;
   }

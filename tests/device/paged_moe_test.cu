@@ -339,8 +339,8 @@ struct StagedBf16Config {
     return {MoePath::kDecode, 8, 4, 1, 128, 128, 3};
   }
 };
-template <int kTile, int kF = 0>
-struct PreloadRuleConfig {  // W2 preloading on a kTile-token decode tile, at F = kF where kF > 0
+template <int kTile>
+struct PreloadRuleConfig {  // W2 preloading asked for on a kTile-token decode tile
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     kernels::MoeConfig c{MoePath::kDecode, kTile, 4, kTile == 8 ? 2 : 1};
     c.decode_preload = true;

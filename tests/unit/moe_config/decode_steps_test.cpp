@@ -64,6 +64,30 @@ TEST_CASE("bf16 decode steps: warps split K at lines and pairs read whole lines"
   }
 }
 
+TEST_CASE("bf16 preloaded rows: a quarter-warp's shared-memory loads meet every bank once",
+          "[kernels][decode]") {
+  // A preloading down block reads its rows from shared memory at preload_pitch, each thread (g, q) 16 bytes
+  // of rows g and g + 8 at its bf16_k. The 8 lanes of a quarter-warp (one shared-memory phase) must cover
+  // the 32 four-byte banks once: 8 distinct 16-byte slots modulo 128 bytes.
+  for (int K : bf16_ks(4)) {
+    if (K % 64 != 0) continue;  // the decode tiles' K: multiples of 128 (can_implement)
+    INFO("K=" << K);
+    const long long pitch = preload_pitch(K);
+    CHECK(pitch >= 2LL * K);
+    const int steps = K / 32;  // one warp's range of the whole row: the worst case for the pairs' offsets
+    for (int s = 0; s < steps; ++s)
+      for (int hi = 0; hi < 2; ++hi)
+        for (int phase = 0; phase < 4; ++phase) {
+          std::set<long long> slots;
+          for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane) {
+            const int g = lane / 4, q = lane % 4;
+            slots.insert(((g + 8 * hi) * pitch + 2LL * bf16_k(s, steps, q)) % 128 / 16);
+          }
+          CHECK(slots.size() == 8);
+        }
+  }
+}
+
 TEST_CASE("quantized decode steps: every k-step once, round robin, in one group", "[kernels][decode]") {
   for (int values_per_byte : {1, 2}) {  // int8, int4
     const int step_values = 64 * values_per_byte, group = 128;

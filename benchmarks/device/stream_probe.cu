@@ -19,21 +19,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
+#include <utility>
 #include <vector>
 
+#include "loader/cuda_check.cuh"
 #include "moe/ptx.cuh"
 
 namespace {
-
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 using amoeba::kernels::ptx::ld_stream_16;
 constexpr int kThreads = 128, kRows = 32, kLoads = 8;
@@ -101,18 +93,44 @@ __global__ void __launch_bounds__(kThreads)
   if (acc == 0x12345678u) sink[threadIdx.x] = acc;
 }
 
-int arg(int argc, char** argv, const char* name, int fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  return fallback;
+struct Options {
+  int blocks = 352, row_bytes = 4096, buffers = 4, launches = 32, batches = 15;
+};
+// "--name value" pairs, each value a positive integer; an unknown option or a bad value is refused, named.
+bool parse(int argc, char** argv, Options& o) {
+  const std::pair<const char*, int*> known[] = {{"--blocks", &o.blocks},
+                                                {"--row-bytes", &o.row_bytes},
+                                                {"--buffers", &o.buffers},
+                                                {"--launches", &o.launches},
+                                                {"--batches", &o.batches}};
+  for (int i = 1; i < argc; i += 2) {
+    int* slot = nullptr;
+    for (const auto& [name, p] : known)
+      if (std::strcmp(argv[i], name) == 0) slot = p;
+    if (slot == nullptr) {
+      std::fprintf(stderr, "unknown option %s (--blocks, --row-bytes, --buffers, --launches, --batches)\n",
+                   argv[i]);
+      return false;
+    }
+    char* end = nullptr;
+    const long v = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0;
+    if (i + 1 >= argc || *end != '\0' || v <= 0 || v > (1L << 30)) {
+      std::fprintf(stderr, "%s %s: must be a positive integer\n", argv[i],
+                   i + 1 < argc ? argv[i + 1] : "(missing)");
+      return false;
+    }
+    *slot = static_cast<int>(v);
+  }
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int blocks = arg(argc, argv, "--blocks", 352), row_bytes = arg(argc, argv, "--row-bytes", 4096);
-  const int buffers = arg(argc, argv, "--buffers", 4), launches = arg(argc, argv, "--launches", 32);
-  const int batches = arg(argc, argv, "--batches", 15);
+  Options o;
+  if (!parse(argc, argv, o)) return 2;
+  const int blocks = o.blocks, row_bytes = o.row_bytes, buffers = o.buffers, launches = o.launches,
+            batches = o.batches;
   if (row_bytes % (32 * kLoads * 16) != 0) {
     std::fprintf(stderr, "--row-bytes %d: must be a multiple of %d (a warp's whole-row iteration)\n",
                  row_bytes, 32 * kLoads * 16);
@@ -121,15 +139,15 @@ int main(int argc, char** argv) {
   const long long bytes = static_cast<long long>(blocks) * kRows * row_bytes;
   std::vector<unsigned char*> buf(buffers);
   for (auto& b : buf) {
-    CHECK_CUDA(cudaMalloc(&b, bytes));
-    CHECK_CUDA(cudaMemset(b, 1, bytes));
+    AMOEBA_CUDA_CHECK(cudaMalloc(&b, bytes));
+    AMOEBA_CUDA_CHECK(cudaMemset(b, 1, bytes));
   }
   unsigned* sink;
-  CHECK_CUDA(cudaMalloc(&sink, kThreads * sizeof(unsigned)));
+  AMOEBA_CUDA_CHECK(cudaMalloc(&sink, kThreads * sizeof(unsigned)));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreate(&stream));
+  AMOEBA_CUDA_CHECK(cudaStreamCreate(&stream));
   cudaEvent_t ev[2];
-  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+  for (auto& e : ev) AMOEBA_CUDA_CHECK(cudaEventCreate(&e));
   using Kernel = void (*)(const unsigned char*, int, unsigned*);
   const std::pair<const char*, Kernel> patterns[] = {
       {"gemv", gemv_order}, {"rows", rows_order}, {"block", block_order}};
@@ -139,20 +157,20 @@ int main(int argc, char** argv) {
   for (const auto& [name, kernel] : patterns) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    AMOEBA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < launches; ++i)
       kernel<<<blocks, kThreads, 0, stream>>>(buf[i % buffers], row_bytes, sink);
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+    AMOEBA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    AMOEBA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    AMOEBA_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
     std::vector<float> us;
     for (int b = 0; b < batches; ++b) {
-      CHECK_CUDA(cudaEventRecord(ev[0], stream));
-      CHECK_CUDA(cudaGraphLaunch(exec, stream));
-      CHECK_CUDA(cudaEventRecord(ev[1], stream));
-      CHECK_CUDA(cudaEventSynchronize(ev[1]));
+      AMOEBA_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      AMOEBA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      AMOEBA_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      AMOEBA_CUDA_CHECK(cudaEventSynchronize(ev[1]));
       float ms;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      AMOEBA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
       us.push_back(ms * 1000.0f / launches);
     }
     std::sort(us.begin(), us.end());
@@ -162,8 +180,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%-6s blocks=%-5d %8.2f us  %7.1f GB/s\n", name, blocks, med,
                  bytes / (med * 1e-6) / 1e9);
     first = false;
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
+    AMOEBA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    AMOEBA_CUDA_CHECK(cudaGraphDestroy(graph));
   }
   std::printf("]}\n");
   return 0;

@@ -3,19 +3,26 @@
 token count, each configuration's contiguous median as mean ± sd over the files (one process per seed), and
 `other` / `base` taken process by process, as mean ± sd.
 
-  python3 benchmarks/device/compare.py BASE OTHER bench_1.json bench_2.json ...
+  python3 benchmarks/device/compare.py [--paged] BASE OTHER bench_1.json bench_2.json ...
+--paged adds each configuration's paged views over its contiguous median, mean ± sd over files × views (%).
   e.g. compare.py narrow wide grouped_seed*.json   (benchmarks/device/grouped_run.sh)
        compare.py bf16-decode bf16-grouped cross_*.json
 """
 import json
+import statistics
 import sys
 
 from quant_report import mean_sd  # 'm ± sd' over the files, or the one value
 from report import tile  # a configuration's path/tile label
 
 
-def main(base, other, files):
-    rows, tiles = {}, {}
+def signed(v):
+    """'+m ± sd%' over the values."""
+    return f"{statistics.mean(v):+.2f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.2f}%"
+
+
+def main(base, other, files, paged=False):
+    rows, tiles, views = {}, {}, {}
     for f in files:
         for c in json.load(open(f))["cases"]:
             key = (c["model"], c["tokens"])
@@ -23,17 +30,27 @@ def main(base, other, files):
             for x in c["configs"]:
                 r.setdefault(x["config"], []).append(x["contiguous_us"])
                 tiles.setdefault(key, {})[x["config"]] = tile(x)
-    print(f"| model | T | {base} µs | {other} µs | {other} / {base} | tiles ({base}, {other}) |")
-    print("|---|---:|---:|---:|---:|---|")
+                views.setdefault(key, {}).setdefault(x["config"], []).extend(
+                    100.0 * (v["us"] - x["contiguous_us"]) / x["contiguous_us"] for v in x.get("paged", []))
+    extra = f" {base} paged vs contig | {other} paged vs contig |" if paged else ""
+    print(f"| model | T | {base} µs | {other} µs | {other} / {base} | tiles ({base}, {other}) |{extra}")
+    print("|---|---:|---:|---:|---:|---|" + ("---:|---:|" if paged else ""))
     for (model, tokens), r in rows.items():
         a, b = r.get(other), r.get(base)
         if a and b:
             t = tiles[(model, tokens)]
-            print(f"| {model} | {tokens} | {mean_sd(b)} | {mean_sd(a)} | "
-                  f"{mean_sd([x / y for x, y in zip(a, b)], '{:.3f}')} | {t[base]}, {t[other]} |")
+            line = (f"| {model} | {tokens} | {mean_sd(b)} | {mean_sd(a)} | "
+                    f"{mean_sd([x / y for x, y in zip(a, b)], '{:.3f}')} | {t[base]}, {t[other]} |")
+            if paged:
+                v = views[(model, tokens)]
+                line += "".join(f" {signed(v[n])} |" if v.get(n) else " – |" for n in (base, other))
+            print(line)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
+    args = sys.argv[1:]
+    paged = bool(args) and args[0] == "--paged"
+    args = args[1:] if paged else args
+    if len(args) < 3:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(args[0], args[1], args[2:], paged)

@@ -44,11 +44,9 @@
 // quantized choice with its grouped stages on a bf16 copy (the routed experts dequantised into the workspace,
 // then the bf16 TMA grouped GEMM: MoeConfig::grouped_dequant); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
-// dequantised in registers) / the two-block kernel; int8-nochunk (int4 alike): the default's quantized
-// choice with the shared chunks on the routed decode tiles; int8-chunk16 / int8-chunk32: with the chunks'
-// own decode tiles (MoeConfig::decode_chunk_tokens) held to 16 / 32 tokens wherever the default gives them
-// their own; int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps,
-// unroll), the sweep that chose the quantized rows of the default table.
+// dequantised in registers) / the two-block kernel; int8-t8w4u2 and the like: one quantized decode tile at
+// every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
+// table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -376,7 +374,6 @@ auto restaged(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
 template <int kStages>
 struct StagedQuantConfig : kernels::DefaultMoeConfig {
   using DecodeTiles = decltype(restaged<kStages>(kernels::detail::DefaultQuantDecodeTiles{}));
-  static constexpr bool kDecodeChunkTiles = false;  // shared chunks on the routed tiles, as when measured
   static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath requested,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
@@ -438,12 +435,6 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-twoblock", &make_quant_graph<kernels::Int4, GroupedRowsConfig<128>>},
       {"int8-dq", &make_quant_graph<kernels::Int8, DequantConfig<>>},
       {"int4-dq", &make_quant_graph<kernels::Int4, DequantConfig<>>},
-      {"int8-nochunk", &make_quant_graph<kernels::Int8, testing::ChunkQuantConfig<0>>},
-      {"int4-nochunk", &make_quant_graph<kernels::Int4, testing::ChunkQuantConfig<0>>},
-      {"int8-chunk16", &make_quant_graph<kernels::Int8, testing::ChunkQuantConfig<16>>},
-      {"int4-chunk16", &make_quant_graph<kernels::Int4, testing::ChunkQuantConfig<16>>},
-      {"int8-chunk32", &make_quant_graph<kernels::Int8, testing::ChunkQuantConfig<32>>},
-      {"int4-chunk32", &make_quant_graph<kernels::Int4, testing::ChunkQuantConfig<32>>},
   };
   add_quant_sweep<kernels::Int8>(m, "int8");
   add_quant_sweep<kernels::Int4>(m, "int4");

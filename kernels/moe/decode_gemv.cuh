@@ -97,8 +97,7 @@ constexpr std::int64_t reduction_bytes() {
 // The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles. `rows[r]`: the
 // first byte of row tile r's first row; `scales[r]`: its first row's first scale; `tok[nt]`: token row
 // (nt·8 + g)'s element 0 (the activations, bf16); `smem`: a staged tile's shared memory (staged_smem_bytes).
-// kPastL1: the token rows and the scales are read from the L2, past L1 (a kBeside launch's).
-template <class P, class T, bool kPastL1 = false>
+template <class P, class T>
 __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&rows)[kRowTiles],
                                                    const bf16* const (&scales)[kRowTiles],
                                                    const bf16* const (&tok)[T::kTokTiles], int K,
@@ -128,7 +127,6 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     lo_row[r] = rows[r] + g * row_bytes;
     hi_row[r] = rows[r] + (g + 8) * row_bytes;
   }
-  auto scale = [](const bf16* p) { return kPastL1 ? __ldcg(p) : *p; };
   auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
     const QuantStep w = where(i);
     const int group = w.group(kValuesPerByte);
@@ -136,13 +134,13 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     for (int r = 0; r < kRowTiles; ++r) {
       st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(lo_row[r] + w.byte);
       st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(hi_row[r] + w.byte);
-      st.slo[r] = __bfloat162float(scale(scales[r] + static_cast<std::int64_t>(g) * groups + group));
-      st.shi[r] = __bfloat162float(scale(scales[r] + static_cast<std::int64_t>(g + 8) * groups + group));
+      st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
+      st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
     }
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_tokens_16<kPastL1>(tok[nt] + w.k + 8 * c);
+      for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + w.k + 8 * c);
   };
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
@@ -180,14 +178,9 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       const int chunks = 2 * groups;  // a row tile's 16 rows of scales: 32·groups bytes, 16-byte aligned
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r)
-        for (int c = threadIdx.x; c < chunks; c += kThreads) {
-          const std::uint32_t dst = ptx::smem_u32(sc) + 32 * groups * r + 16 * c;
-          const unsigned char* src = reinterpret_cast<const unsigned char*>(scales[r]) + 16 * c;
-          if constexpr (kPastL1)
-            ptx::cp_async_l2_16(dst, src);
-          else
-            ptx::cp_async_cached_16(dst, src);
-        }
+        for (int c = threadIdx.x; c < chunks; c += kThreads)
+          ptx::cp_async_cached_16(ptx::smem_u32(sc) + 32 * groups * r + 16 * c,
+                                  reinterpret_cast<const unsigned char*>(scales[r]) + 16 * c);
     }
     auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
       const QuantStep w = where(i);
@@ -200,12 +193,8 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          if constexpr (kPastL1)
-            ptx::cp_async_l2_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + w.k + 8 * c);
-          else
-            ptx::cp_async_cached_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + w.k + 8 * c);
-        }
+        for (int c = 0; c < kChunks; ++c)
+          ptx::cp_async_cached_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + w.k + 8 * c);
     };
 #pragma unroll
     for (int i = 0; i < kS; ++i) {  // group i: step i (group 0 also the scales)
@@ -283,37 +272,15 @@ __device__ __forceinline__ WorkTile load_tile_l2(const WorkTile* t) {
 // gate/up kernel, so the down weights stream while gate/up still runs (the down blocks start early,
 // programmatic dependent launch), and its main loop then reads them from shared memory: the same values in
 // the same k order and MMAs as the streaming loop, so the outputs are bit-identical.
-//
-// kBeside (quantized experts): the launch runs beside the previous one of its stage instead of after it (the
-// routed tiles beside the shared chunks' wider tiles, MoeConfig::decode_chunk_tokens): it starts once every
-// block of the previous launch has passed its own dependency wait, so what it reads was complete before it
-// started (routing's tiles and the layer input for gate/up; both gate/up launches' act for down), and it reads
-// that from the L2 (this SM's L1 may hold a previous layer call's copy); one block waits for the previous
-// launch before it exits, so the launch after it (which waits for this one) also finds the previous one done.
-// Its tiles are p.tiles[p.tile_base + blockIdx.y].
-template <class Addressing, Stage kStage, class T, class P = Bf16, bool kPreload = false, bool kBeside = false>
+template <class Addressing, Stage kStage, class T, class P = Bf16, bool kPreload = false>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   static_assert(!kPreload || (kStage == Stage::kDown && !P::kQuantized),
                 "preloading reads the bf16 down stage's W2 rows");
-  static_assert(!kBeside || (P::kQuantized && !kPreload), "a launch beside another reads quantized experts");
-  // kBeside: the routing order's reads (past L1).
-  auto sorted_slot = [&](int row) { return kBeside ? __ldcg(p.sorted_slot + row) : p.sorted_slot[row]; };
   WorkTile tile;
-  // kBeside: block (0, 0) waits for the previous launch before it exits, so this launch does not complete
-  // before it (the next launch waits for this one); no other block waits (blocks past the tile count would
-  // hold their SMs while they did).
-  const bool waits = kBeside && blockIdx.x == 0 && blockIdx.y == 0;
-  if constexpr (kBeside) {
-    ptx::launch_dependents();  // the next launch waits for this one to complete
-    if (static_cast<int>(blockIdx.y) + p.tile_base >= __ldcg(p.num_tiles)) {
-      if (waits) ptx::grid_dependency_wait();
-      return;
-    }
-    tile = load_tile_l2(p.tiles + p.tile_base + blockIdx.y);
-  } else if constexpr (kPreload) {
-    if (static_cast<int>(blockIdx.y) + p.tile_base >= __ldcg(p.num_tiles)) return;
-    tile = load_tile_l2(p.tiles + p.tile_base + blockIdx.y);
+  if constexpr (kPreload) {
+    if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
+    tile = load_tile_l2(p.tiles + blockIdx.y);
     extern __shared__ __align__(16) unsigned char preload_smem[];
     const int K = p.intermediate, chunks = K / 8;  // 16-byte chunks per row
     const std::int64_t pitch = preload_pitch(K);
@@ -333,8 +300,8 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   } else {
     ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
     ptx::launch_dependents();
-    if (static_cast<int>(blockIdx.y) + p.tile_base >= *p.num_tiles) return;
-    tile = p.tiles[p.tile_base + blockIdx.y];
+    if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+    tile = p.tiles[blockIdx.y];
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 
@@ -347,7 +314,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   for (int nt = 0; nt < kTokTiles; ++nt) {
     const int c = nt * 8 + g < tile.count ? nt * 8 + g : 0;
     if constexpr (kGateUp) {
-      const int slot = sorted_slot(tile.row_start + c);
+      const int slot = p.sorted_slot[tile.row_start + c];
       tok[nt] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * K;
     } else {
       tok[nt] = p.act + static_cast<std::int64_t>(tile.row_start + c) * K;
@@ -372,7 +339,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[r] = base + n0 * row_bytes;
       scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
     }
-    quantized_mainloop<P, T, kBeside>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc, staged_smem);
+    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc, staged_smem);
   } else {
     // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
     const bf16* rows[kRowTiles];
@@ -444,7 +411,6 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
           }
     }
   }  // bf16
-  if (waits) ptx::grid_dependency_wait();  // before any thread of block (0, 0) exits
 
   // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
   __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];  // reduction_bytes<T>()
@@ -481,7 +447,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
         p.act[static_cast<std::int64_t>(tile.row_start + c) * p.intermediate + n] =
             __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
       } else {
-        const int slot = sorted_slot(tile.row_start + c);
+        const int slot = p.sorted_slot[tile.row_start + c];
         bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);

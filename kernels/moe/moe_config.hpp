@@ -5,7 +5,6 @@
 // Host-only (no CUDA header): the table and its examples are checked at compile time on any machine.
 #pragma once
 
-#include <array>
 #include <concepts>
 #include <cstddef>
 
@@ -42,28 +41,8 @@ struct MoeConfig {
                                 // kPreload), so W2 streams while gate/up runs; 32·(2F + 16) bytes per block.
                                 // A call whose down blocks' rows do not all fit the device's shared memory at
                                 // once streams instead (PagedMoe::decode_preloads)
-  int decode_chunk_tokens = 0;  // decode, quantized experts: tokens per work tile of the shared chunks (16 or
-                                // 32; 0: the routed experts' tile_tokens). The chunks take every token, so
-                                // where T passes tile_tokens each chunk is read and dequantised once per
-                                // tile; on wider tiles fewer times. Their tiles run in a launch of their own
-                                // per stage, the routed tiles' launch beside it (decode::gemv_kernel's
-                                // kBeside)
-  int decode_chunk_stages = 0;  // decode: the chunk tiles' decode_stages
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
-
-// Whether a decode call runs the shared chunks on tiles of their own (MoeConfig::decode_chunk_tokens).
-constexpr bool has_chunk_tiles(const MoeConfig& c) {
-  return c.path == MoePath::kDecode && c.decode_chunk_tokens != 0;
-}
-// The decode tile of the shared chunks' launch: `c` with the chunk tile's tokens and stages.
-constexpr MoeConfig chunk_tile_config(MoeConfig c) {
-  c.tile_tokens = c.decode_chunk_tokens;
-  c.decode_stages = c.decode_chunk_stages;
-  c.decode_chunk_tokens = 0;
-  c.decode_chunk_stages = 0;
-  return c;
-}
 
 // `c` on grouped tiles of `tokens` tokens: small_deep names a variant of the 64-token tiles, so other tiles
 // drop it.
@@ -124,11 +103,10 @@ struct DecodeTileList {
 namespace config_detail {
 
 // The tiles of a table's rows (a row whose int8 or int4 layers are staged: its tile and the staged ones, the
-// other precision running the register loop), its fallback tile and `extra` tiles, each once.
-template <class Row, std::size_t R, std::size_t X = 0>
-constexpr DecodeTileList<3 * R + 1 + X> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback,
-                                                 const std::array<DecodeTileShape, X>& extra = {}) {
-  DecodeTileList<3 * R + 1 + X> list;
+// other precision running the register loop) and its fallback tile, each once.
+template <class Row, std::size_t R>
+constexpr DecodeTileList<3 * R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
+  DecodeTileList<3 * R + 1> list;
   for (const Row& r : rows) {
     list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, 0});
     const int staged[] = {r.int8_stages, r.int4_stages};
@@ -136,7 +114,6 @@ constexpr DecodeTileList<3 * R + 1 + X> tiles_of(const Row (&rows)[R], const Dec
       if (stages > 0) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, stages});
   }
   list.add(fallback);
-  for (const DecodeTileShape& t : extra) list.add(t);
   return list;
 }
 
@@ -276,17 +253,7 @@ struct DefaultMoeConfig {
   // The decode tiles select() and select_quantized() can name (their rows' and kFallbackTile): what PagedMoe
   // instantiates by default (kernels/moe/paged_moe.cuh builds its tile types from these lists).
   static constexpr auto kDecodeTiles = config_detail::tiles_of(kDecodeRows, kFallbackTile);
-  // Shared chunks on quantized decode tiles: every chunk takes all T tokens, so where T passes the routed
-  // tile each chunk is read and dequantised once per routed tile (Qwen1.5-MoE's 4 chunks at 64 tokens: 8
-  // times, as much dequantising as 32 of its 60 routed experts). From T > tile_tokens the chunks run on the
-  // narrowest of these tiles that holds T (the widest beyond), int8 staged with 2 k-steps in flight, int4 on
-  // the register loop, in a launch of their own per stage beside the routed tiles' (PagedMoe::run_decode).
-  static constexpr DecodeTileShape kQuantChunkTiles[] = {
-      {16, 4, 1, 128, 0}, {16, 4, 1, 128, 2}, {32, 4, 1, 128, 0}, {32, 4, 1, 128, 2}};
-  static constexpr int kQuantChunkStagesInt8 = 2;
-  static constexpr bool kDecodeChunkTiles = true;  // PagedMoe instantiates the chunks' launches
-  static constexpr auto kQuantDecodeTiles = config_detail::tiles_of(
-      kQuantDecodeRows, kFallbackTile, std::to_array(kQuantChunkTiles));
+  static constexpr auto kQuantDecodeTiles = config_detail::tiles_of(kQuantDecodeRows, kFallbackTile);
 
   static constexpr MoeConfig select(const MoeShape& s, MoePath requested) {
     MoePath path = requested;
@@ -334,23 +301,14 @@ struct DefaultMoeConfig {
     }
     for (const DecodeRow& r : kQuantDecodeRows)
       if (matches(r, s))
-        return with_chunk_tiles(s, bits,
-                                {MoePath::kDecode, r.tile_tokens, r.warps, r.unroll, r.prefetch, kGroupedTile,
-                                 bits == quant::Bits::kInt8 ? r.int8_stages : r.int4_stages});
+        return {MoePath::kDecode,
+                r.tile_tokens,
+                r.warps,
+                r.unroll,
+                r.prefetch,
+                kGroupedTile,
+                bits == quant::Bits::kInt8 ? r.int8_stages : r.int4_stages};
     return fallback(MoePath::kDecode);
-  }
-
-  // `c` (a quantized decode choice) with the shared chunks on the narrowest chunk tile that holds T (the
-  // widest beyond) where that passes c's tile and kQuantChunkTiles lists it for c's warps, unroll and prefetch.
-  static constexpr MoeConfig with_chunk_tiles(const MoeShape& s, quant::Bits bits, MoeConfig c) {
-    if (s.num_shared_chunks == 0 || s.num_tokens <= c.tile_tokens) return c;
-    MoeConfig chunked = c;
-    chunked.decode_chunk_tokens = s.num_tokens <= 16 ? 16 : 32;
-    chunked.decode_chunk_stages = bits == quant::Bits::kInt8 ? kQuantChunkStagesInt8 : 0;
-    const DecodeTileShape shape = decode_tile_of(chunk_tile_config(chunked));
-    bool listed = false;
-    for (const DecodeTileShape& t : kQuantChunkTiles) listed = listed || t == shape;
-    return listed && chunked.decode_chunk_tokens > c.tile_tokens ? chunked : c;
   }
 
  private:
@@ -385,35 +343,7 @@ static_assert(quantized_moe_config<DefaultMoeConfig>);
 // token with 8 warps, at 33 and 64 tokens on 16-token tiles; many tokens per expert: the grouped GEMM (or
 // 32-token decode tiles when asked for the decode path).
 static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 0, false, false, false, 32, 0});
-// Shared chunks on their own tiles from T > the routed tile: the narrowest of 16 and 32 tokens that holds T
-// (Qwen1.5-MoE's 4 chunks: one 16-token tile each at 16 tokens, one or more 32-token tiles from 17), int8
-// staged with 2 k-steps; none up to the routed tile, nor without chunks.
-static_assert([] {
-  struct Example {
-    MoeShape shape;  // T, H, F, E, k, m
-    quant::Bits bits;
-    int chunk_tokens, chunk_stages;
-  };
-  constexpr Example kChunks[] = {
-      {{8, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, 0, 0},
-      {{9, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, 16, 2},
-      {{16, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, 16, 0},
-      {{17, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, 32, 2},
-      {{64, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, 32, 2},
-      {{128, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, 32, 0},
-      {{64, 2048, 1408, 60, 4, 0}, quant::Bits::kInt8, 0, 0},
-      {{64, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, 0, 0},
-  };
-  for (const Example& e : kChunks) {
-    const MoeConfig c = DefaultMoeConfig::select_quantized(e.shape, MoePath::kAuto, e.bits);
-    if (c.decode_chunk_tokens != e.chunk_tokens || c.decode_chunk_stages != e.chunk_stages) return false;
-    if (has_chunk_tiles(c) && !DefaultMoeConfig::kQuantDecodeTiles.contains(decode_tile_of(chunk_tile_config(c))))
-      return false;
-  }
-  return true;
-}());
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,

@@ -53,8 +53,6 @@ struct MoeParams {
   int* unit_counters;      // [2] the TMA grouped GEMM's next unit (gate/up, down), zeroed by routing
   bf16* act;               // [S, F] SiLU(gate)·up, expert-sorted rows
   bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
-  int tile_base;           // decode: the launch's first work tile (the routed tiles' launch beside the
-                           // shared chunks': the chunks' tile count; else 0)
 };
 
 // Expert of slot s, or -1 when the routed id is outside [0, E) (such slots contribute nothing).

@@ -190,20 +190,6 @@ struct dequant_workspace_of<Config> {
   static constexpr bool value = Config::kDequantWorkspace;
 };
 
-// Whether a configuration type may run the shared chunks on tiles of their own (kDecodeChunkTiles: the
-// routed tiles' kBeside kernels are instantiated only then).
-template <class Config>
-struct chunk_tiles_of {
-  static constexpr bool value = false;
-};
-template <class Config>
-requires requires {
-  Config::kDecodeChunkTiles;
-}
-struct chunk_tiles_of<Config> {
-  static constexpr bool value = Config::kDecodeChunkTiles;
-};
-
 template <class Config, class Precision>
 struct decode_tiles_of {
   using type = std::conditional_t<Precision::kQuantized && quantized_moe_config<Config>,
@@ -260,10 +246,6 @@ class PagedMoe {
   // Whether workspace_size() holds a bf16 copy of the experts for MoeConfig::grouped_dequant.
   static constexpr bool kDequantWorkspace =
       Precision::kQuantized && detail::dequant_workspace_of<Config>::value;
-  // Whether the shared chunks may run on tiles of their own (MoeConfig::decode_chunk_tokens): quantized
-  // experts and a configuration type with kDecodeChunkTiles = true (DefaultMoeConfig's); config() runs the
-  // chunks of other configuration types on the routed tiles.
-  static constexpr bool kChunkTiles = Precision::kQuantized && detail::chunk_tiles_of<Config>::value;
   // The stages of the 64-token grouped tiles where the configuration asks for MoeConfig::small_deep (one
   // block per SM).
   static constexpr int kDeepSmallStages = 8;
@@ -346,30 +328,6 @@ class PagedMoe {
                                  "intermediate = " + std::to_string(s.intermediate) + "); at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
-    if (c.decode_chunk_stages != 0 && c.decode_chunk_tokens == 0)
-      return Status::error("config.decode_chunk_stages", c.decode_chunk_stages,
-                           "applies to the shared chunks' own tiles (decode_chunk_tokens != 0) only");
-    if (c.decode_chunk_tokens != 0) {
-      if (!Precision::kQuantized || c.path != MoePath::kDecode)
-        return Status::error("config.decode_chunk_tokens", c.decode_chunk_tokens,
-                             "applies to quantized experts on the decode path (kDecode) only (0 otherwise)");
-      if (c.decode_chunk_tokens <= c.tile_tokens || c.tile_tokens > 8 * kMaxBesideTokTiles)
-        return Status::error("config.decode_chunk_tokens", c.decode_chunk_tokens,
-                             "must exceed tile_tokens = " + std::to_string(c.tile_tokens) +
-                                 ", which must be at most " + std::to_string(8 * kMaxBesideTokTiles) +
-                                 " (the routed tiles' launch beside the chunks')");
-      const MoeConfig chunks = chunk_tile_config(c);
-      if (decode_k_multiple(chunks) == 0)
-        return Status::error("config.decode_chunk_tokens", c.decode_chunk_tokens,
-                             "with decode_chunk_stages and decode_warps, decode_unroll and decode_prefetch must "
-                             "name an instantiated decode tile (PagedMoe::DecodeTiles)");
-      const long long bytes =
-          std::max(decode_block_smem(chunks, s.hidden), decode_block_smem(chunks, s.intermediate));
-      if (bytes > ptx::kMaxBlockSmemBytes)
-        return Status::error("config.decode_chunk_stages", c.decode_chunk_stages,
-                             "needs " + std::to_string(bytes) + " bytes of shared memory per chunk block here; at "
-                                 "most " + std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
-    }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
@@ -447,15 +405,13 @@ class PagedMoe {
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
   // grouped).
   // Quantized experts: the configuration's quantized choice where it has one (quantized_moe_config), else
-  // select()'s with kAuto read as kDecode and 128-row grouped blocks; the shared chunks' own tiles only with
-  // kChunkTiles. On a device without wgmma (not sm_90) run() replaces a quantized grouped choice by
-  // kQuantFallback.
+  // select()'s with kAuto read as kDecode and 128-row grouped blocks. On a device without wgmma (not sm_90)
+  // run() replaces a quantized grouped choice by kQuantFallback.
   static constexpr MoeConfig config(const Arguments& a) {
     if constexpr (Precision::kQuantized && quantized_moe_config<Config>) {
       MoeConfig c = Config::select_quantized(a.shape, a.path, Precision::kBits);
       // A bf16 copy (grouped_dequant) is contiguous, on the TMA kernel's rows whatever the pages.
       if (uses_tma(c) && !c.grouped_dequant && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
-      if (!kChunkTiles) c.decode_chunk_tokens = c.decode_chunk_stages = 0;  // the chunks on the routed tiles
       return c;
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
@@ -537,7 +493,6 @@ class PagedMoe {
       p.y = static_cast<bf16*>(at(lay.y));
       r.total_experts = s.total_experts();
       r.tile_rows = choice.tile_tokens;
-      r.chunk_tile_rows = has_chunk_tiles(choice) ? choice.decode_chunk_tokens : choice.tile_tokens;
       r.sorted_slot = static_cast<int*>(at(lay.sorted_slot));
       r.expert_offset = static_cast<int*>(at(lay.expert_offset));
       r.tiles = static_cast<WorkTile*>(at(lay.tiles));
@@ -821,8 +776,6 @@ class PagedMoe {
 
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
                            unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
-    if constexpr (kChunkTiles)
-      if (has_chunk_tiles(c)) return run_chunked_decode(p, s, c, dev, stream);
     Status st = Status::success();
     std::apply(
         [&](auto... t) {
@@ -862,94 +815,38 @@ class PagedMoe {
   template <class T>
   static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
                                 bool preload, const detail::DeviceInfo& dev, cudaStream_t stream) {
+    using decode::gemv_kernel;
     using decode::Stage;
-    if (Status st = decode_launch<T, Stage::kGateUp>(p, s, grid_tiles, dev, stream); !st) return st;
+    const int device = dev.device;
+    constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T, Precision>;
+    constexpr auto kDown = gemv_kernel<Addressing, Stage::kDown, T, Precision>;
+    int gate_up_smem = 0, down_smem = 0;  // a staged tile's operand slots and scales (K = H, then F)
+    if constexpr (Precision::kQuantized && T::kStages > 0) {
+      gate_up_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.hidden));
+      down_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.intermediate));
+      constexpr int kStatic = static_cast<int>(decode::reduction_bytes<T>());
+      if (Status st = detail::set_smem<kGateUp>(device, gate_up_smem, kStatic); !st) return st;
+      if (Status st = detail::set_smem<kDown>(device, down_smem, kStatic); !st) return st;
+    }
+    (void)device;
+    if (Status st = launch(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,
+                           gate_up_smem, stream, p, "decode::gemv_kernel<kGateUp>");
+        !st)
+      return st;
+    const dim3 down_grid(s.hidden / decode::kDownRows, grid_tiles);
     if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {
       if (preloads<T>(preload, s, grid_tiles, dev)) {
-        constexpr auto kPreloadDown = decode::gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
+        constexpr auto kPreloadDown = gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
         const int smem = static_cast<int>(decode::preload_smem_bytes(s.intermediate));
-        if (Status st = detail::set_smem<kPreloadDown>(dev.device, smem,
-                                                       static_cast<int>(decode::reduction_bytes<T>()));
+        if (Status st =
+                detail::set_smem<kPreloadDown>(device, smem, static_cast<int>(decode::reduction_bytes<T>()));
             !st)
           return st;
-        return launch(kPreloadDown, dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, smem, stream,
-                      p, "decode::gemv_kernel<kDown, preload>");
+        return launch(kPreloadDown, down_grid, T::kThreads, smem, stream, p,
+                      "decode::gemv_kernel<kDown, preload>");
       }
     }
-    return decode_launch<T, Stage::kDown>(p, s, grid_tiles, dev, stream);
-  }
-
-  // One decode stage on tile T over `tiles` work tiles from p.tile_base: gate/up one block per 16 features
-  // of F, down one per 32 rows of H; a staged tile's operand slots and scales in dynamic shared memory.
-  // kBeside: the launch runs beside the previous one of its stage (decode::gemv_kernel's kBeside).
-  template <class T, decode::Stage kStage, bool kBeside = false>
-  static Status decode_launch(const MoeParams<Addressing>& p, const MoeShape& s, unsigned tiles,
-                              const detail::DeviceInfo& dev, cudaStream_t stream) {
-    constexpr bool kGateUp = kStage == decode::Stage::kGateUp;
-    constexpr auto kernel = decode::gemv_kernel<Addressing, kStage, T, Precision, false, kBeside>;
-    int smem = 0;
-    if constexpr (Precision::kQuantized && T::kStages > 0) {
-      smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(kGateUp ? s.hidden : s.intermediate));
-      if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(decode::reduction_bytes<T>()));
-          !st)
-        return st;
-    }
-    const dim3 grid(kGateUp ? s.intermediate / decode::kGateUpRows : s.hidden / decode::kDownRows, tiles);
-    return launch(kernel, grid, T::kThreads, smem, stream, p,
-                  kGateUp ? (kBeside ? "decode::gemv_kernel<kGateUp, beside>" : "decode::gemv_kernel<kGateUp>")
-                          : (kBeside ? "decode::gemv_kernel<kDown, beside>" : "decode::gemv_kernel<kDown>"));
-  }
-
-  // decode_launch on the instantiated tile `c` names.
-  template <decode::Stage kStage, bool kBeside>
-  static Status decode_launch_of(const MoeConfig& c, const MoeParams<Addressing>& p, const MoeShape& s,
-                                 unsigned tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
-    Status st = Status::error("config.tile_tokens", c.tile_tokens, "names no instantiated decode tile");
-    std::apply(
-        [&](auto... t) {
-          ((names<decltype(t)>(c) ? (st = decode_launch_beside<decltype(t), kStage, kBeside>(p, s, tiles, dev,
-                                                                                              stream),
-                                     0)
-                                  : 0),
-           ...);
-        },
-        DecodeTiles{});
-    return st;
-  }
-  // Routed tiles run beside the chunks' only on 8- and 16-token tiles (the chunk tiles are wider): the
-  // kBeside kernels of wider tiles are not instantiated.
-  template <class T, decode::Stage kStage, bool kBeside>
-  static Status decode_launch_beside(const MoeParams<Addressing>& p, const MoeShape& s, unsigned tiles,
-                                     const detail::DeviceInfo& dev, cudaStream_t stream) {
-    if constexpr (kBeside && T::kTokTiles > kMaxBesideTokTiles)
-      return Status::error("config.tile_tokens", T::kTileTokens,
-                           "routed tiles beside the shared chunks' hold at most 16 tokens");
-    else
-      return decode_launch<T, kStage, kBeside>(p, s, tiles, dev, stream);
-  }
-  static constexpr int kMaxBesideTokTiles = 2;
-
-  // The shared chunks on tiles of their own (MoeConfig::decode_chunk_tokens): per stage the chunks' launch
-  // (their T tokens on m·ceil(T / chunk tile) tiles, first in the tile list), then the routed tiles' launch
-  // beside it, from tile_base = that count. Quantized experts only (can_implement).
-  static Status run_chunked_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                                   const detail::DeviceInfo& dev, cudaStream_t stream) {
-    using decode::Stage;
-    const MoeConfig chunks = chunk_tile_config(c);
-    const int per_chunk = (s.num_tokens + chunks.tile_tokens - 1) / chunks.tile_tokens;
-    const auto chunk_tiles = static_cast<unsigned>(s.num_shared_chunks * per_chunk);
-    MoeParams<Addressing> routed = p;
-    routed.tile_base = static_cast<int>(chunk_tiles);
-    const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
-    const auto routed_tiles =
-        static_cast<unsigned>(slots / c.tile_tokens + std::min<long long>(s.num_experts, slots) + 1);
-    if (Status st = decode_launch_of<Stage::kGateUp, false>(chunks, p, s, chunk_tiles, dev, stream); !st)
-      return st;
-    if (Status st = decode_launch_of<Stage::kGateUp, true>(c, routed, s, routed_tiles, dev, stream); !st)
-      return st;
-    if (Status st = decode_launch_of<Stage::kDown, false>(chunks, p, s, chunk_tiles, dev, stream); !st)
-      return st;
-    return decode_launch_of<Stage::kDown, true>(c, routed, s, routed_tiles, dev, stream);
+    return launch(kDown, down_grid, T::kThreads, down_smem, stream, p, "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer with programmatic dependent launch: its blocks may start

@@ -75,10 +75,6 @@ __device__ __forceinline__ void cp_async_stream_16(std::uint32_t smem_addr, cons
 __device__ __forceinline__ void cp_async_cached_16(std::uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
 }
-// ... past L1, from the L2: data a kernel may read before its dependency wait (the decode tiles' kBeside).
-__device__ __forceinline__ void cp_async_l2_16(std::uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
-}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -119,14 +115,6 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
 // Activations are re-read by every block that works on the same tokens: keep them in L1.
 __device__ __forceinline__ uint4 ld_cached_16(const void* p) {
   return __ldg(static_cast<const uint4*>(p));
-}
-// ... or read them from the L2 (past L1, whose lines may predate a write the kernel has not waited for).
-template <bool kL2>
-__device__ __forceinline__ uint4 ld_tokens_16(const void* p) {
-  if constexpr (kL2)
-    return __ldcg(static_cast<const uint4*>(p));
-  else
-    return ld_cached_16(p);
 }
 
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {

@@ -25,8 +25,7 @@ template <expert_addressing Addressing>
 struct RoutingParams {
   MoeParams<Addressing> moe;
   int total_experts;
-  int tile_rows;        // token rows per work tile
-  int chunk_tile_rows;  // ... of the shared chunks (MoeConfig::decode_chunk_tokens; else tile_rows)
+  int tile_rows;  // token rows per work tile
   int* sorted_slot;
   int* expert_offset;  // [E+m+1]
   WorkTile* tiles;
@@ -55,9 +54,8 @@ __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int 
   using Scan = cub::BlockScan<int2, kThreads>;
   __shared__ typename Scan::TempStorage scan;
   const int e = threadIdx.x;
+  const int n = (count + r.tile_rows - 1) / r.tile_rows;
   const bool chunk = e >= r.moe.num_experts;  // threads past the experts count 0 tiles
-  const int rows = chunk ? r.chunk_tile_rows : r.tile_rows;
-  const int n = (count + rows - 1) / rows;
   int2 before, sums;
   Scan(scan).ExclusiveScan(make_int2(chunk ? 0 : n, chunk ? n : 0), before, make_int2(0, 0), SumPair{}, sums);
   const int first = chunk ? before.y : sums.y + before.x, total = sums.x + sums.y;
@@ -69,8 +67,9 @@ __device__ void write_tiles(const RoutingParams<Addressing>& r, int offset, int 
       const bf16* m1 = Addressing::matrix_base(r.moe.addr, e, 1);
       const bf16* m2 = Addressing::matrix_base(r.moe.addr, e, 2);
       for (int i = 0; i < n; ++i) {
-        const int start = i * rows;
-        r.tiles[first + i] = WorkTile{{m0, m1, m2}, e, offset + start, min(rows, count - start), first, n};
+        const int start = i * r.tile_rows;
+        r.tiles[first + i] =
+            WorkTile{{m0, m1, m2}, e, offset + start, min(r.tile_rows, count - start), first, n};
       }
     }
   }

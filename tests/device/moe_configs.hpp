@@ -1,7 +1,6 @@
 // Configurations of PagedMoe shared by the device tests (paged_moe_test.cu, quant_moe_test.cu) and
-// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, with the
-// shared chunks' quantized decode tiles held to one size, and with another width or token tile of the sm_90
-// grouped GEMM's blocks. Host-only
+// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, and the
+// default table with another width or token tile of the sm_90 grouped GEMM's blocks. Host-only
 // (moe/moe_config.hpp).
 #pragma once
 
@@ -31,21 +30,6 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
     c.grouped_rows = s.hidden % 256 == 0 ? 256 : 128;
-    return c;
-  }
-};
-
-// DefaultMoeConfig's choice with the shared chunks' quantized decode tiles (MoeConfig::decode_chunk_tokens)
-// held to kTokens tokens wherever the default gives the chunks tiles of their own (and kTokens passes the
-// routed tile); 0: none, the chunks on the routed tiles (the table before chunk tiles).
-template <int kTokens>
-struct ChunkQuantConfig : kernels::DefaultMoeConfig {
-  static constexpr bool kDecodeChunkTiles = kTokens != 0;
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    if (kernels::has_chunk_tiles(c)) c.decode_chunk_tokens = kTokens > c.tile_tokens ? kTokens : 0;
-    if (c.decode_chunk_tokens == 0) c.decode_chunk_stages = 0;
     return c;
   }
 };

@@ -227,11 +227,10 @@ TEST_CASE("model shapes at every token count", "[gpu][models]") {
 }
 
 // The routing kernel's tile list: the shared chunks' tiles first, then the routed experts' in order; each
-// expert's tiles consecutive, covering its rows of the expert-sorted order in tile-sized pieces (the chunks'
-// own size where it differs: MoeConfig::decode_chunk_tokens), with its resolved matrices.
+// expert's tiles consecutive, covering its rows of the expert-sorted order in tile-sized pieces, with its
+// resolved matrices.
 TEST_CASE("routing lists the shared chunks' tiles first, then the routed experts' in order", "[gpu][small]") {
   constexpr int E = 6, m = 2, k = 2, T = 50, kTile = 8;
-  const int chunk_tile = GENERATE(8, 16, 32);
   std::vector<std::int32_t> ids(T * k);
   for (int i = 0; i < T * k; ++i) ids[i] = (i * 7 + i / 3) % (E + 1);  // id E: outside [0, E), dropped
   std::vector<int> count(E + m, 0);
@@ -255,7 +254,6 @@ TEST_CASE("routing lists the shared chunks' tiles first, then the routed experts
   r.moe.unit_counters = counters.get();
   r.total_experts = E + m;
   r.tile_rows = kTile;
-  r.chunk_tile_rows = chunk_tile;
   r.sorted_slot = sorted.get();
   r.expert_offset = offsets.get();
   r.tiles = tiles.get();
@@ -269,17 +267,16 @@ TEST_CASE("routing lists the shared chunks' tiles first, then the routed experts
   for (int e = 0; e < E; ++e) order.push_back(e);
   int next = 0;
   for (const int e : order) {
-    INFO("expert " << e << ", chunk tiles of " << chunk_tile);
+    INFO("expert " << e);
     CHECK(offset[e] == std::accumulate(count.begin(), count.begin() + e, 0));  // rows stay in expert order
-    const int rows = e >= E ? chunk_tile : kTile;
-    const int n = (count[e] + rows - 1) / rows;
+    const int n = (count[e] + kTile - 1) / kTile;
     for (int i = 0; i < n; ++i) {
       const kernels::WorkTile& t = list[next + i];
       CHECK(t.expert == e);
       CHECK(t.first_tile == next);
       CHECK(t.expert_tiles == n);
-      CHECK(t.row_start == offset[e] + i * rows);
-      CHECK(t.count == std::min(rows, count[e] - i * rows));
+      CHECK(t.row_start == offset[e] + i * kTile);
+      CHECK(t.count == std::min(kTile, count[e] - i * kTile));
       for (int j = 0; j < 3; ++j) CHECK(t.matrix[j] == weights + (3 * e + j) * kElems);
     }
     next += n;

@@ -242,7 +242,6 @@ constexpr ModelSpec kEngineSmall{"small E16 k4 m2 H256 F128", 16, 4, 256, 128, 2
 // One quantized decode tile T of PagedMoe's defaults (detail::DefaultQuantDecodeTiles) at every token count.
 template <class T>
 struct QuantTileConfig : kernels::DefaultMoeConfig {  // select(): the default table's
-  static constexpr bool kDecodeChunkTiles = false;   // the chunks on tile T too
   static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
     return {MoePath::kDecode, T::kTileTokens, T::kWarps, T::kUnroll, T::kPrefetch, 128, T::kStages};
   }
@@ -495,66 +494,6 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
       check_quant_case<kernels::Int4, OnlyTileConfig<Staged<kernels::decode::Tile<2, 4, 1>, 3>>>(
           s4, tokens, 1900 + tokens, MoePath::kDecode);
     }
-  }
-}
-
-namespace {
-
-// The layer with the shared chunks on tiles of their own (the default table's, and held to 16 / 32 tokens)
-// equals the layer with the chunks on the routed tiles bit for bit: a token's arithmetic does not depend on
-// the tile it shares. The default must give the chunks `chunk_tokens`-token tiles (so the launches beside
-// each other run), and the layer must meet the reference (check_quant_case, paged = contiguous).
-template <class Precision>
-void check_chunk_tiles(const QuantStore& st, int tokens, std::uint64_t seed, int hot_expert, int chunk_tokens) {
-  const MoeShape shape = shape_of(st.spec, tokens);
-  const RoutingSet r = make_routing(st.spec, tokens, seed, hot_expert);
-  INFO(st.spec.name << " int" << kernels::quant::bit_count(st.bits) << " T=" << tokens
-                    << (hot_expert >= 0 ? " skewed" : ""));
-  auto layer = [&]<class Config>(int expect_chunk) {
-    Runner<kernels::Paged, Config, Precision> runner;
-    const auto out = runner.run(r, shape, st.paged_args(), MoePath::kAuto, true, st.stride());
-    const kernels::MoeConfig c = decltype(runner)::Moe::config(runner.args);
-    CHECK(c.path == MoePath::kDecode);
-    CHECK(c.decode_chunk_tokens == expect_chunk);
-    return out;
-  };
-  const auto routed = layer.template operator()<ChunkQuantConfig<0>>(0);
-  const auto chunked = layer.template operator()<kernels::DefaultMoeConfig>(chunk_tokens);
-  CHECK(std::memcmp(routed.data(), chunked.data(), routed.size() * 2) == 0);
-  const int routed_tile = kernels::DefaultMoeConfig::select_quantized(shape, MoePath::kAuto, st.bits).tile_tokens;
-  for (const int t : {16, 32}) {
-    if (t <= routed_tile) continue;
-    const auto other = t == 16 ? layer.template operator()<ChunkQuantConfig<16>>(16)
-                               : layer.template operator()<ChunkQuantConfig<32>>(32);
-    CHECK(std::memcmp(routed.data(), other.data(), routed.size() * 2) == 0);
-  }
-  check_quant_case<Precision>(st, tokens, seed, MoePath::kDecode, hot_expert);
-}
-
-}  // namespace
-
-// Shared chunks past the routed tile (MoeConfig::decode_chunk_tokens): one chunk tile (9, 16 tokens), several
-// (40: two 32-token tiles, the second partial), one hot expert over several routed tiles, two chunks.
-TEST_CASE("quantized experts: the shared chunks' own decode tiles = the chunks on the routed tiles",
-          "[gpu][small][quant]") {
-  const QuantStore s8(kSmall, Bits::kInt8, 71), s4(kSmall, Bits::kInt4, 72);
-  const QuantStore e8(kEngineSmall, Bits::kInt8, 73), e4(kEngineSmall, Bits::kInt4, 74);
-  for (const int tokens : {9, 16, 17, 40}) {
-    const int chunk = tokens <= 16 ? 16 : 32;
-    check_chunk_tiles<kernels::Int8>(s8, tokens, 3100 + tokens, -1, chunk);
-    check_chunk_tiles<kernels::Int4>(s4, tokens, 3200 + tokens, -1, chunk);
-    check_chunk_tiles<kernels::Int8>(e8, tokens, 3300 + tokens, -1, chunk);
-    check_chunk_tiles<kernels::Int4>(e4, tokens, 3400 + tokens, -1, chunk);
-  }
-  check_chunk_tiles<kernels::Int8>(s8, 40, 3500, 3, 32);
-  check_chunk_tiles<kernels::Int4>(e4, 40, 3600, 5, 32);
-}
-
-TEST_CASE("quantized experts: the shared chunks' own decode tiles on Qwen1.5-MoE", "[gpu][models][quant]") {
-  const QuantStore s8(kQwen15, Bits::kInt8, 75), s4(kQwen15, Bits::kInt4, 76);
-  for (const int tokens : {16, 33, 64}) {
-    check_chunk_tiles<kernels::Int8>(s8, tokens, 3700 + tokens, -1, tokens <= 16 ? 16 : 32);
-    check_chunk_tiles<kernels::Int4>(s4, tokens, 3800 + tokens, -1, tokens <= 16 ? 16 : 32);
   }
 }
 

@@ -41,8 +41,18 @@ struct MoeConfig {
                                 // kPreload), so W2 streams while gate/up runs; 32·(2F + 16) bytes per block.
                                 // A call whose down blocks' rows do not all fit the device's shared memory at
                                 // once streams instead (PagedMoe::decode_preloads)
+  int decode_down_warps = 0;  // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
+                              // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
+                              // 2/2/1/1 over 4 warps
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
+
+// The decode tile of the down stage: `c` with its down stage's warps.
+constexpr MoeConfig down_tile_config(MoeConfig c) {
+  if (c.decode_down_warps != 0) c.decode_warps = c.decode_down_warps;
+  c.decode_down_warps = 0;
+  return c;
+}
 
 // `c` on grouped tiles of `tokens` tokens: small_deep names a variant of the 64-token tiles, so other tiles
 // drop it.

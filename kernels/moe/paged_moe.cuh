@@ -328,6 +328,30 @@ class PagedMoe {
                                  "intermediate = " + std::to_string(s.intermediate) + "); at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
+    if (c.decode_down_warps != 0 && c.decode_down_warps != c.decode_warps) {
+      if (c.path != MoePath::kDecode)
+        return Status::error("config.decode_down_warps", c.decode_down_warps,
+                             "applies to the decode path (kDecode) only (0 otherwise)");
+      if (c.decode_preload)
+        return Status::error("config.decode_down_warps", c.decode_down_warps,
+                             "excludes decode_preload (the preloading down blocks run decode_warps warps)");
+      const MoeConfig down = down_tile_config(c);
+      const int multiple = decode_k_multiple(down);
+      if (multiple == 0)
+        return Status::error("config.decode_down_warps", c.decode_down_warps,
+                             "with the decode tile's tokens, unroll, prefetch and stages must name an "
+                             "instantiated decode tile (PagedMoe::DecodeTiles)");
+      if (!Precision::kQuantized && s.intermediate % multiple != 0)
+        return Status::error("config.decode_down_warps", c.decode_down_warps,
+                             "needs intermediate to be a multiple of 32·decode_down_warps");
+      const long long bytes = decode_block_smem(down, s.intermediate);
+      if (bytes > ptx::kMaxBlockSmemBytes)
+        return Status::error("config.decode_down_warps", c.decode_down_warps,
+                             "needs " + std::to_string(bytes) +
+                                 " bytes of shared memory per down block here; at "
+                                 "most " +
+                                 std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
+    }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
@@ -779,9 +803,8 @@ class PagedMoe {
     Status st = Status::success();
     std::apply(
         [&](auto... t) {
-          ((names<decltype(t)>(c)
-                ? (st = run_decode_tile<decltype(t)>(p, s, grid_tiles, c.decode_preload, dev, stream), 0)
-                : 0),
+          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, c, grid_tiles, dev, stream), 0)
+                                  : 0),
            ...);
         },
         DecodeTiles{});
@@ -813,40 +836,57 @@ class PagedMoe {
   }
 
   template <class T>
-  static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, unsigned grid_tiles,
-                                bool preload, const detail::DeviceInfo& dev, cudaStream_t stream) {
-    using decode::gemv_kernel;
+  static Status run_decode_tile(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                                unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
     using decode::Stage;
-    const int device = dev.device;
-    constexpr auto kGateUp = gemv_kernel<Addressing, Stage::kGateUp, T, Precision>;
-    constexpr auto kDown = gemv_kernel<Addressing, Stage::kDown, T, Precision>;
-    int gate_up_smem = 0, down_smem = 0;  // a staged tile's operand slots and scales (K = H, then F)
-    if constexpr (Precision::kQuantized && T::kStages > 0) {
-      gate_up_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.hidden));
-      down_smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(s.intermediate));
-      constexpr int kStatic = static_cast<int>(decode::reduction_bytes<T>());
-      if (Status st = detail::set_smem<kGateUp>(device, gate_up_smem, kStatic); !st) return st;
-      if (Status st = detail::set_smem<kDown>(device, down_smem, kStatic); !st) return st;
-    }
-    (void)device;
-    if (Status st = launch(kGateUp, dim3(s.intermediate / decode::kGateUpRows, grid_tiles), T::kThreads,
-                           gate_up_smem, stream, p, "decode::gemv_kernel<kGateUp>");
-        !st)
+    if (Status st = decode_launch<T, Stage::kGateUp>(p, s, grid_tiles, dev, stream); !st) return st;
+    if (c.decode_down_warps != 0 && c.decode_down_warps != T::kWarps) {  // the down stage on its own tile
+      const MoeConfig down = down_tile_config(c);
+      Status st = Status::error("config.decode_down_warps", c.decode_down_warps,
+                                "names no instantiated decode tile (PagedMoe::DecodeTiles)");
+      std::apply(
+          [&](auto... t) {
+            ((names<decltype(t)>(down)
+                  ? (st = decode_launch<decltype(t), Stage::kDown>(p, s, grid_tiles, dev, stream), 0)
+                  : 0),
+             ...);
+          },
+          DecodeTiles{});
       return st;
-    const dim3 down_grid(s.hidden / decode::kDownRows, grid_tiles);
+    }
     if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {
-      if (preloads<T>(preload, s, grid_tiles, dev)) {
-        constexpr auto kPreloadDown = gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
+      if (preloads<T>(c.decode_preload, s, grid_tiles, dev)) {
+        constexpr auto kPreloadDown = decode::gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
         const int smem = static_cast<int>(decode::preload_smem_bytes(s.intermediate));
-        if (Status st =
-                detail::set_smem<kPreloadDown>(device, smem, static_cast<int>(decode::reduction_bytes<T>()));
+        if (Status st = detail::set_smem<kPreloadDown>(dev.device, smem,
+                                                       static_cast<int>(decode::reduction_bytes<T>()));
             !st)
           return st;
-        return launch(kPreloadDown, down_grid, T::kThreads, smem, stream, p,
-                      "decode::gemv_kernel<kDown, preload>");
+        return launch(kPreloadDown, dim3(s.hidden / decode::kDownRows, grid_tiles), T::kThreads, smem, stream,
+                      p, "decode::gemv_kernel<kDown, preload>");
       }
     }
-    return launch(kDown, down_grid, T::kThreads, down_smem, stream, p, "decode::gemv_kernel<kDown>");
+    return decode_launch<T, Stage::kDown>(p, s, grid_tiles, dev, stream);
+  }
+
+  // One decode stage on tile T: gate/up one block per 16 features of F, down one per 32 rows of H, over
+  // `tiles` work tiles; a staged tile's operand slots and scales in dynamic shared memory.
+  template <class T, decode::Stage kStage>
+  static Status decode_launch(const MoeParams<Addressing>& p, const MoeShape& s, unsigned tiles,
+                              const detail::DeviceInfo& dev, cudaStream_t stream) {
+    constexpr bool kGateUp = kStage == decode::Stage::kGateUp;
+    constexpr auto kernel = decode::gemv_kernel<Addressing, kStage, T, Precision>;
+    int smem = 0;
+    if constexpr (Precision::kQuantized && T::kStages > 0) {
+      smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(kGateUp ? s.hidden : s.intermediate));
+      if (Status st =
+              detail::set_smem<kernel>(dev.device, smem, static_cast<int>(decode::reduction_bytes<T>()));
+          !st)
+        return st;
+    }
+    const dim3 grid(kGateUp ? s.intermediate / decode::kGateUpRows : s.hidden / decode::kDownRows, tiles);
+    return launch(kernel, grid, T::kThreads, smem, stream, p,
+                  kGateUp ? "decode::gemv_kernel<kGateUp>" : "decode::gemv_kernel<kDown>");
   }
 
   // Launches a kernel of the layer with programmatic dependent launch: its blocks may start

@@ -1,10 +1,13 @@
 // Configurations of PagedMoe shared by the device tests (paged_moe_test.cu, quant_moe_test.cu) and
-// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, and the
-// default table with another width or token tile of the sm_90 grouped GEMM's blocks. Host-only
-// (moe/moe_config.hpp).
+// benchmarks/device/paged_moe_bench.cu: the default table held to one path at every token count, with the
+// quantized decode's down stage on other warps, and with another width or token tile of the sm_90 grouped
+// GEMM's blocks. CUDA (the decode tiles' types: moe/paged_moe.cuh).
 #pragma once
 
+#include <tuple>
+
 #include "moe/moe_config.hpp"
+#include "moe/paged_moe.cuh"
 
 namespace amoeba::testing {
 
@@ -30,6 +33,23 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
     c.grouped_rows = s.hidden % 256 == 0 ? 256 : 128;
+    return c;
+  }
+};
+
+// The default table with the down stage of every quantized decode call on 8-token tiles split over kWarps
+// warps (MoeConfig::decode_down_warps; gate/up keeps the row's warps). Its tiles: the default's and the
+// 8-token tiles' kWarps twins.
+template <int kWarps, class... Ts>
+auto with_down_warps(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
+    std::tuple<Ts...>, kernels::decode::Tile<1, kWarps, Ts::kUnroll, Ts::kPrefetch, Ts::kStages>...>::type;
+template <int kWarps>
+struct DownWarpsConfig : kernels::DefaultMoeConfig {
+  using DecodeTiles = decltype(with_down_warps<kWarps>(kernels::detail::DefaultQuantDecodeTiles{}));
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    if (c.path == kernels::MoePath::kDecode && c.tile_tokens == 8) c.decode_down_warps = kWarps;
     return c;
   }
 };

@@ -497,6 +497,35 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
   }
 }
 
+// The down stage on its own warps (MoeConfig::decode_down_warps): another K split, so other float sums than
+// the row's warps, within the reference's tolerance; paged = contiguous bit for bit. Warps with one, several
+// or no k-steps: F = 256 is 4 int8 / 2 int4 steps, F = 128 one int4 step; Qwen3's F = 768 6 int4 steps.
+TEST_CASE("quantized experts: the decode's down stage on its own warps, against the reference",
+          "[gpu][small][quant]") {
+  const QuantStore s8(kSmall, Bits::kInt8, 81), s4(kSmall, Bits::kInt4, 82);
+  const QuantStore e8(kEngineSmall, Bits::kInt8, 83), e4(kEngineSmall, Bits::kInt4, 84);
+  for (const int tokens : {1, 3, 16}) {
+    check_quant_case<kernels::Int8, DownWarpsConfig<2>>(s8, tokens, 4100 + tokens, MoePath::kDecode);
+    check_quant_case<kernels::Int4, DownWarpsConfig<3>>(s4, tokens, 4200 + tokens, MoePath::kDecode);
+    check_quant_case<kernels::Int8, DownWarpsConfig<6>>(e8, tokens, 4300 + tokens, MoePath::kDecode);
+    check_quant_case<kernels::Int4, DownWarpsConfig<2>>(e4, tokens, 4400 + tokens, MoePath::kDecode);
+  }
+  check_quant_case<kernels::Int4, DownWarpsConfig<6>>(s4, 16, 4500, MoePath::kDecode, 3);
+  Runner<kernels::Contiguous, DownWarpsConfig<3>, kernels::Int8> runner;
+  const RoutingSet r = make_routing(kSmall, 3, 4600);
+  runner.run(r, shape_of(kSmall, 3), s8.contiguous_args(), MoePath::kAuto, true);
+  CHECK(decltype(runner)::Moe::config(runner.args).decode_down_warps == 3);
+}
+
+TEST_CASE("quantized experts: the decode's down stage on its own warps, Qwen3", "[gpu][models][quant]") {
+  const QuantStore s8(kQwen3, Bits::kInt8, 85), s4(kQwen3, Bits::kInt4, 86);
+  for (const int tokens : {1, 16, 64}) {
+    check_quant_case<kernels::Int4, DownWarpsConfig<2>>(s4, tokens, 4700 + tokens, MoePath::kDecode);
+    check_quant_case<kernels::Int4, DownWarpsConfig<3>>(s4, tokens, 4800 + tokens, MoePath::kDecode);
+    check_quant_case<kernels::Int8, DownWarpsConfig<6>>(s8, tokens, 4900 + tokens, MoePath::kDecode);
+  }
+}
+
 TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant]") {
   using Moe8 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int8>;
   using Moe4 = PagedMoe<kernels::Contiguous, kernels::DefaultMoeConfig, kernels::Int4>;
@@ -583,4 +612,24 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   CHECK(Moe4Narrow::can_implement(b).field == "config.grouped_rows");
   using MoeBf16Dequant = PagedMoe<kernels::Contiguous, DequantRows<256>, kernels::Bf16>;
   CHECK(MoeBf16Dequant::can_implement(b).field == "config.grouped_dequant");
+  // decode_down_warps: the down tile must be instantiated (DownWarpsConfig's DecodeTiles lists it; the
+  // default's do not) and the path the decode one.
+  b.shape.num_tokens = 4;
+  using Moe4Down = PagedMoe<kernels::Contiguous, DownWarpsConfig<3>, kernels::Int4>;
+  CHECK(Moe4Down::can_implement(b).ok);
+  CHECK(Moe4Down::config(b).decode_down_warps == 3);
+  struct DownNotListed : kernels::DefaultMoeConfig {
+    static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p, Bits bits) {
+      kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, p, bits);
+      c.decode_down_warps = 3;
+      return c;
+    }
+  };
+  const kernels::Status not_listed =
+      PagedMoe<kernels::Contiguous, DownNotListed, kernels::Int4>::can_implement(b);
+  CHECK(not_listed.field == "config.decode_down_warps");
+  CHECK_THAT(not_listed.message, Catch::Contains("instantiated decode tile"));
+  b.path = MoePath::kGrouped;
+  CHECK(PagedMoe<kernels::Contiguous, DownNotListed, kernels::Int4>::can_implement(b).field ==
+        "config.decode_down_warps");
 }

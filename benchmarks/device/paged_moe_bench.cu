@@ -46,9 +46,9 @@
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
 // dequantised in registers) / the two-block kernel; int8-down2 / 3 / 6 (int4 alike): the default's quantized
 // choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
-// (MoeConfig::decode_down_warps); int8-t8w4u2 and the like: one quantized decode tile at
-// every token count (tile tokens, warps, unroll), the sweep that chose the quantized rows of the default
-// table.
+// (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
+// int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
+// sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -437,6 +437,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-twoblock", &make_quant_graph<kernels::Int4, GroupedRowsConfig<128>>},
       {"int8-dq", &make_quant_graph<kernels::Int8, DequantConfig<>>},
       {"int4-dq", &make_quant_graph<kernels::Int4, DequantConfig<>>},
+      {"int8-down0", &make_quant_graph<kernels::Int8, DownWarpsConfig<0>>},
+      {"int4-down0", &make_quant_graph<kernels::Int4, DownWarpsConfig<0>>},
       {"int8-down2", &make_quant_graph<kernels::Int8, DownWarpsConfig<2>>},
       {"int4-down2", &make_quant_graph<kernels::Int4, DownWarpsConfig<2>>},
       {"int8-down3", &make_quant_graph<kernels::Int8, DownWarpsConfig<3>>},

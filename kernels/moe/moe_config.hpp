@@ -113,15 +113,19 @@ struct DecodeTileList {
 namespace config_detail {
 
 // The tiles of a table's rows (a row whose int8 or int4 layers are staged: its tile and the staged ones, the
-// other precision running the register loop) and its fallback tile, each once.
+// other precision running the register loop; a row whose int8 or int4 down stage runs other warps: that
+// precision's down tile too) and its fallback tile, each once.
 template <class Row, std::size_t R>
-constexpr DecodeTileList<3 * R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
-  DecodeTileList<3 * R + 1> list;
+constexpr DecodeTileList<5 * R + 1> tiles_of(const Row (&rows)[R], const DecodeTileShape& fallback) {
+  DecodeTileList<5 * R + 1> list;
   for (const Row& r : rows) {
     list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, 0});
     const int staged[] = {r.int8_stages, r.int4_stages};
-    for (const int stages : staged)
-      if (stages > 0) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, stages});
+    const int down[] = {r.int8_down_warps, r.int4_down_warps};
+    for (int i = 0; i < 2; ++i) {
+      if (staged[i] > 0) list.add({r.tile_tokens, r.warps, r.unroll, r.prefetch, staged[i]});
+      if (down[i] > 0) list.add({r.tile_tokens, down[i], r.unroll, r.prefetch, staged[i]});
+    }
   }
   list.add(fallback);
   return list;
@@ -186,13 +190,15 @@ struct DefaultMoeConfig {
     int prefetch;                  // L2 prefetch hint of the weight loads, bytes
     int int8_stages, int4_stages;  // quantized rows: k-steps int8 / int4 layers keep in flight through
                                    // shared memory (decode::Tile's kStages; 0: the register loop)
+    int int8_down_warps, int4_down_warps;  // quantized rows: warps of the down stage's blocks
+                                           // (MoeConfig::decode_down_warps; 0: `warps`)
   };
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages
-      {32,        0,      2048,    8,      8,   4,    2,     128,     0, 0},
-      {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     0, 0},
-      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     0, 0},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages down
+      {32,        0,      2048,    8,      8,   4,    2,     128,     0, 0, 0, 0},
+      {6,         8192,   1 << 30, 8,      8,   8,    2,     128,     0, 0, 0, 0},
+      {1LL << 40, 0,      1 << 30, 32,     32,  4,    1,     128,     0, 0, 0, 0},
   };
   // clang-format on
   static constexpr int kDecodeTile = 32;  // the largest decode tile (kDecode asked for at any size)
@@ -247,17 +253,29 @@ struct DefaultMoeConfig {
   // register loop there; on huge experts (F ≥ 8192: Mixtral at 1–16 tokens, 8-token tiles) 2 stages took
   // 0.88–0.96× its time (3 processes, the same sweep), so those rows stage int4 too: as the default table
   // 0.88–0.95× the register loop of the same tiles, 1.50–1.94× the packed floor
-  // (docs/results/quantized_h200.md, "int4 on huge experts").
+  // (docs/results/quantized_h200.md, "int4 on huge experts"). The down stage's blocks split K = F over
+  // their own warps where that measured faster (decode_down_warps, 3 processes, against the rows' 4 warps:
+  // docs/results/quantized_h200.md, "The down stage on its own warps"): on experts of F <= 1024 (Qwen3's 768:
+  // 6 int4 or 12 int8 k-steps) 2 warps, int4 past 16 routed slots (0.931–0.983× at 3–64 tokens; 1.033× at 2)
+  // and int8 past 64 (0.978–0.987× at 16–64; 0.995–1.009× at 3–8); int4 on 6 warps at up to 4 routed slots,
+  // and up to 8 on F <= 1024 (Qwen at 1 token: 0.918–0.922×; Qwen1.5 with its chunks at 2 tokens, 8 slots:
+  // 1.035×; int8 on 6 warps at 1 token 0.904–1.083× by model, not taken); Qwen1.5's F = 1408 and Mixtral
+  // lost with 2, 3 and 6 and keep the row's warps.
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
-      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4
-      {2,         8192,   1 << 30, 8,      8,   8,    1,     128,             4,   2},
-      {8,         8192,   1 << 30, 12,     8,   4,    1,     128,             4,   2},
-      {8,         0,      1 << 30, 12,     8,   4,    1,     128,             4,   0},
-      {64,        8192,   1 << 30, 12,     8,   4,    1,     128,             3,   2},
-      {64,        0,      1 << 30, 12,     8,   4,    1,     128,             3,   0},
-      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,             2,   0},
-      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,             2,   0},
+      // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4 down: int8 int4
+      {2,         8192,   1 << 30, 8,      8,   8,    1,     128,             4,   2,      0,   0},
+      {8,         8192,   1 << 30, 12,     8,   4,    1,     128,             4,   2,      0,   0},
+      {4,         0,      1 << 30, 12,     8,   4,    1,     128,             4,   0,      0,   6},
+      {8,         0,      1024,    12,     8,   4,    1,     128,             4,   0,      0,   6},
+      {8,         0,      1 << 30, 12,     8,   4,    1,     128,             4,   0,      0,   0},
+      {64,        8192,   1 << 30, 12,     8,   4,    1,     128,             3,   2,      0,   0},
+      {16,        0,      1024,    12,     8,   4,    1,     128,             3,   0,      0,   0},
+      {64,        0,      1024,    12,     8,   4,    1,     128,             3,   0,      0,   2},
+      {64,        0,      1 << 30, 12,     8,   4,    1,     128,             3,   0,      0,   0},
+      {1LL << 40, 0,      1024,    12,     8,   4,    1,     128,             2,   0,      2,   2},
+      {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,             2,   0,      0,   0},
+      {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,             2,   0,      0,   0},
   };
   // clang-format on
   // The decode tiles select() and select_quantized() can name (their rows' and kFallbackTile): what PagedMoe
@@ -310,14 +328,18 @@ struct DefaultMoeConfig {
       return c;
     }
     for (const DecodeRow& r : kQuantDecodeRows)
-      if (matches(r, s))
-        return {MoePath::kDecode,
-                r.tile_tokens,
-                r.warps,
-                r.unroll,
-                r.prefetch,
-                kGroupedTile,
-                bits == quant::Bits::kInt8 ? r.int8_stages : r.int4_stages};
+      if (matches(r, s)) {
+        const bool int8 = bits == quant::Bits::kInt8;
+        MoeConfig c{MoePath::kDecode,
+                    r.tile_tokens,
+                    r.warps,
+                    r.unroll,
+                    r.prefetch,
+                    kGroupedTile,
+                    int8 ? r.int8_stages : r.int4_stages};
+        c.decode_down_warps = int8 ? r.int8_down_warps : r.int4_down_warps;
+        return c;
+      }
     return fallback(MoePath::kDecode);
   }
 
@@ -355,7 +377,38 @@ static_assert(quantized_moe_config<DefaultMoeConfig>);
 static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 0, false, false, false, 2});
+// The down stage on its own warps (decode_down_warps): int4 on 6 at up to 4 routed slots, 8 on F <= 1024
+// (Qwen at 1 token), int4 and int8 on 2 past 16 and 64 slots on experts of F <= 1024 (Qwen3 from 3 and 16
+// tokens); none on Qwen1.5's F = 1408 past 4 slots, Qwen3 at 2 tokens, Mixtral, or 16-token tiles.
+static_assert([] {
+  struct Example {
+    MoeShape shape;  // T, H, F, E, k, m
+    quant::Bits bits;
+    int down_warps;
+  };
+  constexpr Example kDown[] = {
+      {{1, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, 6},
+      {{1, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, 0},
+      {{1, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, 6},
+      {{3, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, 2},
+      {{2, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, 0},
+      {{2, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, 0},
+      {{3, 2048, 768, 128, 8, 0}, quant::Bits::kInt8, 0},
+      {{16, 2048, 768, 128, 8, 0}, quant::Bits::kInt8, 2},
+      {{64, 2048, 768, 128, 8, 0}, quant::Bits::kInt8, 2},
+      {{16, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, 0},
+      {{1, 4096, 14336, 8, 2, 0}, quant::Bits::kInt4, 0},
+      {{256, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, 0},
+  };
+  for (const Example& e : kDown) {
+    const MoeConfig c = DefaultMoeConfig::select_quantized(e.shape, MoePath::kAuto, e.bits);
+    if (c.decode_down_warps != e.down_warps) return false;
+    if (!DefaultMoeConfig::kQuantDecodeTiles.contains(decode_tile_of(down_tile_config(c)))) return false;
+  }
+  return true;
+}());
 static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, 2});
@@ -418,7 +471,7 @@ static_assert([] {
       {{1, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 4}},
       {{16, 4096, 14336, 8, 2, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 3}},
       {{8, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 3}},
-      {{16, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 2}},
+      {{16, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 2, false, false, false, 2}},
       {{33, 4096, 14336, 8, 2, 0}, {MoePath::kDecode, 16, 4, 1, 128, 128, 2}},
   };
   for (const Example& e : kStaged)

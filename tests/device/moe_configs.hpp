@@ -38,14 +38,15 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
 };
 
 // The default table with the down stage of every quantized decode call on 8-token tiles split over kWarps
-// warps (MoeConfig::decode_down_warps; gate/up keeps the row's warps). Its tiles: the default's and the
-// 8-token tiles' kWarps twins.
+// warps (MoeConfig::decode_down_warps; gate/up keeps the row's warps); 0: over the row's warps (the table
+// before its rows named down warps). Its tiles: the default's and the 8-token tiles' kWarps twins.
 template <int kWarps, class... Ts>
 auto with_down_warps(std::tuple<Ts...>) -> typename kernels::detail::with_tiles<
     std::tuple<Ts...>, kernels::decode::Tile<1, kWarps, Ts::kUnroll, Ts::kPrefetch, Ts::kStages>...>::type;
 template <int kWarps>
 struct DownWarpsConfig : kernels::DefaultMoeConfig {
-  using DecodeTiles = decltype(with_down_warps<kWarps>(kernels::detail::DefaultQuantDecodeTiles{}));
+  using DecodeTiles =
+      decltype(with_down_warps < kWarps == 0 ? 4 : kWarps > (kernels::detail::DefaultQuantDecodeTiles{}));
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);

@@ -133,10 +133,16 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
           } else {  // int4: 2 stages on huge experts' 8-token rows only
             CHECK(c.decode_stages == (s.intermediate >= 8192 && c.tile_tokens == 8 ? 2 : 0));
           }
-          // int8 and int4 run the same tile, stages apart.
+          // The down stage on its own warps: on 8-token tiles only, its tile instantiated too.
+          if (c.decode_down_warps != 0) {
+            CHECK(c.tile_tokens == 8);
+            CHECK(quant_tile_instantiated(amoeba::kernels::down_tile_config(c)));
+          }
+          // int8 and int4 run the same tile, stages and down warps apart.
           MoeConfig other = DefaultMoeConfig::select_quantized(
               s, MoePath::kAuto, bits == Bits::kInt8 ? Bits::kInt4 : Bits::kInt8);
           other.decode_stages = c.decode_stages;
+          other.decode_down_warps = c.decode_down_warps;
           CHECK(other == c);
           last_decoded = t;
         } else {

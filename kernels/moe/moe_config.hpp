@@ -256,11 +256,11 @@ struct DefaultMoeConfig {
   // (docs/results/quantized_h200.md, "int4 on huge experts"). The down stage's blocks split K = F over
   // their own warps where that measured faster (decode_down_warps, 3 processes, against the rows' 4 warps:
   // docs/results/quantized_h200.md, "The down stage on its own warps"): on experts of F <= 1024 (Qwen3's 768:
-  // 6 int4 or 12 int8 k-steps) 2 warps, int4 past 16 routed slots (0.931–0.983× at 3–64 tokens; 1.033× at 2)
-  // and int8 past 64 (0.978–0.987× at 16–64; 0.995–1.009× at 3–8); int4 on 6 warps at up to 4 routed slots,
-  // and up to 8 on F <= 1024 (Qwen at 1 token: 0.918–0.922×; Qwen1.5 with its chunks at 2 tokens, 8 slots:
-  // 1.035×; int8 on 6 warps at 1 token 0.904–1.083× by model, not taken); Qwen1.5's F = 1408 and Mixtral
-  // lost with 2, 3 and 6 and keep the row's warps.
+  // 6 int4 or 12 int8 k-steps) 2 warps, int4 past 16 routed slots (0.933–0.982× at 3–64 tokens; 1.033× at
+  // 2) and int8 past 64 (0.978–0.990× at 16–64; 0.995–1.009× at 3–8); int4 on 6 warps at up to 4 routed
+  // slots, and up to 8 on F <= 1024 (Qwen at 1 token: 0.917–0.925×; Qwen1.5 with its chunks at 2 tokens, 8
+  // slots: 1.035×; int8 on 6 warps at 1 token 0.904–1.083× by model, not taken); Qwen1.5's F = 1408 and
+  // Mixtral lost with 2, 3 and 6 and keep the row's warps.
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4 down: int8 int4

@@ -419,11 +419,9 @@ class PagedMoe {
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return false;
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(a.shape, c.tile_tokens));
-    return std::apply(
-        [&](auto... t) {
-          return ((names<decltype(t)>(c) && preloads<decltype(t)>(true, a.shape, grid_tiles, dev)) || ...);
-        },
-        DecodeTiles{});
+    bool preloaded = false;
+    on_decode_tile(c, [&]<class T>() { preloaded = preloads<T>(true, a.shape, grid_tiles, dev); });
+    return preloaded;
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
@@ -798,16 +796,18 @@ class PagedMoe {
     }
   }
 
+  // Calls f.template operator()<T>() with the instantiated decode tile T that `c` names, if one does.
+  template <class F>
+  static void on_decode_tile(const MoeConfig& c, F&& f) {
+    std::apply(
+        [&](auto... t) { ((names<decltype(t)>(c) ? (f.template operator()<decltype(t)>(), 0) : 0), ...); },
+        DecodeTiles{});
+  }
+
   static Status run_decode(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
                            unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
     Status st = Status::success();
-    std::apply(
-        [&](auto... t) {
-          ((names<decltype(t)>(c) ? (st = run_decode_tile<decltype(t)>(p, s, c, grid_tiles, dev, stream), 0)
-                                  : 0),
-           ...);
-        },
-        DecodeTiles{});
+    on_decode_tile(c, [&]<class T>() { st = run_decode_tile<T>(p, s, c, grid_tiles, dev, stream); });
     return st;
   }
 
@@ -841,17 +841,10 @@ class PagedMoe {
     using decode::Stage;
     if (Status st = decode_launch<T, Stage::kGateUp>(p, s, grid_tiles, dev, stream); !st) return st;
     if (c.decode_down_warps != 0 && c.decode_down_warps != T::kWarps) {  // the down stage on its own tile
-      const MoeConfig down = down_tile_config(c);
       Status st = Status::error("config.decode_down_warps", c.decode_down_warps,
                                 "names no instantiated decode tile (PagedMoe::DecodeTiles)");
-      std::apply(
-          [&](auto... t) {
-            ((names<decltype(t)>(down)
-                  ? (st = decode_launch<decltype(t), Stage::kDown>(p, s, grid_tiles, dev, stream), 0)
-                  : 0),
-             ...);
-          },
-          DecodeTiles{});
+      on_decode_tile(down_tile_config(c),
+                     [&]<class D>() { st = decode_launch<D, Stage::kDown>(p, s, grid_tiles, dev, stream); });
       return st;
     }
     if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {

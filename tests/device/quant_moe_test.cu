@@ -500,7 +500,7 @@ TEST_CASE("quantized experts: staged decode tiles = their register-loop twins bi
 // The down stage on its own warps (MoeConfig::decode_down_warps): another K split, so other float sums than
 // the row's warps, within the reference's tolerance; paged = contiguous bit for bit. Warps with one, several
 // or no k-steps: F = 256 is 4 int8 / 2 int4 steps, F = 128 one int4 step; Qwen3's F = 768 6 int4 steps.
-TEST_CASE("quantized experts: the decode's down stage on its own warps, against the reference",
+TEST_CASE("quantized experts: the decode's down stage on its own warps against the reference",
           "[gpu][small][quant]") {
   const QuantStore s8(kSmall, Bits::kInt8, 81), s4(kSmall, Bits::kInt4, 82);
   const QuantStore e8(kEngineSmall, Bits::kInt8, 83), e4(kEngineSmall, Bits::kInt4, 84);
@@ -517,7 +517,7 @@ TEST_CASE("quantized experts: the decode's down stage on its own warps, against 
   CHECK(decltype(runner)::Moe::config(runner.args).decode_down_warps == 3);
 }
 
-TEST_CASE("quantized experts: the decode's down stage on its own warps, Qwen3", "[gpu][models][quant]") {
+TEST_CASE("quantized experts: the decode's down stage on its own warps on Qwen3", "[gpu][models][quant]") {
   const QuantStore s8(kQwen3, Bits::kInt8, 85), s4(kQwen3, Bits::kInt4, 86);
   for (const int tokens : {1, 16, 64}) {
     check_quant_case<kernels::Int4, DownWarpsConfig<2>>(s4, tokens, 4700 + tokens, MoePath::kDecode);

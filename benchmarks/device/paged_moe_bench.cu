@@ -47,8 +47,6 @@
 // dequantised in registers) / the two-block kernel; int8-down2 / 3 / 6 (int4 alike): the default's quantized
 // choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
-// tilemajor / int8-tilemajor / int4-tilemajor: the default's choice with the decode GEMV's blocks walking
-// tile by tile (MoeConfig::decode_tile_major; the order before expert-major);
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -306,7 +304,6 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
           {"preload", {&make_graphs<PreloadConfig<>>, Where::kDecode}},
           {"nopreload", {&make_graphs<NoPreloadConfig>, Where::kDecode}},
-          {"tilemajor", {&make_graphs<TileMajorConfig<>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
@@ -440,8 +437,6 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-twoblock", &make_quant_graph<kernels::Int4, GroupedRowsConfig<128>>},
       {"int8-dq", &make_quant_graph<kernels::Int8, DequantConfig<>>},
       {"int4-dq", &make_quant_graph<kernels::Int4, DequantConfig<>>},
-      {"int8-tilemajor", &make_quant_graph<kernels::Int8, TileMajorConfig<>>},
-      {"int4-tilemajor", &make_quant_graph<kernels::Int4, TileMajorConfig<>>},
       {"int8-down0", &make_quant_graph<kernels::Int8, DownWarpsConfig<0>>},
       {"int4-down0", &make_quant_graph<kernels::Int4, DownWarpsConfig<0>>},
       {"int8-down2", &make_quant_graph<kernels::Int8, DownWarpsConfig<2>>},

@@ -254,21 +254,6 @@ constexpr std::int64_t preload_smem_bytes(int K) {
   return kDownRows * preload_pitch(K);
 }
 
-// Block u of a grid of nx weight slices per work tile (u < tiles · nx) → its work tile and slice:
-// expert-major (expert_major_unit: an expert's tiles innermost, so the blocks of its several tiles that read
-// one weight slice run together and the L2 serves all but the first; an expert with one tile runs tile u /
-// nx, slice u % nx), or tile by tile where p.decode_tile_major says so. kL2: the tile list read past L1 (a
-// preloading block reads it before its dependency wait: load_tile_l2).
-template <bool kL2, class Addressing>
-__device__ __forceinline__ Unit block_unit(const MoeParams<Addressing>& p, int u, int nx) {
-  if (p.decode_tile_major) return {u / nx, u % nx};
-  const WorkTile* bucket = p.tiles + u / nx;
-  if constexpr (kL2)
-    return expert_major_unit(u, nx, __ldcg(&bucket->first_tile), __ldcg(&bucket->expert_tiles));
-  else
-    return expert_major_unit(u, nx, bucket->first_tile, bucket->expert_tiles);
-}
-
 // The work tile, read from the L2 (past L1) before this kernel's dependency wait: routing wrote it, and its
 // kernel completed before the gate/up kernel let this one start (programmatic dependent launch), but this
 // SM's L1 may hold a previous layer call's copy.
@@ -292,21 +277,15 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   static_assert(!kPreload || (kStage == Stage::kDown && !P::kQuantized),
                 "preloading reads the bf16 down stage's W2 rows");
-  // The block's unit (block_unit): its work tile and its slice of the weight rows.
-  const int nx = static_cast<int>(gridDim.x),
-            u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
   WorkTile tile;
-  int slice;
   if constexpr (kPreload) {
-    if (u >= __ldcg(p.num_tiles) * nx) return;
-    const Unit unit = block_unit<true>(p, u, nx);
-    slice = unit.slice;
-    tile = load_tile_l2(p.tiles + unit.tile);
+    if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
+    tile = load_tile_l2(p.tiles + blockIdx.y);
     extern __shared__ __align__(16) unsigned char preload_smem[];
     const int K = p.intermediate, chunks = K / 8;  // 16-byte chunks per row
     const std::int64_t pitch = preload_pitch(K);
     // The block's 32 rows are consecutive rows of W2 (one matrix: contiguous in its page).
-    const bf16* src = tile.matrix[2] + static_cast<std::int64_t>(slice) * kDownRows * K;
+    const bf16* src = tile.matrix[2] + static_cast<std::int64_t>(blockIdx.x) * kDownRows * K;
     const std::uint32_t dst = ptx::smem_u32(preload_smem);
     for (int c = threadIdx.x; c < kDownRows * chunks; c += T::kThreads) {
       const int row = c / chunks, x = c - row * chunks;
@@ -321,10 +300,8 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
   } else {
     ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
     ptx::launch_dependents();
-    if (u >= *p.num_tiles * nx) return;
-    const Unit unit = block_unit<false>(p, u, nx);
-    slice = unit.slice;
-    tile = p.tiles[unit.tile];
+    if (static_cast<int>(blockIdx.y) >= *p.num_tiles) return;
+    tile = p.tiles[blockIdx.y];
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 
@@ -356,8 +333,8 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
       const bf16* m = kGateUp ? tile.matrix[r] : tile.matrix[2];
-      const std::int64_t n0 = kGateUp ? static_cast<std::int64_t>(slice) * kGateUpRows
-                                      : static_cast<std::int64_t>(slice) * kDownRows + 16 * r;
+      const std::int64_t n0 = kGateUp ? static_cast<std::int64_t>(blockIdx.x) * kGateUpRows
+                                      : static_cast<std::int64_t>(blockIdx.x) * kDownRows + 16 * r;
       const auto* base = reinterpret_cast<const unsigned char*>(m);
       rows[r] = base + n0 * row_bytes;
       scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
@@ -367,11 +344,11 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
     const bf16* rows[kRowTiles];
     if constexpr (kGateUp) {
-      const std::int64_t n0 = static_cast<std::int64_t>(slice) * kGateUpRows;
+      const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kGateUpRows;
       rows[0] = tile.matrix[0] + n0 * K;
       rows[1] = tile.matrix[1] + n0 * K;
     } else {
-      const std::int64_t h0 = static_cast<std::int64_t>(slice) * kDownRows;
+      const std::int64_t h0 = static_cast<std::int64_t>(blockIdx.x) * kDownRows;
       const bf16* base = tile.matrix[2];
       rows[0] = base + h0 * K;
       rows[1] = base + (h0 + 16) * K;
@@ -466,12 +443,12 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       if (c >= tile.count) continue;
       const int row = g + 8 * (i / 2);
       if constexpr (kGateUp) {
-        const int n = slice * kGateUpRows + row;
+        const int n = blockIdx.x * kGateUpRows + row;
         p.act[static_cast<std::int64_t>(tile.row_start + c) * p.intermediate + n] =
             __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
       } else {
         const int slot = p.sorted_slot[tile.row_start + c];
-        bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + slice * kDownRows;
+        bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) yrow[16 * r + row] = __float2bfloat16_rn(acc[r][nt][i]);
       }

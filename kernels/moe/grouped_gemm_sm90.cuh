@@ -153,15 +153,15 @@ inline constexpr int wgmma_smem_bytes() {
 // Two blocks per SM: 228 KiB of shared memory, 1 KiB of it reserved per block.
 static_assert(2 * (wgmma_smem_bytes<Int8>() + 1024) <= 228 * 1024, "two quantized blocks must fit one SM");
 
-// Unit u of nx slices per work tile (u < tiles · nx) → its work tile and weight slice, expert-major
-// (expert_major_unit): an expert's units run slice by slice, token tiles innermost.
+// Unit u of nx slices per work tile (u < tiles · nx) → its work tile and weight slice, expert-major: an
+// expert's units run slice by slice, token tiles innermost.
 template <class Addressing>
 __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, int nx, WorkTile& tile,
                                         int& slice) {
   const WorkTile& bucket = p.tiles[u / nx];
-  const Unit unit = expert_major_unit(u, nx, bucket.first_tile, bucket.expert_tiles);
-  slice = unit.slice;
-  tile = p.tiles[unit.tile];
+  const int local = u - bucket.first_tile * nx;
+  slice = local / bucket.expert_tiles;
+  tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
 }
 // Block (x, y) of a grid (slices, max tiles) → its unit; false for blocks past the work (the grid is sized
 // for the most tiles).

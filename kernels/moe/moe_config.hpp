@@ -44,10 +44,6 @@ struct MoeConfig {
   int decode_down_warps = 0;  // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
                               // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
                               // 2/2/1/1 over 4 warps
-  bool decode_tile_major = false;  // decode: blocks walk tile by tile (every weight slice of a work tile
-                                   // before the next tile) instead of expert-major (an expert's tiles
-                                   // innermost: its blocks that read one weight slice run together, and the
-                                   // L2 serves the slice to all but the first; decode::block_unit)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -51,23 +51,9 @@ struct MoeParams {
   const WorkTile* tiles;   // [max_tiles]
   const int* num_tiles;    // [1]
   int* unit_counters;      // [2] the TMA grouped GEMM's next unit (gate/up, down), zeroed by routing
-  bool decode_tile_major;  // decode GEMV blocks walk tile by tile (MoeConfig::decode_tile_major), not
-                           // expert-major (expert_major_unit)
   bf16* act;               // [S, F] SiLU(gate)·up, expert-sorted rows
   bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
 };
-
-// Unit u of a grid of nx weight slices per work tile (u < tiles · nx) → its work tile and weight slice,
-// expert-major: an expert's units run slice by slice with its token tiles innermost, so the blocks resident
-// at one time share a weight slice and read it from DRAM once. (first_tile, expert_tiles): those of the tile
-// u / nx, which locate every tile of its expert. An expert with one tile runs tile u / nx, slice u % nx.
-struct Unit {
-  int tile, slice;
-};
-__device__ __forceinline__ Unit expert_major_unit(int u, int nx, int first_tile, int expert_tiles) {
-  const int local = u - first_tile * nx;
-  return {first_tile + local % expert_tiles, local / expert_tiles};
-}
 
 // Expert of slot s, or -1 when the routed id is outside [0, E) (such slots contribute nothing).
 template <class P>

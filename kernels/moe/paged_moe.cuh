@@ -511,7 +511,6 @@ class PagedMoe {
       p.slots_per_token = s.slots_per_token();
       p.num_slots = static_cast<int>(s.num_slots());
       p.unit_counters = static_cast<int*>(at(lay.unit_counters));
-      p.decode_tile_major = choice.decode_tile_major;
       p.act = static_cast<bf16*>(at(lay.act));
       p.y = static_cast<bf16*>(at(lay.y));
       r.total_experts = s.total_experts();

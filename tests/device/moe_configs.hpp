@@ -55,27 +55,6 @@ struct DownWarpsConfig : kernels::DefaultMoeConfig {
   }
 };
 
-// DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the decode GEMV's blocks walking
-// tile by tile (MoeConfig::decode_tile_major: the order before expert-major), bf16 and quantized experts
-// alike.
-template <kernels::MoePath kPath = kernels::MoePath::kAuto>
-struct TileMajorConfig : kernels::DefaultMoeConfig {
-  static constexpr kernels::MoePath path(kernels::MoePath requested) {
-    return kPath == kernels::MoePath::kAuto ? requested : kPath;
-  }
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, path(requested));
-    c.decode_tile_major = true;
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, path(requested), bits);
-    c.decode_tile_major = true;
-    return c;
-  }
-};
-
 // DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with quantized experts' grouped stages on
 // a bf16 copy at every token count (kernels::with_grouped_dequant; kernels::DequantPrefillMoeConfig does so
 // from 16384 tokens only).

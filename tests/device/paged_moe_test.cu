@@ -713,33 +713,6 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
   }
 }
 
-// Block order changes no block's work: the decode GEMV's blocks expert-major (the default) equal them tile by
-// tile (MoeConfig::decode_tile_major) bit for bit, where experts have several tiles (shared chunks take every
-// token; one hot expert takes half of them) and where each has one; both against the references.
-TEST_CASE("decode blocks expert-major equal them tile by tile", "[gpu][small]") {
-  using Decode = PathConfig<MoePath::kDecode>;
-  using TileMajor = TileMajorConfig<MoePath::kDecode>;
-  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 256, 1};
-  ExpertStore store(tiny, 53, 3);
-  for (int tokens : {1, 5, 37, 300})
-    for (int hot : {-1, 3}) {
-      const MoeShape shape = shape_of(tiny, tokens);
-      const auto a = check_case<Decode>(store, shape, MoePath::kDecode, true, 64, 5300 + tokens, hot);
-      const auto b = check_case<TileMajor>(store, shape, MoePath::kDecode, false, 64, 5300 + tokens, hot);
-      INFO(tiny.name << " T=" << tokens << (hot >= 0 ? " skewed" : "")
-                     << ": expert-major against tile by tile");
-      CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
-    }
-  ExpertStore qwen15(kQwen15, 54);  // 8-token tiles at 3 tokens (preloading), 32-token ones at 64 and 256
-  for (int tokens : {3, 64, 256}) {
-    const MoeShape shape = shape_of(kQwen15, tokens);
-    const auto a = check_case<Decode>(qwen15, shape, MoePath::kDecode, false, 32, 5400 + tokens, 5);
-    const auto b = check_case<TileMajor>(qwen15, shape, MoePath::kDecode, false, 32, 5400 + tokens, 5);
-    INFO(kQwen15.name << " T=" << tokens << " skewed: expert-major against tile by tile");
-    CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
-  }
-}
-
 // The small-batch kernel (64-token tiles, grouped::gemm_wgmma_small_kernel) and the TMA kernel
 // (grouped::gemm_tma_kernel, 256-row blocks) run the two-block kernel's wgmma steps on the same token and
 // weight rows, only copied and scheduled differently: Config's outputs must equal the two-block kernel's

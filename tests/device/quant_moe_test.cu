@@ -14,7 +14,6 @@
 #include <numeric>
 #include <random>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "moe/paged_moe.cuh"
@@ -524,40 +523,6 @@ TEST_CASE("quantized experts: the decode's down stage on its own warps on Qwen3"
     check_quant_case<kernels::Int4, DownWarpsConfig<2>>(s4, tokens, 4700 + tokens, MoePath::kDecode);
     check_quant_case<kernels::Int4, DownWarpsConfig<3>>(s4, tokens, 4800 + tokens, MoePath::kDecode);
     check_quant_case<kernels::Int8, DownWarpsConfig<6>>(s8, tokens, 4900 + tokens, MoePath::kDecode);
-  }
-}
-
-// Block order changes no block's work: the quantized decode's blocks expert-major (the default) equal them
-// tile by tile (MoeConfig::decode_tile_major) bit for bit, on shapes whose experts get several tiles (shared
-// chunks, a hot expert, 16-token tiles), staged tiles and down warps included.
-TEST_CASE("quantized experts: decode blocks expert-major equal them tile by tile", "[gpu][models][quant]") {
-  using TileMajor = TileMajorConfig<MoePath::kDecode>;
-  using Decode = PathConfig<MoePath::kDecode>;
-  auto same = [&]<class Precision>(const QuantStore& st, int tokens, std::uint64_t seed, int hot) {
-    const MoeShape shape = shape_of(st.spec, tokens);
-    const RoutingSet r = make_routing(st.spec, tokens, seed, hot);
-    const auto a = run_layer<kernels::Paged, Precision, Decode>(r, shape, st.paged_args(), st.stride(),
-                                                                MoePath::kDecode);
-    const auto b = run_layer<kernels::Paged, Precision, TileMajor>(r, shape, st.paged_args(), st.stride(),
-                                                                   MoePath::kDecode);
-    INFO(st.spec.name << " int" << kernels::quant::bit_count(st.bits) << " T=" << tokens
-                      << (hot >= 0 ? " skewed" : "") << ": expert-major against tile by tile");
-    CHECK(std::memcmp(a.data(), b.data(), a.size() * 2) == 0);
-  };
-  const QuantStore s8(kEngineSmall, Bits::kInt8, 91), s4(kEngineSmall, Bits::kInt4, 92);
-  for (const int tokens : {1, 3, 16, 37})
-    for (const int hot : {-1, 2}) {
-      same.template operator()<kernels::Int8>(s8, tokens, 5500 + tokens, hot);
-      same.template operator()<kernels::Int4>(s4, tokens, 5600 + tokens, hot);
-    }
-  check_quant_case<kernels::Int8, Decode>(s8, 37, 5537, MoePath::kDecode, 2);  // and the reference holds
-  check_quant_case<kernels::Int4, Decode>(s4, 37, 5637, MoePath::kDecode, 2);
-  // Qwen1.5's shared chunks on 8-token tiles at 64 tokens; Qwen3 at 256 on 16-token tiles, a routed batch of
-  // 16 on average (two tiles for half the experts).
-  for (const auto& [m, tokens] : {std::pair{kQwen15, 64}, std::pair{kQwen3, 256}}) {
-    const QuantStore m8(m, Bits::kInt8, 93), m4(m, Bits::kInt4, 94);
-    same.template operator()<kernels::Int8>(m8, tokens, 5700 + tokens, -1);
-    same.template operator()<kernels::Int4>(m4, tokens, 5800 + tokens, -1);
   }
 }
 

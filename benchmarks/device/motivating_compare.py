@@ -9,7 +9,8 @@ DIR holds what benchmarks/device/engine_motivating.sh writes with REPEATS>=1: me
 measured_rate<R>_r<i>.json (`amoeba ablate --backend cuda --scenario motivating-h200-capped --json`). For each
 rate the simulator runs the same scenario, request count, routing source and policies on the CPU (`amoeba
 ablate --scenario motivating-h200-capped --rate R --requests N --routing ROUTING --policies P --cost-model C
---predictor none`: the GPU backend prefetches nothing predicted).
+--predictor none`: the GPU backend prefetches nothing predicted), with the run's --expert-precision and
+--gpu-memory-gib where it set them.
 Prints one markdown table per rate; --out writes the numbers as JSON. Measured rows are labelled MEASURED,
 simulated ones SIMULATED.
 """
@@ -28,8 +29,10 @@ METRICS = [  # (label, key in a result, sub-key or None, format)
     ("forward steps", "forward_steps", None, "{:.0f}"),
     ("tok/s", "throughput_tok_s", None, "{:.1f}"),
     ("TTFT p50 ms", "ttft_ms", "p50", "{:.0f}"),
+    ("TTFT p99 ms", "ttft_ms", "p99", "{:.0f}"),
     ("TPOT p50 ms", "tpot_ms", "p50", "{:.1f}"),
     ("expert GB H2D", "expert_bytes_h2d", None, "{:.1f}"),
+    ("preemptions", "preemptions", None, "{:.0f}"),
 ]
 
 
@@ -57,7 +60,13 @@ def simulate(amoeba, scenario, cost_model):
     # The GPU backend prefetches no predicted experts: the simulator runs no predictor either.
     cmd = [amoeba, "ablate", "--scenario", "motivating-h200-capped", "--rate", str(w["rate"]), "--requests",
            str(w["requests"]), "--policies", ",".join(scenario["policies"]), "--cost-model", cost_model,
-           "--predictor", "none", "--routing", routing_of(scenario), "--json", path, "--quiet"]
+           "--predictor", "none", "--routing", routing_of(scenario)]
+    # A quantized or capped run (engine_motivating.sh's ARGS): the same precision and memory cap.
+    if scenario.get("expert_precision", "bf16") != "bf16":
+        cmd += ["--expert-precision", scenario["expert_precision"]]
+    if scenario.get("memory_cap_gib"):
+        cmd += ["--gpu-memory-gib", str(scenario["memory_cap_gib"])]
+    cmd += ["--json", path, "--quiet"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(path) as f:
         doc = json.load(f)
@@ -87,7 +96,8 @@ def main():
         sims = {c: simulate(args.amoeba, scenario, c) for c in args.cost_models.split(",")}
         policies = scenario["policies"]
         n = len(docs)
-        print(f"\n### {rate} req/s, {scenario['workload']['requests']} requests, routing "
+        print(f"\n### {rate} req/s, {scenario['workload']['requests']} requests, "
+              f"{scenario.get('expert_precision', 'bf16')} experts, routing "
               f"{routing_of(scenario)}: MEASURED over {n} process(es) (mean ± sd) beside the "
               f"SIMULATED GPU per cost model\n")
         cols = ["MEASURED"] + [f"SIMULATED {c}" for c in sims]

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -348,8 +349,7 @@ class PagedMoe {
       if (bytes > ptx::kMaxBlockSmemBytes)
         return Status::error("config.decode_down_warps", c.decode_down_warps,
                              "needs " + std::to_string(bytes) +
-                                 " bytes of shared memory per down block here; at "
-                                 "most " +
+                                 " bytes of shared memory per down block here; at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
@@ -840,14 +840,7 @@ class PagedMoe {
                                 unsigned grid_tiles, const detail::DeviceInfo& dev, cudaStream_t stream) {
     using decode::Stage;
     if (Status st = decode_launch<T, Stage::kGateUp>(p, s, grid_tiles, dev, stream); !st) return st;
-    if (c.decode_down_warps != 0 && c.decode_down_warps != T::kWarps) {  // the down stage on its own tile
-      Status st = Status::error("config.decode_down_warps", c.decode_down_warps,
-                                "names no instantiated decode tile (PagedMoe::DecodeTiles)");
-      on_decode_tile(down_tile_config(c),
-                     [&]<class D>() { st = decode_launch<D, Stage::kDown>(p, s, grid_tiles, dev, stream); });
-      return st;
-    }
-    if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {
+    if constexpr (!Precision::kQuantized && T::kTokTiles == 1) {  // decode_preload excludes decode_down_warps
       if (preloads<T>(c.decode_preload, s, grid_tiles, dev)) {
         constexpr auto kPreloadDown = decode::gemv_kernel<Addressing, Stage::kDown, T, Precision, true>;
         const int smem = static_cast<int>(decode::preload_smem_bytes(s.intermediate));
@@ -859,7 +852,14 @@ class PagedMoe {
                       p, "decode::gemv_kernel<kDown, preload>");
       }
     }
-    return decode_launch<T, Stage::kDown>(p, s, grid_tiles, dev, stream);
+    // The down stage on the tile of its own warps (down_tile_config: T itself unless decode_down_warps
+    // names others).
+    std::optional<Status> st;
+    on_decode_tile(down_tile_config(c),
+                   [&]<class D>() { st = decode_launch<D, Stage::kDown>(p, s, grid_tiles, dev, stream); });
+    return st ? *st
+              : Status::error("config.decode_down_warps", c.decode_down_warps,
+                              "names no instantiated decode tile (PagedMoe::DecodeTiles)");
   }
 
   // One decode stage on tile T: gate/up one block per 16 features of F, down one per 32 rows of H, over

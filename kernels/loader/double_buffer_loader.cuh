@@ -107,7 +107,10 @@ class DoubleBufferLoader {
     void* t = nullptr;
     AMOEBA_CUDA_CHECK(cudaMalloc(&t, entries * sizeof(ExpertLocation)));
     table_ = static_cast<ExpertLocation*>(t);
-    AMOEBA_CUDA_CHECK(cudaMemset(table_, 0xff, entries * sizeof(ExpertLocation)));  // all absent (-1)
+    // All absent (-1), on the compute stream like every later write of the table: a clear on the legacy
+    // default stream is not ordered with a non-blocking compute stream, and behind busy legacy-stream work it
+    // landed after set_static_entries' rows and wiped them (an engine's shared experts then read page -1).
+    AMOEBA_CUDA_CHECK(cudaMemsetAsync(table_, 0xff, entries * sizeof(ExpertLocation), compute_));
     AMOEBA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     auto make = [&](std::vector<cudaEvent_t>& v, unsigned flags) {
       v.resize(shape.layers);

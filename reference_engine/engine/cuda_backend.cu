@@ -677,7 +677,9 @@ void CudaBackend::Impl::setup() {
   restored.assign(std::size_t(moe_layers) * E, 0);
   may_miss.assign(moe_layers, 0);
   flag_scratch.assign(E, 0);
-  check_cuda(cudaStreamSynchronize(stream), "setup");
+  // The whole device, not only `stream`: the uploads above are plain cudaMemcpy calls on the legacy default
+  // stream, which a non-blocking stream does not wait for (a pageable copy may return before its DMA lands).
+  check_cuda(cudaDeviceSynchronize(), "setup");
   check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   mem.device_free_after_setup = free_b;
 }

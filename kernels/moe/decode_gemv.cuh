@@ -145,7 +145,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
   // Biased int4 (Int4Biased): the weights are 136 + v, so the step's sums carry 136 · (the token column's sum
-  // over the step's k), which one MMA per token chunk against a constant 136 operand computes in the same
+  // over the step's k), which two MMAs per chunk against a constant 136 operand compute in the same
   // fragment layout (every row of it equal) and the scaling takes out.
   constexpr bool kBiased = decode_bias<P>();
   auto compute = [&](const Step& st) {

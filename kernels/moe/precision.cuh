@@ -29,8 +29,8 @@ struct Bf16 {
 };
 
 // kDecodeBiasT (int4 only): the decode tiles multiply the biased values 136 + v (the conversion without its
-// last subtraction: 9 instructions per 8 values instead of 13) and take the bias back out per k-step with one
-// MMA per token chunk against a constant 136 operand (decode::quantized_mainloop); the grouped GEMMs run as
+// last subtraction: 9 instructions per 8 values instead of 13) and take the bias back out per k-step with two
+// MMAs per token chunk against a constant 136 operand (decode::quantized_mainloop); the grouped GEMMs run as
 // Quantized<kBitsT>'s. Another order of float sums than the unbiased decode, so its outputs are checked
 // against the reference, not against it bit for bit.
 template <quant::Bits kBitsT, bool kDecodeBiasT = false>

@@ -47,7 +47,6 @@
 // dequantised in registers) / the two-block kernel; int8-down2 / 3 / 6 (int4 alike): the default's quantized
 // choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
-// int4-biased: the default's int4 choice with its decode tiles on the biased values 136 + v (Int4Biased);
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -421,7 +420,6 @@ std::map<std::string, QuantFactory> quant_configs() {
   std::map<std::string, QuantFactory> m{
       {"int8", &make_quant_graph<kernels::Int8>},
       {"int4", &make_quant_graph<kernels::Int4>},
-      {"int4-biased", &make_quant_graph<kernels::Int4Biased>},
       {"int8-decode", &make_quant_graph<kernels::Int8, Decode>},
       {"int4-decode", &make_quant_graph<kernels::Int4, Decode>},
       {"int8-grouped", &make_quant_graph<kernels::Int8, Grouped>},

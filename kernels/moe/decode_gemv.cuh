@@ -144,49 +144,25 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   };
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
-  // Biased int4 (Int4Biased): the weights are 136 + v, so the step's sums carry 136 · (the token column's sum
-  // over the step's k), which two MMAs per chunk against a constant 136 operand compute in the same
-  // fragment layout (every row of it equal) and the scaling takes out.
-  constexpr bool kBiased = decode_bias<P>();
   auto compute = [&](const Step& st) {
     float part[kRowTiles][kTokTiles][4] = {};
-    float bias[kTokTiles][4] = {};
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if constexpr (kBiased) {
-        constexpr std::uint32_t k136 = dequant::kInt4Bias;
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt) {
-          ptx::mma_bf16_16816(bias[nt], k136, k136, k136, k136, st.b[nt][c].x, st.b[nt][c].y);
-          ptx::mma_bf16_16816(bias[nt], k136, k136, k136, k136, st.b[nt][c].z, st.b[nt][c].w);
-        }
-      }
+    for (int c = 0; c < kChunks; ++c)
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
-        uint4 lo, hi;
-        if constexpr (kBiased) {
-          lo = dequant::biased_int4_chunk(st.wlo[r], c);
-          hi = dequant::biased_int4_chunk(st.whi[r], c);
-        } else {
-          lo = dequant::chunk<P::kBits>(st.wlo[r], c);
-          hi = dequant::chunk<P::kBits>(st.whi[r], c);
-        }
+        const uint4 lo = dequant::chunk<P::kBits>(st.wlo[r], c), hi = dequant::chunk<P::kBits>(st.whi[r], c);
 #pragma unroll
         for (int nt = 0; nt < kTokTiles; ++nt) {
           ptx::mma_bf16_16816(part[r][nt], lo.x, hi.x, lo.y, hi.y, st.b[nt][c].x, st.b[nt][c].y);
           ptx::mma_bf16_16816(part[r][nt], lo.z, hi.z, lo.w, hi.w, st.b[nt][c].z, st.b[nt][c].w);
         }
       }
-    }
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r)
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float sum = kBiased ? part[r][nt][e] - bias[nt][e] : part[r][nt][e];
-          acc[r][nt][e] += sum * (e < 2 ? st.slo[r] : st.shi[r]);
-        }
+        for (int e = 0; e < 4; ++e) acc[r][nt][e] += part[r][nt][e] * (e < 2 ? st.slo[r] : st.shi[r]);
   };
   if constexpr (T::kStages > 0) {
     // Every thread copies its own operands (no barrier between its copy and its read), kStages steps ahead;

@@ -315,8 +315,8 @@ struct TmaGemm {
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
 };
-template <class Addressing, quant::Bits kB, bool kDecodeBias>  // the grouped kernels ignore kDecodeBias
-struct TmaGemm<Addressing, Quantized<kB, kDecodeBias>> {
+template <class Addressing, quant::Bits kB>
+struct TmaGemm<Addressing, Quantized<kB>> {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>>::kSmemBytes;
@@ -325,7 +325,7 @@ struct TmaGemm<Addressing, Quantized<kB, kDecodeBias>> {
   static constexpr const char* kDownName = "grouped::gemm_tma_quant_kernel<kDown>";
 };
 static_assert(TmaGemm<Contiguous, Bf16>::kBits == 16 && TmaGemm<Contiguous, Int8>::kBits == 8 &&
-              TmaGemm<Contiguous, Int4>::kBits == 4 && TmaGemm<Contiguous, Int4Biased>::kBits == 4);
+              TmaGemm<Contiguous, Int4>::kBits == 4);
 
 // The layer's input with K permuted inside each 64-block (moe/k_permutation.hpp) for the quantized TMA
 // kernel's gate/up stage: one thread per (token, 64-block), eight 16-byte loads and stores.

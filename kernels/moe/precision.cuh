@@ -28,17 +28,10 @@ struct Bf16 {
   static constexpr long long matrix_bytes(long long f, long long h) { return 2 * f * h; }
 };
 
-// kDecodeBiasT (int4 only): the decode tiles multiply the biased values 136 + v (the conversion without its
-// last subtraction: 9 instructions per 8 values instead of 13) and take the bias back out per k-step with two
-// MMAs per token chunk against a constant 136 operand (decode::quantized_mainloop); the grouped GEMMs run as
-// Quantized<kBitsT>'s. Another order of float sums than the unbiased decode, so its outputs are checked
-// against the reference, not against it bit for bit.
-template <quant::Bits kBitsT, bool kDecodeBiasT = false>
+template <quant::Bits kBitsT>
 struct Quantized {
-  static_assert(!kDecodeBiasT || kBitsT == quant::Bits::kInt4, "biased decode values are int4's");
   static constexpr bool kQuantized = true;
   static constexpr quant::Bits kBits = kBitsT;
-  static constexpr bool kDecodeBias = kDecodeBiasT;
   // Values of one row a thread reads per k-step with one 16-byte load (16 int8, 32 int4), and the k-step of
   // a warp (4 threads side by side along K): 64 or 128 values, inside one scale group.
   static constexpr int kValuesPerLoad = static_cast<int>(quant::values_per_load(kBitsT));
@@ -57,15 +50,6 @@ struct Quantized {
 };
 using Int8 = Quantized<quant::Bits::kInt8>;
 using Int4 = Quantized<quant::Bits::kInt4>;
-using Int4Biased = Quantized<quant::Bits::kInt4, true>;
-// Whether P's decode tiles multiply biased int4 values (Int4Biased).
-template <class P>
-constexpr bool decode_bias() {
-  if constexpr (requires { P::kDecodeBias; })
-    return P::kDecodeBias;
-  else
-    return false;
-}
 
 template <class P>
 concept expert_precision = requires {
@@ -102,27 +86,16 @@ __device__ __forceinline__ void int8x4(std::uint32_t w, std::uint32_t (&out)[2])
 // w and w >> 4), then one lop3 makes each half 0x4300 | (n ^ 8), the bf16 of 128 + v + 8 (0x4300 is 128.0,
 // whose ulp is 1: exact for 0..127), and one bf16x2 subtract of 136 leaves v, exactly. 13 instructions for 8
 // values (the 2^23 float route of int8x4 takes ~26).
-inline constexpr std::uint32_t kInt4Bias = 0x43084308u;  // {136.0, 136.0} in bf16
-
-// 8 int4 values -> the bf16 pairs of 136 + v (exact: 128..143, where bf16's ulp is 1), pair k from byte k
-// as int4x8's: 9 instructions.
-__device__ __forceinline__ void int4x8_biased(std::uint32_t w, std::uint32_t (&out)[4]) {
-  const std::uint32_t odd = w >> 4;  // byte i's low nibble: value 2i + 1
+__device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4]) {
+  const std::uint32_t odd = w >> 4;             // byte i's low nibble: value 2i + 1
+  const std::uint32_t bias_bits = 0x43084308u;  // {136.0, 136.0} in bf16
+  const __nv_bfloat162 bias = *reinterpret_cast<const __nv_bfloat162*>(&bias_bits);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     // Byte k of w -> byte 0, byte k of odd -> byte 2 (bytes 1 and 3 are masked off below).
     const std::uint32_t p = __byte_perm(w, odd, 0x4400u + 0x1111u * static_cast<std::uint32_t>(k));
-    out[k] = (p & 0x000F000Fu) ^ kInt4Bias;  // one lop3: 0x43 | (nibble ^ 8) per half
-  }
-}
-
-__device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4]) {
-  const std::uint32_t bias_bits = kInt4Bias;
-  const __nv_bfloat162 bias = *reinterpret_cast<const __nv_bfloat162*>(&bias_bits);
-  int4x8_biased(w, out);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&out[k]), bias);
+    const std::uint32_t h = (p & 0x000F000Fu) ^ 0x43084308u;  // one lop3: 0x43 | (nibble ^ 8) per half
+    const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias);
     out[k] = *reinterpret_cast<const std::uint32_t*>(&v);
   }
 }
@@ -144,14 +117,6 @@ __device__ __forceinline__ uint4 chunk(const uint4& raw, int c) {
     out = make_uint4(a[0], a[1], a[2], a[3]);
   }
   return out;
-}
-
-// Chunk c of a 16-byte int4 load (word c) as 136 + v (int4x8_biased), the layout chunk() gives.
-__device__ __forceinline__ uint4 biased_int4_chunk(const uint4& raw, int c) {
-  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  std::uint32_t a[4];
-  int4x8_biased(words[c], a);
-  return make_uint4(a[0], a[1], a[2], a[3]);
 }
 
 // chunk() times the values' group scale, each product rounded to bf16 (w = bf16(q · scale)): the weights the

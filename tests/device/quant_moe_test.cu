@@ -255,9 +255,8 @@ struct OnlyTileConfig : QuantTileConfig<T> {
 template <class T, int kStages>
 using Staged = kernels::decode::Tile<T::kTokTiles, T::kWarps, 1, T::kPrefetch, kStages>;
 
-// Every 32-bit word through dequant::int8x4, dequant::int4x8 and dequant::int4x8_biased against the plain
-// conversion (the value sign-extended, plus 136 for the biased one, then __float2bfloat16): counts the words
-// whose bf16 words differ and keeps the first one.
+// Every 32-bit word through dequant::int8x4 and dequant::int4x8 against the plain conversion (the value
+// sign-extended, then __float2bfloat16): counts the words whose bf16 words differ and keeps the first one.
 __global__ void exhaustive_dequant_kernel(unsigned long long* bad, unsigned int* first_bad) {
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   unsigned long long local = 0;
@@ -273,14 +272,11 @@ __global__ void exhaustive_dequant_kernel(unsigned long long* bad, unsigned int*
     const auto nibble = [w](int k) {
       return static_cast<int>((w >> (4 * k)) & 0xF) - ((w >> (4 * k + 3)) & 1) * 16;
     };
-    std::uint32_t e8[2], e4[4], b4[4];
+    std::uint32_t e8[2], e4[4];
     kernels::dequant::int8x4(w, e8);
     kernels::dequant::int4x8(w, e4);
-    kernels::dequant::int4x8_biased(w, b4);
     bool ok = e8[0] == word(byte(0), byte(1)) && e8[1] == word(byte(2), byte(3));
-    for (int k = 0; k < 4; ++k)
-      ok = ok && e4[k] == word(nibble(2 * k), nibble(2 * k + 1)) &&
-           b4[k] == word(136 + nibble(2 * k), 136 + nibble(2 * k + 1));
+    for (int k = 0; k < 4; ++k) ok = ok && e4[k] == word(nibble(2 * k), nibble(2 * k + 1));
     if (!ok) {
       if (local == 0) atomicMin(first_bad, w);
       ++local;
@@ -317,8 +313,7 @@ struct DequantRows : DequantNoWorkspace<kRows> {
 
 }  // namespace
 
-TEST_CASE("quantized experts: int8x4, int4x8 and int4x8_biased convert every 32-bit word exactly",
-          "[gpu][small][quant]") {
+TEST_CASE("quantized experts: int8x4 and int4x8 convert every 32-bit word exactly", "[gpu][small][quant]") {
   DeviceBuffer<unsigned long long> bad(1);
   DeviceBuffer<unsigned int> first(1);
   bad.upload({0ull});
@@ -528,29 +523,6 @@ TEST_CASE("quantized experts: the decode's down stage on its own warps on Qwen3"
     check_quant_case<kernels::Int4, DownWarpsConfig<2>>(s4, tokens, 4700 + tokens, MoePath::kDecode);
     check_quant_case<kernels::Int4, DownWarpsConfig<3>>(s4, tokens, 4800 + tokens, MoePath::kDecode);
     check_quant_case<kernels::Int8, DownWarpsConfig<6>>(s8, tokens, 4900 + tokens, MoePath::kDecode);
-  }
-}
-
-// int4 decode on the biased values 136 + v (Int4Biased: the bias taken out per k-step by an MMA against a
-// constant operand): another order of float sums, so against the double reference; paged = contiguous bit
-// for bit. Small shapes (one k-step per warp and fewer, a hot expert), the staged and register loops, the
-// down stage on its own warps; then Qwen3 and Qwen1.5 with its chunks at 1, 16 and 64 tokens.
-TEST_CASE("quantized experts: int4 decode on biased values against the reference", "[gpu][small][quant]") {
-  const QuantStore s4(kSmall, Bits::kInt4, 95), e4(kEngineSmall, Bits::kInt4, 96);
-  for (const int tokens : {1, 3, 16, 37}) {
-    check_quant_case<kernels::Int4Biased>(s4, tokens, 6100 + tokens, MoePath::kDecode);
-    check_quant_case<kernels::Int4Biased>(e4, tokens, 6200 + tokens, MoePath::kDecode, 2);
-    check_quant_case<kernels::Int4Biased, OnlyTileConfig<Staged<kernels::decode::Tile<1, 4, 1>, 2>>>(
-        s4, tokens, 6300 + tokens, MoePath::kDecode);
-    check_quant_case<kernels::Int4Biased, DownWarpsConfig<2>>(e4, tokens, 6400 + tokens, MoePath::kDecode);
-  }
-}
-
-TEST_CASE("quantized experts: int4 decode on biased values on model shapes", "[gpu][models][quant]") {
-  for (const ModelSpec& m : {kQwen3, kQwen15}) {
-    const QuantStore q4(m, Bits::kInt4, 97);
-    for (const int tokens : {1, 16, 64})
-      check_quant_case<kernels::Int4Biased>(q4, tokens, 6500 + tokens, MoePath::kDecode);
   }
 }
 

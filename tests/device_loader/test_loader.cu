@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -333,6 +335,62 @@ TEST_CASE("bad input: too many misses, unreserved restore pages, out-of-order la
   auto e = loader.begin_forward(bogus, h.adjuster.residency(), h.pool);
   REQUIRE(e.has_value());
   CHECK(e->code == ChangeErrorCode::kNotReserved);
+}
+
+// Every write of the page table goes to the compute stream, the constructor's clear included: a non-blocking
+// compute stream does not wait for the legacy default stream, so a clear there could land after
+// set_static_entries' rows and wipe them (docs/loader.md). While a blocking stream captures, the legacy
+// stream is unusable (cudaErrorStreamCaptureImplicit), so constructing the loader then fails if it touches
+// the legacy stream at all; the static rows written during the capture must read back intact.
+TEST_CASE("the loader never uses the legacy default stream: its table clear is ordered on the compute stream",
+          "[gpu][loader]") {
+  Harness h;
+  cudaStream_t compute{}, capturing{};
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&capturing) == cudaSuccess);  // blocking: the legacy stream would wait for it
+  REQUIRE(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  LoaderOptions options;
+  options.static_entries = 2;
+  std::optional<DoubleBufferLoader> loader;
+  std::string error;
+  try {
+    loader.emplace(LoaderShape{Harness::kLayers, Harness::kExperts, Harness::kLimit}, h.store, h.arena.span(),
+                   compute, options);
+    for (std::uint32_t l = 0; l < Harness::kLayers; ++l) {
+      std::vector<ExpertLocation> entries(2);
+      for (int c = 0; c < 2; ++c)
+        for (int j = 0; j < 3; ++j) entries[c].page[j] = static_cast<std::int32_t>(100 * l + 10 * c + j);
+      loader->set_static_entries(l, entries);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  cudaGraph_t graph{};
+  const cudaError_t ended = cudaStreamEndCapture(capturing, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  INFO(error);
+  REQUIRE(error.empty());
+  CHECK(ended == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  std::vector<ExpertLocation> table(std::size_t(Harness::kLayers) * loader->row_stride());
+  REQUIRE(cudaMemcpy(table.data(), loader->device_table(), table.size() * sizeof(ExpertLocation),
+                     cudaMemcpyDeviceToHost) == cudaSuccess);
+  const std::size_t stride = loader->row_stride();
+  int wrong = 0, not_absent = 0;
+  for (std::uint32_t l = 0; l < Harness::kLayers; ++l) {
+    for (std::uint32_t e = 0; e < Harness::kExperts; ++e) not_absent += !table[l * stride + e].absent();
+    for (int c = 0; c < 2; ++c) {
+      const ExpertLocation& x = table[l * stride + Harness::kExperts + c];
+      for (int j = 0; j < 3; ++j) wrong += x.page[j] != static_cast<std::int32_t>(100 * l + 10 * c + j);
+      wrong += x.buffer_slot != -1;
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(not_absent == 0);
+  loader.reset();
+  REQUIRE(cudaStreamDestroy(capturing) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(compute) == cudaSuccess);
 }
 
 TEST_CASE("the paged MoE kernel reads experts through the loader like the contiguous layout",

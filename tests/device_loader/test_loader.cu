@@ -373,10 +373,10 @@ TEST_CASE("the loader never uses the legacy default stream: its table clear is o
   REQUIRE(error.empty());
   CHECK(ended == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
-  std::vector<ExpertLocation> table(std::size_t(Harness::kLayers) * loader->row_stride());
+  const std::size_t stride = loader->row_stride();
+  std::vector<ExpertLocation> table(Harness::kLayers * stride);
   REQUIRE(cudaMemcpy(table.data(), loader->device_table(), table.size() * sizeof(ExpertLocation),
                      cudaMemcpyDeviceToHost) == cudaSuccess);
-  const std::size_t stride = loader->row_stride();
   int wrong = 0, not_absent = 0;
   for (std::uint32_t l = 0; l < Harness::kLayers; ++l) {
     for (std::uint32_t e = 0; e < Harness::kExperts; ++e) not_absent += !table[l * stride + e].absent();

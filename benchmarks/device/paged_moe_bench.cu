@@ -34,7 +34,6 @@
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
-// kGrouped; cluster: the TMA kernel on 256-token tiles in clusters of two wherever the default takes
 // kGrouped; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
 // and 2 blocks per SM, 3 and 3, 8 and 1 (these six at grouped sizes only); int8 / int4: the default's tiles
 // on quantized experts, contiguous only (random packed bytes: the values do not matter to the time), their
@@ -309,7 +308,6 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
           {"tile128", {&make_graphs<GroupedTileConfig<128>>, Where::kGrouped}},
-          {"cluster", {&make_graphs<ClusterConfig>, Where::kGrouped}},
           {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
           {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
           {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},

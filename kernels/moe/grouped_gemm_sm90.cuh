@@ -489,19 +489,14 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
 // Gate/up units hold 128 features: W1's rows in the first half of B, W3's same rows in the second, so
 // accumulator i of both halves is gate and up of one (token, feature). Every output is the same wgmma steps
 // in the same k order as in the two-block kernel: bit-identical to it.
-// Clusters of two (kCluster = 2, MoeConfig::tile_tokens = 256): a unit is 256 tokens × 256 weight rows, the
-// two CTAs of a cluster take 128 tokens each and copy the weight rows once for both (each CTA half of every
-// stage's B, multicast into both), so the L2 serves each weight box once per 256 tokens instead of once per
-// 128; a stage is free again once the consumers of both CTAs have released it.
 inline constexpr int kTmaStages = 4;
 inline constexpr int kTmaThreads = 384;
 inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
 inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
 inline constexpr int kTmaStaging =
     64 * 128;  // elements: a consumer warpgroup's epilogue rows (store_fragment)
-// Shared memory: the stages' A and B tiles, the consumers' staging rows, then the bookkeeping (tma_slots).
 inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStaging * 2 +
-                                     2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 4 * 8 + 2 * 4 + 1024;
+                                     2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
 inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
 static_assert(kTmaSmemBytes <= ptx::kMaxBlockSmemBytes, "the TMA block must fit one SM");
 static_assert(kTmaProducerRegs * 128 + kTmaConsumerRegs * 256 <= 65536, "the register file of one SM");
@@ -529,76 +524,25 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
   return static_cast<int>(at.row);
 }
 
-// A cluster's unit hand-over (kCluster = 2), in each CTA's shared memory after next_unit: CTA 0 takes a unit
-// from the counter, writes it into CTA 1's inbox slot n % 2 and arrives on CTA 1's inbox_full[n % 2]; CTA 1
-// reads it and arrives on CTA 0's inbox_free[n % 2], which CTA 0 waits for before it writes that slot again.
-struct ClusterSlots {
-  std::uint64_t inbox_full[2];
-  std::uint64_t inbox_free[2];
-  int inbox[2];
-};
-static_assert(sizeof(ClusterSlots) == 4 * 8 + 2 * 4, "kTmaSmemBytes counts its bytes");
-
-// Arrivals that release one stage (its `empty` mbarrier's count): the 256 consumer threads; in a cluster of
-// kCluster CTAs, one per consumer warp of every CTA of the cluster (each CTA's producer multicasts into all
-// of them, so it waits until every one has read the stage).
-template <int kCluster>
-inline constexpr int kTmaReleases = kCluster == 1 ? 256 : 8 * kCluster;
-
 // The start of a TMA kernel's block: thread 0 initialises the stages' mbarriers (full: the producer
-// warpgroup's 128 cp.async arrivals + the TMA thread's; empty: kTmaReleases) and prefetches the tensor maps;
-// then (a cluster: once every CTA of it has initialised its barriers) programmatic dependent launch (wait for
-// the layer's previous kernels, let the next one's blocks launch).
-template <int kStages, class Addressing, int kCluster = 1>
+// warpgroup's 128 cp.async arrivals + the TMA thread's; empty: the 256 consumer threads) and prefetches the
+// tensor maps; then programmatic dependent launch (wait for the layer's previous kernels, let the next one's
+// blocks launch).
+template <int kStages, class Addressing>
 __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp, std::uint64_t* full,
-                                                std::uint64_t* empty, ClusterSlots* cs = nullptr) {
+                                                std::uint64_t* empty) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::mbarrier_init(&full[s], 128 + 1);
-      tma::mbarrier_init(&empty[s], kTmaReleases<kCluster>);
+      tma::mbarrier_init(&empty[s], 256);
     }
-    if constexpr (kCluster > 1)
-      for (int i = 0; i < 2; ++i) {
-        tma::mbarrier_init(&cs->inbox_full[i], 1);
-        tma::mbarrier_init(&cs->inbox_free[i], 1);
-      }
     tma::fence_barrier_init();
     tma::prefetch_map(&tp.maps[0]);
     if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
   }
-  if constexpr (kCluster > 1)
-    tma::cluster_sync();  // the peer's multicasts and arrivals find initialised barriers
-  else
-    __syncthreads();
+  __syncthreads();
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
-}
-
-// A consumer's release of stage `bar` (kTmaReleases): every thread on its own CTA's barrier, or in a cluster
-// lane 0 of each warp on the barrier of every CTA (after the warp's wgmma wait: the warp has read the stage).
-template <int kCluster>
-__device__ __forceinline__ void release_stage(std::uint64_t* bar) {
-  if constexpr (kCluster == 1) {
-    tma::arrive(bar);
-  } else {
-    __syncwarp();
-    if (threadIdx.x % 32 == 0)
-#pragma unroll
-      for (int c = 0; c < kCluster; ++c) tma::arrive_cluster(bar, static_cast<unsigned>(c));
-  }
-}
-
-// In a cluster of two, a work tile holds up to 256 token rows and CTA `rank` takes rows [128·rank, +128) of
-// it (none past the tile's count: then its rows start at the tile's first, which exists, and count 0).
-__device__ __forceinline__ WorkTile cluster_part(WorkTile tile, unsigned rank) {
-  const int first = 128 * static_cast<int>(rank);
-  if (tile.count > first) {
-    tile.row_start += first;
-    tile.count = min(tile.count - first, 128);
-  } else {
-    tile.count = 0;
-  }
-  return tile;
 }
 
 // The producer warpgroup of the TMA kernels (thread t of 128): takes units in order from the stage's
@@ -607,40 +551,17 @@ __device__ __forceinline__ WorkTile cluster_part(WorkTile tile, unsigned rank) {
 // rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
 // stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
 // Runs up to kStages steps ahead, across units.
-// In a cluster of kCluster = 2 CTAs (bf16 only) both take the same units (CTA 0 takes each from the counter
-// and posts it to CTA 1's inbox, ClusterSlots), each its own 128 of the unit's up to 256 token rows
-// (cluster_part), and the weight rows are
-// copied once for both: CTA r's thread copies half r of the stage's B (gate/up: the W1 box if r = 0, the W3
-// box if r = 1; down: W2 rows 128·r .. +127) into both CTAs by multicast, and each CTA's full barrier
-// expects the whole B.
-template <Stage kStage, int kStages, class Addressing, int kCluster = 1>
+template <Stage kStage, int kStages, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
-                                              std::uint64_t* empty, int* stage_unit, int* next_unit, int t,
-                                              ClusterSlots* cs = nullptr) {
+                                              std::uint64_t* empty, int* stage_unit, int* next_unit, int t) {
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const MoeParams<Addressing>& p = tp.moe;
   tma::release_registers<kTmaProducerRegs>();
-  static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
-  const unsigned rank = kCluster > 1 ? tma::cluster_rank() : 0;
   int it = 0;
   for (int n = 0;; ++n) {
-    if (t == 0) {
-      if constexpr (kCluster == 1) {
-        next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
-      } else if (rank == 0) {  // the leader takes the unit and posts it to its peer's inbox
-        if (n >= 2) tma::wait_cluster(&cs->inbox_free[n & 1], ((n - 2) >> 1) & 1);  // the peer read n − 2's
-        const int v = atomicAdd(tp.unit_counter, 1);
-        next_unit[n & 1] = v;
-        tma::store_cluster(&cs->inbox[n & 1], v, 1);
-        tma::arrive_cluster<true>(&cs->inbox_full[n & 1], 1);
-      } else {
-        tma::wait_cluster(&cs->inbox_full[n & 1], (n >> 1) & 1);
-        next_unit[n & 1] = cs->inbox[n & 1];
-        tma::arrive_cluster(&cs->inbox_free[n & 1], 0);
-      }
-    }
+    if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
     tma::named_sync<128>(1);
     const int u = next_unit[n & 1];
     const int s0 = it % kStages;
@@ -656,15 +577,10 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     WorkTile tile;
     int pair;
     unit_at(p, u, pairs, tile, pair);
-    if constexpr (kCluster > 1) tile = cluster_part(tile, rank);
     const ALoader<kStage, 128> a(p, tile, t);  // the warpgroup's 128 threads gather the 128 token rows
     int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
     if (t == 0) {
-      if constexpr (kCluster > 1) {  // this CTA's half of B
-        row0 = kGateUp ? tma_row(tp, tile.matrix[rank], pitch, map0) + pair * 2 * kGateUpFeatures
-                       : tma_row(tp, tile.matrix[2], pitch, map0) + pair * 2 * kBlockN +
-                             static_cast<int>(rank) * kBlockN;
-      } else if constexpr (kGateUp) {
+      if constexpr (kGateUp) {
         row0 = tma_row(tp, tile.matrix[0], pitch, map0) + pair * 2 * kGateUpFeatures;
         row1 = tma_row(tp, tile.matrix[1], pitch, map1) + pair * 2 * kGateUpFeatures;
       } else {
@@ -678,13 +594,8 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
       if (t == 0) {
         unsigned char* b = smem_b + s * b_bytes;
         tma::arrive_expect_tx(&full[s], b_bytes);
-        if constexpr (kCluster > 1) {
-          tma::load_2d_multicast(b + rank * (b_bytes / 2), &tp.maps[map0], &full[s], kt * step_x, row0,
-                                 (1u << kCluster) - 1);
-        } else {
-          tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
-          if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
-        }
+        tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
+        if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
       }
       a.load(smem_a + s * kTmaATile, kt);
       tma::cp_async_arrive(&full[s]);
@@ -693,9 +604,8 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
 }
 
 // A consumer warpgroup's next unit: waits for the stage of step `it` (a unit's first) and reads the unit the
-// producer passed with it (in a cluster, this CTA's part of it); false once the producer has run out of
-// units.
-template <int kStages, class Addressing, int kCluster = 1>
+// producer passed with it; false once the producer has run out of units.
+template <int kStages, class Addressing>
 __device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, std::uint64_t* full,
                                           const int* stage_unit, int it, int pairs, WorkTile& tile,
                                           int& pair) {
@@ -703,7 +613,6 @@ __device__ __forceinline__ bool take_unit(const MoeParams<Addressing>& p, std::u
   const int u = stage_unit[it % kStages];
   if (u < 0) return false;
   unit_at(p, u, pairs, tile, pair);
-  if constexpr (kCluster > 1) tile = cluster_part(tile, tma::cluster_rank());
   return true;
 }
 
@@ -738,7 +647,7 @@ __device__ __forceinline__ void store_fragment(const bf16* staging, int barrier,
   }
 }
 
-template <class Addressing, Stage kStage, int kCluster = 1>
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
@@ -750,9 +659,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   std::uint64_t* empty = full + kTmaStages;
   int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
   int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
-  auto* cs = reinterpret_cast<ClusterSlots*>(next_unit + 2);     // clusters: the unit hand-over
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  start_tma_block<kTmaStages, Addressing, kCluster>(tp, full, empty, cs);
+  start_tma_block<kTmaStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
@@ -761,9 +669,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
-    produce_units<kStage, kTmaStages, Addressing, kCluster>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
+    produce_units<kStage, kTmaStages>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
                                       reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit,
-                                      next_unit, t, cs);
+                                      next_unit, t);
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;
@@ -771,7 +679,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     for (;;) {
       WorkTile tile;
       int pair;
-      if (!take_unit<kTmaStages, Addressing, kCluster>(p, full, stage_unit, it, pairs, tile, pair)) break;
+      if (!take_unit<kTmaStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
       // As in gemm_wgmma_kernel: a warpgroup past the tile's tokens skips its wgmma (it still releases
       // every stage).
       const bool active = cw * 64 < tile.count;
@@ -788,12 +696,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
           wgmma::commit();
           wgmma::wait<1>();  // step it − 1's wgmma has finished
         }
-        if (kt > 0) release_stage<kCluster>(&empty[(it - 1) % kTmaStages]);
+        if (kt > 0) tma::arrive(&empty[(it - 1) % kTmaStages]);
       }
       wgmma::wait<0>();
       wgmma::pin(acc0);
       wgmma::pin(acc1);
-      release_stage<kCluster>(&empty[(it - 1) % kTmaStages]);
+      tma::arrive(&empty[(it - 1) % kTmaStages]);
       if (!active) continue;
       const bf16* rows_at = staging + cw * kTmaStaging;
       const int rows = tile.count - cw * 64, first = tile.row_start + cw * 64;
@@ -825,9 +733,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
     }
   }
-  // A cluster's CTAs leave together: none exits while its peer may still multicast into it or arrive on its
-  // barriers.
-  if constexpr (kCluster > 1) tma::cluster_sync();
 }
 
 // What PagedMoe launches on sm_90 besides the TMA kernel (which has its own launcher, run_tma): the two-block

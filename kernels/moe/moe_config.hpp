@@ -20,9 +20,7 @@ enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
-  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 64 or 128 (grouped); 256: the
-                              // bf16 TMA grouped GEMM (grouped_rows = 256) on clusters of two CTAs, 128
-                              // token rows each, sharing every weight box by multicast
+  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 64 or 128 (grouped)
   int decode_warps = 4;       // decode: warps per block, splitting K
   int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
   int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes

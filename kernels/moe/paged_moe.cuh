@@ -137,33 +137,6 @@ Status set_smem(int device, int bytes, int static_bytes = 0) {
   return Status::success();
 }
 
-// How many clusters of kCluster CTAs of kKernel (one per SM, `smem` bytes each) the device runs at once (its
-// SMs pair up within their GPCs, so possibly fewer than sms / kCluster), cached per device; at least one.
-template <auto kKernel, int kCluster>
-Status max_clusters(int device, int sms, int smem, int& clusters) {
-  static std::array<std::atomic<int>, kMaxDevices> known{};
-  if (device < kMaxDevices && (clusters = known[device].load(std::memory_order_relaxed)) > 0)
-    return Status::success();
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kCluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(sms / kCluster * kCluster));
-  config.blockDim = dim3(grouped::kTmaThreads);
-  config.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config); e != cudaSuccess)
-    return Status::error("cudaOccupancyMaxActiveClusters", cudaGetErrorString(e));
-  if (clusters < 1)
-    return Status::error("cudaOccupancyMaxActiveClusters", clusters,
-                         "no cluster of the TMA grouped GEMM fits the device");
-  if (device < kMaxDevices) known[device].store(clusters, std::memory_order_relaxed);
-  return Status::success();
-}
-
 // The decode::Tile types of a DecodeTileList (moe/moe_config.hpp).
 template <const auto& kList, std::size_t... I>
 auto tile_types(std::index_sequence<I...>)
@@ -300,15 +273,11 @@ class PagedMoe {
           "quantized experts' grouped GEMM is the sm_90 wgmma kernel (kAuto, kDecode or kGrouped)");
     const MoeConfig c = config(a);
     const bool small = c.path == MoePath::kGrouped && c.tile_tokens == grouped::kSmallM;
-    const bool cluster = c.path == MoePath::kGrouped && c.tile_tokens == 2 * grouped::kBlockM;
     if (c.path == MoePath::kAuto ||
-        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small && !cluster))
-      return Status::error("config.tile_tokens", c.tile_tokens,
-                           "must be 128 on the grouped paths, or 64 or 256 on kGrouped (kAuto resolved)");
-    if (cluster && (Precision::kQuantized || c.grouped_rows != 2 * grouped::kBlockN))
-      return Status::error("config.tile_tokens", c.tile_tokens,
-                           "256-token tiles are the bf16 TMA grouped GEMM's on clusters of two "
-                           "(grouped_rows = 256, bf16 experts) only");
+        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small))
+      return Status::error(
+          "config.tile_tokens", c.tile_tokens,
+          "must be 128 on the grouped paths, or 64, 256 or 384 on kGrouped (kAuto resolved)");
     if (small && Precision::kQuantized)
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
@@ -472,10 +441,7 @@ class PagedMoe {
       return c.path != MoePath::kDecode ? with_grouped_tile(c, grouped::kBlockM) : c;
     } else {
       MoeConfig c = Config::select(a.shape, a.path);
-      if (uses_tma(c) && !tma_fits(a)) {  // the two-block kernel, on its 128-token tiles
-        c.grouped_rows = grouped::kBlockN;
-        if (c.tile_tokens == 2 * grouped::kBlockM) c = with_grouped_tile(c, grouped::kBlockM);
-      }
+      if (uses_tma(c) && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
       return c;
     }
   }
@@ -522,9 +488,7 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = config(a);
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.path == MoePath::kGrouped &&
-        (choice.tile_tokens == grouped::kSmallM || choice.tile_tokens == 2 * grouped::kBlockM) &&
-        dev.major != 9)
+    if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
     const long long stride = a.matrix_stride_bytes != 0 ? a.matrix_stride_bytes
@@ -784,26 +748,15 @@ class PagedMoe {
   // grouped::gemm_tma_quant_kernel on int8 / int4 ones (after grouped::permute_k_kernel writes the input with
   // K permuted into `permuted_input`); each stage's tensor maps over the addressing's regions (gate/up: K =
   // H, boxes of a unit's 128 W1 rows and 128 W3 rows; down: K = F, boxes of its 256 W2 rows) and unit
-  // counter, one block per SM at most. bf16 experts on 256-token tiles (MoeConfig::tile_tokens): clusters of
-  // two CTAs sharing each weight box by multicast (down boxes of 128 rows, one per CTA), as many clusters as
-  // fit the device at once.
+  // counter, one block per SM at most.
   // A, P: the addressing and precision of the experts it reads (the layer's own, or Contiguous bf16 over a
   // grouped_dequant copy).
   template <class A, class P>
   static Status run_tma(const MoeParams<A>& p, const MoeShape& s, const MoeConfig& c, unsigned grid_tiles,
                         const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
-    if constexpr (!P::kQuantized) {
-      if (c.tile_tokens == 2 * grouped::kBlockM)
-        return run_tma_on<A, P, 2>(p, s, c, grid_tiles, dev, stream, permuted_input);
-    }
-    return run_tma_on<A, P, 1>(p, s, c, grid_tiles, dev, stream, permuted_input);
-  }
-  template <class A, class P, int kCluster>
-  static Status run_tma_on(const MoeParams<A>& p, const MoeShape& s, const MoeConfig& c, unsigned grid_tiles,
-                           const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
     if constexpr (tma_addressing<A>) {
       using grouped::Stage;
-      using Gemm = grouped::TmaGemm<A, P, kCluster>;
+      using Gemm = grouped::TmaGemm<A, P>;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
         constexpr auto kernel = Gemm::template kKernel<kStage>;
         grouped::TmaParams<A> tp{};
@@ -818,18 +771,8 @@ class PagedMoe {
         }
         if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
         const long long units = static_cast<long long>(grid_tiles) * slices;
-        if constexpr (kCluster > 1) {
-          int clusters = 0;
-          if (Status st = detail::max_clusters<kernel, kCluster>(dev.device, dev.sms, Gemm::kSmem, clusters);
-              !st)
-            return st;
-          const unsigned grid = kCluster * static_cast<unsigned>(std::min<long long>(units, clusters));
-          return launch_args<kCluster>(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, name,
-                                       tp);
-        } else {
-          const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
-          return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
-        }
+        const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
+        return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
       };
       if constexpr (P::kQuantized) {
         const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
@@ -844,7 +787,7 @@ class PagedMoe {
               s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), Gemm::kGateUpName);
           !st)
         return st;
-      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN / kCluster,
+      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
                                                      s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream, (void)permuted_input;
@@ -949,24 +892,20 @@ class PagedMoe {
     return launch_args(kernel, grid, threads, smem, stream, what, p);
   }
 
-  // launch() for a kernel of several arguments; kCluster > 1: in clusters of that many CTAs along x.
-  template <int kCluster = 1, class Kernel, class... Args>
+  // launch() for a kernel of several arguments.
+  template <class Kernel, class... Args>
   static Status launch_args(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
                             const char* what, Args... args) {
-    cudaLaunchAttribute attr[2]{};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = kCluster;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = dim3(threads);
     config.dynamicSmemBytes = smem;
     config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = kCluster > 1 ? 2 : 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
     if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, args...); e != cudaSuccess)
       return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
     return launched(what);

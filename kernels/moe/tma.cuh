@@ -1,8 +1,7 @@
 // The Hopper (sm_90a) asynchronous-copy machinery of the TMA grouped GEMMs: shared-memory mbarriers (arrive,
 // expected transaction bytes, phase waits), 2-D tensor copies (cp.async.bulk.tensor; bf16 boxes 128-byte
 // swizzled, packed int8 / int4 boxes as they are), cp.async arrivals on an mbarrier, named barriers, register
-// reallocation between warpgroups (setmaxnreg), thread block clusters (multicast copies, remote arrivals,
-// cluster barriers), and the host side: a 2-D tensor map over a region of expert
+// reallocation between warpgroups (setmaxnreg), and the host side: a 2-D tensor map over a region of expert
 // matrices, encoded through the driver entry point the runtime hands out (no link against libcuda).
 // One map per (region, K) serves every page of the region, whatever its position: moe/tensor_rows.hpp says
 // why and finds a matrix's map and row.
@@ -68,83 +67,8 @@ __device__ __forceinline__ void load_2d(void* smem_dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(ptx::smem_u32(bar))
       : "memory");
 }
-// load_2d into the same shared-memory offset of every CTA of the cluster in `cta_mask`, each of whose
-// mbarriers at `bar`'s offset sees the bytes complete (the box is read from the L2 once for all of them).
-__device__ __forceinline__ void load_2d_multicast(void* smem_dst, const CUtensorMap* map, std::uint64_t* bar,
-                                                  int x, int y, std::uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-      "[%1, {%2, %3}], [%4], %5;\n" ::"r"(ptx::smem_u32(smem_dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(ptx::smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-}
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
-}
-
-// Thread block clusters: this CTA's rank in its cluster, the cluster's index in the grid and the number of
-// clusters; a barrier of every thread of every CTA of the cluster (release / acquire: shared-memory writes
-// and mbarrier initialisations before it are visible to the cluster after it); an arrival on the mbarrier
-// at `bar`'s offset in CTA `cta` of the cluster: plain (a stage's release: its reads were wgmma's, complete
-// at the wgmma wait before it) or, kClusterRelease, a release at cluster scope that makes this thread's
-// earlier writes (store_cluster) visible to whoever acquires the phase. The plain one is what a stage
-// release needs: the cluster-scope one waits for every earlier write of the thread, the epilogue's global
-// stores included, and made each k-step of the clusters' consumers twice as long.
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_id() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_count() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-template <bool kClusterRelease = false>
-__device__ __forceinline__ void arrive_cluster(std::uint64_t* bar, unsigned cta) {
-  if constexpr (kClusterRelease)
-    asm volatile(
-        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(ptx::smem_u32(bar)),
-        "r"(cta)
-        : "memory");
-  else
-    asm volatile(
-        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(ptx::smem_u32(bar)),
-        "r"(cta)
-        : "memory");
-}
-
-// An int written into CTA `cta` of the cluster at `dst`'s offset there (relaxed: an arrive_cluster after it
-// releases it).
-__device__ __forceinline__ void store_cluster(int* dst, int value, unsigned cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nst.shared::cluster.u32 [remote], "
-      "%2;\n}\n" ::"r"(ptx::smem_u32(dst)),
-      "r"(cta), "r"(value)
-      : "memory");
-}
-// wait() at cluster scope: the phase's arrivals may come from other CTAs of the cluster, and what they wrote
-// before arriving (release) is visible after it.
-__device__ __forceinline__ void wait_cluster(std::uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(ptx::smem_u32(bar)),
-      "r"(parity)
-      : "memory");
 }
 
 // Named barrier `id` among kThreads threads (0 is __syncthreads; the TMA kernels use 1 for the producer

@@ -90,25 +90,6 @@ struct GroupedRowsConfig {
   }
 };
 
-// DefaultMoeConfig's choice with the bf16 grouped stages on the TMA kernel's 256-row blocks in clusters of
-// two CTAs, each taking 128 of a 256-token tile's rows and multicasting half of every weight box to both
-// (tile_tokens = 256; PagedMoe::config falls back to the two-block kernel's 128-token tiles where pages are
-// off its rows). Quantized experts keep the default's choice.
-struct ClusterConfig {
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    if (c.path == kernels::MoePath::kGrouped) {
-      c = kernels::with_grouped_tile(c, 256);
-      c.grouped_rows = 256;
-    }
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-  }
-};
-
 // DefaultMoeConfig's choice with the 128-row grouped GEMM on kTile-token tiles (64 or 128) wherever it takes
 // kGrouped on bf16 experts: 128, the two-block cp.async kernel (the reference the other sm_90 grouped kernels
 // are compared with bit for bit); 64, grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks

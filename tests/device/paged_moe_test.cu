@@ -333,15 +333,6 @@ struct SmallTileConfig {
     return {kPath, 64, 4, 1, 128, kRows};
   }
 };
-template <int kRows>
-struct WideTileConfig {  // 256-token tiles on kRows-row blocks, bf16 and quantized
-  static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
-    return {MoePath::kGrouped, 256, 4, 1, 128, kRows};
-  }
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape&, MoePath, kernels::quant::Bits) {
-    return {MoePath::kGrouped, 256, 4, 1, 128, kRows};
-  }
-};
 struct StagedBf16Config {
   using DecodeTiles = std::tuple<kernels::decode::Tile<1, 4, 1, 128, 3>>;
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
@@ -495,15 +486,6 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   const kernels::Status sts = SmallInt8::can_implement(small);
   CHECK(sts.field == "config.tile_tokens");
   CHECK(sts.message.find("quantized") != std::string::npos);
-  // 256-token tiles: the bf16 TMA kernel's on clusters of two, nowhere else.
-  CHECK(PagedMoe<kernels::Paged, WideTileConfig<256>>::can_implement(small).ok);
-  const kernels::Status swn = PagedMoe<kernels::Paged, WideTileConfig<128>>::can_implement(small);
-  CHECK(swn.field == "config.tile_tokens");
-  CHECK(swn.message.find("grouped_rows = 256") != std::string::npos);
-  const kernels::Status swq =
-      PagedMoe<kernels::Paged, WideTileConfig<256>, kernels::Int8>::can_implement(small);
-  CHECK(swq.field == "config.tile_tokens");
-  CHECK(swq.message.find("bf16 experts") != std::string::npos);
   using StagedBf16 = PagedMoe<kernels::Paged, StagedBf16Config>;
   const kernels::Status sgd = StagedBf16::can_implement(small);
   CHECK(sgd.field == "config.decode_stages");
@@ -774,25 +756,6 @@ TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gp
   for (int tokens : {16, 128}) {
     REQUIRE(PagedMoe<kernels::Paged>::config({.shape = shape_of(kMixtral, tokens)}).small_deep);
     check_against_two_block<kernels::DefaultMoeConfig>(mixtral, tokens, 1700 + tokens, "default (8 stages)");
-  }
-}
-
-// Clusters of two (ClusterConfig): each CTA multiplies its 128 rows of a 256-token tile by the weight rows
-// both CTAs copied half by half: the same wgmma steps on the same rows as the two-block kernel.
-TEST_CASE("the TMA grouped GEMM on clusters of two equals the two-block grouped GEMM", "[gpu][tma]") {
-  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 2 and 4 k-steps: fewer than the stages
-  ExpertStore small(tiny, 45, 3);
-  // 1 and 37 tokens: every tile's second CTA idle; 300: tiles of 1–256 tokens; 3000: 2–3 tiles per expert.
-  for (int tokens : {1, 37, 300, 3000})
-    check_against_two_block<ClusterConfig>(small, tokens, 2100 + tokens, "TMA, clusters of two");
-  check_against_two_block<ClusterConfig>(small, 3000, 2200, "TMA, clusters of two", 5);  // one hot expert
-  for (const ModelSpec& spec : {kQwen15, kQwen3, kMixtral}) {
-    ExpertStore store(spec, 47);
-    for (int tokens : {64, 1024, 4096}) {
-      REQUIRE(PagedMoe<kernels::Paged, ClusterConfig>::config({.shape = shape_of(spec, tokens)}).tile_tokens ==
-              256);
-      check_against_two_block<ClusterConfig>(store, tokens, 2300 + tokens, "TMA, clusters of two");
-    }
   }
 }
 

@@ -6,10 +6,13 @@
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
 //                   [--sets 8] [--placement shuffled,adjacent] [--seed 1,2,3] [--seconds 0.1]
-//                   [--router uniform|hot:E|zipf:S] [--layers 1] [--between-read MB] [--between-write MB]
+//                   [--router uniform|hot:E|zipf:S|balanced] [--layers 1] [--between-read MB]
+//                   [--between-write MB]
 // --router: how each token's k experts are drawn (tests/device/routing_draw.hpp; uniform by default, as in
 // every result so far): zipf:S skews them as a trained router does (popularity ∝ 1 / rank^S), hot:E puts
-// expert E in every other token;
+// expert E in every other token, balanced gives every expert T·k / E tokens rounded down or up (no
+// expert's last work tile is partly empty beyond what T·k / E leaves: at 4096 tokens each Qwen3 expert
+// takes exactly two 128-token tiles where uniform gives half of them a third, nearly empty one);
 // --layers N: N copies of the bf16 weights (distinct memory, as a model's layers), call i of a graph reading
 // copy i % N (with --sets N every call another layer's weights, as an engine step reads them; the
 // quantized configurations keep one copy);

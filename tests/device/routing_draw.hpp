@@ -1,5 +1,5 @@
 // Top-k routing for the device tests and paged_moe_bench, drawn on the host (no CUDA: tests/unit/routing_draw
-// checks it on any machine). Three routers:
+// checks it on any machine). Four routers:
 //  - uniform: each token's k experts uniformly without replacement (the benchmark's default since its first
 //    version; the sequence for a seed is unchanged);
 //  - hot:     uniform, except every other token has one given expert among its k (one expert far over a
@@ -7,7 +7,10 @@
 //  - zipf:    expert popularity ∝ 1 / rank^s over a fixed random ranking of the experts (the same for every
 //    seed, as a trained router favours the same experts step after step), each token's k drawn without
 //    replacement in proportion to it (Gumbel top-k). s = 0 is uniform; trained MoE routers are skewed, and a
-//    kernel choice that reads an expert once per 8 tokens pays for it only when some experts get many tokens.
+//    kernel choice that reads an expert once per 8 tokens pays for it only when some experts get many tokens;
+//  - balanced: every expert gets T·k / E tokens, rounded down or up (token t takes the k experts at positions
+//    t·k .. t·k + k − 1, mod E, of a seed-shuffled order), as a router trained with a perfect load-balancing
+//    loss would: no expert has a partly filled last tile beyond what T·k / E itself leaves.
 // Weights: positive, summing to 1 per token; a per-token shared weight in (0, 1) (a sigmoid gate's range).
 #pragma once
 
@@ -23,12 +26,12 @@
 namespace amoeba::testing {
 
 struct Router {
-  enum class Kind { kUniform, kHot, kZipf };
+  enum class Kind { kUniform, kHot, kZipf, kBalanced };
   Kind kind = Kind::kUniform;
   int hot_expert = -1;  // kHot
   double zipf_s = 0.0;  // kZipf, >= 0
 
-  // "uniform", "hot:E" or "zipf:S" (the benchmark's --router).
+  // "uniform", "hot:E", "zipf:S" or "balanced" (the benchmark's --router).
   static Router parse(const std::string& v) {
     Router r;
     const auto colon = v.find(':');
@@ -36,6 +39,10 @@ struct Router {
     const std::string arg = colon == std::string::npos ? "" : v.substr(colon + 1);
     try {
       if (name == "uniform" && arg.empty()) return r;
+      if (name == "balanced" && colon == std::string::npos) {
+        r.kind = Kind::kBalanced;
+        return r;
+      }
       if (name == "hot" && !arg.empty()) {
         r.kind = Kind::kHot;
         r.hot_expert = std::stoi(arg);
@@ -48,8 +55,9 @@ struct Router {
       }
     } catch (const std::exception&) {
     }
-    throw std::invalid_argument("--router: '" + v +
-                                "' is not uniform, hot:E (E >= 0, an expert id) or zipf:S (S >= 0, finite)");
+    throw std::invalid_argument(
+        "--router: '" + v +
+        "' is not uniform, hot:E (E >= 0, an expert id), zipf:S (S >= 0, finite) or balanced");
   }
   std::string name() const {
     switch (kind) {
@@ -61,6 +69,8 @@ struct Router {
         if (s.back() == '.') s.pop_back();
         return "zipf:" + s;
       }
+      case Kind::kBalanced:
+        return "balanced";
       case Kind::kUniform:
         break;
     }
@@ -109,10 +119,20 @@ inline DrawnRouting draw_routing(int num_experts, int top_k, int tokens, std::ui
     key.resize(num_experts);
   }
   std::uniform_real_distribution<double> open01(std::nextafter(0.0, 1.0), 1.0);
+  // balanced: the seed's cyclic order of the experts.
+  std::vector<int> order;
+  if (router.kind == Router::Kind::kBalanced) {
+    order.resize(num_experts);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+  }
   for (int t = 0; t < tokens; ++t) {
     std::iota(perm.begin(), perm.end(), 0);
     const bool hot = router.kind == Router::Kind::kHot && t % 2 == 0;
     if (hot) std::swap(perm[0], perm[router.hot_expert]);
+    if (router.kind == Router::Kind::kBalanced)
+      for (int j = 0; j < top_k; ++j)
+        perm[j] = order[(static_cast<std::size_t>(t) * top_k + j) % static_cast<std::size_t>(num_experts)];
     if (router.kind == Router::Kind::kZipf) {
       for (int e = 0; e < num_experts; ++e) key[e] = log_pop[e] - std::log(-std::log(open01(rng)));
       std::partial_sort(perm.begin(), perm.begin() + top_k, perm.end(),
@@ -120,7 +140,7 @@ inline DrawnRouting draw_routing(int num_experts, int top_k, int tokens, std::ui
     }
     float sum = 0;
     for (int j = 0; j < top_k; ++j) {
-      if (router.kind != Router::Kind::kZipf && !(hot && j == 0)) {
+      if (router.kind != Router::Kind::kZipf && router.kind != Router::Kind::kBalanced && !(hot && j == 0)) {
         std::uniform_int_distribution<int> pick(j, num_experts - 1);
         std::swap(perm[j], perm[pick(rng)]);
       }

@@ -1,6 +1,7 @@
 // tests/device/routing_draw.hpp: every router draws k distinct in-range experts per token with weights that
 // sum to 1; the uniform router is the benchmark's historical one (same ids for the same seed, counts flat),
-// hot puts its expert in every other token, zipf skews the counts by rank as 1 / rank^s says.
+// hot puts its expert in every other token, zipf skews the counts by rank as 1 / rank^s says, balanced gives
+// every expert T·k / E tokens rounded down or up.
 #include "routing_draw.hpp"
 
 #include <catch2/catch.hpp>
@@ -52,8 +53,8 @@ std::vector<int> counts(const DrawnRouting& r, int experts) {
 }  // namespace
 
 TEST_CASE("every router draws k distinct experts per token, weights summing to 1", "[routing_draw]") {
-  for (const Router& router :
-       {Router{}, Router::parse("hot:5"), Router::parse("zipf:1.2"), Router::parse("zipf:0")})
+  for (const Router& router : {Router{}, Router::parse("hot:5"), Router::parse("zipf:1.2"),
+                               Router::parse("zipf:0"), Router::parse("balanced")})
     for (int tokens : {0, 1, 3, 64, 1000}) {
       INFO(router.name() << " T=" << tokens);
       check_well_formed(draw_routing(60, 4, tokens, 11, router), 60, 4, tokens);
@@ -63,7 +64,8 @@ TEST_CASE("every router draws k distinct experts per token, weights summing to 1
 }
 
 TEST_CASE("a seed gives the same routing, another seed another", "[routing_draw]") {
-  for (const Router& router : {Router{}, Router::parse("hot:3"), Router::parse("zipf:1")}) {
+  for (const Router& router :
+       {Router{}, Router::parse("hot:3"), Router::parse("zipf:1"), Router::parse("balanced")}) {
     INFO(router.name());
     const DrawnRouting a = draw_routing(60, 4, 200, 7, router), b = draw_routing(60, 4, 200, 7, router);
     const DrawnRouting c = draw_routing(60, 4, 200, 8, router);
@@ -126,14 +128,44 @@ TEST_CASE("zipf: counts fall with the fixed rank, as steeply as s says", "[routi
   }
 }
 
+TEST_CASE("balanced: every expert gets T*k/E tokens, rounded down or up", "[routing_draw]") {
+  const Router balanced = Router::parse("balanced");
+  // Qwen3 at 4096 tokens: exactly 256 each; Qwen1.5 at 4096: 16384 / 60 = 273.07; Mixtral at 3 tokens: 6 of
+  // 8 experts once; all 60 experts with one token only 4.
+  struct Case {
+    int experts, k, tokens;
+  };
+  for (const Case& c :
+       {Case{128, 8, 4096}, Case{60, 4, 4096}, Case{8, 2, 3}, Case{60, 4, 1}, Case{60, 4, 0}}) {
+    INFO("E" << c.experts << " k" << c.k << " T=" << c.tokens);
+    const DrawnRouting r = draw_routing(c.experts, c.k, c.tokens, 41, balanced);
+    const long long slots = static_cast<long long>(c.tokens) * c.k;
+    const long long low = slots / c.experts, high = (slots + c.experts - 1) / c.experts;
+    const std::vector<int> n = counts(r, c.experts);
+    long long total = 0;
+    for (int e = 0; e < c.experts; ++e) {
+      CHECK(n[e] >= low);
+      CHECK(n[e] <= high);
+      total += n[e];
+    }
+    CHECK(total == slots);
+    CHECK(r.distinct_experts == static_cast<int>(std::min<long long>(slots, c.experts)));
+  }
+  CHECK(counts(draw_routing(128, 8, 4096, 42, balanced), 128) == std::vector<int>(128, 256));
+  // Which experts get the extra token depends on the seed.
+  CHECK(counts(draw_routing(60, 4, 1, 43, balanced), 60) != counts(draw_routing(60, 4, 1, 44, balanced), 60));
+}
+
 TEST_CASE("Router::parse names the accepted forms and refuses the rest", "[routing_draw]") {
   CHECK(Router::parse("uniform").kind == Router::Kind::kUniform);
   CHECK(Router::parse("hot:3").hot_expert == 3);
   CHECK(Router::parse("zipf:1.5").zipf_s == 1.5);
   CHECK(Router::parse("zipf:1.5").name() == "zipf:1.5");
   CHECK(Router::parse("hot:3").name() == "hot:3");
-  for (const char* bad :
-       {"", "zipf", "zipf:", "zipf:-1", "zipf:x", "hot", "hot:-2", "uniform:1", "lognormal:1"}) {
+  CHECK(Router::parse("balanced").kind == Router::Kind::kBalanced);
+  CHECK(Router::parse("balanced").name() == "balanced");
+  for (const char* bad : {"", "zipf", "zipf:", "zipf:-1", "zipf:x", "hot", "hot:-2", "uniform:1",
+                          "lognormal:1", "balanced:1", "balanced:"}) {
     INFO(bad);
     try {
       Router::parse(bad);

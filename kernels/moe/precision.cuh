@@ -81,11 +81,21 @@ __device__ __forceinline__ void int8x4(std::uint32_t w, std::uint32_t (&out)[2])
   bytes_to_bf16x2(w ^ 0x80808080u, 128.0f, out[0], out[1]);  // two's complement -> v + 128
 }
 
+// (a & kAnd) ^ kXor in one lop3. Written as C++ (`&` then `^`), ptxas emits two LOP3 instructions, because a
+// LOP3 takes at most one immediate operand; the explicit lop3 makes it hold one of the constants in a
+// register (set once, outside the loops) and use one instruction per word.
+template <std::uint32_t kAnd, std::uint32_t kXor>
+__device__ __forceinline__ void lop3_and_xor(std::uint32_t a, std::uint32_t& out) {
+  // 0x6A: the truth table of (a & b) ^ c for a = 0xF0, b = 0xCC, c = 0xAA.
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(out) : "r"(a), "n"(kAnd), "n"(kXor));
+}
+
 // 8 int4 values (value k in nibble k: even k low) -> bf16 pairs {v0,v1}, {v2,v3}, {v4,v5}, {v6,v7}, straight
 // in bf16: pair k puts byte k's low nibble in the low half and its high nibble in the high half (one prmt of
 // w and w >> 4), then one lop3 makes each half 0x4300 | (n ^ 8), the bf16 of 128 + v + 8 (0x4300 is 128.0,
 // whose ulp is 1: exact for 0..127), and one bf16x2 subtract of 136 leaves v, exactly. 13 instructions for 8
-// values (the 2^23 float route of int8x4 takes ~26).
+// values (the 2^23 float route of int8x4 takes ~26); until the lop3 was explicit (lop3_and_xor) the SASS had
+// 17, two LOP3 per word (benchmarks/device/decode_sass.py).
 __device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4]) {
   const std::uint32_t odd = w >> 4;             // byte i's low nibble: value 2i + 1
   const std::uint32_t bias_bits = 0x43084308u;  // {136.0, 136.0} in bf16
@@ -94,7 +104,8 @@ __device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4])
   for (int k = 0; k < 4; ++k) {
     // Byte k of w -> byte 0, byte k of odd -> byte 2 (bytes 1 and 3 are masked off below).
     const std::uint32_t p = __byte_perm(w, odd, 0x4400u + 0x1111u * static_cast<std::uint32_t>(k));
-    const std::uint32_t h = (p & 0x000F000Fu) ^ 0x43084308u;  // one lop3: 0x43 | (nibble ^ 8) per half
+    std::uint32_t h;  // one lop3: 0x43 | (nibble ^ 8) per half (see lop3_and_xor)
+    lop3_and_xor<0x000F000Fu, 0x43084308u>(p, h);
     const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias);
     out[k] = *reinterpret_cast<const std::uint32_t*>(&v);
   }

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Instructions per main-loop iteration of the decode GEMV and quantized grouped-GEMM kernels, from their SASS
 (no GPU needed): compiles the instantiations below for sm_90a, disassembles them with nvdisasm, and prints per
-kernel its largest loop's instruction count (one k-step of the decode tiles) and how many of them are LOP3,
-PRMT, HADD2 (the int4 conversion), HMMA / HGMMA, and the registers ptxas reports.
+kernel its largest loop's instruction count (one k-step of the decode tiles; the quantized TMA grouped GEMM's
+largest loop, which may be its producer's or its consumers') and how many of them are LOP3, PRMT, HADD2 (the
+int4 conversion), HMMA / HGMMA, and the registers ptxas reports.
 
   python3 benchmarks/device/decode_sass.py [--nvcc /usr/local/cuda/bin/nvcc] [--nvdisasm PATH]
 
@@ -26,6 +27,7 @@ WHEEL_SHA256 = "d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca
 SOURCE = r"""
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
+#include "moe/grouped_gemm_tma_quant.cuh"
 using namespace amoeba::kernels;
 template <class T, class P>
 void* both() {
@@ -38,6 +40,12 @@ void* kernels_[] = {
     both<decode::Tile<1, 4, 1, 128, 3>, Int8>(), both<decode::Tile<1, 4, 1>, Int4>(),
     both<decode::Tile<2, 4, 1>, Int4>(),         both<decode::Tile<1, 4, 1, 128, 2>, Int4>(),
 };
+template <class P>
+void* tma_gate_up() {  // the quantized TMA grouped GEMM's gate/up stage (consumers dequantise in registers)
+  static void* k[] = {(void*)&grouped::gemm_tma_quant_kernel<Contiguous, grouped::Stage::kGateUp, P>};
+  return k;
+}
+void* grouped_[] = {tma_gate_up<Int8>(), tma_gate_up<Int4>()};
 """
 
 
@@ -65,7 +73,8 @@ def find_nvdisasm(args):
 def demangled(name):
     out = subprocess.run(["c++filt", name], capture_output=True, text=True).stdout.strip()
     out = out.replace("amoeba::kernels::", "").replace("void decode::gemv_kernel<Contiguous, ", "")
-    out = re.sub(r"\(MoeParams.*", "", out)
+    out = out.replace("void grouped::gemm_tma_quant_kernel<Contiguous, (grouped::Stage)0", "TMA grouped, gate/up")
+    out = re.sub(r"\((MoeParams|grouped::TmaParams).*", "", out)
     out = out.replace("(decode::Stage)0", "gate/up").replace("(decode::Stage)1", "down")
     out = out.replace("Quantized<(quant::Bits)8>", "int8").replace("Quantized<(quant::Bits)4>", "int4")
     return out.rstrip(">").replace(", false", "")
@@ -81,9 +90,12 @@ def main():
         src, cubin = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.cubin")
         open(src, "w").write(SOURCE)
         inc = [f"-I{os.path.join(ROOT, d)}" for d in ("kernels", "include", "policies")]
-        ptxas = subprocess.run([args.nvcc, *inc, "-O3", "-DNDEBUG", "-std=c++20", "--expt-relaxed-constexpr",
+        build = subprocess.run([args.nvcc, *inc, "-O3", "-DNDEBUG", "-std=c++20", "--expt-relaxed-constexpr",
                                 "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-Xptxas", "-v", src,
-                                "-o", cubin], capture_output=True, text=True, check=True).stderr
+                                "-o", cubin], capture_output=True, text=True)
+        if build.returncode != 0:
+            sys.exit(build.stderr)
+        ptxas = build.stderr
         regs, current = {}, None
         for line in ptxas.splitlines():
             m = re.search(r"Compiling entry function '([^']+)'", line)
@@ -118,6 +130,8 @@ def main():
     print("| kernel | registers | largest loop: instructions | LOP3 | PRMT | HADD2 | HMMA/HGMMA |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in sorted(funcs, key=demangled):
+        if name not in regs or "permute_k" in name:
+            continue  # helpers the headers define, not the kernels listed above
         f = funcs[name]
         best = None
         for addr, text in f["ins"]:

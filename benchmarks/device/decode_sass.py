@@ -6,6 +6,9 @@ largest loop, which may be its producer's or its consumers') and how many of the
 int4 conversion), HMMA / HGMMA, and the registers ptxas reports.
 
   python3 benchmarks/device/decode_sass.py [--nvcc /usr/local/cuda/bin/nvcc] [--nvdisasm PATH]
+                                          [--registers-only]
+
+--registers-only: ptxas's registers per kernel alone, without nvdisasm (nothing downloaded).
 
 nvdisasm: --nvdisasm, else on the PATH or beside nvcc, else the pinned PyPI wheel nvidia-cuda-nvdisasm 13.5.37
 (sha256 checked), downloaded once into ~/.cache/amoeba/nvdisasm.
@@ -36,7 +39,8 @@ void* both() {
   return k;
 }
 void* kernels_[] = {
-    both<decode::Tile<1, 4, 2>, Bf16>(),         both<decode::Tile<1, 4, 1>, Int8>(),
+    both<decode::Tile<1, 4, 2>, Bf16>(),         both<decode::Tile<1, 8, 2>, Bf16>(),
+    both<decode::Tile<4, 4, 1>, Bf16>(),         both<decode::Tile<1, 4, 1>, Int8>(),
     both<decode::Tile<1, 4, 1, 128, 3>, Int8>(), both<decode::Tile<1, 4, 1>, Int4>(),
     both<decode::Tile<2, 4, 1>, Int4>(),         both<decode::Tile<1, 4, 1, 128, 2>, Int4>(),
 };
@@ -77,15 +81,16 @@ def demangled(name):
     out = re.sub(r"\((MoeParams|grouped::TmaParams).*", "", out)
     out = out.replace("(decode::Stage)0", "gate/up").replace("(decode::Stage)1", "down")
     out = out.replace("Quantized<(quant::Bits)8>", "int8").replace("Quantized<(quant::Bits)4>", "int4")
-    return out.rstrip(">").replace(", false", "")
+    return out.rstrip(">").replace(", false", "").strip()
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nvcc", default="/usr/local/cuda/bin/nvcc")
     ap.add_argument("--nvdisasm")
+    ap.add_argument("--registers-only", action="store_true")
     args = ap.parse_args()
-    nvdisasm = find_nvdisasm(args)
+    nvdisasm = None if args.registers_only else find_nvdisasm(args)
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = os.path.join(tmp, "k.cu"), os.path.join(tmp, "k.cubin")
         open(src, "w").write(SOURCE)
@@ -104,6 +109,12 @@ def main():
             m = re.search(r"Used (\d+) registers", line)
             if m and current:
                 regs[current] = int(m.group(1))
+        if args.registers_only:
+            print("| kernel | registers |\n|---|---:|")
+            for name in sorted(regs, key=demangled):
+                if "permute_k" not in name:
+                    print(f"| {demangled(name)} | {regs[name]} |")
+            return
         sass = subprocess.run([nvdisasm, cubin], capture_output=True, text=True, check=True).stdout
     # Per function: its instructions (address, text) and labels (name -> address).
     funcs, name = {}, None

@@ -7,13 +7,17 @@
 # $BIN holds the test binaries as the ci or gpu preset builds them (build/ci/tests/*/...), copied into a carried
 # folder (e.g. .gpu/): paged_moe_device_test, quant_moe_device_test, device_loader_tests, device_attention_tests,
 # device_model_tests, device_engine_tests (the CUDA backend under the engine);
-# a missing one is reported, not fatal. Knobs: TIMEOUT (per suite, 540 s: quant_moe_device_test alone takes
-# 365 s on one H200 at 9bb0a83, 2026-12-04, and more beside the other suites), SKIP_SANITIZER, LOG (a file that
-# receives every suite's whole output; otherwise only failing suites' last 30 lines are printed), PARALLEL=1
-# (the six suites at once, each to its own log: correctness only, bound by quant_moe_device_test's CPU
-# references: at least the 365 s it takes alone; at 9bb0a83 the other five passed within 280 s beside it. In
-# turn the six take longer than one 600 s device call. The sanitizer runs still go one at a time after them),
-# SUITES (a space-separated subset of the six, in the order given: e.g. SUITES=quant_moe_device_test alone).
+# a missing one is reported, not fatal. Knobs:
+#  - TIMEOUT: per suite, 540 s (`quant_moe_device_test` with no filter takes 365 s alone on one H200 at
+#    9bb0a83, 2026-12-04, and more beside the other suites);
+#  - SKIP_SANITIZER;
+#  - LOG: a file that receives every suite's whole output (otherwise only failing suites' last 30 lines are
+#    printed);
+#  - PARALLEL=1: the six suites at once, each to its own log, correctness only. Bound by
+#    quant_moe_device_test's CPU references: at least the 365 s it takes alone (at 9bb0a83 with TIMEOUT=280 the
+#    other five passed and it timed out). In turn the six take longer than one 600 s device call. The
+#    sanitizer runs still go one at a time after them;
+#  - SUITES: a space-separated subset of the six, in the order given (e.g. SUITES=quant_moe_device_test).
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding the test binaries}"
 timeout_s=${TIMEOUT:-540}
@@ -54,11 +58,11 @@ run() {
   report "$id" "$name" "$@"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-all_suites="paged_moe_device_test quant_moe_device_test device_loader_tests device_attention_tests
-  device_model_tests device_engine_tests"
-read -r -a suites <<<"$(echo ${SUITES:-$all_suites})"
+all_suites=(paged_moe_device_test quant_moe_device_test device_loader_tests device_attention_tests
+  device_model_tests device_engine_tests)
+read -r -a suites <<<"${SUITES:-${all_suites[*]}}"
 for t in "${suites[@]}"; do
-  [[ " $(echo $all_suites) " == *" $t "* ]] || { echo "SUITES: '$t' is not one of: $(echo $all_suites)" >&2; exit 2; }
+  [[ " ${all_suites[*]} " == *" $t "* ]] || { echo "SUITES: '$t' is not one of: ${all_suites[*]}" >&2; exit 2; }
 done
 if [[ "${PARALLEL:-0}" == 1 ]]; then
   # Every suite in the background, then reported in the usual order.

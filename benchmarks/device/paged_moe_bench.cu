@@ -12,7 +12,7 @@
 // every result so far): zipf:S skews them as a trained router does (popularity ∝ 1 / rank^S), hot:E puts
 // expert E in every other token, balanced gives every expert T·k / E tokens rounded down or up (no
 // expert's last work tile is partly empty beyond what T·k / E leaves: at 4096 tokens each Qwen3 expert
-// takes exactly two 128-token tiles where uniform gives half of them a third, nearly empty one);
+// takes exactly two full 128-token tiles, where under uniform every expert past 256 tokens takes a third);
 // --layers N: N copies of the bf16 weights (distinct memory, as a model's layers), call i of a graph reading
 // copy i % N (with --sets N every call another layer's weights, as an engine step reads them; the
 // quantized configurations keep one copy);

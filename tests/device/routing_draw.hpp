@@ -126,6 +126,9 @@ inline DrawnRouting draw_routing(int num_experts, int top_k, int tokens, std::ui
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
   }
+  // uniform and hot draw each token's experts by swaps into perm's first k; zipf and balanced set them at the
+  // top of the token loop.
+  const bool swaps = router.kind == Router::Kind::kUniform || router.kind == Router::Kind::kHot;
   for (int t = 0; t < tokens; ++t) {
     std::iota(perm.begin(), perm.end(), 0);
     const bool hot = router.kind == Router::Kind::kHot && t % 2 == 0;
@@ -140,7 +143,7 @@ inline DrawnRouting draw_routing(int num_experts, int top_k, int tokens, std::ui
     }
     float sum = 0;
     for (int j = 0; j < top_k; ++j) {
-      if (router.kind != Router::Kind::kZipf && router.kind != Router::Kind::kBalanced && !(hot && j == 0)) {
+      if (swaps && !(hot && j == 0)) {
         std::uniform_int_distribution<int> pick(j, num_experts - 1);
         std::swap(perm[j], perm[pick(rng)]);
       }

@@ -50,8 +50,6 @@
 // dequantised in registers) / the two-block kernel; int8-down2 / 3 / 6 (int4 alike): the default's quantized
 // choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
-// l2a4 / l2a8 / l2a16: the default's choice, its bf16 TMA grouped GEMM asking the L2 for each unit's weight
-// rows 4, 8 or 16 steps ahead of its copies (grouped sizes only);
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -316,10 +314,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
           {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
           {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
-          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}},
-          {"l2a4", {&make_graphs<TmaL2AheadConfig<4>>, Where::kGrouped}},
-          {"l2a8", {&make_graphs<TmaL2AheadConfig<8>>, Where::kGrouped}},
-          {"l2a16", {&make_graphs<TmaL2AheadConfig<16>>, Where::kGrouped}}};
+          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
 // Writes `value` into n bf16 scales.

@@ -550,10 +550,8 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
 // them); per k-step one thread copies the unit's weight rows by TMA (gate/up: 128 W1 rows, then 128 W3
 // rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
 // stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
-// Runs up to kStages steps ahead, across units. kL2Ahead > 0: the copying thread also asks the L2 for the
-// unit's weight rows kL2Ahead steps past the one it copies (tma::prefetch_2d), before it waits for a free
-// stage, so a step's rows can come from DRAM while the stages are full.
-template <Stage kStage, int kStages, class Addressing, int kL2Ahead = 0>
+// Runs up to kStages steps ahead, across units.
+template <Stage kStage, int kStages, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
@@ -592,15 +590,6 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     }
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % kStages;
-      if constexpr (kL2Ahead > 0) {
-        if (t == 0) {
-          // The unit's first step asks for steps 1 .. kL2Ahead, every later one for the step kL2Ahead on.
-          for (int ahead = kt == 0 ? 1 : kL2Ahead; ahead <= kL2Ahead && kt + ahead < k_tiles; ++ahead) {
-            tma::prefetch_2d(&tp.maps[map0], (kt + ahead) * step_x, row0);
-            if constexpr (kGateUp) tma::prefetch_2d(&tp.maps[map1], (kt + ahead) * step_x, row1);
-          }
-        }
-      }
       if (kt > 0 && it >= kStages) tma::wait(&empty[s], ((it / kStages) - 1) & 1);
       if (t == 0) {
         unsigned char* b = smem_b + s * b_bytes;
@@ -658,7 +647,7 @@ __device__ __forceinline__ void store_fragment(const bf16* staging, int barrier,
   }
 }
 
-template <class Addressing, Stage kStage, int kL2Ahead = 0>
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
@@ -680,9 +669,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
-    produce_units<kStage, kTmaStages, Addressing, kL2Ahead>(
-        tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
-        reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit, next_unit, t);
+    produce_units<kStage, kTmaStages>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
+                                      reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit,
+                                      next_unit, t);
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;

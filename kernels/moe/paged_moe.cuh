@@ -177,20 +177,6 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
-// How many steps past the one it copies the bf16 TMA grouped GEMM's producer asks the L2 for its weight rows
-// (Config::kTmaL2Ahead where the configuration has it, else 0: none).
-template <class Config>
-struct tma_l2_ahead_of {
-  static constexpr int value = 0;
-};
-template <class Config>
-requires requires {
-  Config::kTmaL2Ahead;
-}
-struct tma_l2_ahead_of<Config> {
-  static constexpr int value = Config::kTmaL2Ahead;
-};
-
 // Whether the configuration may choose MoeConfig::grouped_dequant (Config::kDequantWorkspace = true): then
 // PagedMoe's workspace holds the bf16 copy of a layer's experts.
 template <class Config>
@@ -770,7 +756,7 @@ class PagedMoe {
                         const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
     if constexpr (tma_addressing<A>) {
       using grouped::Stage;
-      using Gemm = grouped::TmaGemm<A, P, detail::tma_l2_ahead_of<Config>::value>;
+      using Gemm = grouped::TmaGemm<A, P>;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
         constexpr auto kernel = Gemm::template kKernel<kStage>;
         grouped::TmaParams<A> tp{};

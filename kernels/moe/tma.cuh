@@ -67,14 +67,6 @@ __device__ __forceinline__ void load_2d(void* smem_dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(ptx::smem_u32(bar))
       : "memory");
 }
-// Asks the L2 for box (x = k, y = row) of a 2-D tensor map, without shared memory or a barrier: the weight
-// rows of a step that the shared-memory stages cannot hold yet.
-__device__ __forceinline__ void prefetch_2d(const CUtensorMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                   reinterpret_cast<std::uint64_t>(map)),
-               "r"(x), "r"(y)
-               : "memory");
-}
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
 }

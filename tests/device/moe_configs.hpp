@@ -90,13 +90,6 @@ struct GroupedRowsConfig {
   }
 };
 
-// DefaultMoeConfig's choice, its bf16 TMA grouped GEMM asking the L2 for each unit's weight rows kAhead steps
-// before it copies them (PagedMoe's detail::tma_l2_ahead_of).
-template <int kAhead>
-struct TmaL2AheadConfig : kernels::DefaultMoeConfig {
-  static constexpr int kTmaL2Ahead = kAhead;
-};
-
 // DefaultMoeConfig's choice with the 128-row grouped GEMM on kTile-token tiles (64 or 128) wherever it takes
 // kGrouped on bf16 experts: 128, the two-block cp.async kernel (the reference the other sm_90 grouped kernels
 // are compared with bit for bit); 64, grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks

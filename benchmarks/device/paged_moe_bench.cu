@@ -50,9 +50,8 @@
 // dequantised in registers) / the two-block kernel; int8-down2 / 3 / 6 (int4 alike): the default's quantized
 // choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
-// tma-a: the default's choice, the TMA grouped GEMM's down stage copying its token rows by TMA (grouped
-// sizes); int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps,
-// unroll), the sweep that chose the quantized rows of the default table.
+// int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
+// sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -315,8 +314,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
           {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
           {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
-          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}},
-          {"tma-a", {&make_graphs<TmaDownAConfig<>>, Where::kGrouped}}};
+          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
 // Writes `value` into n bf16 scales.

@@ -508,7 +508,6 @@ template <class Addressing>
 struct TmaParams {
   MoeParams<Addressing> moe;
   CUtensorMap maps[2];
-  CUtensorMap a_map;  // the down stage's `act` rows ([slots][intermediate]), where its A comes by TMA
   const unsigned char* regions[2];
   int* unit_counter;
 };
@@ -531,10 +530,10 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
 // blocks launch).
 template <int kStages, class Addressing>
 __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp, std::uint64_t* full,
-                                                std::uint64_t* empty, int full_arrivals = 128 + 1) {
+                                                std::uint64_t* empty) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      tma::mbarrier_init(&full[s], full_arrivals);
+      tma::mbarrier_init(&full[s], 128 + 1);
       tma::mbarrier_init(&empty[s], 256);
     }
     tma::fence_barrier_init();
@@ -551,10 +550,8 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
 // them); per k-step one thread copies the unit's weight rows by TMA (gate/up: 128 W1 rows, then 128 W3
 // rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
 // stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
-// Runs up to kStages steps ahead, across units. kATma (down stage): the token rows are a tile's contiguous
-// `act` rows, so the same thread copies them by TMA too (tp.a_map; rows past the tile's count are other
-// tiles' rows or zeros, and their outputs are never stored) and the full barrier takes its one arrival.
-template <Stage kStage, int kStages, class Addressing, bool kATma = false>
+// Runs up to kStages steps ahead, across units.
+template <Stage kStage, int kStages, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
@@ -574,7 +571,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
         stage_unit[s0] = -1;
         tma::arrive(&full[s0]);
       }
-      if constexpr (!kATma) tma::arrive(&full[s0]);
+      tma::arrive(&full[s0]);
       return;
     }
     WorkTile tile;
@@ -596,16 +593,12 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
       if (kt > 0 && it >= kStages) tma::wait(&empty[s], ((it / kStages) - 1) & 1);
       if (t == 0) {
         unsigned char* b = smem_b + s * b_bytes;
-        tma::arrive_expect_tx(&full[s], b_bytes + (kATma ? kTmaATile * 2 : 0));
+        tma::arrive_expect_tx(&full[s], b_bytes);
         tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
         if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
-        if constexpr (kATma)
-          tma::load_2d(smem_a + s * kTmaATile, &tp.a_map, &full[s], kt * kBlockK, tile.row_start);
       }
-      if constexpr (!kATma) {
-        a.load(smem_a + s * kTmaATile, kt);
-        tma::cp_async_arrive(&full[s]);
-      }
+      a.load(smem_a + s * kTmaATile, kt);
+      tma::cp_async_arrive(&full[s]);
     }
   }
 }
@@ -654,10 +647,9 @@ __device__ __forceinline__ void store_fragment(const bf16* staging, int barrier,
   }
 }
 
-template <class Addressing, Stage kStage, bool kATma = false>
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
-  static_assert(!kATma || kStage == Stage::kDown, "only the down stage's token rows are contiguous");
   const MoeParams<Addressing>& p = tp.moe;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
@@ -668,10 +660,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
   int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  start_tma_block<kTmaStages>(tp, full, empty, kATma ? 1 : 128 + 1);
-  if constexpr (kATma) {
-    if (threadIdx.x == 0) tma::prefetch_map(&tp.a_map);
-  }
+  start_tma_block<kTmaStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
@@ -680,9 +669,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer
-    produce_units<kStage, kTmaStages, Addressing, kATma>(
-        tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
-        reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit, next_unit, t);
+    produce_units<kStage, kTmaStages>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
+                                      reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit,
+                                      next_unit, t);
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;

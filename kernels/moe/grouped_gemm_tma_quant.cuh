@@ -306,19 +306,17 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 // dynamic shared memory, the bits of a value in its weight tensor maps (tma::Region::bits) and names. bf16
 // experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel, whose gate/up stage reads the input permuted
 // by permute_k_kernel.
-template <class Addressing, class Precision, bool kDownATma = false>
+template <class Addressing, class Precision>
 struct TmaGemm {
-  static constexpr bool kDownAByTma = kDownATma;
   template <Stage kStage>
-  static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage, kDownATma && kStage == Stage::kDown>;
+  static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
   static constexpr int kSmem = kTmaSmemBytes;
   static constexpr int kBits = 16;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
 };
-template <class Addressing, quant::Bits kB, bool kDownATma>
-struct TmaGemm<Addressing, Quantized<kB>, kDownATma> {
-  static constexpr bool kDownAByTma = false;
+template <class Addressing, quant::Bits kB>
+struct TmaGemm<Addressing, Quantized<kB>> {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>>::kSmemBytes;

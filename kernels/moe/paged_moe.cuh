@@ -177,20 +177,6 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
-// Whether the bf16 TMA grouped GEMM's down stage copies its token rows (`act`) by TMA instead of cp.async
-// (Config::kTmaDownA where the configuration has it, else false).
-template <class Config>
-struct tma_down_a_of {
-  static constexpr bool value = false;
-};
-template <class Config>
-requires requires {
-  Config::kTmaDownA;
-}
-struct tma_down_a_of<Config> {
-  static constexpr bool value = Config::kTmaDownA;
-};
-
 // Whether the configuration may choose MoeConfig::grouped_dequant (Config::kDequantWorkspace = true): then
 // PagedMoe's workspace holds the bf16 copy of a layer's experts.
 template <class Config>
@@ -770,7 +756,7 @@ class PagedMoe {
                         const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
     if constexpr (tma_addressing<A>) {
       using grouped::Stage;
-      using Gemm = grouped::TmaGemm<A, P, detail::tma_down_a_of<Config>::value>;
+      using Gemm = grouped::TmaGemm<A, P>;
       auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
         constexpr auto kernel = Gemm::template kKernel<kStage>;
         grouped::TmaParams<A> tp{};
@@ -782,14 +768,6 @@ class PagedMoe {
           tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
           if (regions[i] == nullptr) continue;
           if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, Gemm::kBits}); !st) return st;
-        }
-        if constexpr (Gemm::kDownAByTma && kStage == Stage::kDown) {
-          tma::Region act{};  // [slots][intermediate] bf16, boxes of 64 k × 128 token rows
-          act.base = p.act;
-          act.k = s.intermediate;
-          act.box_rows = grouped::kBlockM;
-          act.rows = s.num_slots();
-          if (Status st = tma::encode(tp.a_map, act); !st) return st;
         }
         if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
         const long long units = static_cast<long long>(grid_tiles) * slices;

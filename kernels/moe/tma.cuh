@@ -98,10 +98,9 @@ __device__ __forceinline__ void claim_registers() {
 // (bits 8 / 4, moe/quant_layout.hpp: K · bits / 8 bytes per row).
 struct Region {
   const void* base = nullptr;
-  int k = 0;           // values per row (the matrices' K)
-  int box_rows = 0;    // rows per copy; a copy is 64 k wide (128 bytes bf16, 64 / 32 bytes packed)
-  int bits = 16;       // 16: bf16; 8, 4: packed bytes
-  long long rows = 0;  // rows of the tensor (copies past them read zeros); 0: unbounded (2^31 − 1)
+  int k = 0;         // values per row (the matrices' K)
+  int box_rows = 0;  // rows per copy; a copy is 64 k wide (128 bytes bf16, 64 / 32 bytes packed)
+  int bits = 16;     // 16: bf16; 8, 4: packed bytes
 };
 
 // The region's tensor map: 2-D, boxes of 64 k × box_rows rows. bf16: 128-byte swizzle (the grouped GEMM's
@@ -127,7 +126,7 @@ inline Status encode(CUtensorMap& map, const Region& r) {
   const bool bf16 = r.bits == 16;
   const cuuint64_t row_elems =
       bf16 ? static_cast<cuuint64_t>(r.k) : static_cast<cuuint64_t>(r.k) * r.bits / 8;
-  const cuuint64_t dims[2] = {row_elems, r.rows > 0 ? static_cast<cuuint64_t>(r.rows) : (1ull << 31) - 1};
+  const cuuint64_t dims[2] = {row_elems, (1ull << 31) - 1};
   const cuuint64_t strides[1] = {bf16 ? row_elems * 2 : row_elems};
   const cuuint32_t box[2] = {bf16 ? 64u : static_cast<cuuint32_t>(64 * r.bits / 8),
                              static_cast<cuuint32_t>(r.box_rows)};

@@ -90,13 +90,6 @@ struct GroupedRowsConfig {
   }
 };
 
-// Base's choice (DefaultMoeConfig's unless told), the bf16 TMA grouped GEMM's down stage copying its token
-// rows by TMA (PagedMoe's detail::tma_down_a_of).
-template <class Base = kernels::DefaultMoeConfig>
-struct TmaDownAConfig : Base {
-  static constexpr bool kTmaDownA = true;
-};
-
 // DefaultMoeConfig's choice with the 128-row grouped GEMM on kTile-token tiles (64 or 128) wherever it takes
 // kGrouped on bf16 experts: 128, the two-block cp.async kernel (the reference the other sm_90 grouped kernels
 // are compared with bit for bit); 64, grouped::gemm_wgmma_small_kernel with kStages stages and kBlocks blocks

@@ -26,7 +26,8 @@ for b in ${BATCHES:-1 32 256}; do
           name=decode_b${b}_cap${cap}_r$r
           [[ $prec != bf16 ]] && name=decode_b${b}_cap${cap}_${prec}_r$r
           [[ $tp != 1 ]] && name=${name/_r$r/_tp${tp}_r$r}
-          "$BIN/amoeba" run --backend cuda --gpu h200 --policy static --trace "$OUT/trace_b$b.jsonl" \
+          "$BIN/amoeba" run --backend cuda --gpu h200 ${MODEL:+--model "$MODEL"} --policy static \
+            --trace "$OUT/trace_b$b.jsonl" \
             --gpu-memory-gib "$cap" --expert-precision "$prec" --tp "$tp" --csv "$OUT/$name.csv" --quiet \
             >>"$OUT/decode.txt" 2>&1
           lines+=("decode b=$b p=$p cap=$cap $prec tp=$tp run $r rc=$? wall=$(($(date +%s) - start)) s")

@@ -357,6 +357,15 @@ RunSetup prepare_one(const Scenario& sc, const RunVariant& run, const std::vecto
     // One rank's shapes (every rank's are equal): what its pool, memory plan and engine see.
     s.model = tp_rank_model(*s.hf_model, TpShard{sc.tp, 0}, model.name);
     s.model.expert_precision = sc.expert_precision;
+    // The paged MoE kernel tiles F by 128 (PagedMoe::can_implement, kernels/moe/paged_moe.cuh): a rank's
+    // slice that is not would fail once the GPUs are set up, so it is refused here, before any is touched.
+    if (const std::uint32_t f = s.model.moe_intermediate_size; f % 128 != 0)
+      throw ConfigError(
+          "--tp", std::to_string(sc.tp),
+          "config.moe_intermediate_size / --tp = " + std::to_string(model.moe_intermediate_size) + " / " +
+              std::to_string(sc.tp) + " = " + std::to_string(f) +
+              " must be a multiple of 128 (the paged MoE kernel's tiles split each rank's F "
+              "into 128-row blocks)");
   } else {
     s.model = shard_model(model, s.gpu.gpus, sc.expert_precision, "gpu " + s.gpu.name + ".gpus");
   }

@@ -760,4 +760,12 @@ TEST_CASE(
   CHECK(o.status == 2);
   CHECK_THAT(o.err, Catch::Contains("--tp = 3: config.num_attention_heads = 16 must be a multiple of --tp"));
   CHECK(o.out.empty());
+  // Its experts split over 2 GPUs (1408 rows of W1/W3 each), but a rank's 704 rows are not a whole number of
+  // the paged MoE kernel's 128-row blocks: refused before any GPU, not once the ranks are set up.
+  o = amoeba(t, "run --backend cuda --tp 2 --model qwen1.5-moe-a2.7b --requests 4");
+  CHECK(o.status == 2);
+  CHECK_THAT(o.err,
+             Catch::Contains("--tp = 2: config.moe_intermediate_size / --tp = 1408 / 2 = 704 must be a "
+                             "multiple of 128"));
+  CHECK(o.out.empty());
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Decode step time against the HBM floor at fixed batches (docs/results/engine_h200.md, "Decode at fixed
 # batches"): B requests arrive at once (prompt P tokens, 64 output tokens), so after the prefill steps every
-# step decodes B sequences at contexts P..P+64. Qwen1.5-MoE-A2.7B, random weights, uncapped, static policy.
+# step decodes B sequences at contexts P..P+64. Qwen1.5-MoE-A2.7B (MODEL= another catalog name), random
+# weights, uncapped, static policy.
 # benchmarks/device/overheads.py reads each timeline (medians over the decode-only steps). With NCU=1 the batch
 # 32 run is also profiled with Nsight Compute (each kernel's duration over about two decode steps; clocks and
 # caches left alone), and benchmarks/device/kernel_breakdown.py sums it per kernel.
@@ -33,7 +34,7 @@ for b in ${BATCHES:-1 32 256}; do
           lines+=("decode b=$b p=$p cap=$cap $prec tp=$tp run $r rc=$? wall=$(($(date +%s) - start)) s")
           echo "# $name" >>"$OUT/decode_table.txt"
           python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) \
-            --precision "$prec" --tp "$tp" >>"$OUT/decode_table.txt" 2>&1
+            --precision "$prec" --tp "$tp" ${MODEL:+--model "$MODEL"} >>"$OUT/decode_table.txt" 2>&1
         done
       done
     done

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Overheads of the CUDA backend from two timelines of the same uncapped static run of Qwen1.5-MoE-A2.7B
-(benchmarks/device/engine_overheads.sh): `plain` (served as always) and `gated` (AMOEBA_GATE_FORWARD=1: the
+"""Overheads of the CUDA backend from two timelines of the same uncapped static run (Qwen1.5-MoE-A2.7B unless
+--model says otherwise; benchmarks/device/engine_overheads.sh): `plain` (served as always) and `gated` (AMOEBA_GATE_FORWARD=1: the
 GPU held until the forward is enqueued, so its compute span has no launch gaps).
 
 For decode-only steps (batch tokens = running sequences) near batch 1, 8, 32, 64, 128, 256, medians of:
@@ -10,7 +10,7 @@ floor: every byte the step must read once at the measured read bandwidth (attent
 the routed experts a uniform router touches, E x (1 - (1 - k/E)^B) per layer, the shared expert, the LM
 head, and the KV cache of the running sequences, from the timeline's used KV pages).
     python3 benchmarks/device/overheads.py PLAIN.csv [GATED.csv] [--targets 1,32,256] [--precision int8]
-        [--tp 2] [--json OUT.json]
+        [--tp 2] [--model qwen3-30b-a3b] [--json OUT.json]
 --precision: the experts' precision of the run (the floor then counts the packed expert and shared-expert
 bytes: docs/kernel.md, "Quantized expert pages"; the CUDA backend packs the shared expert's chunks too).
 --tp: a tensor-parallel run's timeline (rank 0's): the floor is one GPU's bytes (1/tp of attention, experts,
@@ -21,12 +21,12 @@ Without GATED.csv the gated column stays empty (benchmarks/device/engine_decode.
 import argparse
 import csv
 import json
+import os
 import statistics as st
 
-# Qwen1.5-MoE-A2.7B, bf16 (reference_engine/data/models/qwen1.5-moe-a2.7b.json).
-LAYERS, H, E, K, F, SHARED_F, VOCAB = 24, 2048, 60, 4, 1408, 5632, 151936
-ATTN_BYTES = LAYERS * (4 * H * H + 3 * H) * 2
-ROUTER_BYTES = LAYERS * (E + 1) * H * 2
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "reference_engine", "data", "models")
+
+
 def packed_matrix_bytes(bits):
     """The larger of W1/W3 (F rows of K = H) and W2 (H rows of K = F) packed: weights, then bf16 scales per 128
     values along K, each part on 16 bytes (kernels/moe/quant_layout.hpp, ExpertLayout::matrix_bytes)."""
@@ -35,8 +35,28 @@ def packed_matrix_bytes(bits):
     return max(total(F, H), total(H, F))
 
 
-# Bytes of one expert matrix as its page holds it (int8: 2,928,640; int4: 1,486,848 for Qwen1.5).
-MATRIX_BYTES = {"bf16": F * H * 2, "int8": packed_matrix_bytes(8), "int4": packed_matrix_bytes(4)}
+def set_model(name):
+    """The floor's sizes from the model catalog (reference_engine/data/models/<name>.json; bf16 weights):
+    attention (q, k, v with their biases where the model has them, o), the router (E experts plus the shared
+    expert's gate), one expert matrix per precision, the shared expert, the LM head, and a KV page (16 tokens
+    of one layer's K and V)."""
+    global LAYERS, H, E, K, F, SHARED_F, VOCAB, ATTN_BYTES, ROUTER_BYTES, MATRIX_BYTES, HEAD_BYTES, KV_PAGE
+    m = json.load(open(os.path.join(MODELS, name + ".json")))
+    att, moe = m["attention"], m["moe"]
+    LAYERS, H, VOCAB = m["num_layers"], m["hidden_size"], m["vocab_size"]
+    E, K, F = moe["num_experts"], moe["top_k"], moe["moe_intermediate_size"]
+    SHARED_F = moe["num_shared_experts"] * moe["shared_expert_intermediate_size"]
+    q, kv = att["num_heads"] * att["head_dim"], att["num_kv_heads"] * att["head_dim"]
+    bias = (q + 2 * kv) if att.get("qkv_bias") else 0
+    ATTN_BYTES = LAYERS * (H * q + 2 * H * kv + q * H + bias) * 2
+    ROUTER_BYTES = LAYERS * (E + (1 if SHARED_F else 0)) * H * 2
+    # Bytes of one expert matrix as its page holds it (int8: 2,928,640; int4: 1,486,848 for Qwen1.5).
+    MATRIX_BYTES = {"bf16": F * H * 2, "int8": packed_matrix_bytes(8), "int4": packed_matrix_bytes(4)}
+    HEAD_BYTES = VOCAB * H * 2
+    KV_PAGE = 16 * 2 * kv * 2
+
+
+set_model("qwen1.5-moe-a2.7b")
 EXPERT_BYTES = 3 * MATRIX_BYTES["bf16"]
 SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES["bf16"]
 
@@ -46,8 +66,6 @@ def set_precision(precision):
     global EXPERT_BYTES, SHARED_BYTES
     EXPERT_BYTES = 3 * MATRIX_BYTES[precision]
     SHARED_BYTES = LAYERS * (SHARED_F // F) * EXPERT_BYTES
-HEAD_BYTES = VOCAB * H * 2
-KV_PAGE = 131072  # 16 tokens of one layer's K and V
 READ_BW = 4.25e12  # bytes/s, measured device copy on the project's H200 (reference_engine/data/gpus/h200.json)
 
 
@@ -107,10 +125,13 @@ def main():
     ap.add_argument("--precision", default="bf16", choices=sorted(MATRIX_BYTES),
                     help="the experts' precision of the run (the floor's expert and shared-expert bytes)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the run (the floor is one GPU's)")
+    ap.add_argument("--model", default="qwen1.5-moe-a2.7b",
+                    help="the run's model, a name of reference_engine/data/models/ (the floor's sizes)")
     ap.add_argument("--json")
     a = ap.parse_args()
     global TP
     TP = a.tp
+    set_model(a.model)
     set_precision(a.precision)
     t = table(a.plain, a.gated, [int(x) for x in a.targets.split(",")], a.context)
     print(f"{'batch':>5} {'steps':>5} {'step ms':>8} {'GPU ms':>7} {'gated GPU':>9} {'fwd host':>8} {'eng host':>8} "

@@ -90,22 +90,20 @@ __device__ __forceinline__ void lop3_and_xor(std::uint32_t a, std::uint32_t& out
   asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(out) : "r"(a), "n"(kAnd), "n"(kXor));
 }
 
-// 8 int4 values (value k in nibble k: even k low) -> bf16 pairs {v0,v1}, {v2,v3}, {v4,v5}, {v6,v7}, straight
-// in bf16: pair k puts byte k's low nibble in the low half and its high nibble in the high half (one prmt of
-// w and w >> 4), then one lop3 makes each half 0x4300 | (n ^ 8), the bf16 of 128 + v + 8 (0x4300 is 128.0,
-// whose ulp is 1: exact for 0..127), and one bf16x2 subtract of 136 leaves v, exactly. 13 instructions for 8
-// values (the 2^23 float route of int8x4 takes ~26); until the lop3 was explicit (lop3_and_xor) the SASS had
-// 17, two LOP3 per word (benchmarks/device/decode_sass.py).
+// 8 int4 values of one word of the int4 layout (kernels/moe/quant_layout.hpp: values 2k and 2k + 1 in nibbles
+// k and k + 4) -> bf16 pairs {v0,v1}, {v2,v3}, {v4,v5}, {v6,v7}, straight in bf16: pair k is (w >> 4k) with
+// one lop3 making each 16-bit half 0x4300 | (nibble ^ 8), the bf16 of 128 + v + 8 (0x4300 is 128.0, whose ulp
+// is 1: exact for 0..127), and one bf16x2 subtract of 136 leaves v, exactly. 11 instructions for 8 values
+// (the 2^23 float route of int8x4 takes ~26). Before the nibbles were interleaved (value k in nibble k) a
+// prmt per pair gathered its two nibbles: 13, and until the lop3 was explicit (lop3_and_xor) 17, two LOP3 per
+// word (benchmarks/device/decode_sass.py).
 __device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4]) {
-  const std::uint32_t odd = w >> 4;             // byte i's low nibble: value 2i + 1
   const std::uint32_t bias_bits = 0x43084308u;  // {136.0, 136.0} in bf16
   const __nv_bfloat162 bias = *reinterpret_cast<const __nv_bfloat162*>(&bias_bits);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    // Byte k of w -> byte 0, byte k of odd -> byte 2 (bytes 1 and 3 are masked off below).
-    const std::uint32_t p = __byte_perm(w, odd, 0x4400u + 0x1111u * static_cast<std::uint32_t>(k));
     std::uint32_t h;  // one lop3: 0x43 | (nibble ^ 8) per half (see lop3_and_xor)
-    lop3_and_xor<0x000F000Fu, 0x43084308u>(p, h);
+    lop3_and_xor<0x000F000Fu, 0x43084308u>(w >> (4 * k), h);
     const __nv_bfloat162 v = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias);
     out[k] = *reinterpret_cast<const std::uint32_t*>(&v);
   }

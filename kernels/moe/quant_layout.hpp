@@ -7,8 +7,12 @@
 //
 //   weights  [N][row_bytes]  row_bytes = ceil(K x bits / 8)       at 0
 //            int8: one signed byte per value, value k at byte k of its row;
-//            int4: two values per byte, value k in byte k / 2, even k in the low nibble, odd k in the high
-//                  one, each a two's-complement nibble (-8..7; the quantizer writes -7..7);
+//            int4: two values per byte, each a two's-complement nibble (-8..7; the quantizer writes -7..7),
+//                  in nibble slots (two per byte, the low nibble first): a row's values in words of 8
+//                  (4 bytes), value 8w + 2j in slot 8w + j and value 8w + 2j + 1 in slot 8w + j + 4, so
+//                  that (word >> 4j) & 0x000F000F holds values 2j and 2j + 1 of the word in its two 16-bit
+//                  halves (dequant::int4x8: one shift and one lop3 per pair); a last word that K leaves
+//                  partial (K % 8 != 0) keeps its values in order, value k in slot k (int4_slot);
 //   padding  to the next multiple of 16 bytes (zero)
 //   scales   [N][G] bf16       G = ceil(K / 128)                   at scale_offset = round_up(N x row_bytes,
 //   16)
@@ -72,14 +76,21 @@ AMOEBA_HOST_DEVICE constexpr std::uint64_t round_up(std::uint64_t a, std::uint64
   return ceil_div(a, b) * b;
 }
 
-// Value k (0 or 1 within its byte) of a packed int4 byte, sign-extended: low nibble for even k.
-AMOEBA_HOST_DEVICE constexpr int int4_at(std::uint8_t byte, std::uint64_t k) noexcept {
-  const int v = (k & 1) ? (byte >> 4) : (byte & 0xF);
+// The nibble slot of int4 value k in a row of K values (the layout above): byte slot / 2, the high nibble for
+// an odd slot.
+AMOEBA_HOST_DEVICE constexpr std::uint64_t int4_slot(std::uint64_t k, std::uint64_t K) noexcept {
+  const std::uint64_t word = k / 8, j = k % 8;
+  if (8 * (word + 1) > K) return k;  // a partial last word: in order
+  return 8 * word + (j % 2 == 0 ? j / 2 : 4 + j / 2);
+}
+// The value in the low (high = false) or high nibble of a packed int4 byte, sign-extended.
+AMOEBA_HOST_DEVICE constexpr int int4_at(std::uint8_t byte, bool high) noexcept {
+  const int v = high ? (byte >> 4) : (byte & 0xF);
   return v >= 8 ? v - 16 : v;
 }
-// The byte holding int4 values `even` (low nibble) and `odd` (high nibble), each in [-8, 7].
-AMOEBA_HOST_DEVICE constexpr std::uint8_t int4_pack(int even, int odd) noexcept {
-  return static_cast<std::uint8_t>((even & 0xF) | ((odd & 0xF) << 4));
+// The byte holding int4 values `low` (low nibble) and `high` (high nibble), each in [-8, 7].
+AMOEBA_HOST_DEVICE constexpr std::uint8_t int4_pack(int low, int high) noexcept {
+  return static_cast<std::uint8_t>((low & 0xF) | ((high & 0xF) << 4));
 }
 
 // Offsets and sizes (bytes, from the matrix's first byte) of one N x K matrix.
@@ -103,9 +114,13 @@ struct MatrixLayout {
   AMOEBA_HOST_DEVICE constexpr std::uint64_t total_bytes() const noexcept {
     return round_up(scale_offset() + scale_bytes(), kAlign);
   }
-  // The byte holding value (n, kk): int8 all of it, int4 its nibble kk % 2.
+  // The byte holding value (n, kk): int8 all of it, int4 one nibble of it (int4_high).
   AMOEBA_HOST_DEVICE constexpr std::uint64_t weight_byte(std::uint64_t n, std::uint64_t kk) const noexcept {
-    return n * row_bytes() + kk * bit_count(bits) / 8;
+    return n * row_bytes() + (bits == Bits::kInt8 ? kk : int4_slot(kk, k) / 2);
+  }
+  // int4: whether value kk of a row is in the high nibble of its byte.
+  AMOEBA_HOST_DEVICE constexpr bool int4_high(std::uint64_t kk) const noexcept {
+    return int4_slot(kk, k) % 2 == 1;
   }
   // The first byte of the bf16 scale of value (n, kk).
   AMOEBA_HOST_DEVICE constexpr std::uint64_t scale_byte(std::uint64_t n, std::uint64_t kk) const noexcept {
@@ -144,7 +159,11 @@ static_assert(MatrixLayout{3, 129, Bits::kInt4}.total_bytes() == 208 + 16);
 static_assert(MatrixLayout{3, 129, Bits::kInt4}.scale_byte(2, 128) == 208 + 2 * 5);
 static_assert(values_per_load(Bits::kInt8) == 16 && loads_per_group(Bits::kInt8) == 8);
 static_assert(values_per_load(Bits::kInt4) == 32 && loads_per_group(Bits::kInt4) == 4);
-static_assert(int4_at(int4_pack(-7, 5), 0) == -7 && int4_at(int4_pack(-7, 5), 1) == 5);
+static_assert(int4_at(int4_pack(-7, 5), false) == -7 && int4_at(int4_pack(-7, 5), true) == 5);
+// A whole word: values 0..7 in slots 0, 4, 1, 5, 2, 6, 3, 7; a partial last word in order.
+static_assert(int4_slot(0, 16) == 0 && int4_slot(1, 16) == 4 && int4_slot(2, 16) == 1 &&
+              int4_slot(7, 16) == 7 && int4_slot(9, 16) == 12 && int4_slot(14, 16) == 11 &&
+              int4_slot(9, 12) == 9 && int4_slot(3, 12) == 5);
 static_assert(int4_pack(-1, 0) == 0x0F && int4_pack(0, -8) == 0x80);
 
 }  // namespace amoeba::kernels::quant

@@ -46,7 +46,7 @@ int packed_value(std::span<const std::byte> packed, const quant::MatrixLayout& l
                  std::uint64_t k) noexcept {
   const auto byte = static_cast<std::uint8_t>(packed[l.weight_byte(n, k)]);
   if (l.bits == quant::Bits::kInt8) return static_cast<std::int8_t>(byte);
-  return quant::int4_at(byte, k);
+  return quant::int4_at(byte, l.int4_high(k));
 }
 
 void check_dequantize(std::span<const std::byte> packed, const quant::MatrixLayout& l, std::size_t dst_size) {
@@ -150,7 +150,7 @@ void quantize_matrix(std::span<const bf16> w, const quant::MatrixLayout& l, std:
         if (l.bits == quant::Bits::kInt8)
           b = static_cast<std::byte>(static_cast<std::uint8_t>(qi));
         else  // the other nibble of this byte is written by its own k; both start at zero
-          b |= static_cast<std::byte>(k % 2 == 0 ? quant::int4_pack(qi, 0) : quant::int4_pack(0, qi));
+          b |= static_cast<std::byte>(l.int4_high(k) ? quant::int4_pack(0, qi) : quant::int4_pack(qi, 0));
       }
     }
   std::memcpy(dst.data() + l.scale_offset(), scales.data(), l.scale_bytes());

@@ -65,8 +65,8 @@ struct QuantStore {
             if (b == Bits::kInt8)
               byte = static_cast<unsigned char>(static_cast<std::int8_t>(q));
             else
-              byte = (k % 2 == 0) ? static_cast<unsigned char>((byte & 0xF0) | (q & 0xF))
-                                  : static_cast<unsigned char>((byte & 0x0F) | ((q & 0xF) << 4));
+              byte = L.int4_high(k) ? static_cast<unsigned char>((byte & 0x0F) | ((q & 0xF) << 4))
+                                    : static_cast<unsigned char>((byte & 0xF0) | (q & 0xF));
           }
         for (std::uint64_t n = 0; n < L.rows; ++n)
           for (std::uint64_t g = 0; g < L.groups_per_row(); ++g) {
@@ -125,7 +125,7 @@ struct QuantStore {
       for (std::uint64_t k = 0; k < L.k; ++k) {
         const unsigned char byte = mat[L.weight_byte(n, k)];
         const int q = bits == Bits::kInt8 ? static_cast<int>(static_cast<std::int8_t>(byte))
-                                          : kernels::quant::int4_at(byte, k);
+                                          : kernels::quant::int4_at(byte, L.int4_high(k));
         std::uint16_t s;
         std::memcpy(&s, mat + L.scale_byte(n, k), 2);
         w[n * L.k + k] = static_cast<double>(q) * bf16_to_float(s);
@@ -276,7 +276,11 @@ __global__ void exhaustive_dequant_kernel(unsigned long long* bad, unsigned int*
     kernels::dequant::int8x4(w, e8);
     kernels::dequant::int4x8(w, e4);
     bool ok = e8[0] == word(byte(0), byte(1)) && e8[1] == word(byte(2), byte(3));
-    for (int k = 0; k < 4; ++k) ok = ok && e4[k] == word(nibble(2 * k), nibble(2 * k + 1));
+    // A whole word of the int4 layout: value v in nibble slot int4_slot(v, 8) (values 2k, 2k + 1 in k, k +
+    // 4).
+    for (int k = 0; k < 4; ++k)
+      ok = ok && e4[k] == word(nibble(static_cast<int>(kernels::quant::int4_slot(2 * k, 8))),
+                               nibble(static_cast<int>(kernels::quant::int4_slot(2 * k + 1, 8))));
     if (!ok) {
       if (local == 0) atomicMin(first_bad, w);
       ++local;

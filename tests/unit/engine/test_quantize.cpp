@@ -57,7 +57,7 @@ float scale_of(const std::vector<std::byte>& b, const quant::MatrixLayout& l, st
 }
 int q_of(const std::vector<std::byte>& b, const quant::MatrixLayout& l, std::uint64_t n, std::uint64_t k) {
   const std::uint8_t byte = u8(b, l.weight_byte(n, k));
-  return l.bits == quant::Bits::kInt8 ? static_cast<std::int8_t>(byte) : quant::int4_at(byte, k);
+  return l.bits == quant::Bits::kInt8 ? static_cast<std::int8_t>(byte) : quant::int4_at(byte, l.int4_high(k));
 }
 
 // The closed form the simulator's sizes were first written with: F x H x bits / 8 bytes of weights plus the
@@ -194,6 +194,47 @@ TEST_CASE("quantize int4: even k in the low nibble, two's complement, scale max|
   std::vector<float> back(12);
   dequantize_matrix(b, l, back);
   for (std::size_t i = 0; i < 12; ++i) CHECK(back[i] == w[i].to_float());
+}
+
+TEST_CASE(
+    "quantize int4: a whole word of 8 values interleaved (value 2j in nibble j, 2j + 1 in nibble j + 4), a "
+    "partial last word in order",
+    "[quantize]") {
+  // Max 7 -> scale 1: q = w. Row 0: two whole words (K = 16); row 1 of another matrix: one whole word and
+  // a partial one (K = 12).
+  const quant::MatrixLayout l{1, 16, quant::Bits::kInt4};
+  const std::vector<bf16> w = to_bf16({1, 2, 3, 4, 5, 6, 7, -1, -2, -3, -4, -5, -6, -7, 0, 1});
+  const auto b = pack(w, l);
+  // Word 0: nibbles (low first) v0 v2 v4 v6 | v1 v3 v5 v7 = 1 3 5 7 | 2 4 6 -1.
+  CHECK(u8(b, 0) == 0x31);
+  CHECK(u8(b, 1) == 0x75);
+  CHECK(u8(b, 2) == 0x42);
+  CHECK(u8(b, 3) == 0xF6);
+  // Word 1: v8 v10 v12 v14 | v9 v11 v13 v15 = -2 -4 -6 0 | -3 -5 -7 1.
+  CHECK(u8(b, 4) == 0xCE);
+  CHECK(u8(b, 5) == 0x0A);
+  CHECK(u8(b, 6) == 0xBD);
+  CHECK(u8(b, 7) == 0x19);
+  // (word >> 4j) & 0x000F000F: values 2j and 2j + 1 in the two 16-bit halves (what the kernels convert).
+  const std::uint32_t word0 = u8(b, 0) | (u8(b, 1) << 8) | (u8(b, 2) << 16) | (std::uint32_t{u8(b, 3)} << 24);
+  for (int j = 0; j < 4; ++j) {
+    const std::uint32_t pair = (word0 >> (4 * j)) & 0x000F000Fu;
+    CHECK(quant::int4_at(static_cast<std::uint8_t>(pair & 0xF), false) ==
+          static_cast<int>(w[2 * j].to_float()));
+    CHECK(quant::int4_at(static_cast<std::uint8_t>(pair >> 16), false) ==
+          static_cast<int>(w[2 * j + 1].to_float()));
+  }
+  for (std::uint64_t k = 0; k < 16; ++k) CHECK(q_of(b, l, 0, k) == static_cast<int>(w[k].to_float()));
+  std::vector<float> back(16);
+  dequantize_matrix(b, l, back);
+  for (std::size_t i = 0; i < 16; ++i) CHECK(back[i] == w[i].to_float());
+
+  const quant::MatrixLayout p{1, 12, quant::Bits::kInt4};
+  const auto c = pack(to_bf16({1, 2, 3, 4, 5, 6, 7, -1, -2, -3, -4, -5}), p);
+  REQUIRE(p.row_bytes() == 6);
+  CHECK(u8(c, 0) == 0x31);  // the whole word as above
+  CHECK(u8(c, 4) == 0xDE);  // the partial word in order: k8 = -2 (low), k9 = -3
+  CHECK(u8(c, 5) == 0xBC);  // k10 = -4, k11 = -5
 }
 
 TEST_CASE("quantize: the scale is rounded to nearest bf16 and q to nearest even with it", "[quantize]") {

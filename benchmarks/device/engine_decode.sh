@@ -33,8 +33,12 @@ for b in ${BATCHES:-1 32 256}; do
             >>"$OUT/decode.txt" 2>&1
           lines+=("decode b=$b p=$p cap=$cap $prec tp=$tp run $r rc=$? wall=$(($(date +%s) - start)) s")
           echo "# $name" >>"$OUT/decode_table.txt"
-          python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) \
-            --precision "$prec" --tp "$tp" ${MODEL:+--model "$MODEL"} >>"$OUT/decode_table.txt" 2>&1
+          if [[ -f $OUT/$name.csv ]]; then
+            python3 "$here/overheads.py" "$OUT/$name.csv" --targets "$b" --context $((p + 32)) \
+              --precision "$prec" --tp "$tp" ${MODEL:+--model "$MODEL"} >>"$OUT/decode_table.txt" 2>&1
+          else
+            echo "no timeline: the run failed (decode.txt)" >>"$OUT/decode_table.txt"
+          fi
         done
       done
     done

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Overheads of the CUDA backend from two timelines of the same uncapped static run (Qwen1.5-MoE-A2.7B unless
---model says otherwise; benchmarks/device/engine_overheads.sh): `plain` (served as always) and `gated` (AMOEBA_GATE_FORWARD=1: the
-GPU held until the forward is enqueued, so its compute span has no launch gaps).
+--model says otherwise; benchmarks/device/engine_overheads.sh): `plain` (served as always) and `gated`
+(AMOEBA_GATE_FORWARD=1: the GPU held until the forward is enqueued, so its compute span has no launch gaps).
 
 For decode-only steps (batch tokens = running sequences) near batch 1, 8, 32, 64, 128, 256, medians of:
 step wall time, GPU time (compute + stall), the forward's host time (planning + launches), the engine's host
@@ -56,16 +56,16 @@ def set_model(name):
     KV_PAGE = 16 * 2 * kv * 2
 
 
-set_model("qwen1.5-moe-a2.7b")
-EXPERT_BYTES = 3 * MATRIX_BYTES["bf16"]
-SHARED_BYTES = LAYERS * (SHARED_F // F) * 3 * MATRIX_BYTES["bf16"]
-
-
 def set_precision(precision):
     """The experts' bytes the floor counts: one routed expert and all layers' shared experts, per precision."""
     global EXPERT_BYTES, SHARED_BYTES
     EXPERT_BYTES = 3 * MATRIX_BYTES[precision]
     SHARED_BYTES = LAYERS * (SHARED_F // F) * EXPERT_BYTES
+
+
+# The defaults engine_ab.py and a plain run use: Qwen1.5-MoE-A2.7B in bf16.
+set_model("qwen1.5-moe-a2.7b")
+set_precision("bf16")
 READ_BW = 4.25e12  # bytes/s, measured device copy on the project's H200 (reference_engine/data/gpus/h200.json)
 
 

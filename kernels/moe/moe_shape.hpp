@@ -44,6 +44,10 @@ struct MoeShape {
   long long matrix_bytes() const { return matrix_elems() * 2; }
 };
 
+// The paged MoE kernel's row blocks (PagedMoe::can_implement): H and F must be multiples of this, which the
+// engine checks before it sets up a GPU (a tensor-parallel rank's F is the model's / tp).
+inline constexpr int kMoeRowBlock = 128;
+
 // Rules shared by every consumer of a shape; the kernels add their own tiling rules on top.
 inline Status validate(const MoeShape& s) {
   if (s.num_tokens < 0) return Status::error("num_tokens", s.num_tokens, "must be >= 0");

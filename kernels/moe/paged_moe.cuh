@@ -256,9 +256,11 @@ class PagedMoe {
   static Status can_implement(const Arguments& a) {
     const MoeShape& s = a.shape;
     if (Status st = validate(s); !st) return st;
-    if (s.hidden % 128 != 0) return Status::error("shape.hidden", s.hidden, "must be a multiple of 128");
-    if (s.intermediate % 128 != 0)
-      return Status::error("shape.intermediate", s.intermediate, "must be a multiple of 128");
+    if (s.hidden % kMoeRowBlock != 0)
+      return Status::error("shape.hidden", s.hidden, "must be a multiple of " + std::to_string(kMoeRowBlock));
+    if (s.intermediate % kMoeRowBlock != 0)
+      return Status::error("shape.intermediate", s.intermediate,
+                           "must be a multiple of " + std::to_string(kMoeRowBlock));
     if (s.total_experts() > routing::kMaxExperts)
       return Status::error("shape.num_experts + shape.num_shared_chunks", s.total_experts(),
                            "must be <= 1024");

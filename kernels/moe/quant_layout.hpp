@@ -122,6 +122,21 @@ struct MatrixLayout {
   AMOEBA_HOST_DEVICE constexpr bool int4_high(std::uint64_t kk) const noexcept {
     return int4_slot(kk, k) % 2 == 1;
   }
+  // q of value (n, kk) of the matrix whose first byte is `matrix` (int8 sign-extended, int4 its nibble).
+  AMOEBA_HOST_DEVICE constexpr int q_at(const std::uint8_t* matrix, std::uint64_t n,
+                                        std::uint64_t kk) const noexcept {
+    const std::uint8_t byte = matrix[weight_byte(n, kk)];
+    return bits == Bits::kInt8 ? static_cast<std::int8_t>(byte) : int4_at(byte, int4_high(kk));
+  }
+  // Stores q (in [-128, 127] / [-8, 7]) as value (n, kk); an int4 byte's other nibble is kept.
+  AMOEBA_HOST_DEVICE constexpr void put_q(std::uint8_t* matrix, std::uint64_t n, std::uint64_t kk,
+                                          int q) const noexcept {
+    std::uint8_t& byte = matrix[weight_byte(n, kk)];
+    if (bits == Bits::kInt8)
+      byte = static_cast<std::uint8_t>(q);
+    else
+      byte = int4_high(kk) ? int4_pack(byte & 0xF, q) : int4_pack(q, byte >> 4);
+  }
   // The first byte of the bf16 scale of value (n, kk).
   AMOEBA_HOST_DEVICE constexpr std::uint64_t scale_byte(std::uint64_t n, std::uint64_t kk) const noexcept {
     return scale_offset() + 2 * (n * groups_per_row() + kk / kGroup);

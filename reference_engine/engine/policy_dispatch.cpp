@@ -26,6 +26,7 @@
 #include "engine/tp_collective.hpp"
 #include "engine/tp_group.hpp"
 #include "engine/tp_shard.hpp"
+#include "moe/moe_shape.hpp"
 
 namespace amoeba::engine {
 
@@ -340,6 +341,22 @@ void check_cuda_setup(const Scenario& sc, const RunVariant& run, const RunSetup&
     throw ConfigError("--model", sc.model, "the cuda backend serves Qwen2-MoE and Qwen3-MoE models only");
 }
 
+// The paged MoE kernel splits each GPU's F into kernels::kMoeRowBlock-row blocks (PagedMoe::can_implement):
+// a model, or a tensor-parallel rank's slice of it, whose F is not a multiple would fail once the GPUs are
+// set up, so it is refused here, before any is touched. `rank`: one GPU's shapes (the model's at tp 1).
+void check_moe_blocks(const Scenario& sc, const ModelSpec& model, const ModelSpec& rank) {
+  const std::uint32_t f = rank.moe_intermediate_size, block = kernels::kMoeRowBlock;
+  if (f % block == 0) return;
+  const std::string rule = " must be a multiple of " + std::to_string(block) +
+                           " (the paged MoE kernel's tiles split each rank's F into " +
+                           std::to_string(block) + "-row blocks)";
+  if (sc.tp > 1)
+    throw ConfigError("--tp", std::to_string(sc.tp),
+                      "config.moe_intermediate_size / --tp = " + std::to_string(model.moe_intermediate_size) +
+                          " / " + std::to_string(sc.tp) + " = " + std::to_string(f) + rule);
+  throw ConfigError("--model", sc.model, "config.moe_intermediate_size = " + std::to_string(f) + rule);
+}
+
 RunSetup prepare_one(const Scenario& sc, const RunVariant& run, const std::vector<Request>& trace,
                      const RunOptions& options, const RunSetup* shared) {
   const std::string& policy = run.policy;
@@ -357,18 +374,10 @@ RunSetup prepare_one(const Scenario& sc, const RunVariant& run, const std::vecto
     // One rank's shapes (every rank's are equal): what its pool, memory plan and engine see.
     s.model = tp_rank_model(*s.hf_model, TpShard{sc.tp, 0}, model.name);
     s.model.expert_precision = sc.expert_precision;
-    // The paged MoE kernel tiles F by 128 (PagedMoe::can_implement, kernels/moe/paged_moe.cuh): a rank's
-    // slice that is not would fail once the GPUs are set up, so it is refused here, before any is touched.
-    if (const std::uint32_t f = s.model.moe_intermediate_size; f % 128 != 0)
-      throw ConfigError(
-          "--tp", std::to_string(sc.tp),
-          "config.moe_intermediate_size / --tp = " + std::to_string(model.moe_intermediate_size) + " / " +
-              std::to_string(sc.tp) + " = " + std::to_string(f) +
-              " must be a multiple of 128 (the paged MoE kernel's tiles split each rank's F "
-              "into 128-row blocks)");
   } else {
     s.model = shard_model(model, s.gpu.gpus, sc.expert_precision, "gpu " + s.gpu.name + ".gpus");
   }
+  if (backend.kind == BackendKind::kCuda) check_moe_blocks(sc, model, s.model);
   s.routing = sc.routing_source == "synthetic" ? RoutingKind::kSynthetic
               : sc.routing_source == "model"   ? RoutingKind::kModel
                                                : RoutingKind::kRecorded;

@@ -44,9 +44,7 @@ std::uint16_t load_u16(const std::byte* p) noexcept {
 // q of value (n, k) of a packed matrix.
 int packed_value(std::span<const std::byte> packed, const quant::MatrixLayout& l, std::uint64_t n,
                  std::uint64_t k) noexcept {
-  const auto byte = static_cast<std::uint8_t>(packed[l.weight_byte(n, k)]);
-  if (l.bits == quant::Bits::kInt8) return static_cast<std::int8_t>(byte);
-  return quant::int4_at(byte, l.int4_high(k));
+  return l.q_at(reinterpret_cast<const std::uint8_t*>(packed.data()), n, k);
 }
 
 void check_dequantize(std::span<const std::byte> packed, const quant::MatrixLayout& l, std::size_t dst_size) {
@@ -145,12 +143,7 @@ void quantize_matrix(std::span<const bf16> w, const quant::MatrixLayout& l, std:
         const float q = scale == 0.0f
                             ? 0.0f
                             : std::clamp(round_half_even(w[n * l.k + k].to_float() / scale), -qmax, qmax);
-        const int qi = static_cast<int>(q);
-        std::byte& b = dst[l.weight_byte(n, k)];
-        if (l.bits == quant::Bits::kInt8)
-          b = static_cast<std::byte>(static_cast<std::uint8_t>(qi));
-        else  // the other nibble of this byte is written by its own k; both start at zero
-          b |= static_cast<std::byte>(l.int4_high(k) ? quant::int4_pack(0, qi) : quant::int4_pack(qi, 0));
+        l.put_q(reinterpret_cast<std::uint8_t*>(dst.data()), n, k, static_cast<int>(q));
       }
     }
   std::memcpy(dst.data() + l.scale_offset(), scales.data(), l.scale_bytes());

@@ -59,15 +59,7 @@ struct QuantStore {
         const MatrixLayout& L = layout.matrix(j);
         unsigned char* mat = host.data() + (static_cast<std::size_t>(e) * 3 + j) * page;
         for (std::uint64_t n = 0; n < L.rows; ++n)
-          for (std::uint64_t k = 0; k < L.k; ++k) {
-            const int q = qdist(rng);
-            unsigned char& byte = mat[L.weight_byte(n, k)];
-            if (b == Bits::kInt8)
-              byte = static_cast<unsigned char>(static_cast<std::int8_t>(q));
-            else
-              byte = L.int4_high(k) ? static_cast<unsigned char>((byte & 0x0F) | ((q & 0xF) << 4))
-                                    : static_cast<unsigned char>((byte & 0xF0) | (q & 0xF));
-          }
+          for (std::uint64_t k = 0; k < L.k; ++k) L.put_q(mat, n, k, qdist(rng));
         for (std::uint64_t n = 0; n < L.rows; ++n)
           for (std::uint64_t g = 0; g < L.groups_per_row(); ++g) {
             const std::uint16_t s = float_to_bf16(0.03f / static_cast<float>(qmax) * sdist(rng));
@@ -123,9 +115,7 @@ struct QuantStore {
     std::vector<double> w(L.rows * L.k);
     for (std::uint64_t n = 0; n < L.rows; ++n)
       for (std::uint64_t k = 0; k < L.k; ++k) {
-        const unsigned char byte = mat[L.weight_byte(n, k)];
-        const int q = bits == Bits::kInt8 ? static_cast<int>(static_cast<std::int8_t>(byte))
-                                          : kernels::quant::int4_at(byte, L.int4_high(k));
+        const int q = L.q_at(mat, n, k);
         std::uint16_t s;
         std::memcpy(&s, mat + L.scale_byte(n, k), 2);
         w[n * L.k + k] = static_cast<double>(q) * bf16_to_float(s);

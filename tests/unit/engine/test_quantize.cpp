@@ -56,8 +56,7 @@ float scale_of(const std::vector<std::byte>& b, const quant::MatrixLayout& l, st
   return bf16{scale_bits(b, l, n, k)}.to_float();
 }
 int q_of(const std::vector<std::byte>& b, const quant::MatrixLayout& l, std::uint64_t n, std::uint64_t k) {
-  const std::uint8_t byte = u8(b, l.weight_byte(n, k));
-  return l.bits == quant::Bits::kInt8 ? static_cast<std::int8_t>(byte) : quant::int4_at(byte, l.int4_high(k));
+  return l.q_at(reinterpret_cast<const std::uint8_t*>(b.data()), n, k);
 }
 
 // The closed form the simulator's sizes were first written with: F x H x bits / 8 bytes of weights plus the

@@ -131,6 +131,21 @@ constexpr DecodeTileList<5 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
   return list;
 }
 
+// A decode row of DefaultMoeConfig's tables: the shapes it applies to and the tile it names.
+struct DecodeRow {
+  long long max_routed_slots;  // T·k at most
+  int min_intermediate, max_intermediate;
+  int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
+  int tile_tokens, warps, unroll;
+  int prefetch;                          // L2 prefetch hint of the weight loads, bytes
+  int int8_stages, int4_stages;          // quantized rows: k-steps int8 / int4 layers keep in flight through
+                                         // shared memory (decode::Tile's kStages; 0: the register loop)
+  int int8_down_warps, int4_down_warps;  // quantized rows: warps of the down stage's blocks
+                                         // (MoeConfig::decode_down_warps; 0: `warps`)
+  enum class Only { kAny, kInt8, kInt4 };
+  Only only = Only::kAny;  // quantized rows: a row for one precision's layers (the other skips it)
+};
+
 }  // namespace config_detail
 
 // The default table. Decode while a routed expert's mean batch is below one token (T·k < E: most experts
@@ -182,17 +197,7 @@ constexpr DecodeTileList<5 * R + 1> tiles_of(const Row (&rows)[R], const DecodeT
 //    processes, so its rows keep 128 until they are (paged_moe_bench's p256 instantiates the 256-byte tiles).
 // Skewed routing stays correct on either path: an expert with more tokens than a tile gets several tiles.
 struct DefaultMoeConfig {
-  struct DecodeRow {
-    long long max_routed_slots;  // T·k at most
-    int min_intermediate, max_intermediate;
-    int max_expected_batch;  // mean + 3σ + 1 of a uniform router at most
-    int tile_tokens, warps, unroll;
-    int prefetch;                  // L2 prefetch hint of the weight loads, bytes
-    int int8_stages, int4_stages;  // quantized rows: k-steps int8 / int4 layers keep in flight through
-                                   // shared memory (decode::Tile's kStages; 0: the register loop)
-    int int8_down_warps, int4_down_warps;  // quantized rows: warps of the down stage's blocks
-                                           // (MoeConfig::decode_down_warps; 0: `warps`)
-  };
+  using DecodeRow = config_detail::DecodeRow;
   // clang-format off
   static constexpr DecodeRow kDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages down
@@ -260,7 +265,14 @@ struct DefaultMoeConfig {
   // 2) and int8 past 64 (0.978–0.990× at 16–64; 0.995–1.009× at 3–8); int4 on 6 warps at up to 4 routed
   // slots, and up to 8 on F <= 1024 (Qwen at 1 token: 0.917–0.925×; Qwen1.5 with its chunks at 2 tokens, 8
   // slots: 1.035×; int8 on 6 warps at 1 token 0.904–1.083× by model, not taken); Qwen1.5's F = 1408 and
-  // Mixtral lost with 2, 3 and 6 and keep the row's warps.
+  // Mixtral lost with 2, 3 and 6 and keep the row's warps. Since int4's nibbles were interleaved (fewer
+  // instructions per weight), int4 layers on experts below F = 8192 past 64 routed slots run 8-token tiles on
+  // 2 warps in both stages, up to the decode limit (a row for int4 only: DecodeRow::only). Against the table
+  // before, 3 processes (docs/results/quantized_h200.md, "Interleaved int4 nibbles"): 0.789× / 0.867× at
+  // Qwen3 128 / 256 tokens (where 16-token tiles ran), 0.940× at Qwen1.5 with its chunks at 128, 0.96× at 64
+  // on both, 0.983× / 0.996× at 33 (Qwen1.5 / Qwen3); 1.012× at Qwen3 16 (128 slots), taken with the rest.
+  // Two stages on the same tile were slower than none at every size, int8 on 2 warps with 2 or 3 stages
+  // 0.99–1.59× its table's time: not taken.
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4 down: int8 int4
@@ -273,6 +285,7 @@ struct DefaultMoeConfig {
       {16,        0,      1024,    12,     8,   4,    1,     128,             3,   0,      0,   0},
       {64,        0,      1024,    12,     8,   4,    1,     128,             3,   0,      0,   2},
       {64,        0,      1 << 30, 12,     8,   4,    1,     128,             3,   0,      0,   0},
+      {1LL << 40, 0,      8191,    32,     8,   2,    1,     128,             0,   0,      0,   0, DecodeRow::Only::kInt4},
       {1LL << 40, 0,      1024,    12,     8,   4,    1,     128,             2,   0,      2,   2},
       {1LL << 40, 0,      1 << 30, 12,     8,   4,    1,     128,             2,   0,      0,   0},
       {1LL << 40, 0,      1 << 30, 32,     16,  4,    1,     128,             2,   0,      0,   0},
@@ -327,9 +340,9 @@ struct DefaultMoeConfig {
         c.grouped_rows = kTmaRows;  // the TMA kernel, weights dequantised in registers (bf16's rule)
       return c;
     }
+    const bool int8 = bits == quant::Bits::kInt8;
     for (const DecodeRow& r : kQuantDecodeRows)
-      if (matches(r, s)) {
-        const bool int8 = bits == quant::Bits::kInt8;
+      if (matches(r, s) && r.only != (int8 ? DecodeRow::Only::kInt4 : DecodeRow::Only::kInt8)) {
         MoeConfig c{MoePath::kDecode,
                     r.tile_tokens,
                     r.warps,
@@ -371,14 +384,27 @@ concept quantized_moe_config = requires(const MoeShape& s, MoePath requested, qu
   { C::select_quantized(s, requested, bits) } -> std::same_as<MoeConfig>;
 };
 static_assert(quantized_moe_config<DefaultMoeConfig>);
-// Quantized examples (T, H, F, E, k, m): Qwen1.5 and Qwen3 up to 64 tokens on 8-token tiles, Mixtral at 1
-// token with 8 warps, at 33 and 64 tokens on 16-token tiles; many tokens per expert: the grouped GEMM (or
-// 32-token decode tiles when asked for the decode path).
-static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+// Quantized examples (T, H, F, E, k, m): Qwen1.5 and Qwen3 on 8-token tiles (4 warps, int4 on 2 past 64
+// routed slots), Mixtral at 1 token with 8 warps, at 33 and 64 tokens on 16-token tiles; many tokens per
+// expert: the grouped GEMM (or 32-token decode tiles when asked for the decode path).
+static_assert(DefaultMoeConfig::select_quantized({16, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({16, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 2, false, false, false, 2});
+// int4 on experts below F = 8192 past 64 routed slots: 8-token tiles on 2 warps, both stages, up to the
+// decode limit (Qwen1.5 from 17 tokens, Qwen3 from 9; 16-token tiles no more); int8 keeps the shared rows.
+static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
 static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 0, false, false, false, 2});
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
+static_assert(DefaultMoeConfig::select_quantized({128, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kDecode, 16, 4, 1, 128, 128, 2});
 // The down stage on its own warps (decode_down_warps): int4 on 6 at up to 4 routed slots, 8 on F <= 1024
 // (Qwen at 1 token), int4 and int8 on 2 past 16 and 64 slots on experts of F <= 1024 (Qwen3 from 3 and 16
 // tokens); none on Qwen1.5's F = 1408 past 4 slots, Qwen3 at 2 tokens, Mixtral, or 16-token tiles.
@@ -481,7 +507,10 @@ static_assert([] {
 }());
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kQuantDecodeRows) {
-    if (r.max_expected_batch > 2 * r.tile_tokens) return false;  // at most two tiles per expected batch
+    // At most two tiles per expected batch; four on the int4 row of 8-token tiles for experts below F = 8192,
+    // measured faster than 16-token tiles though it reads an expert's weights once per 8 tokens.
+    const bool int4_small = r.only == DefaultMoeConfig::DecodeRow::Only::kInt4 && r.max_intermediate < 8192;
+    if (r.max_expected_batch > (int4_small ? 4 : 2) * r.tile_tokens) return false;
     const int staged[] = {r.int8_stages, r.int4_stages};
     for (const int stages : staged)
       if (stages != 0 && (stages < 2 || r.unroll != 1)) return false;  // decode::Tile's rule

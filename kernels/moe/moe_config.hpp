@@ -272,7 +272,7 @@ struct DefaultMoeConfig {
   // Qwen3 128 / 256 tokens (where 16-token tiles ran), 0.940× at Qwen1.5 with its chunks at 128, 0.96× at 64
   // on both, 0.983× / 0.996× at 33 (Qwen1.5 / Qwen3); 1.012× at Qwen3 16 (128 slots), taken with the rest.
   // Two stages on the same tile were slower than none at every size, int8 on 2 warps with 2 or 3 stages
-  // 0.99–1.59× its table's time: not taken.
+  // 0.99–1.29× its table's time: not taken.
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4 down: int8 int4

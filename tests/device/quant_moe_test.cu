@@ -441,7 +441,7 @@ TEST_CASE("quantized experts: the TMA grouped GEMM on model shapes", "[gpu][mode
 TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 21), s4(m, Bits::kInt4, 22);
-    for (int tokens : {1, 3, 16}) {
+    for (int tokens : {1, 3, 16, 64}) {  // int4 at 64 (Qwen1.5) and 16, 64 (Qwen3): its 2-warp 8-token row
       check_quant_case<kernels::Int8>(s8, tokens, 300 + tokens, MoePath::kDecode);
       check_quant_case<kernels::Int4>(s4, tokens, 400 + tokens, MoePath::kDecode);
     }

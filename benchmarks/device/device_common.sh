@@ -5,6 +5,7 @@
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding the binaries}"
 : "${OUT:?OUT must name an output folder}"
+mkdir -p "$OUT"  # a subfolder of the call's $OUT (OUT=$OUT/old) need not exist yet
 export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
 lines=()
 for t in ${TESTS:-}; do

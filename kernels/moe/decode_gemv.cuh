@@ -130,22 +130,10 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
     const QuantStep w = where(i);
     const int group = w.group(kValuesPerByte);
-    // ptxas sinks some token and scale loads next to their first use, mid-step; their lines are asked of L1
-    // here, with the weights, so those loads wait for an L1 hit at most.
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
       st.wlo[r] = ptx::ld_stream_16<T::kPrefetch>(lo_row[r] + w.byte);
       st.whi[r] = ptx::ld_stream_16<T::kPrefetch>(hi_row[r] + w.byte);
-    }
-#pragma unroll
-    for (int nt = 0; nt < kTokTiles; ++nt) ptx::prefetch_l1(tok[nt] + w.k);  // the chunks' 64 bytes
-#pragma unroll
-    for (int r = 0; r < kRowTiles; ++r) {
-      ptx::prefetch_l1(scales[r] + static_cast<std::int64_t>(g) * groups + group);
-      ptx::prefetch_l1(scales[r] + static_cast<std::int64_t>(g + 8) * groups + group);
-    }
-#pragma unroll
-    for (int r = 0; r < kRowTiles; ++r) {
       st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
       st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
     }

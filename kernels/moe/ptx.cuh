@@ -112,12 +112,6 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* p) {
   return v;
 }
 
-// Asks L1 for the line holding p (no register, no wait): a later load of it that the compiler schedules next to
-// its use then finds it there (the quantized decode loop's token chunks and scales: moe/decode_gemv.cuh).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
-
 // Activations are re-read by every block that works on the same tokens: keep them in L1.
 __device__ __forceinline__ uint4 ld_cached_16(const void* p) {
   return __ldg(static_cast<const uint4*>(p));

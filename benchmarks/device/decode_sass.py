@@ -3,7 +3,8 @@
 (no GPU needed): compiles the instantiations below for sm_90a, disassembles them with nvdisasm, and prints per
 kernel its largest loop's instruction count (one k-step of the decode tiles; the quantized TMA grouped GEMM's
 largest loop, which may be its producer's or its consumers') and how many of them are LOP3, PRMT, HADD2 (the
-int4 conversion), HMMA / HGMMA, and the registers ptxas reports.
+int4 conversion), HMMA / HGMMA, the registers ptxas reports, and where the loop's global loads sit: how many
+there are and how many ptxas placed after the loop's first MMA (next to their use, mid-step).
 
   python3 benchmarks/device/decode_sass.py [--nvcc /usr/local/cuda/bin/nvcc] [--nvdisasm PATH]
                                           [--registers-only]
@@ -43,6 +44,7 @@ void* kernels_[] = {
     both<decode::Tile<4, 4, 1>, Bf16>(),         both<decode::Tile<1, 4, 1>, Int8>(),
     both<decode::Tile<1, 4, 1, 128, 3>, Int8>(), both<decode::Tile<1, 4, 1>, Int4>(),
     both<decode::Tile<2, 4, 1>, Int4>(),         both<decode::Tile<1, 4, 1, 128, 2>, Int4>(),
+    both<decode::Tile<1, 2, 1>, Int4>(),
 };
 template <class P>
 void* tma_gate_up() {  // the quantized TMA grouped GEMM's gate/up stage (consumers dequantise in registers)
@@ -138,8 +140,9 @@ def main():
                 f["labels"][label] = addr
             f["pending"] = []
             f["ins"].append((addr, m.group(2).strip()))
-    print("| kernel | registers | largest loop: instructions | LOP3 | PRMT | HADD2 | HMMA/HGMMA |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| kernel | registers | largest loop: instructions | LOP3 | PRMT | HADD2 | HMMA/HGMMA "
+          "| global loads (after the first MMA) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in sorted(funcs, key=demangled):
         if name not in regs or "permute_k" in name:
             continue  # helpers the headers define, not the kernels listed above
@@ -153,8 +156,12 @@ def main():
                     best = body
         best = best or []
         op = lambda p: sum(1 for t in best if re.match(rf"(@!?U?P\w+\s+)?{p}\b", t))
+        is_op = lambda t, p: re.match(rf"(@!?U?P\w+\s+)?{p}\b", t) is not None
+        mma = next((i for i, t in enumerate(best) if is_op(t, "HMMA") or is_op(t, "HGMMA")), len(best))
+        loads = [i for i, t in enumerate(best) if is_op(t, "LDG") or is_op(t, r"LD\.E")]
+        late = sum(1 for i in loads if i > mma)
         print(f"| {demangled(name)} | {regs.get(name, '?')} | {len(best)} | {op('LOP3')} | {op('PRMT')} | "
-              f"{op('HADD2')} | {op('HMMA') + op('HGMMA')} |")
+              f"{op('HADD2')} | {op('HMMA') + op('HGMMA')} | {len(loads)} ({late}) |")
 
 
 if __name__ == "__main__":

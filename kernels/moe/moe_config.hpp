@@ -507,16 +507,18 @@ static_assert([] {
 }());
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kQuantDecodeRows) {
-    // At most two tiles per expected batch; four on the int4 row of 8-token tiles for experts below F = 8192,
+    // At most two tiles per expected batch; four on the int4 row (8-token tiles on experts below F = 8192),
     // measured faster than 16-token tiles though it reads an expert's weights once per 8 tokens.
-    const bool int4_small = r.only == DefaultMoeConfig::DecodeRow::Only::kInt4 && r.max_intermediate < 8192;
-    if (r.max_expected_batch > (int4_small ? 4 : 2) * r.tile_tokens) return false;
+    const bool int4_only = r.only == DefaultMoeConfig::DecodeRow::Only::kInt4;
+    if (r.max_expected_batch > (int4_only ? 4 : 2) * r.tile_tokens) return false;
     const int staged[] = {r.int8_stages, r.int4_stages};
     for (const int stages : staged)
       if (stages != 0 && (stages < 2 || r.unroll != 1)) return false;  // decode::Tile's rule
   }
-  for (const auto& r : DefaultMoeConfig::kDecodeRows)
-    if (r.int8_stages != 0 || r.int4_stages != 0) return false;  // bf16 tiles are never staged
+  for (const auto& r : DefaultMoeConfig::kDecodeRows) {
+    if (r.int8_stages != 0 || r.int4_stages != 0) return false;           // bf16 tiles are never staged
+    if (r.only != DefaultMoeConfig::DecodeRow::Only::kAny) return false;  // nor one precision's (select)
+  }
   return true;
 }());
 // Examples (T, H, F, E, k, m).

@@ -155,8 +155,8 @@ def main():
                 if best is None or len(body) > len(best):
                     best = body
         best = best or []
-        op = lambda p: sum(1 for t in best if re.match(rf"(@!?U?P\w+\s+)?{p}\b", t))
-        is_op = lambda t, p: re.match(rf"(@!?U?P\w+\s+)?{p}\b", t) is not None
+        is_op = lambda t, p: re.match(rf"(@!?U?P\w+\s+)?{p}\b", t) is not None  # a predicate, then p
+        op = lambda p: sum(1 for t in best if is_op(t, p))
         mma = next((i for i, t in enumerate(best) if is_op(t, "HMMA") or is_op(t, "HGMMA")), len(best))
         loads = [i for i, t in enumerate(best) if is_op(t, "LDG") or is_op(t, r"LD\.E")]
         late = sum(1 for i in loads if i > mma)

@@ -114,28 +114,36 @@ struct MatrixLayout {
   AMOEBA_HOST_DEVICE constexpr std::uint64_t total_bytes() const noexcept {
     return round_up(scale_offset() + scale_bytes(), kAlign);
   }
-  // The byte holding value (n, kk): int8 all of it, int4 one nibble of it (int4_high).
-  AMOEBA_HOST_DEVICE constexpr std::uint64_t weight_byte(std::uint64_t n, std::uint64_t kk) const noexcept {
-    return n * row_bytes() + (bits == Bits::kInt8 ? kk : int4_slot(kk, k) / 2);
+  // Where value (n, kk) is stored: its byte (int8 all of it), and for int4 whether it is that byte's high
+  // nibble.
+  struct Place {
+    std::uint64_t byte;
+    bool high;
+  };
+  AMOEBA_HOST_DEVICE constexpr Place place(std::uint64_t n, std::uint64_t kk) const noexcept {
+    if (bits == Bits::kInt8) return {n * row_bytes() + kk, false};
+    const std::uint64_t slot = int4_slot(kk, k);
+    return {n * row_bytes() + slot / 2, slot % 2 == 1};
   }
-  // int4: whether value kk of a row is in the high nibble of its byte.
-  AMOEBA_HOST_DEVICE constexpr bool int4_high(std::uint64_t kk) const noexcept {
-    return int4_slot(kk, k) % 2 == 1;
+  // The byte holding value (n, kk).
+  AMOEBA_HOST_DEVICE constexpr std::uint64_t weight_byte(std::uint64_t n, std::uint64_t kk) const noexcept {
+    return place(n, kk).byte;
   }
   // q of value (n, kk) of the matrix whose first byte is `matrix` (int8 sign-extended, int4 its nibble).
   AMOEBA_HOST_DEVICE constexpr int q_at(const std::uint8_t* matrix, std::uint64_t n,
                                         std::uint64_t kk) const noexcept {
-    const std::uint8_t byte = matrix[weight_byte(n, kk)];
-    return bits == Bits::kInt8 ? static_cast<std::int8_t>(byte) : int4_at(byte, int4_high(kk));
+    const Place p = place(n, kk);
+    return bits == Bits::kInt8 ? static_cast<std::int8_t>(matrix[p.byte]) : int4_at(matrix[p.byte], p.high);
   }
   // Stores q (in [-128, 127] / [-8, 7]) as value (n, kk); an int4 byte's other nibble is kept.
   AMOEBA_HOST_DEVICE constexpr void put_q(std::uint8_t* matrix, std::uint64_t n, std::uint64_t kk,
                                           int q) const noexcept {
-    std::uint8_t& byte = matrix[weight_byte(n, kk)];
+    const Place p = place(n, kk);
+    std::uint8_t& byte = matrix[p.byte];
     if (bits == Bits::kInt8)
       byte = static_cast<std::uint8_t>(q);
     else
-      byte = int4_high(kk) ? int4_pack(byte & 0xF, q) : int4_pack(q, byte >> 4);
+      byte = p.high ? int4_pack(byte & 0xF, q) : int4_pack(q, byte >> 4);
   }
   // The first byte of the bf16 scale of value (n, kk).
   AMOEBA_HOST_DEVICE constexpr std::uint64_t scale_byte(std::uint64_t n, std::uint64_t kk) const noexcept {

@@ -41,12 +41,6 @@ std::uint16_t load_u16(const std::byte* p) noexcept {
   return v;
 }
 
-// q of value (n, k) of a packed matrix.
-int packed_value(std::span<const std::byte> packed, const quant::MatrixLayout& l, std::uint64_t n,
-                 std::uint64_t k) noexcept {
-  return l.q_at(reinterpret_cast<const std::uint8_t*>(packed.data()), n, k);
-}
-
 void check_dequantize(std::span<const std::byte> packed, const quant::MatrixLayout& l, std::size_t dst_size) {
   check_shape(l, "dequantize_matrix");
   if (packed.size() != l.total_bytes())
@@ -62,12 +56,13 @@ void check_dequantize(std::span<const std::byte> packed, const quant::MatrixLayo
 template <class Put>
 void dequantize_each(std::span<const std::byte> packed, const quant::MatrixLayout& l, Put put) {
   const std::uint64_t groups = l.groups_per_row();
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(packed.data());
   for (std::uint64_t n = 0; n < l.rows; ++n)
     for (std::uint64_t g = 0; g < groups; ++g) {
       const float scale = bf16{load_u16(packed.data() + l.scale_byte(n, g * quant::kGroup))}.to_float();
       const std::uint64_t end = std::min<std::uint64_t>(l.k, (g + 1) * quant::kGroup);
       for (std::uint64_t k = g * quant::kGroup; k < end; ++k)
-        put(n * l.k + k, static_cast<float>(packed_value(packed, l, n, k)) * scale);
+        put(n * l.k + k, static_cast<float>(l.q_at(bytes, n, k)) * scale);
     }
 }
 
@@ -135,6 +130,7 @@ void quantize_matrix(std::span<const bf16> w, const quant::MatrixLayout& l, std:
 
   // Pass 2: the values, then the scales; the padding after each part stays zero.
   std::fill(dst.begin(), dst.end(), std::byte{0});
+  auto* bytes = reinterpret_cast<std::uint8_t*>(dst.data());
   for (std::uint64_t n = 0; n < l.rows; ++n)
     for (std::uint64_t g = 0; g < groups; ++g) {
       const float scale = scales[n * groups + g].to_float();
@@ -143,7 +139,7 @@ void quantize_matrix(std::span<const bf16> w, const quant::MatrixLayout& l, std:
         const float q = scale == 0.0f
                             ? 0.0f
                             : std::clamp(round_half_even(w[n * l.k + k].to_float() / scale), -qmax, qmax);
-        l.put_q(reinterpret_cast<std::uint8_t*>(dst.data()), n, k, static_cast<int>(q));
+        l.put_q(bytes, n, k, static_cast<int>(q));
       }
     }
   std::memcpy(dst.data() + l.scale_offset(), scales.data(), l.scale_bytes());

@@ -172,8 +172,11 @@ TEST_CASE("quantize int8: one signed byte per value, scale max|w| / 127", "[quan
   for (std::uint64_t i = 20; i < 32; ++i) CHECK(u8(b, i) == 0);  // padding after the scales
 }
 
-TEST_CASE("quantize int4: even k in the low nibble, two's complement, scale max|w| / 7", "[quantize]") {
-  // Max 7 -> scale 1: q = w.
+TEST_CASE(
+    "quantize int4: a row shorter than a word keeps even k in the low nibble, two's complement, scale "
+    "max|w| / 7",
+    "[quantize]") {
+  // Max 7 -> scale 1: q = w. K = 6: each row is one partial word, so its values stay in order (int4_slot).
   const quant::MatrixLayout l{2, 6, quant::Bits::kInt4};
   const std::vector<bf16> w = to_bf16({7, -1, 2, -7, 0, 3, -7, 6, -4, 1, 5, -2});
   const auto b = pack(w, l);

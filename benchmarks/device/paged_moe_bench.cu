@@ -47,8 +47,9 @@
 // quantized choice with its grouped stages on a bf16 copy (the routed experts dequantised into the workspace,
 // then the bf16 TMA grouped GEMM: MoeConfig::grouped_dequant); int8-tma /
 // int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA kernel (weights
-// dequantised in registers) / the two-block kernel; int8-down2 / 3 / 6 (int4 alike): the default's quantized
-// choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
+// dequantised in registers) / the two-block kernel; int8-tma32 / int4-tma32: the grouped path at every size
+// on the TMA kernel's 32-token units (tile_tokens 32); int8-down2 / 3 / 6 (int4 alike): the default's
+// quantized choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
@@ -438,6 +439,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-tma", &make_quant_graph<kernels::Int4, GroupedRowsConfig<256>>},
       {"int8-twoblock", &make_quant_graph<kernels::Int8, GroupedRowsConfig<128>>},
       {"int4-twoblock", &make_quant_graph<kernels::Int4, GroupedRowsConfig<128>>},
+      {"int8-tma32", &make_quant_graph<kernels::Int8, QuantTmaSmallConfig>},
+      {"int4-tma32", &make_quant_graph<kernels::Int4, QuantTmaSmallConfig>},
       {"int8-dq", &make_quant_graph<kernels::Int8, DequantConfig<>>},
       {"int4-dq", &make_quant_graph<kernels::Int4, DequantConfig<>>},
       {"int8-down0", &make_quant_graph<kernels::Int8, DownWarpsConfig<0>>},

@@ -550,8 +550,9 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
 // them); per k-step one thread copies the unit's weight rows by TMA (gate/up: 128 W1 rows, then 128 W3
 // rows at half the stage; down: 256 W2 rows) — tensor rows `pitch` bytes apart, box x at kt · step_x, the
 // stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
-// Runs up to kStages steps ahead, across units.
-template <Stage kStage, int kStages, class Addressing>
+// Runs up to kStages steps ahead, across units. kARows: token rows per unit (the A tile's rows; 128, or the
+// quantized kernel's small-batch tiles).
+template <Stage kStage, int kStages, int kARows = kBlockM, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
@@ -577,7 +578,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     WorkTile tile;
     int pair;
     unit_at(p, u, pairs, tile, pair);
-    const ALoader<kStage, 128> a(p, tile, t);  // the warpgroup's 128 threads gather the 128 token rows
+    const ALoader<kStage, 128, kARows> a(p, tile, t);  // the warpgroup's 128 threads gather the token rows
     int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
     if (t == 0) {
       if constexpr (kGateUp) {
@@ -597,7 +598,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
         tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
         if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
       }
-      a.load(smem_a + s * kTmaATile, kt);
+      a.load(smem_a + s * kARows * kBlockK, kt);
       tma::cp_async_arrive(&full[s]);
     }
   }

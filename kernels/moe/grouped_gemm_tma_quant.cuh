@@ -20,6 +20,11 @@
 // through shared memory (coalesced 16-byte rows), and the down stage's output `y` is in natural order.
 // Scales: each thread loads its 4 rows' bf16 scale of the next 128-k group one group ahead (two k-steps),
 // straight from the page (scale slab after the weights, moe/quant_layout.hpp).
+// Small batches (kTokens = kTmaSmallTokens, 32): units of 32 tokens × 256 weight rows, n = 32, eight stages
+// of 4 KiB of token rows and 8 / 16 KiB of packed weights. Where an expert's routed batch is a few dozen
+// tokens (decode sizes) the 128-token units multiply mostly zero rows: n = 128 costs the tensor cores four
+// times the work of n = 32 for the same weights, and every weight is still dequantised once per unit. The
+// same k steps per output in the same order as the 128-token units: bit-identical to them.
 #pragma once
 
 #include "moe/grouped_gemm_sm90.cuh"
@@ -48,7 +53,40 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const std::uin
 #endif
 }
 
+// D(64×32, fp32) += A(64×16, registers) · B(32×16, smem)ᵀ: the small-batch units' n = 32.
+__device__ __forceinline__ void mma_m64n32k16_rs(float (&d)[16], const std::uint32_t (&a)[4],
+                                                 std::uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+      ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+  __trap();  // built without sm_90a: PagedMoe never selects this kernel then
+#endif
+}
+
+// D(64×N) += A(64×16, registers) · B(N×16, smem)ᵀ for the token tiles the kernel instantiates.
+template <int N>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b) {
+  static_assert(N == 128 || N == 32, "the quantized TMA kernel's token tiles: 128 or 32");
+  if constexpr (N == 128)
+    mma_m64n128k16_rs(d, a, desc_b);
+  else
+    mma_m64n32k16_rs(d, a, desc_b);
+}
+
 }  // namespace wgmma
+
+// Token rows of the quantized TMA kernel's small-batch units (MoeConfig::tile_tokens on 256-row blocks).
+inline constexpr int kTmaSmallTokens = 32;
 
 // Stored 16-byte chunk c (0..7) of a K-permuted 64-value block from the block's 32 bf16 pairs in logical
 // order (moe/k_permutation.hpp): what permute_k_kernel writes and the gate/up epilogue stores.
@@ -58,15 +96,17 @@ __device__ __forceinline__ uint4 permuted_chunk(const std::uint32_t* pairs, int 
                     pairs[logical_pair(c, 3)]);
 }
 
-// Shapes of the quantized TMA kernel for one precision.
-template <class Precision>
+// Shapes of the quantized TMA kernel for one precision and kTokens token rows per unit.
+template <class Precision, int kTokens = kBlockM>
 struct TmaQuant {
+  static_assert(kTokens == kBlockM || kTokens == kTmaSmallTokens, "128- or 32-token units");
   static constexpr int kStep = kPackedStepBytes<Precision>;  // packed bytes of one row's 64-k step
-  static constexpr int kStages = 4;
-  static constexpr int kATile = kBlockM * kBlockK;     // bf16 elements: 128 token rows × 64 k
+  static constexpr int kStages = kTokens == kBlockM ? 4 : 8;
+  static constexpr int kATile = kTokens * kBlockK;     // bf16 elements: the token rows × 64 k
   static constexpr int kBBytes = 2 * kBlockN * kStep;  // 256 packed rows
   static constexpr int kStagingPitch = kBlockN + 8;    // bf16 per staged token row (+8: no bank conflicts)
-  static constexpr int kStagingElems = kBlockM * kStagingPitch;  // per consumer warpgroup
+  static constexpr int kStagingElems = kTokens * kStagingPitch;  // per consumer warpgroup
+  static constexpr int kAcc = kTokens / 2;  // fp32 accumulators per thread and m-tile (m64 × n = kTokens)
   static constexpr int kSmemBytes =
       kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
   static_assert(kSmemBytes <= ptx::kMaxBlockSmemBytes, "the quantized TMA block must fit one SM");
@@ -105,16 +145,16 @@ struct PackedRow {
   }
 };
 
-template <class Addressing, Stage kStage, class Precision>
+template <class Addressing, Stage kStage, class Precision, int kTokens = kBlockM>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_quant_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
-  using Q = TmaQuant<Precision>;
+  using Q = TmaQuant<Precision, kTokens>;
   const MoeParams<Addressing>& p = tp.moe;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
-  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64] token rows
+  bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][kTokens][64] token rows
   unsigned char* smem_b =
       reinterpret_cast<unsigned char*>(smem_a + Q::kStages * Q::kATile);      // [stages][256][kStep]
-  bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][128][kStagingPitch]
+  bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][kTokens][pitch]
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * Q::kStagingElems);
   std::uint64_t* empty = full + Q::kStages;
   int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
@@ -131,9 +171,9 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int units = *p.num_tiles * pairs;
 
   if (wg == 0) {  // producer: the bf16 kernel's, with packed boxes
-    produce_units<kStage, Q::kStages>(tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()),
-                                      Q::kStep, Q::kBBytes, smem_a, smem_b, full, empty, stage_unit,
-                                      next_unit, t);
+    produce_units<kStage, Q::kStages, kTokens>(tp, units, pairs, k_tiles,
+                                               static_cast<int>(layout.row_bytes()), Q::kStep, Q::kBBytes,
+                                               smem_a, smem_b, full, empty, stage_unit, next_unit, t);
     return;
   }
 
@@ -174,11 +214,11 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       for (int h = 0; h < 2; ++h) next_scale[mt][h] = __ldg(scales[mt][h]);
     __nv_bfloat162 scale[2][2];
 
-    float acc[2][64];
+    float acc[2][Q::kAcc];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[mt][i] = 0.f;
+      for (int i = 0; i < Q::kAcc; ++i) acc[mt][i] = 0.f;
     PackedRow<Precision> raw[2][2];
     std::uint32_t frag[2][2][2][4];  // [half][m-tile][sub-step in half][a0..a3]
 
@@ -221,8 +261,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 #pragma unroll
       for (int ss = 0; ss < 2; ++ss) {
         const std::uint64_t desc = wgmma::descriptor(sb + (2 * kHalf + ss) * 32);
-        wgmma::mma_m64n128k16_rs(acc[0], frag[kHalf][0][ss], desc);
-        wgmma::mma_m64n128k16_rs(acc[1], frag[kHalf][1][ss], desc);
+        wgmma::mma_rs<kTokens>(acc[0], frag[kHalf][0][ss], desc);
+        wgmma::mma_rs<kTokens>(acc[1], frag[kHalf][1][ss], desc);
       }
       wgmma::commit();
     };
@@ -260,7 +300,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     // Epilogue through this warpgroup's staging rows ([token][row], bf16): accumulator 4c + i of m-tile mt
     // holds row 16·warp + g + 8·(i / 2) of the m-tile and token 8c + 2q + (i % 2).
 #pragma unroll
-    for (int c = 0; c < 16; ++c)
+    for (int c = 0; c < kTokens / 8; ++c)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = 16 * warp + g + 8 * (i / 2), token = 8 * c + 2 * q + (i % 2);
@@ -276,7 +316,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     if constexpr (kGateUp) {
       // 64 features per token row, stored permuted (moe/k_permutation.hpp).
 #pragma unroll
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < kTokens / 16; ++r) {
         const int idx = t + 128 * r, token = idx / 8, c = idx % 8;
         if (token < tile.count) {
           const uint4 v =
@@ -288,7 +328,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       }
     } else {
 #pragma unroll
-      for (int r = 0; r < 16; ++r) {
+      for (int r = 0; r < kTokens / 8; ++r) {
         const int idx = t + 128 * r, token = idx / 16, c = idx % 16;
         if (token < tile.count) {
           const int slot = p.sorted_slot[tile.row_start + token];
@@ -306,8 +346,10 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 // dynamic shared memory, the bits of a value in its weight tensor maps (tma::Region::bits) and names. bf16
 // experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel, whose gate/up stage reads the input permuted
 // by permute_k_kernel.
-template <class Addressing, class Precision>
+// kTokens: token rows per unit (128; 32 for quantized experts' small-batch units).
+template <class Addressing, class Precision, int kTokens = kBlockM>
 struct TmaGemm {
+  static_assert(kTokens == kBlockM, "bf16 experts' TMA kernel runs 128-token units");
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
   static constexpr int kSmem = kTmaSmemBytes;
@@ -315,11 +357,11 @@ struct TmaGemm {
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
 };
-template <class Addressing, quant::Bits kB>
-struct TmaGemm<Addressing, Quantized<kB>> {
+template <class Addressing, quant::Bits kB, int kTokens>
+struct TmaGemm<Addressing, Quantized<kB>, kTokens> {
   template <Stage kStage>
-  static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>>;
-  static constexpr int kSmem = TmaQuant<Quantized<kB>>::kSmemBytes;
+  static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>, kTokens>;
+  static constexpr int kSmem = TmaQuant<Quantized<kB>, kTokens>::kSmemBytes;
   static constexpr int kBits = static_cast<int>(quant::bit_count(kB));
   static constexpr const char* kGateUpName = "grouped::gemm_tma_quant_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_quant_kernel<kDown>";

@@ -20,7 +20,9 @@ enum class MoePath { kAuto, kDecode, kGrouped, kGroupedMma };
 
 struct MoeConfig {
   MoePath path = MoePath::kDecode;
-  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 64 or 128 (grouped)
+  int tile_tokens = 8;        // tokens per work tile: 8, 16 or 32 (decode), 64 or 128 (grouped); 32 on the
+                              // grouped path: quantized experts on the TMA kernel's small-batch units
+                              // (grouped_rows 256, sm_90)
   int decode_warps = 4;       // decode: warps per block, splitting K
   int decode_unroll = 2;      // decode: k-steps of weight loads each thread has in flight
   int decode_prefetch = 128;  // decode: the weight loads' L2 prefetch hint, 128 or 256 bytes
@@ -212,8 +214,9 @@ struct DefaultMoeConfig {
   static constexpr int kQuantDecodeTile = 32;      // quantized experts: decode while the batch fits this many
   static constexpr int kQuantSharedDecodeTokens = 128;  // ... and shared chunks (every token) this many
   static constexpr int kGroupedTile = 128;
-  static constexpr int kSmallGroupedTile = 64;  // bf16 grouped tiles while the expected batch fits this
-  static constexpr int kTmaRows = 256;          // bf16 grouped blocks beyond: the TMA kernel's width
+  static constexpr int kSmallGroupedTile = 64;   // bf16 grouped tiles while the expected batch fits this
+  static constexpr int kQuantTmaSmallTile = 32;  // quantized TMA kernel's small-batch units (tokens)
+  static constexpr int kTmaRows = 256;           // bf16 grouped blocks beyond: the TMA kernel's width
   static constexpr int kDeepSmallIntermediate = 8192;  // 64-token tiles on 8 stages from this F on ...
   static constexpr double kDeepSmallMeanBatch = 2.0;   // ... and this mean routed batch on
   // bf16 decode on 8-token tiles: the down blocks preload their W2 rows into shared memory while gate/up

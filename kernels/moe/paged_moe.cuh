@@ -212,7 +212,8 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 256) {
 
 // The host-only table's grouped tile sizes are the kernels' (moe/moe_config.hpp cannot include them).
 static_assert(DefaultMoeConfig::kGroupedTile == grouped::kBlockM &&
-                  DefaultMoeConfig::kSmallGroupedTile == grouped::kSmallM,
+                  DefaultMoeConfig::kSmallGroupedTile == grouped::kSmallM &&
+                  DefaultMoeConfig::kQuantTmaSmallTile == grouped::kTmaSmallTokens,
               "DefaultMoeConfig's grouped tiles must be the grouped kernels' token rows");
 
 // The default decode tiles plus `Extra` decode::Tile types: the `DecodeTiles` of a configuration that names
@@ -275,11 +276,20 @@ class PagedMoe {
           "quantized experts' grouped GEMM is the sm_90 wgmma kernel (kAuto, kDecode or kGrouped)");
     const MoeConfig c = config(a);
     const bool small = c.path == MoePath::kGrouped && c.tile_tokens == grouped::kSmallM;
+    const bool tma_small = c.path == MoePath::kGrouped && c.tile_tokens == grouped::kTmaSmallTokens;
     if (c.path == MoePath::kAuto ||
-        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small))
-      return Status::error(
-          "config.tile_tokens", c.tile_tokens,
-          "must be 128 on the grouped paths, or 64, 256 or 384 on kGrouped (kAuto resolved)");
+        (c.path != MoePath::kDecode && c.tile_tokens != grouped::kBlockM && !small && !tma_small))
+      return Status::error("config.tile_tokens", c.tile_tokens,
+                           "must be 128 on the grouped paths, or 64 or 32 on kGrouped (kAuto resolved)");
+    if (tma_small && !Precision::kQuantized)
+      return Status::error("config.tile_tokens", c.tile_tokens,
+                           "32-token grouped tiles run quantized experts only (the quantized TMA kernel)");
+    if (tma_small && c.grouped_rows != 2 * grouped::kBlockN)
+      return Status::error("config.grouped_rows", c.grouped_rows,
+                           "must be 256 with 32-token grouped tiles (the quantized TMA kernel)");
+    if (tma_small && c.grouped_dequant)
+      return Status::error("config.grouped_dequant", 1,
+                           "needs 128-token grouped tiles (the bf16 TMA kernel), not 32");
     if (small && Precision::kQuantized)
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
@@ -434,8 +444,12 @@ class PagedMoe {
   static constexpr MoeConfig config(const Arguments& a) {
     if constexpr (Precision::kQuantized && quantized_moe_config<Config>) {
       MoeConfig c = Config::select_quantized(a.shape, a.path, Precision::kBits);
-      // A bf16 copy (grouped_dequant) is contiguous, on the TMA kernel's rows whatever the pages.
-      if (uses_tma(c) && !c.grouped_dequant && !tma_fits(a)) c.grouped_rows = grouped::kBlockN;
+      // A bf16 copy (grouped_dequant) is contiguous, on the TMA kernel's rows whatever the pages. Off the
+      // rows the two-block kernel runs, on its 128-token tiles.
+      if (uses_tma(c) && !c.grouped_dequant && !tma_fits(a)) {
+        c.grouped_rows = grouped::kBlockN;
+        if (c.tile_tokens == grouped::kTmaSmallTokens) c = with_grouped_tile(c, grouped::kBlockM);
+      }
       return c;
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
@@ -757,45 +771,55 @@ class PagedMoe {
   static Status run_tma(const MoeParams<A>& p, const MoeShape& s, const MoeConfig& c, unsigned grid_tiles,
                         const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
     if constexpr (tma_addressing<A>) {
-      using grouped::Stage;
-      using Gemm = grouped::TmaGemm<A, P>;
-      auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
-        constexpr auto kernel = Gemm::template kKernel<kStage>;
-        grouped::TmaParams<A> tp{};
-        tp.moe = p;
-        if (P::kQuantized && kStage == Stage::kGateUp) tp.moe.input = permuted_input;
-        tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);
-        const std::array<const void*, 2> regions = A::tma_regions(p.addr);
-        for (int i = 0; i < 2; ++i) {
-          tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
-          if (regions[i] == nullptr) continue;
-          if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, Gemm::kBits}); !st) return st;
-        }
-        if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
-        const long long units = static_cast<long long>(grid_tiles) * slices;
-        const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
-        return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
-      };
       if constexpr (P::kQuantized) {
-        const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
-        if (Status st =
-                launch_args(grouped::permute_k_kernel, dim3(static_cast<unsigned>((threads + 255) / 256)),
-                            256, 0, stream, "grouped::permute_k_kernel", p.input, permuted_input,
-                            static_cast<long long>(s.num_tokens), s.hidden);
-            !st)
-          return st;
+        if (c.tile_tokens == grouped::kTmaSmallTokens)
+          return run_tma_units<A, P, grouped::kTmaSmallTokens>(p, s, grid_tiles, dev, stream, permuted_input);
       }
-      if (Status st = stage.template operator()<Stage::kGateUp>(
-              s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), Gemm::kGateUpName);
-          !st)
-        return st;
-      return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
-                                                     s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
+      return run_tma_units<A, P, grouped::kBlockM>(p, s, grid_tiles, dev, stream, permuted_input);
     } else {
       (void)p, (void)s, (void)grid_tiles, (void)dev, (void)stream, (void)permuted_input;
       return Status::error("config.grouped_rows", c.grouped_rows,
                            "the TMA grouped GEMM needs tma_regions() (can_implement, config)");
     }
+  }
+  // run_tma on units of kTokens token rows (grouped::TmaGemm).
+  template <class A, class P, int kTokens>
+  static Status run_tma_units(const MoeParams<A>& p, const MoeShape& s, unsigned grid_tiles,
+                              const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
+    using grouped::Stage;
+    using Gemm = grouped::TmaGemm<A, P, kTokens>;
+    auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
+      constexpr auto kernel = Gemm::template kKernel<kStage>;
+      grouped::TmaParams<A> tp{};
+      tp.moe = p;
+      if (P::kQuantized && kStage == Stage::kGateUp) tp.moe.input = permuted_input;
+      tp.unit_counter = p.unit_counters + (kStage == Stage::kGateUp ? 0 : 1);
+      const std::array<const void*, 2> regions = A::tma_regions(p.addr);
+      for (int i = 0; i < 2; ++i) {
+        tp.regions[i] = static_cast<const unsigned char*>(regions[i]);
+        if (regions[i] == nullptr) continue;
+        if (Status st = tma::encode(tp.maps[i], {regions[i], k, box_rows, Gemm::kBits}); !st) return st;
+      }
+      if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
+      const long long units = static_cast<long long>(grid_tiles) * slices;
+      const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
+      return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
+    };
+    if constexpr (P::kQuantized) {
+      const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
+      if (Status st =
+              launch_args(grouped::permute_k_kernel, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
+                          0, stream, "grouped::permute_k_kernel", p.input, permuted_input,
+                          static_cast<long long>(s.num_tokens), s.hidden);
+          !st)
+        return st;
+    }
+    if (Status st = stage.template operator()<Stage::kGateUp>(
+            s.hidden, grouped::kBlockN, s.intermediate / (2 * grouped::kGateUpFeatures), Gemm::kGateUpName);
+        !st)
+      return st;
+    return stage.template operator()<Stage::kDown>(s.intermediate, 2 * grouped::kBlockN,
+                                                   s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
   }
 
   // Calls f.template operator()<T>() with the instantiated decode tile T that `c` names, if one does.

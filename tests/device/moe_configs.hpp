@@ -37,6 +37,17 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
   }
 };
 
+// Quantized experts on the TMA kernel's 32-token units (grouped_rows 256, tile_tokens 32) at every token
+// count (PagedMoe::config takes the two-block kernel's 128-token tiles where pages are off its rows).
+struct QuantTmaSmallConfig : PathConfig<kernels::MoePath::kGrouped> {
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
+    c.grouped_rows = 256;
+    return kernels::with_grouped_tile(c, kernels::DefaultMoeConfig::kQuantTmaSmallTile);
+  }
+};
+
 // The default table with the down stage of every quantized decode call on 8-token tiles split over kWarps
 // warps (MoeConfig::decode_down_warps; gate/up keeps the row's warps); 0: over the row's warps (the table
 // before its rows named down warps). Its tiles: the default's and the 8-token tiles' kWarps twins.

@@ -404,6 +404,66 @@ TEST_CASE(
   check_quant_case<kernels::Int8, QuantTmaConfig>(p8, 300, 1900, MoePath::kGrouped, -1, 128);
 }
 
+// The TMA kernel's 32-token units (tile_tokens 32): the same k steps per output as its 128-token units, so
+// bit for bit equal to them (contiguous experts), paged = contiguous, and within the reference's tolerance;
+// at 1-40 tokens (one partial unit per expert), 200 and 700 (several per expert), one hot expert (11 units of
+// one expert at 700 tokens), padded pages, the engine's F = 128 (one scale group in the down stage), and off
+// the TMA rows (PagedMoe::config: the two-block kernel's 128-token tiles).
+template <class Precision>
+void check_small_units(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+  check_quant_case<Precision, QuantTmaSmallConfig>(store, tokens, seed, MoePath::kGrouped, hot_expert, 256);
+  const MoeShape shape = shape_of(store.spec, tokens);
+  const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
+  Runner<kernels::Contiguous, QuantTmaSmallConfig, Precision> small;
+  Runner<kernels::Contiguous, QuantTmaConfig, Precision> wide;
+  const auto out_small = small.run(r, shape, store.contiguous_args(), MoePath::kAuto, true, store.stride());
+  const auto out_wide = wide.run(r, shape, store.contiguous_args(), MoePath::kAuto, true, store.stride());
+  CHECK(decltype(small)::Moe::config(small.args).tile_tokens == 32);
+  CHECK(decltype(wide)::Moe::config(wide.args).tile_tokens == 128);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < out_small.size(); ++i) differ += out_small[i] != out_wide[i];
+  INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
+                       << " 32- against 128-token units: " << differ << " of " << out_small.size()
+                       << " differ");
+  CHECK(differ == 0);
+}
+
+TEST_CASE("quantized experts: the TMA kernel's 32-token units equal its 128-token units bit for bit",
+          "[gpu][small][quant][tma]") {
+  const QuantStore s8(kSmall, Bits::kInt8, 81), s4(kSmall, Bits::kInt4, 82);
+  for (int tokens : {1, 3, 16, 40, 200, 700}) {
+    check_small_units<kernels::Int8>(s8, tokens, 3100 + tokens);
+    check_small_units<kernels::Int4>(s4, tokens, 3200 + tokens);
+  }
+  check_small_units<kernels::Int8>(s8, 700, 83, 5);
+  check_small_units<kernels::Int4>(s4, 700, 84, 2);
+  const QuantStore r8(kSmall, Bits::kInt8, 85, 4096), r4(kSmall, Bits::kInt4, 86, 4096);
+  check_small_units<kernels::Int8>(r8, 300, 3300);
+  check_small_units<kernels::Int4>(r4, 300, 3400);
+  const QuantStore e8(kEngineSmall, Bits::kInt8, 87), e4(kEngineSmall, Bits::kInt4, 88);
+  for (int tokens : {5, 40}) {
+    check_small_units<kernels::Int8>(e8, tokens, 3500 + tokens);
+    check_small_units<kernels::Int4>(e4, tokens, 3600 + tokens);
+  }
+  // Off the TMA rows: the two-block kernel on 128-token tiles.
+  const QuantStore p8(kSmall, Bits::kInt8, 89, 48);
+  check_quant_case<kernels::Int8, QuantTmaSmallConfig>(p8, 40, 3700, MoePath::kGrouped, -1, 128);
+  Runner<kernels::Paged, QuantTmaSmallConfig, kernels::Int8> off;
+  off.run(make_routing(kSmall, 40, 3700, -1), shape_of(kSmall, 40), p8.paged_args(), MoePath::kAuto, true,
+          p8.stride());
+  CHECK(decltype(off)::Moe::config(off.args).tile_tokens == 128);
+}
+
+TEST_CASE("quantized experts: the TMA kernel's 32-token units on model shapes", "[gpu][models][quant][tma]") {
+  for (const ModelSpec& m : {kQwen15, kQwen3}) {
+    const QuantStore s8(m, Bits::kInt8, 91), s4(m, Bits::kInt4, 92);
+    for (int tokens : {16, 64}) {
+      check_small_units<kernels::Int8>(s8, tokens, 3800 + tokens);
+      check_small_units<kernels::Int4>(s4, tokens, 3900 + tokens);
+    }
+  }
+}
+
 // The grouped stages on a bf16 copy (MoeConfig::grouped_dequant): the routed experts dequantised into the
 // workspace, then the bf16 TMA grouped GEMM. Paged and contiguous read the same copy (bit for bit); against
 // the reference at tile edges, with a hot expert, unrouted experts (3 tokens: most experts skipped) and
@@ -606,6 +666,27 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   CHECK(Moe4Narrow::can_implement(b).field == "config.grouped_rows");
   using MoeBf16Dequant = PagedMoe<kernels::Contiguous, DequantRows<256>, kernels::Bf16>;
   CHECK(MoeBf16Dequant::can_implement(b).field == "config.grouped_dequant");
+  // 32-token grouped tiles: quantized experts on the TMA kernel's 256-row blocks only.
+  {
+    struct Tile32Rows128 : QuantTmaSmallConfig {
+      static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
+        return kernels::with_grouped_tile(kernels::DefaultMoeConfig::select(s, MoePath::kGrouped), 32);
+      }
+      static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p, Bits bits) {
+        kernels::MoeConfig c = QuantTmaSmallConfig::select_quantized(s, p, bits);
+        c.grouped_rows = 128;
+        return c;
+      }
+    };
+    CHECK(PagedMoe<kernels::Contiguous, QuantTmaSmallConfig, kernels::Int4>::can_implement(b).ok);
+    CHECK(PagedMoe<kernels::Contiguous, QuantTmaSmallConfig, kernels::Int4>::config(b).tile_tokens == 32);
+    CHECK(PagedMoe<kernels::Contiguous, Tile32Rows128, kernels::Int4>::can_implement(b).field ==
+          "config.grouped_rows");
+    const kernels::Status bf16_32 =
+        PagedMoe<kernels::Contiguous, Tile32Rows128, kernels::Bf16>::can_implement(b);
+    CHECK(bf16_32.field == "config.tile_tokens");
+    CHECK_THAT(bf16_32.message, Catch::Contains("quantized experts only"));
+  }
   // decode_down_warps: the down tile must be instantiated (DownWarpsConfig's DecodeTiles lists it; the
   // default's do not) and the path the decode one.
   b.shape.num_tokens = 4;

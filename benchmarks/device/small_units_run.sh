@@ -5,7 +5,7 @@
 # int4) and the 32-token units at every size (int8-tma32, int4-tma32) in the same processes, one process per
 # seed, then compare.py on each pair.
 #   BIN=.gpu OUT=$OUT [SEEDS=3] [MODELS=qwen15_shared,qwen3,mixtral] [TOKENS=8,16,33,64,128,256]
-#   [CONFIGS=int8,int4,int8-tma32,int4-tma32] [TESTS=1] bash benchmarks/device/small_units_run.sh
+#   [CONFIGS=int8,int4,int8-tma32,int4-tma32] [TESTS=1] [TEST_FILTER=catch2 filter] bash benchmarks/device/small_units_run.sh
 # Writes $OUT/small_units.tgz: tests.txt, units_<s>.json / .txt and small_units.md.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding paged_moe_bench and quant_moe_device_test}"
@@ -16,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 configs=${CONFIGS:-int8,int4,int8-tma32,int4-tma32}
 status=0
 if [[ "${TESTS:-1}" == 1 ]]; then
-  timeout 300 "$BIN/quant_moe_device_test" "*32-token units*,*TMA grouped GEMM*,*can_implement*" \
+  timeout 300 "$BIN/quant_moe_device_test" "${TEST_FILTER:-[small],*32-token units on model shapes*,*TMA grouped GEMM on model shapes*}" \
     >"$OUT/tests.txt" 2>&1
   rc=$?
   echo "quant_moe_device_test rc=$rc: $(tail -n 3 "$OUT/tests.txt" | tr '\n' ' ')"

@@ -290,6 +290,13 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         wgmma::fence_proxy_async();
         read_step(kt + 1, s1);
         dequant_half(H0{});
+      } else {
+        // The last step's half 1 inside the loop: waited for after the loop alone, ptxas (CUDA 13.0) moved
+        // the 32-token epilogue's accumulator reads above that wait (a race: the layer lost the last half
+        // step's sums whenever they landed late).
+        wgmma::wait<0>();
+        wgmma::pin(acc[0]);
+        wgmma::pin(acc[1]);
       }
     }
     wgmma::wait<0>();

@@ -215,8 +215,10 @@ struct DefaultMoeConfig {
   static constexpr int kQuantSharedDecodeTokens = 128;  // ... and shared chunks (every token) this many
   static constexpr int kGroupedTile = 128;
   static constexpr int kSmallGroupedTile = 64;   // bf16 grouped tiles while the expected batch fits this
-  static constexpr int kQuantTmaSmallTile = 32;  // quantized TMA kernel's small-batch units (tokens)
-  static constexpr int kTmaRows = 256;           // bf16 grouped blocks beyond: the TMA kernel's width
+  static constexpr int kQuantTmaSmallTile = 32;  // quantized TMA kernel's small-batch units (tokens): ...
+  static constexpr double kQuantTmaSmallMeanBatch = 14.0;     // ... kAuto's choice from this mean batch ...
+  static constexpr double kQuantTmaSmallMaxMeanBatch = 36.0;  // ... the grouped path's up to this one
+  static constexpr int kTmaRows = 256;                 // bf16 grouped blocks beyond: the TMA kernel's width
   static constexpr int kDeepSmallIntermediate = 8192;  // 64-token tiles on 8 stages from this F on ...
   static constexpr double kDeepSmallMeanBatch = 2.0;   // ... and this mean routed batch on
   // bf16 decode on 8-token tiles: the down blocks preload their W2 rows into shared memory while gate/up
@@ -332,15 +334,21 @@ struct DefaultMoeConfig {
   // shape satisfies (staged for int8 where the row says so), else 32-token tiles.
   static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested, quant::Bits bits) {
     MoePath path = requested;
+    const bool small_units = takes_small_tma_units(s);
     if (path == MoePath::kAuto) {
       const bool shared_fits = s.num_shared_chunks == 0 || s.num_tokens <= kQuantSharedDecodeTokens;
-      path = config_detail::fits(mean_batch(s), kQuantDecodeTile) && shared_fits ? MoePath::kDecode
-                                                                                 : MoePath::kGrouped;
+      const bool decode = config_detail::fits(mean_batch(s), kQuantDecodeTile) && shared_fits &&
+                          !(small_units && mean_batch(s) >= kQuantTmaSmallMeanBatch);
+      path = decode ? MoePath::kDecode : MoePath::kGrouped;
     }
     if (path != MoePath::kDecode) {
       MoeConfig c{path, kGroupedTile, 4, 1};
-      if (path == MoePath::kGrouped && takes_tma_rows(s))
+      if (path == MoePath::kGrouped && takes_tma_rows(s)) {
         c.grouped_rows = kTmaRows;  // the TMA kernel, weights dequantised in registers (bf16's rule)
+      } else if (path == MoePath::kGrouped && small_units) {
+        c.grouped_rows = kTmaRows;  // the same kernel on 32-token units
+        c.tile_tokens = kQuantTmaSmallTile;
+      }
       return c;
     }
     const bool int8 = bits == quant::Bits::kInt8;
@@ -373,6 +381,11 @@ struct DefaultMoeConfig {
   static constexpr bool takes_tma_rows(const MoeShape& s) {
     return !config_detail::fits(mean_batch(s), kSmallGroupedTile) && s.hidden % kTmaRows == 0;
   }
+  // Quantized experts' grouped path on the TMA kernel's 32-token units: a mean routed batch up to
+  // kQuantTmaSmallMaxMeanBatch (below the 128-token units' rule), H a multiple of 256.
+  static constexpr bool takes_small_tma_units(const MoeShape& s) {
+    return s.hidden % kTmaRows == 0 && mean_batch(s) <= kQuantTmaSmallMaxMeanBatch && !takes_tma_rows(s);
+  }
   // The shape conditions of a decode row: routed slots, the experts' width, the expected largest batch.
   static constexpr bool matches(const DecodeRow& r, const MoeShape& s) {
     const long long slots = static_cast<long long>(s.num_tokens) * s.top_k;
@@ -401,13 +414,43 @@ static_assert(DefaultMoeConfig::select_quantized({64, 2048, 1408, 60, 4, 4}, Moe
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
 static_assert(DefaultMoeConfig::select_quantized({64, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+static_assert(DefaultMoeConfig::select_quantized({160, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
 static_assert(DefaultMoeConfig::select_quantized({128, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
                                                  quant::Bits::kInt4) == MoeConfig{MoePath::kDecode, 8, 2, 1});
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+static_assert(DefaultMoeConfig::select_quantized({160, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1, 128, 128, 2});
+// kAuto: the TMA kernel's 32-token units from a mean routed batch of 14 up to 36 (Qwen3 at 256 tokens,
+// Qwen1.5 with its chunks at 256, Mixtral at 64 and 128), and where shared chunks end the decode path
+// (Qwen1.5 with its chunks past 128 tokens); the decode tiles below, the 128-token units past the bf16 rule.
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
+static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
+static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
+static_assert(DefaultMoeConfig::select_quantized({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
+static_assert(
+    DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto, quant::Bits::kInt4).path ==
+    MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1, 128, 256});
+static_assert(
+    DefaultMoeConfig::select_quantized({48, 4096, 14336, 8, 2, 0}, MoePath::kAuto, quant::Bits::kInt8).path ==
+    MoePath::kDecode);
+static_assert(DefaultMoeConfig::select_quantized({160, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({160, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
 // The down stage on its own warps (decode_down_warps): int4 on 6 at up to 4 routed slots, 8 on F <= 1024
 // (Qwen at 1 token), int4 and int8 on 2 past 16 and 64 slots on experts of F <= 1024 (Qwen3 from 3 and 16
 // tokens); none on Qwen1.5's F = 1408 past 4 slots, Qwen3 at 2 tokens, Mixtral, or 16-token tiles.
@@ -429,7 +472,7 @@ static_assert([] {
       {{64, 2048, 768, 128, 8, 0}, quant::Bits::kInt8, 2},
       {{16, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, 0},
       {{1, 4096, 14336, 8, 2, 0}, quant::Bits::kInt4, 0},
-      {{256, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, 0},
+      {{160, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, 0},
   };
   for (const Example& e : kDown) {
     const MoeConfig c = DefaultMoeConfig::select_quantized(e.shape, MoePath::kAuto, e.bits);
@@ -447,33 +490,30 @@ static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, Moe
 static_assert(DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kDecode, 16, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1, 128, 256});
-// The quantized grouped GEMM takes bf16's rule for the TMA kernel (256 rows where the mean routed batch
-// passes 64 tokens and H % 256 == 0): Qwen1.5 with its shared chunks at 256 tokens (mean batch 17) stays on
-// the two-block kernel, Mixtral at 256 (mean 64) does not.
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt8)
-                  .grouped_rows == 128);
+// The quantized grouped GEMM takes bf16's rule for the TMA kernel's 128-token units (256 rows where the
+// mean routed batch passes 64 tokens and H % 256 == 0: Mixtral at 256, mean 64), its 32-token units from a
+// mean of 12 below that; the two-block kernel where H is no multiple of 256.
 static_assert(DefaultMoeConfig::select_quantized({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8)
                   .grouped_rows == 256);
-// The last decoded and the first grouped sizes (int4): Qwen3 256 / 512 tokens, Mixtral 64 / 128, Qwen1.5
-// with its shared chunks 128 / 256, routed-only at 256 still decoded.
+static_assert(DefaultMoeConfig::select_quantized({256, 2176, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt8) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+// The last decoded and the first grouped sizes (int4): Qwen3 160 / 256 tokens, Mixtral 33 / 64, Qwen1.5
+// with its shared chunks 128 / 256 (shared chunks decode up to 128 tokens), routed-only 160 / 256.
 static_assert([] {
   struct Crossing {
     MoeShape shape;
     MoePath path;
   };
   constexpr Crossing kCrossings[] = {
-      {{256, 2048, 768, 128, 8, 0}, MoePath::kDecode}, {{512, 2048, 768, 128, 8, 0}, MoePath::kGrouped},
-      {{64, 4096, 14336, 8, 2, 0}, MoePath::kDecode},  {{128, 4096, 14336, 8, 2, 0}, MoePath::kGrouped},
+      {{160, 2048, 768, 128, 8, 0}, MoePath::kDecode}, {{256, 2048, 768, 128, 8, 0}, MoePath::kGrouped},
+      {{33, 4096, 14336, 8, 2, 0}, MoePath::kDecode},  {{64, 4096, 14336, 8, 2, 0}, MoePath::kGrouped},
       {{128, 2048, 1408, 60, 4, 4}, MoePath::kDecode}, {{256, 2048, 1408, 60, 4, 4}, MoePath::kGrouped},
-      {{256, 2048, 1408, 60, 4, 0}, MoePath::kDecode},
+      {{160, 2048, 1408, 60, 4, 0}, MoePath::kDecode}, {{256, 2048, 1408, 60, 4, 0}, MoePath::kGrouped},
   };
   for (const Crossing& c : kCrossings)
     if (DefaultMoeConfig::select_quantized(c.shape, MoePath::kAuto, quant::Bits::kInt4).path != c.path)
@@ -484,6 +524,9 @@ static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, M
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 32, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped,
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
+static_assert(DefaultMoeConfig::select_quantized({1, 2176, 768, 128, 8, 0}, MoePath::kGrouped,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
 // int8 layers are staged on every decode row: 4 k-steps in flight up to 8 routed slots (Mixtral at 1 and 3

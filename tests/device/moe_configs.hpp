@@ -37,6 +37,17 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
   }
 };
 
+// Quantized experts on the two-block grouped GEMM (128-row blocks dequantised in shared memory, 128-token
+// tiles) at every token count.
+struct QuantTwoBlockConfig : PathConfig<kernels::MoePath::kGrouped> {
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
+    c.grouped_rows = 128;
+    return kernels::with_grouped_tile(c, 128);
+  }
+};
+
 // Quantized experts on the TMA kernel's 32-token units (grouped_rows 256, tile_tokens 32) at every token
 // count (PagedMoe::config takes the two-block kernel's 128-token tiles where pages are off its rows).
 struct QuantTmaSmallConfig : PathConfig<kernels::MoePath::kGrouped> {

@@ -357,23 +357,28 @@ TEST_CASE("quantized experts: every default decode tile, whichever shapes the ta
 }
 
 TEST_CASE(
-    "quantized experts: the grouped GEMM at every token count, paged = contiguous, against the reference",
+    "quantized experts: the two-block grouped GEMM at every token count, paged = contiguous, against the "
+    "reference",
     "[gpu][small][quant]") {
   const QuantStore s8(kSmall, Bits::kInt8, 31), s4(kSmall, Bits::kInt4, 32);
   const QuantStore o8(kOddK, Bits::kInt8, 33), o4(kOddK, Bits::kInt4, 34);
   for (int tokens : {1, 3, 40, 200, 700}) {
-    check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, tokens, 900 + tokens, MoePath::kGrouped);
-    check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, tokens, 1000 + tokens, MoePath::kGrouped);
-    check_quant_case<kernels::Int8, QuantGroupedConfig>(o8, tokens, 1100 + tokens, MoePath::kGrouped);
-    check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, tokens, 1200 + tokens, MoePath::kGrouped);
+    check_quant_case<kernels::Int8, QuantTwoBlockConfig>(s8, tokens, 900 + tokens, MoePath::kGrouped, -1,
+                                                         128);
+    check_quant_case<kernels::Int4, QuantTwoBlockConfig>(s4, tokens, 1000 + tokens, MoePath::kGrouped, -1,
+                                                         128);
+    check_quant_case<kernels::Int8, QuantGroupedConfig>(o8, tokens, 1100 + tokens, MoePath::kGrouped, -1,
+                                                        128);
+    check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, tokens, 1200 + tokens, MoePath::kGrouped, -1,
+                                                        128);
   }
   // One hot expert with half of 700 tokens: three 128-token tiles of one expert.
-  check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 700, 13, MoePath::kGrouped, 5);
-  check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, 700, 14, MoePath::kGrouped, 2);
+  check_quant_case<kernels::Int8, QuantTwoBlockConfig>(s8, 700, 13, MoePath::kGrouped, 5, 128);
+  check_quant_case<kernels::Int4, QuantGroupedConfig>(o4, 700, 14, MoePath::kGrouped, 2, 128);
   // Pages padded past the packed matrix.
   const QuantStore p8(kSmall, Bits::kInt8, 35, 48), p4(kSmall, Bits::kInt4, 36, 4096);
-  check_quant_case<kernels::Int8, QuantGroupedConfig>(p8, 300, 1300, MoePath::kGrouped);
-  check_quant_case<kernels::Int4, QuantGroupedConfig>(p4, 300, 1400, MoePath::kGrouped);
+  check_quant_case<kernels::Int8, QuantTwoBlockConfig>(p8, 300, 1300, MoePath::kGrouped, -1, 128);
+  check_quant_case<kernels::Int4, QuantTwoBlockConfig>(p4, 300, 1400, MoePath::kGrouped, -1, 128);
 }
 
 TEST_CASE(

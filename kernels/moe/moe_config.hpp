@@ -217,7 +217,8 @@ struct DefaultMoeConfig {
   static constexpr int kSmallGroupedTile = 64;   // bf16 grouped tiles while the expected batch fits this
   static constexpr int kQuantTmaSmallTile = 32;  // quantized TMA kernel's small-batch units (tokens): ...
   static constexpr double kQuantTmaSmallMeanBatch = 14.0;     // ... kAuto's choice from this mean batch ...
-  static constexpr double kQuantTmaSmallMaxMeanBatch = 36.0;  // ... the grouped path's up to this one
+  static constexpr double kQuantTmaSmallMaxMeanBatch = 36.0;  // ... the grouped path's up to this one ...
+  static constexpr int kQuantTmaSmallSharedTokens = 256;      // ... and with shared chunks up to T tokens
   static constexpr int kTmaRows = 256;                 // bf16 grouped blocks beyond: the TMA kernel's width
   static constexpr int kDeepSmallIntermediate = 8192;  // 64-token tiles on 8 stages from this F on ...
   static constexpr double kDeepSmallMeanBatch = 2.0;   // ... and this mean routed batch on
@@ -277,7 +278,15 @@ struct DefaultMoeConfig {
   // Qwen3 128 / 256 tokens (where 16-token tiles ran), 0.940× at Qwen1.5 with its chunks at 128, 0.96× at 64
   // on both, 0.983× / 0.996× at 33 (Qwen1.5 / Qwen3); 1.012× at Qwen3 16 (128 slots), taken with the rest.
   // Two stages on the same tile were slower than none at every size, int8 on 2 warps with 2 or 3 stages
-  // 0.99–1.29× its table's time: not taken.
+  // 0.99–1.29× its table's time: not taken. Between the decode tiles and the 128-token units, the TMA
+  // kernel's 32-token units (tile_tokens = kQuantTmaSmallTile, wgmma n = 32): against the table before, 3
+  // processes (docs/results/quantized_h200.md, "32-token units on the quantized TMA kernel"), 0.67–0.93× at a
+  // mean routed batch of 16–32 on every model (Qwen3 256 tokens, Mixtral 64–128), 0.73–0.87× against the
+  // two-block kernel where Qwen1.5's shared chunks end the decode path (160–256 tokens, mean 10.7–17);
+  // 1.005–1.08× at a mean of 12 (Mixtral 48, Qwen3 192) and 1.06–1.07× at 40 (Mixtral 160): so kAuto takes
+  // them from a mean of kQuantTmaSmallMeanBatch = 14, and the grouped path up to kQuantTmaSmallMaxMeanBatch.
+  // Qwen1.5's shared chunks at 512 tokens (mean 34; 16 units per chunk) took 1.09–1.15× the two-block
+  // kernel's time while 256 took 0.80–0.86×: with shared chunks, up to kQuantTmaSmallSharedTokens.
   // clang-format off
   static constexpr DecodeRow kQuantDecodeRows[] = {
       // slots ≤  F from  F to     batch ≤ tile warps unroll prefetch stages: int8 int4 down: int8 int4
@@ -382,9 +391,11 @@ struct DefaultMoeConfig {
     return !config_detail::fits(mean_batch(s), kSmallGroupedTile) && s.hidden % kTmaRows == 0;
   }
   // Quantized experts' grouped path on the TMA kernel's 32-token units: a mean routed batch up to
-  // kQuantTmaSmallMaxMeanBatch (below the 128-token units' rule), H a multiple of 256.
+  // kQuantTmaSmallMaxMeanBatch (below the 128-token units' rule), shared chunks (every token, T / 32 units
+  // each re-reading the chunk) up to kQuantTmaSmallSharedTokens tokens, H a multiple of 256.
   static constexpr bool takes_small_tma_units(const MoeShape& s) {
-    return s.hidden % kTmaRows == 0 && mean_batch(s) <= kQuantTmaSmallMaxMeanBatch && !takes_tma_rows(s);
+    return s.hidden % kTmaRows == 0 && mean_batch(s) <= kQuantTmaSmallMaxMeanBatch && !takes_tma_rows(s) &&
+           (s.num_shared_chunks == 0 || s.num_tokens <= kQuantTmaSmallSharedTokens);
   }
   // The shape conditions of a decode row: routed slots, the experts' width, the expected largest batch.
   static constexpr bool matches(const DecodeRow& r, const MoeShape& s) {
@@ -449,6 +460,12 @@ static_assert(DefaultMoeConfig::select_quantized({160, 4096, 14336, 8, 2, 0}, Mo
                                                  quant::Bits::kInt8) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});
 static_assert(DefaultMoeConfig::select_quantized({160, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
+static_assert(DefaultMoeConfig::select_quantized({512, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4) ==
+              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+static_assert(DefaultMoeConfig::select_quantized({512, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
 // The down stage on its own warps (decode_down_warps): int4 on 6 at up to 4 routed slots, 8 on F <= 1024

@@ -33,7 +33,7 @@ struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
     c.grouped_rows = s.hidden % 256 == 0 ? 256 : 128;
-    return c;
+    return kernels::with_grouped_tile(c, 128);
   }
 };
 

@@ -157,12 +157,12 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
           CHECK(c.path == MoePath::kGrouped);
           // bf16's rule: the TMA kernel (256 rows) past a mean routed batch of 64 where H % 256 == 0; below
           // it, up to a mean of 36, the same kernel on 32-token units (grouped from a mean of 14, or where
-          // shared chunks end the decode path); the two-block kernel between and where H is no multiple
-          // of 256.
+          // shared chunks end the decode path; with shared chunks up to 256 tokens); the two-block kernel
+          // between and where H is no multiple of 256.
           const double mean = static_cast<double>(t) * s.top_k / s.num_experts;
           const bool fits64 = mean + 3.0 * std::sqrt(mean) + 1.0 <= 64.0;
           const bool tma = s.hidden % 256 == 0;
-          const bool small = tma && fits64 && mean <= 36.0;
+          const bool small = tma && fits64 && mean <= 36.0 && (m.shape.num_shared_chunks == 0 || t <= 256);
           CHECK(c.grouped_rows == (tma && (!fits64 || small) ? 256 : 128));
           CHECK(c.tile_tokens == (small ? 32 : 128));
           if (m.shape.num_shared_chunks == 0 && small) CHECK(mean >= 14.0);

@@ -10,10 +10,11 @@
 // sm_90 wgmma blocks of 128 weight rows on cp.async, or 256 on the persistent TMA kernel). Both are templates
 // over the addressing policy, so Paged and Contiguous run the same code. Precision (moe/precision.cuh): bf16
 // experts (the default), or int8 / int4 experts packed as moe/quant_layout.hpp says: the decode GEMV
-// dequantises in its main loop, the grouped GEMMs in registers (the TMA kernel, 256-row blocks) or in shared
-// memory (the two-block kernel, 128-row blocks) (sm_90 only: on other devices quantized layers stay on the
-// decode path, with 32-token tiles), or, with MoeConfig::grouped_dequant, once per call into a bf16 copy of
-// the routed experts in the workspace that the bf16 TMA grouped GEMM then reads (moe/dequant_experts.cuh).
+// dequantises in its main loop, the grouped GEMMs in registers (the TMA kernel, 256-row blocks, on units of
+// 128 or 32 tokens) or in shared memory (the two-block kernel, 128-row blocks) (sm_90 only: on other devices
+// quantized layers stay on the decode path, with 32-token tiles), or, with MoeConfig::grouped_dequant, once
+// per call into a bf16 copy of the routed experts in the workspace that the bf16 TMA grouped GEMM then reads
+// (moe/dequant_experts.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -437,7 +438,7 @@ class PagedMoe {
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
-  // grouped).
+  // grouped; 32 grouped for quantized experts on the TMA kernel's small-batch units).
   // Quantized experts: the configuration's quantized choice where it has one (quantized_moe_config), else
   // select()'s with kAuto read as kDecode and 128-row grouped blocks. On a device without wgmma (not sm_90)
   // run() replaces a quantized grouped choice by kQuantFallback.

@@ -391,10 +391,11 @@ struct DefaultMoeConfig {
     return !config_detail::fits(mean_batch(s), kSmallGroupedTile) && s.hidden % kTmaRows == 0;
   }
   // Quantized experts' grouped path on the TMA kernel's 32-token units: a mean routed batch up to
-  // kQuantTmaSmallMaxMeanBatch (below the 128-token units' rule), shared chunks (every token, T / 32 units
-  // each re-reading the chunk) up to kQuantTmaSmallSharedTokens tokens, H a multiple of 256.
+  // kQuantTmaSmallMaxMeanBatch (below the 128-token units' rule: checked after the class), shared chunks
+  // (every token, T / 32 units each re-reading the chunk) up to kQuantTmaSmallSharedTokens tokens, H a
+  // multiple of 256.
   static constexpr bool takes_small_tma_units(const MoeShape& s) {
-    return s.hidden % kTmaRows == 0 && mean_batch(s) <= kQuantTmaSmallMaxMeanBatch && !takes_tma_rows(s) &&
+    return s.hidden % kTmaRows == 0 && mean_batch(s) <= kQuantTmaSmallMaxMeanBatch &&
            (s.num_shared_chunks == 0 || s.num_tokens <= kQuantTmaSmallSharedTokens);
   }
   // The shape conditions of a decode row: routed slots, the experts' width, the expected largest batch.
@@ -405,6 +406,9 @@ struct DefaultMoeConfig {
   }
 };
 static_assert(moe_config<DefaultMoeConfig>);
+// The 32-token units end below the 128-token units' rule (takes_tma_rows): no shape meets both.
+static_assert(config_detail::fits(DefaultMoeConfig::kQuantTmaSmallMaxMeanBatch,
+                                  DefaultMoeConfig::kSmallGroupedTile));
 // A configuration that chooses its own tiles for quantized experts (PagedMoe asks it instead of select).
 template <class C>
 concept quantized_moe_config = requires(const MoeShape& s, MoePath requested, quant::Bits bits) {
@@ -432,42 +436,34 @@ static_assert(DefaultMoeConfig::select_quantized({128, 2048, 1408, 60, 4, 4}, Mo
 static_assert(DefaultMoeConfig::select_quantized({160, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8) ==
               MoeConfig{MoePath::kDecode, 16, 4, 1, 128, 128, 2});
-// kAuto: the TMA kernel's 32-token units from a mean routed batch of 14 up to 36 (Qwen3 at 256 tokens,
-// Qwen1.5 with its chunks at 256, Mixtral at 64 and 128), and where shared chunks end the decode path
-// (Qwen1.5 with its chunks past 128 tokens); the decode tiles below, the 128-token units past the bf16 rule.
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
-static_assert(DefaultMoeConfig::select_quantized({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
-static_assert(DefaultMoeConfig::select_quantized({64, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
-static_assert(DefaultMoeConfig::select_quantized({128, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
-static_assert(
-    DefaultMoeConfig::select_quantized({33, 4096, 14336, 8, 2, 0}, MoePath::kAuto, quant::Bits::kInt4).path ==
-    MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1, 128, 256});
-static_assert(
-    DefaultMoeConfig::select_quantized({48, 4096, 14336, 8, 2, 0}, MoePath::kAuto, quant::Bits::kInt8).path ==
-    MoePath::kDecode);
-static_assert(DefaultMoeConfig::select_quantized({160, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({160, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
-static_assert(DefaultMoeConfig::select_quantized({512, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1});
-static_assert(DefaultMoeConfig::select_quantized({512, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kGrouped, 32, 4, 1, 128, 256});
+// kAuto: the TMA kernel's 32-token units from a mean routed batch of 14 up to 36 (Qwen3 at 256 and 512
+// tokens, Qwen1.5 with its chunks at 256, Mixtral at 64 and 128), and where shared chunks end the decode
+// path (Qwen1.5 with its chunks past 128 tokens) up to 256 tokens; the decode tiles below (Mixtral at 48,
+// mean 12; at 33 below), the two-block kernel from 36 (Mixtral 160, mean 40; Qwen1.5 with its chunks
+// at 512), the 128-token units past the bf16 rule (Mixtral 256).
+static_assert([] {
+  struct Example {
+    MoeShape shape;  // T, H, F, E, k, m
+    quant::Bits bits;
+    MoeConfig expected;
+  };
+  constexpr MoeConfig kUnits32{MoePath::kGrouped, 32, 4, 1, 128, 256};
+  constexpr Example kExamples[] = {
+      {{256, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, kUnits32},
+      {{512, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, kUnits32},
+      {{256, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, kUnits32},
+      {{160, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, kUnits32},
+      {{64, 4096, 14336, 8, 2, 0}, quant::Bits::kInt8, kUnits32},
+      {{128, 4096, 14336, 8, 2, 0}, quant::Bits::kInt4, kUnits32},
+      {{48, 4096, 14336, 8, 2, 0}, quant::Bits::kInt8, {MoePath::kDecode, 16, 4, 1, 128, 128, 2}},
+      {{160, 4096, 14336, 8, 2, 0}, quant::Bits::kInt8, {MoePath::kGrouped, 128, 4, 1}},
+      {{512, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, {MoePath::kGrouped, 128, 4, 1}},
+      {{256, 4096, 14336, 8, 2, 0}, quant::Bits::kInt4, {MoePath::kGrouped, 128, 4, 1, 128, 256}},
+  };
+  for (const Example& e : kExamples)
+    if (DefaultMoeConfig::select_quantized(e.shape, MoePath::kAuto, e.bits) != e.expected) return false;
+  return true;
+}());
 // The down stage on its own warps (decode_down_warps): int4 on 6 at up to 4 routed slots, 8 on F <= 1024
 // (Qwen at 1 token), int4 and int8 on 2 past 16 and 64 slots on experts of F <= 1024 (Qwen3 from 3 and 16
 // tokens); none on Qwen1.5's F = 1408 past 4 slots, Qwen3 at 2 tokens, Mixtral, or 16-token tiles.
@@ -511,11 +507,8 @@ static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, M
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1, 128, 256});
 // The quantized grouped GEMM takes bf16's rule for the TMA kernel's 128-token units (256 rows where the
-// mean routed batch passes 64 tokens and H % 256 == 0: Mixtral at 256, mean 64), its 32-token units from a
-// mean of 12 below that; the two-block kernel where H is no multiple of 256.
-static_assert(DefaultMoeConfig::select_quantized({256, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt8)
-                  .grouped_rows == 256);
+// mean routed batch passes 64 tokens and H % 256 == 0: Mixtral at 256, mean 64, above), its 32-token units
+// up to a mean of 36 (kAuto from 14); the two-block kernel where H is no multiple of 256.
 static_assert(DefaultMoeConfig::select_quantized({256, 2176, 1408, 60, 4, 4}, MoePath::kAuto,
                                                  quant::Bits::kInt8) ==
               MoeConfig{MoePath::kGrouped, 128, 4, 1});

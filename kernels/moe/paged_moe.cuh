@@ -449,7 +449,7 @@ class PagedMoe {
       // rows the two-block kernel runs, on its 128-token tiles.
       if (uses_tma(c) && !c.grouped_dequant && !tma_fits(a)) {
         c.grouped_rows = grouped::kBlockN;
-        if (c.tile_tokens == grouped::kTmaSmallTokens) c = with_grouped_tile(c, grouped::kBlockM);
+        c = with_grouped_tile(c, grouped::kBlockM);
       }
       return c;
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks

@@ -25,39 +25,25 @@ struct PathConfig {
 };
 using QuantGroupedConfig = PathConfig<kernels::MoePath::kGrouped>;
 
-// Quantized experts on the grouped GEMM at every token count, on the TMA kernel's 256-row blocks where H
-// allows (H % 256 == 0; PagedMoe::config falls back to 128 where pages are off its rows) and the two-block
-// kernel's 128 elsewhere.
-struct QuantTmaConfig : PathConfig<kernels::MoePath::kGrouped> {
+// Quantized experts on the grouped GEMM at every token count, held to blocks of kRows weight rows (0: the
+// TMA kernel's 256 where H % 256 == 0, the two-block kernel's 128 elsewhere) and kTokens-token tiles.
+// PagedMoe::config falls back to the two-block kernel's 128 rows and tokens where pages are off the TMA
+// kernel's rows.
+template <int kRows, int kTokens>
+struct QuantGroupedBlocks : PathConfig<kernels::MoePath::kGrouped> {
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath,
                                                        kernels::quant::Bits bits) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
-    c.grouped_rows = s.hidden % 256 == 0 ? 256 : 128;
-    return kernels::with_grouped_tile(c, 128);
+    c.grouped_rows = kRows != 0 ? kRows : s.hidden % 256 == 0 ? 256 : 128;
+    return kernels::with_grouped_tile(c, kTokens);
   }
 };
-
-// Quantized experts on the two-block grouped GEMM (128-row blocks dequantised in shared memory, 128-token
-// tiles) at every token count.
-struct QuantTwoBlockConfig : PathConfig<kernels::MoePath::kGrouped> {
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
-    c.grouped_rows = 128;
-    return kernels::with_grouped_tile(c, 128);
-  }
-};
-
-// Quantized experts on the TMA kernel's 32-token units (grouped_rows 256, tile_tokens 32) at every token
-// count (PagedMoe::config takes the two-block kernel's 128-token tiles where pages are off its rows).
-struct QuantTmaSmallConfig : PathConfig<kernels::MoePath::kGrouped> {
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kernels::MoePath::kGrouped, bits);
-    c.grouped_rows = 256;
-    return kernels::with_grouped_tile(c, kernels::DefaultMoeConfig::kQuantTmaSmallTile);
-  }
-};
+// The TMA kernel's 128-token units where H allows.
+using QuantTmaConfig = QuantGroupedBlocks<0, 128>;
+// The two-block grouped GEMM (128-row blocks dequantised in shared memory, 128-token tiles).
+using QuantTwoBlockConfig = QuantGroupedBlocks<128, 128>;
+// The TMA kernel's 32-token units (tile_tokens 32).
+using QuantTmaSmallConfig = QuantGroupedBlocks<256, kernels::DefaultMoeConfig::kQuantTmaSmallTile>;
 
 // The default table with the down stage of every quantized decode call on 8-token tiles split over kWarps
 // warps (MoeConfig::decode_down_warps; gate/up keeps the row's warps); 0: over the row's warps (the table

@@ -184,9 +184,10 @@ constexpr double kAbs = 4e-2, kRel = 1e-2;
 // One layer call through Paged and Contiguous on `expected`'s path, checked against each other and the double
 // reference. expected_rows: the grouped blocks' weight rows the configuration must resolve to (0: not
 // checked).
+// Returns the contiguous layer's output.
 template <class Precision, class Config = kernels::DefaultMoeConfig>
-void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, MoePath expected,
-                      int hot_expert = -1, int expected_rows = 0) {
+std::vector<std::uint16_t> check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed,
+                                            MoePath expected, int hot_expert = -1, int expected_rows = 0) {
   const MoeShape shape = shape_of(store.spec, tokens);
   const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
   const long long stride = store.stride();
@@ -217,6 +218,7 @@ void check_quant_case(const QuantStore& store, int tokens, std::uint64_t seed, M
   CHECK(nonfinite == 0);
   CHECK(rel <= 1e-2);
   CHECK(worst <= 1.0);
+  return out_c;
 }
 
 constexpr ModelSpec kSmall{"small E8 k2 m1 H256 F256", 8, 2, 256, 256, 1};
@@ -409,6 +411,16 @@ TEST_CASE(
   check_quant_case<kernels::Int8, QuantTmaConfig>(p8, 300, 1900, MoePath::kGrouped, -1, 128);
 }
 
+// The tokens per work tile PagedMoe<Addressing, Config, Precision> takes for a layer of `shape` on experts
+// `stride` bytes apart.
+template <class Addressing, class Config, class Precision>
+int tile_tokens_of(const MoeShape& shape, long long stride) {
+  typename PagedMoe<Addressing, Config, Precision>::Arguments a{};
+  a.shape = shape;
+  a.matrix_stride_bytes = stride;
+  return PagedMoe<Addressing, Config, Precision>::config(a).tile_tokens;
+}
+
 // The TMA kernel's 32-token units (tile_tokens 32): the same k steps per output as its 128-token units, so
 // bit for bit equal to them (contiguous experts), paged = contiguous, and within the reference's tolerance;
 // at 1-40 tokens (one partial unit per expert), 200 and 700 (several per expert), one hot expert (11 units of
@@ -416,14 +428,13 @@ TEST_CASE(
 // the TMA rows (PagedMoe::config: the two-block kernel's 128-token tiles).
 template <class Precision>
 void check_small_units(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  check_quant_case<Precision, QuantTmaSmallConfig>(store, tokens, seed, MoePath::kGrouped, hot_expert, 256);
+  const auto out_small = check_quant_case<Precision, QuantTmaSmallConfig>(store, tokens, seed,
+                                                                          MoePath::kGrouped, hot_expert, 256);
   const MoeShape shape = shape_of(store.spec, tokens);
-  const RoutingSet r = make_routing(store.spec, tokens, seed, hot_expert);
-  Runner<kernels::Contiguous, QuantTmaSmallConfig, Precision> small;
   Runner<kernels::Contiguous, QuantTmaConfig, Precision> wide;
-  const auto out_small = small.run(r, shape, store.contiguous_args(), MoePath::kAuto, true, store.stride());
-  const auto out_wide = wide.run(r, shape, store.contiguous_args(), MoePath::kAuto, true, store.stride());
-  CHECK(decltype(small)::Moe::config(small.args).tile_tokens == 32);
+  const auto out_wide = wide.run(make_routing(store.spec, tokens, seed, hot_expert), shape,
+                                 store.contiguous_args(), MoePath::kAuto, true, store.stride());
+  CHECK(tile_tokens_of<kernels::Contiguous, QuantTmaSmallConfig, Precision>(shape, store.stride()) == 32);
   CHECK(decltype(wide)::Moe::config(wide.args).tile_tokens == 128);
   std::size_t differ = 0;
   for (std::size_t i = 0; i < out_small.size(); ++i) differ += out_small[i] != out_wide[i];
@@ -453,10 +464,8 @@ TEST_CASE("quantized experts: the TMA kernel's 32-token units equal its 128-toke
   // Off the TMA rows: the two-block kernel on 128-token tiles.
   const QuantStore p8(kSmall, Bits::kInt8, 89, 48);
   check_quant_case<kernels::Int8, QuantTmaSmallConfig>(p8, 40, 3700, MoePath::kGrouped, -1, 128);
-  Runner<kernels::Paged, QuantTmaSmallConfig, kernels::Int8> off;
-  off.run(make_routing(kSmall, 40, 3700, -1), shape_of(kSmall, 40), p8.paged_args(), MoePath::kAuto, true,
-          p8.stride());
-  CHECK(decltype(off)::Moe::config(off.args).tile_tokens == 128);
+  CHECK(tile_tokens_of<kernels::Paged, QuantTmaSmallConfig, kernels::Int8>(shape_of(kSmall, 40),
+                                                                           p8.stride()) == 128);
 }
 
 TEST_CASE("quantized experts: the TMA kernel's 32-token units on model shapes", "[gpu][models][quant][tma]") {
@@ -673,14 +682,9 @@ TEST_CASE("quantized experts: can_implement names the rule", "[gpu][small][quant
   CHECK(MoeBf16Dequant::can_implement(b).field == "config.grouped_dequant");
   // 32-token grouped tiles: quantized experts on the TMA kernel's 256-row blocks only.
   {
-    struct Tile32Rows128 : QuantTmaSmallConfig {
+    struct Tile32Rows128 : QuantGroupedBlocks<128, 32> {  // bf16 experts too, on 32-token grouped tiles
       static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
         return kernels::with_grouped_tile(kernels::DefaultMoeConfig::select(s, MoePath::kGrouped), 32);
-      }
-      static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath p, Bits bits) {
-        kernels::MoeConfig c = QuantTmaSmallConfig::select_quantized(s, p, bits);
-        c.grouped_rows = 128;
-        return c;
       }
     };
     CHECK(PagedMoe<kernels::Contiguous, QuantTmaSmallConfig, kernels::Int4>::can_implement(b).ok);

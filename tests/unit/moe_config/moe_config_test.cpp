@@ -162,10 +162,13 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
           const double mean = static_cast<double>(t) * s.top_k / s.num_experts;
           const bool fits64 = mean + 3.0 * std::sqrt(mean) + 1.0 <= 64.0;
           const bool tma = s.hidden % 256 == 0;
-          const bool small = tma && fits64 && mean <= 36.0 && (m.shape.num_shared_chunks == 0 || t <= 256);
+          const bool small =
+              tma && fits64 && mean <= DefaultMoeConfig::kQuantTmaSmallMaxMeanBatch &&
+              (m.shape.num_shared_chunks == 0 || t <= DefaultMoeConfig::kQuantTmaSmallSharedTokens);
           CHECK(c.grouped_rows == (tma && (!fits64 || small) ? 256 : 128));
-          CHECK(c.tile_tokens == (small ? 32 : 128));
-          if (m.shape.num_shared_chunks == 0 && small) CHECK(mean >= 14.0);
+          CHECK(c.tile_tokens == (small ? DefaultMoeConfig::kQuantTmaSmallTile : 128));
+          if (m.shape.num_shared_chunks == 0 && small)
+            CHECK(mean >= DefaultMoeConfig::kQuantTmaSmallMeanBatch);
           grouped_seen = true;
         }
       }

@@ -525,16 +525,16 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
 }
 
 // The start of a TMA kernel's block: thread 0 initialises the stages' mbarriers (full: the producer
-// warpgroup's 128 cp.async arrivals + the TMA thread's; empty: the kConsumerThreads consumer threads, 256 or
-// the quantized small-batch kernel's 512) and prefetches the tensor maps; then programmatic dependent launch
-// (wait for the layer's previous kernels, let the next one's blocks launch).
-template <int kStages, int kConsumerThreads = 256, class Addressing>
+// warpgroup's 128 cp.async arrivals + the TMA thread's; empty: the 256 consumer threads) and prefetches the
+// tensor maps; then programmatic dependent launch (wait for the layer's previous kernels, let the next one's
+// blocks launch).
+template <int kStages, class Addressing>
 __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp, std::uint64_t* full,
                                                 std::uint64_t* empty) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::mbarrier_init(&full[s], 128 + 1);
-      tma::mbarrier_init(&empty[s], kConsumerThreads);
+      tma::mbarrier_init(&empty[s], 256);
     }
     tma::fence_barrier_init();
     tma::prefetch_map(&tp.maps[0]);

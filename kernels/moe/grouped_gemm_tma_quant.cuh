@@ -21,15 +21,11 @@
 // Scales: each thread loads its 4 rows' bf16 scale of the next 128-k group one group ahead (two k-steps),
 // straight from the page (scale slab after the weights, moe/quant_layout.hpp).
 // Small batches (kTokens = kTmaSmallTokens, 32): units of 32 tokens × 256 weight rows, n = 32, eight stages
-// of 4 KiB of token rows and 8 / 16 KiB of packed weights, and four consumer warpgroups of one 64-row m-tile
-// each (gate/up: a warp's rows g and g + 8 are W1 and W3 of one feature), so that twice the threads share the
-// dequantisation. Where an expert's routed batch is a few dozen
+// of 4 KiB of token rows and 8 / 16 KiB of packed weights. Where an expert's routed batch is a few dozen
 // tokens (decode sizes) the 128-token units multiply mostly zero rows: n = 128 costs the tensor cores four
 // times the work of n = 32 for the same weights, and every weight is still dequantised once per unit. The
 // same k steps per output in the same order as the 128-token units: bit-identical to them.
 #pragma once
-
-#include <algorithm>
 
 #include "moe/grouped_gemm_sm90.cuh"
 #include "moe/k_permutation.hpp"
@@ -111,21 +107,6 @@ struct TmaQuant {
   static constexpr int kStagingPitch = kBlockN + 8;    // bf16 per staged token row (+8: no bank conflicts)
   static constexpr int kStagingElems = kTokens * kStagingPitch;  // per consumer warpgroup
   static constexpr int kAcc = kTokens / 2;  // fp32 accumulators per thread and m-tile (m64 × n = kTokens)
-  // Consumer warpgroups: two on 128-token units (two 64-row m-tiles each), four on 32-token units (one m-tile
-  // each: twice the threads dequantising, the work that bounds the small units). The epilogue's staging rows
-  // are two groups (64 features of gate/up, 128 rows of down) of kConsumers / 2 warpgroups each.
-  static constexpr int kConsumers = kTokens == kBlockM ? 2 : 4;
-  static constexpr int kMTiles = 4 / kConsumers;  // 64-row m-tiles per consumer warpgroup
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kGroupThreads = 64 * kConsumers;  // consumer threads sharing one staging group
-  // Registers: __launch_bounds__(kThreads, 1) lets ptxas allocate kLaunchRegs per thread, which setmaxnreg
-  // needs; the producer gives back down to kTmaProducerRegs and the consumers take what that frees.
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kConsumerRegs = std::min(
-      kTmaConsumerRegs, (kLaunchRegs * kThreads - kTmaProducerRegs * 128) / (128 * kConsumers) / 8 * 8);
-  static_assert(kTmaProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
-                "the consumers take no more registers than the producer gives back");
-  static_assert(kTokens * 8 % kGroupThreads == 0, "the epilogue's 16-byte chunks spread evenly");
   static constexpr int kSmemBytes =
       kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
   static_assert(kSmemBytes <= ptx::kMaxBlockSmemBytes, "the quantized TMA block must fit one SM");
@@ -165,7 +146,7 @@ struct PackedRow {
 };
 
 template <class Addressing, Stage kStage, class Precision, int kTokens = kBlockM>
-__global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
+__global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_quant_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   using Q = TmaQuant<Precision, kTokens>;
   const MoeParams<Addressing>& p = tp.moe;
@@ -173,13 +154,13 @@ __global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][kTokens][64] token rows
   unsigned char* smem_b =
       reinterpret_cast<unsigned char*>(smem_a + Q::kStages * Q::kATile);      // [stages][256][kStep]
-  bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [group][kTokens][pitch]
+  bf16* staging = reinterpret_cast<bf16*>(smem_b + Q::kStages * Q::kBBytes);  // [2][kTokens][pitch]
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * Q::kStagingElems);
   std::uint64_t* empty = full + Q::kStages;
   int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
   int* next_unit = stage_unit + Q::kStages;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  start_tma_block<Q::kStages, 128 * Q::kConsumers>(tp, full, empty);
+  start_tma_block<Q::kStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const quant::MatrixLayout layout =
@@ -197,59 +178,49 @@ __global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
   }
 
   // Consumers.
-  tma::claim_registers<Q::kConsumerRegs>();
-  constexpr int kMT = Q::kMTiles;
+  tma::claim_registers<kTmaConsumerRegs>();
   const int cw = wg - 1, warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-  // This warpgroup's staging group and its thread index there.
-  const int group = cw / (Q::kConsumers / 2), tg = t + 128 * (cw % (Q::kConsumers / 2));
-  bf16* stage_out = staging + group * Q::kStagingElems;
-  // This thread's packed rows in a stage, [m-tile][row g, row g + 8 of its warp's 16]. Two m-tiles: gate/up
-  // m-tile 0 is 64 W1 rows, m-tile 1 the same 64 features' W3 rows; down: 128 consecutive W2 rows. One
-  // m-tile: a warp's rows g and g + 8 are W1 and W3 of one feature (8 features a warp); down: 64 W2 rows.
-  int srow[kMT][2];
+  bf16* stage_out = staging + cw * Q::kStagingElems;
+  // This thread's packed rows in a stage, [m-tile][row g, row g + 8], and their rows in their matrices.
+  int srow[2][2];
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (kMT == 2)
-        srow[mt][h] = (kGateUp ? kBlockN * mt + 64 * cw : 128 * cw + 64 * mt) + 16 * warp + g + 8 * h;
-      else
-        srow[mt][h] = kGateUp ? kBlockN * h + 32 * cw + 8 * warp + g : 64 * cw + 16 * warp + g + 8 * h;
-    }
+    for (int h = 0; h < 2; ++h)
+      srow[mt][h] = (kGateUp ? kBlockN * mt + 64 * cw : 128 * cw + 64 * mt) + 16 * warp + g + 8 * h;
   const int groups = static_cast<int>(layout.groups_per_row());
   int it = 0;
   for (;;) {
     WorkTile tile;
     int pair;
     if (!take_unit<Q::kStages>(p, full, stage_unit, it, pairs, tile, pair)) break;
-    // The rows' scales (row n of matrix j: its G scales contiguous after the weights; gate/up: W1's rows
-    // are the stage's first kBlockN, W3's the next).
-    const std::uint16_t* scales[kMT][2];
+    // The 4 rows' scales (row n of matrix j: its G scales contiguous after the weights).
+    const std::uint16_t* scales[2][2];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int j = kGateUp ? srow[mt][h] / kBlockN : 2;
-        const int n =
-            kGateUp ? pair * 2 * kGateUpFeatures + srow[mt][h] % kBlockN : pair * 2 * kBlockN + srow[mt][h];
+        const int j = kGateUp ? mt : 2;
+        const int n = kGateUp ? pair * 2 * kGateUpFeatures + 64 * cw + 16 * warp + g + 8 * h
+                              : pair * 2 * kBlockN + srow[mt][h];
         scales[mt][h] = reinterpret_cast<const std::uint16_t*>(
             reinterpret_cast<const unsigned char*>(tile_matrix(tile, j)) + layout.scale_offset() +
             2 * static_cast<std::int64_t>(n) * groups);
       }
-    std::uint16_t next_scale[kMT][2];
+    std::uint16_t next_scale[2][2];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) next_scale[mt][h] = __ldg(scales[mt][h]);
-    __nv_bfloat162 scale[kMT][2];
+    __nv_bfloat162 scale[2][2];
 
-    float acc[kMT][Q::kAcc];
+    float acc[2][Q::kAcc];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int i = 0; i < Q::kAcc; ++i) acc[mt][i] = 0.f;
-    PackedRow<Precision> raw[kMT][2];
-    std::uint32_t frag[2][kMT][2][4];  // [half][m-tile][sub-step in half][a0..a3]
+    PackedRow<Precision> raw[2][2];
+    std::uint32_t frag[2][2][2][4];  // [half][m-tile][sub-step in half][a0..a3]
 
     // The packed rows of step kt (its stage waited for) into raw; a new group's scales into scale, the next
     // group's loads issued.
@@ -257,7 +228,7 @@ __global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
       if (kt % 2 == 0) {  // a 64-k step lies in one 128-k group; even steps start one
         const int group = kt / 2;
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             scale[mt][h] = __bfloat162bfloat162(__ushort_as_bfloat16(next_scale[mt][h]));
@@ -266,14 +237,14 @@ __global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
       }
       const std::uint32_t base = ptx::smem_u32(smem_b + s * Q::kBBytes) + q * (Q::kStep / 4);
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) raw[mt][h].load(base + srow[mt][h] * Q::kStep);
     };
     auto dequant_half = [&](auto half_c) {
       constexpr int kHalf = decltype(half_c)::value;
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int ss = 0; ss < 2; ++ss) {
           std::uint32_t(&a)[4] = frag[kHalf][mt][ss];
@@ -281,25 +252,17 @@ __global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
           raw[mt][1].pairs(2 * kHalf + ss, scale[mt][1], a[1], a[3]);  // row g + 8
         }
     };
-    auto pin_acc = [&] {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) wgmma::pin(acc[mt]);
-    };
-    auto pin_frag = [&](auto half_c) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-        wgmma::pin(frag[decltype(half_c)::value][mt][0]), wgmma::pin(frag[decltype(half_c)::value][mt][1]);
-    };
     auto issue_half = [&](auto half_c, int s) {
       constexpr int kHalf = decltype(half_c)::value;
       const std::uint32_t sb = ptx::smem_u32(smem_a + s * Q::kATile);
-      pin_acc();
+      wgmma::pin(acc[0]);
+      wgmma::pin(acc[1]);
       wgmma::fence();
 #pragma unroll
       for (int ss = 0; ss < 2; ++ss) {
         const std::uint64_t desc = wgmma::descriptor(sb + (2 * kHalf + ss) * 32);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) wgmma::mma_rs<kTokens>(acc[mt], frag[kHalf][mt][ss], desc);
+        wgmma::mma_rs<kTokens>(acc[0], frag[kHalf][0][ss], desc);
+        wgmma::mma_rs<kTokens>(acc[1], frag[kHalf][1][ss], desc);
       }
       wgmma::commit();
     };
@@ -313,12 +276,14 @@ __global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
       const int s = it % Q::kStages;
       issue_half(H0{}, s);
       wgmma::wait<1>();  // half 1 of step kt − 1 has finished: its fragments and its stage are free
-      pin_frag(H1{});
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin(frag[1][mt][0]), wgmma::pin(frag[1][mt][1]);
       if (kt > 0) tma::arrive(&empty[(it - 1) % Q::kStages]);
       dequant_half(H1{});
       issue_half(H1{}, s);
       wgmma::wait<1>();  // half 0 of step kt has finished
-      pin_frag(H0{});
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) wgmma::pin(frag[0][mt][0]), wgmma::pin(frag[0][mt][1]);
       if (kt + 1 < k_tiles) {
         const int s1 = (it + 1) % Q::kStages;
         tma::wait(&full[s1], ((it + 1) / Q::kStages) & 1);
@@ -330,63 +295,57 @@ __global__ void __launch_bounds__(TmaQuant<Precision, kTokens>::kThreads, 1)
         // the 32-token epilogue's accumulator reads above that wait (a race: the layer lost the last half
         // step's sums whenever they landed late).
         wgmma::wait<0>();
-        pin_acc();
+        wgmma::pin(acc[0]);
+        wgmma::pin(acc[1]);
       }
     }
     wgmma::wait<0>();
-    pin_acc();
+    wgmma::pin(acc[0]);
+    wgmma::pin(acc[1]);
     tma::arrive(&empty[(it - 1) % Q::kStages]);
 
-    // Epilogue through this group's staging rows ([token][row], bf16): accumulator 4c + i of m-tile mt
+    // Epilogue through this warpgroup's staging rows ([token][row], bf16): accumulator 4c + i of m-tile mt
     // holds row 16·warp + g + 8·(i / 2) of the m-tile and token 8c + 2q + (i % 2).
 #pragma unroll
     for (int c = 0; c < kTokens / 8; ++c)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = 16 * warp + g + 8 * (i / 2), token = 8 * c + 2 * q + (i % 2);
-        bf16* out = stage_out + token * Q::kStagingPitch;
-        if constexpr (kMT == 2) {
-          if constexpr (kGateUp) {
-            out[row] = __float2bfloat16(silu(acc[0][4 * c + i]) * acc[1][4 * c + i]);
-          } else {
-            out[row] = __float2bfloat16(acc[0][4 * c + i]);
-            out[64 + row] = __float2bfloat16(acc[1][4 * c + i]);
-          }
-        } else if constexpr (kGateUp) {  // gate in accumulators 4c, 4c + 1; up in 4c + 2, 4c + 3
-          if (i < 2)
-            out[32 * (cw % 2) + 8 * warp + g] =
-                __float2bfloat16(silu(acc[0][4 * c + i]) * acc[0][4 * c + i + 2]);
+        if constexpr (kGateUp) {
+          stage_out[token * Q::kStagingPitch + row] =
+              __float2bfloat16(silu(acc[0][4 * c + i]) * acc[1][4 * c + i]);
         } else {
-          out[64 * (cw % 2) + row] = __float2bfloat16(acc[0][4 * c + i]);
+          stage_out[token * Q::kStagingPitch + row] = __float2bfloat16(acc[0][4 * c + i]);
+          stage_out[token * Q::kStagingPitch + 64 + row] = __float2bfloat16(acc[1][4 * c + i]);
         }
       }
-    tma::named_sync<Q::kGroupThreads>(2 + group);  // this group's staging rows are written
+    tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
     if constexpr (kGateUp) {
       // 64 features per token row, stored permuted (moe/k_permutation.hpp).
 #pragma unroll
-      for (int r = 0; r < kTokens * 8 / Q::kGroupThreads; ++r) {
-        const int idx = tg + Q::kGroupThreads * r, token = idx / 8, c = idx % 8;
+      for (int r = 0; r < kTokens / 16; ++r) {
+        const int idx = t + 128 * r, token = idx / 8, c = idx % 8;
         if (token < tile.count) {
           const uint4 v =
               permuted_chunk(reinterpret_cast<const std::uint32_t*>(stage_out + token * Q::kStagingPitch), c);
           *reinterpret_cast<uint4*>(p.act +
                                     static_cast<std::int64_t>(tile.row_start + token) * p.intermediate +
-                                    pair * 2 * kGateUpFeatures + 64 * group + 8 * c) = v;
+                                    pair * 2 * kGateUpFeatures + 64 * cw + 8 * c) = v;
         }
       }
     } else {
 #pragma unroll
-      for (int r = 0; r < kTokens * 16 / Q::kGroupThreads; ++r) {
-        const int idx = tg + Q::kGroupThreads * r, token = idx / 16, c = idx % 16;
+      for (int r = 0; r < kTokens / 8; ++r) {
+        const int idx = t + 128 * r, token = idx / 16, c = idx % 16;
         if (token < tile.count) {
           const int slot = p.sorted_slot[tile.row_start + token];
           *reinterpret_cast<uint4*>(p.y + static_cast<std::int64_t>(slot) * p.hidden + pair * 2 * kBlockN +
-                                    128 * group + 8 * c) =
+                                    128 * cw + 8 * c) =
               *reinterpret_cast<const uint4*>(stage_out + token * Q::kStagingPitch + 8 * c);
         }
       }
     }
-    tma::named_sync<Q::kGroupThreads>(2 + group);  // the staging rows are free for the next unit
+    tma::named_sync<128>(2 + cw);  // the staging rows are free for the next unit
   }
 }
 
@@ -401,7 +360,6 @@ struct TmaGemm {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
   static constexpr int kSmem = kTmaSmemBytes;
-  static constexpr int kThreads = kTmaThreads;
   static constexpr int kBits = 16;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
@@ -411,7 +369,6 @@ struct TmaGemm<Addressing, Quantized<kB>, kTokens> {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>, kTokens>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>, kTokens>::kSmemBytes;
-  static constexpr int kThreads = TmaQuant<Quantized<kB>, kTokens>::kThreads;
   static constexpr int kBits = static_cast<int>(quant::bit_count(kB));
   static constexpr const char* kGateUpName = "grouped::gemm_tma_quant_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_quant_kernel<kDown>";

@@ -804,7 +804,7 @@ class PagedMoe {
       if (Status st = detail::set_smem<kernel>(dev.device, Gemm::kSmem); !st) return st;
       const long long units = static_cast<long long>(grid_tiles) * slices;
       const unsigned grid = static_cast<unsigned>(std::min<long long>(units, dev.sms));
-      return launch(kernel, dim3(grid), Gemm::kThreads, Gemm::kSmem, stream, tp, name);
+      return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
     };
     if constexpr (P::kQuantized) {
       const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);

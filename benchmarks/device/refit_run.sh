@@ -9,8 +9,9 @@
 # calibrated, a Qwen1.5 step takes an estimated ~3 min): e.g. STEPS=bf16 QWEN3=0, then STEPS="int8 int4" QWEN3=0
 # START=<the first call's h200-qwen1.5.json, carried>. STEPS= (set, empty) QWEN3=1: Qwen3's fit alone (an
 # unset STEPS runs all three).
-# Writes $OUT/<step>/calibration.tgz and summary.txt per step (bf16, int8, int4, qwen3), and the final fits
-# as $OUT/h200-qwen1.5.json and $OUT/h200-qwen3.json (copy them over reference_engine/data/cost_models/).
+# Writes $OUT/steps.tgz (per step, bf16, int8, int4, qwen3: <step>/calibration.tgz and summary.txt) and
+# the final fits as $OUT/h200-qwen1.5.json and $OUT/h200-qwen3.json (copy them over
+# reference_engine/data/cost_models/).
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding amoeba}"
 : "${OUT:?OUT must name an output folder}"
@@ -38,3 +39,10 @@ rm -f "$OUT/qwen1.5-moe-a2.7b.json" "$OUT/qwen3-30b-a3b.json"
 for f in "$OUT"/h200-*.json; do
   python3 -c "import json,sys; p=sys.argv[1]; d=json.load(open(p)); d['name']=p.split('/')[-1][:-5]; json.dump(d, open(p, 'w'), indent=2)" "$f"
 done
+# Few files come back from a device call: the steps' folders (calibration.tgz and summary.txt each)
+# travel as one archive beside the final fits.
+steps=$(cd "$OUT" && for d in bf16 int8 int4 qwen3; do [[ -d $d ]] && echo "$d"; done)
+if [[ -n "$steps" ]]; then
+  # shellcheck disable=SC2086
+  (cd "$OUT" && tar czf steps.tgz $steps && rm -rf $steps)
+fi

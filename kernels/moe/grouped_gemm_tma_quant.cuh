@@ -10,9 +10,9 @@
 // the packed bytes of its 4 rows with one 16-byte (int8) or 8-byte (int4) shared load per row and k-step
 // and turns them into bf16 pairs times its row's group scale, w = bf16(q · scale) as in the two-block
 // quantized kernel (int4: moe/precision.cuh's exact conversion, then a bf16 multiply; int8: one fma per
-// value, PackedRow). Nothing is written back to shared memory: per k-step the SM reads 16 KiB of token rows
-// per warpgroup and 16 (8) KiB of packed weights, where dequantising into a bf16 tile would add 32 KiB of
-// writes and 64 KiB of wgmma reads.
+// value, dequant::int8x4_scaled). Nothing is written back to shared memory: per k-step the SM reads 16 KiB
+// of token rows per warpgroup and 16 (8) KiB of packed weights, where dequantising into a bf16 tile would
+// add 32 KiB of writes and 64 KiB of wgmma reads.
 // Registers hold the fragments of one half-step (32 k) while the tensor cores work on the other: issue half
 // h, wait for half h − 1, dequantise half h + 1.
 // The k order: wgmma hands a thread eight scattered k pairs per step; the tokens' K is permuted inside each
@@ -118,11 +118,8 @@ struct TmaQuant {
 template <class Precision>
 struct PackedRow {
   static constexpr bool kInt8 = Precision::kBits == quant::Bits::kInt8;
-  // A row's group scale: int4 multiplies bf16 pairs by `pair`; int8 takes each value from 2^23 + (q + 128)
-  // as a float f to fma(f, s, c) with c = −(2^23 + 128) · s, exactly q · s (c is exact: s has 8 significant
-  // bits, so (2^23 + 2^7) · s spans 24; q · s spans 16), which one round to bf16 makes bf16(q · s), the
-  // product an HMUL2 of bf16(q) and s gives: one fma per value for the float route's subtract and the
-  // multiply. (|s| must stay below 2^104, far above any weight's scale, for c not to overflow.)
+  // A row's group scale: int4 multiplies bf16 pairs by `pair`, int8 takes f and c = int8_fma_offset(f)
+  // (dequant::int8x4_scaled: one fma per value, the same bits as the bf16 multiply).
   struct Scale {
     __nv_bfloat162 pair;
     float f, c;
@@ -130,7 +127,7 @@ struct PackedRow {
   __device__ __forceinline__ static Scale scale_of(std::uint16_t bits) {
     const __nv_bfloat16 b = __ushort_as_bfloat16(bits);
     const float f = __bfloat162float(b);
-    return {__bfloat162bfloat162(b), f, -(dequant::kMagic + 128.0f) * f};
+    return {__bfloat162bfloat162(b), f, dequant::int8_fma_offset(f)};
   }
   std::uint32_t w[kInt8 ? 4 : 2];
   __device__ __forceinline__ void load(std::uint32_t addr) {
@@ -145,15 +142,7 @@ struct PackedRow {
   __device__ __forceinline__ void pairs(int s, const Scale& scale, std::uint32_t& lo,
                                         std::uint32_t& hi) const {
     if constexpr (kInt8) {
-      const std::uint32_t u = w[s] ^ 0x80808080u;  // two's complement -> q + 128
-      float f[4];
-#pragma unroll
-      for (int b = 0; b < 4; ++b)  // byte b, then 0, 0, 0x4B: 2^23 + q + 128
-        f[b] = __fmaf_rn(__uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540 | b)), scale.f, scale.c);
-      const __nv_bfloat162 a = __floats2bfloat162_rn(f[0], f[1]);
-      const __nv_bfloat162 b = __floats2bfloat162_rn(f[2], f[3]);
-      lo = *reinterpret_cast<const std::uint32_t*>(&a);
-      hi = *reinterpret_cast<const std::uint32_t*>(&b);
+      dequant::int8x4_scaled(w[s], scale.f, scale.c, lo, hi);
     } else {
       std::uint32_t all[4];
       dequant::int4x8(w[s / 2], all);

@@ -63,15 +63,18 @@ namespace dequant {
 // 2^23 + v as a float has v in its low mantissa bits: the classic exact small-integer-to-float trick.
 inline constexpr float kMagic = 8388608.0f;  // 2^23
 
+// 2^23 + byte b of `u` as a float (one prmt: byte b, then 0, 0, 0x4B, the bits of 2^23).
+__device__ __forceinline__ float magic_byte(std::uint32_t u, int b) {
+  return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540 | b));
+}
+
 // Four unsigned bytes of `u` (each v + bias, v the value) -> two bf16x2 words of the values, low k first.
 // Exact: the values are integers of at most 8 bits, so the float's upper 16 bits are the bf16.
 __device__ __forceinline__ void bytes_to_bf16x2(std::uint32_t u, float bias, std::uint32_t& lo,
                                                 std::uint32_t& hi) {
-  const std::uint32_t magic = 0x4B000000u;  // the bits of 2^23
   float f[4];
 #pragma unroll
-  for (int b = 0; b < 4; ++b)
-    f[b] = __uint_as_float(__byte_perm(u, magic, 0x7540 | b)) - (kMagic + bias);  // byte b, then 0, 0, 0x4B
+  for (int b = 0; b < 4; ++b) f[b] = magic_byte(u, b) - (kMagic + bias);
   lo = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632);
   hi = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632);
 }
@@ -79,6 +82,25 @@ __device__ __forceinline__ void bytes_to_bf16x2(std::uint32_t u, float bias, std
 // 4 int8 values (value k in byte k) -> bf16 pairs {v0,v1}, {v2,v3}.
 __device__ __forceinline__ void int8x4(std::uint32_t w, std::uint32_t (&out)[2]) {
   bytes_to_bf16x2(w ^ 0x80808080u, 128.0f, out[0], out[1]);  // two's complement -> v + 128
+}
+
+// int8x4's pairs times a group scale s, each product rounded to bf16 (bf16(q · s), what scaled_chunk's
+// HMUL2 gives), in one fma per value: fma(2^23 + q + 128, s, c) with c = int8_fma_offset(s) is exactly
+// q · s (c = −(2^23 + 2^7) · s is exact: s has 8 significant bits, so c spans 24; q · s spans 16), then one
+// round to bf16 per value. For every normal s below 2^100 (c overflows past 2^104); a zero s gives +0 where
+// the HMUL2 gives −0 for negative q.
+__device__ __forceinline__ float int8_fma_offset(float s) {
+  return -(kMagic + 128.0f) * s;
+}
+__device__ __forceinline__ void int8x4_scaled(std::uint32_t w, float s, float c, std::uint32_t& lo,
+                                              std::uint32_t& hi) {
+  const std::uint32_t u = w ^ 0x80808080u;  // two's complement -> q + 128
+  float f[4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) f[b] = __fmaf_rn(magic_byte(u, b), s, c);
+  const __nv_bfloat162 a = __floats2bfloat162_rn(f[0], f[1]), z = __floats2bfloat162_rn(f[2], f[3]);
+  lo = *reinterpret_cast<const std::uint32_t*>(&a);
+  hi = *reinterpret_cast<const std::uint32_t*>(&z);
 }
 
 // (a & kAnd) ^ kXor in one lop3. Written as C++ (`&` then `^`), ptxas emits two LOP3 instructions, because a

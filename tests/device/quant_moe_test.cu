@@ -281,25 +281,28 @@ __global__ void exhaustive_dequant_kernel(unsigned long long* bad, unsigned int*
   if (local > 0) atomicAdd(bad, local);
 }
 
-// The quantized TMA kernel's int8 conversion (grouped::PackedRow: one fma per value from 2^23 + q + 128, one
-// round to bf16) against the reference's weight, bf16(q) · scale rounded to bf16 (one HMUL2), for every int8
-// value in every byte of a word and every positive normal bf16 scale from 2^-100 to below 2^100.
+// The quantized TMA kernel's int8 conversion (grouped::PackedRow, dequant::int8x4_scaled: one fma per value
+// from 2^23 + q + 128, one round to bf16) against dequant::scaled_chunk (bf16(q) times the scale, one HMUL2,
+// what the two-block kernel and the bf16 copy multiply), for every int8 value in every byte of a word and
+// every positive normal bf16 scale from 2^-100 to below 2^100. Case i: scale fma_case_scale(i), bytes
+// b .. b + 3 (mod 256) with b = i % 256.
+constexpr int kFmaCases = 200 * 128 * 256;  // exponents 27 .. 226 × 128 mantissas × 256 base bytes
+__host__ __device__ constexpr std::uint16_t fma_case_scale(unsigned i) {
+  return static_cast<std::uint16_t>(((27 + i / (128 * 256)) << 7) | (i / 256) % 128);
+}
 __global__ void fma_conversion_kernel(unsigned long long* bad, unsigned int* first_bad) {
   using Row = kernels::grouped::PackedRow<kernels::Int8>;
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // scale bits × base byte
-  const auto scale_bits = static_cast<std::uint16_t>(((27 + i / (128 * 256)) << 7) | (i / 256) % 128);
-  const std::uint32_t b = static_cast<std::uint32_t>(i % 256);
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  const std::uint16_t scale_bits = fma_case_scale(i);
+  const std::uint32_t b = i % 256;
   Row row{};
   row.w[0] = b | ((b + 1) & 0xFF) << 8 | ((b + 2) & 0xFF) << 16 | ((b + 3) & 0xFF) << 24;
-  std::uint32_t lo, hi, e[2];
+  std::uint32_t lo, hi;
   row.pairs(0, Row::scale_of(scale_bits), lo, hi);
-  kernels::dequant::int8x4(row.w[0], e);
-  const __nv_bfloat162 s2 = __bfloat162bfloat162(__ushort_as_bfloat16(scale_bits));
-  const __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&e[0]), s2);
-  const __nv_bfloat162 y = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&e[1]), s2);
-  if (lo != *reinterpret_cast<const std::uint32_t*>(&x) ||
-      hi != *reinterpret_cast<const std::uint32_t*>(&y)) {
-    atomicMin(first_bad, static_cast<unsigned>(i));
+  const uint4 expected = kernels::dequant::scaled_chunk<Bits::kInt8>(
+      make_uint4(row.w[0], 0, 0, 0), 0, __bfloat162bfloat162(__ushort_as_bfloat16(scale_bits)));
+  if (lo != expected.x || hi != expected.y) {
+    atomicMin(first_bad, i);
     atomicAdd(bad, 1ull);
   }
 }
@@ -351,13 +354,12 @@ TEST_CASE(
   DeviceBuffer<unsigned int> first(1);
   bad.upload({0ull});
   first.upload({0xFFFFFFFFu});
-  constexpr int kCases = 200 * 128 * 256;  // exponents 27 .. 226 × 128 mantissas × 256 base bytes
-  fma_conversion_kernel<<<kCases / 256, 256>>>(bad.get(), first.get());
+  fma_conversion_kernel<<<kFmaCases / 256, 256>>>(bad.get(), first.get());
   AMOEBA_CUDA_CHECK(cudaGetLastError());
   AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
   const unsigned f = first.download()[0];
-  INFO("first case converted differently: scale bits 0x"
-       << std::hex << (((27 + f / (128 * 256)) << 7) | (f / 256) % 128) << ", base byte 0x" << f % 256);
+  INFO("first case converted differently: scale bits 0x" << std::hex << fma_case_scale(f) << ", base byte 0x"
+                                                         << f % 256);
   CHECK(bad.download()[0] == 0);
 }
 

@@ -15,7 +15,11 @@
 //   ss:       as rs with A from shared memory (wgmma's other form);
 //   mma:      mma.sync.m16n8k16 instead (the decode tiles' instruction): per warp 32 rows × kTokens tokens ×
 //             64 k = 2 × (kTokens / 8) × 4 instructions per step, the token fragments by ldmatrix;
-//   mma-dq:   mma plus pipe's shared loads and int8 conversion of the same 64 values per thread.
+//   mma-dq:   mma plus pipe's shared loads and conversion of the same 64 values per thread;
+//   pipe-ahead: pipe with the next step's shared loads issued before this step's second half is dequantised;
+//   rs-cvt:   rs plus pipe's shared loads and conversions, whose results feed no wgmma (can the conversion
+//             overlap the tensor cores when it is off their operands' path?).
+// pipe, pipe-ahead and mma-dq run on int8 and int4 rows (the kernel's conversions: PackedRow).
 // The measured kernel at Qwen3 256 tokens (int8 gate/up, 32 tokens) took about 1,240 cycles per k-step
 // (docs/results/quantized_h200.md, "One fma per int8 value in the TMA kernel").
 //
@@ -38,8 +42,9 @@ namespace {
 using namespace amoeba::kernels;
 namespace gw = amoeba::kernels::grouped::wgmma;
 
-enum class Mode { kPipe, kPipeRaw, kRs, kRsDeep, kSs, kMma, kMmaDq };
-constexpr const char* kModeNames[] = {"pipe", "pipe-raw", "rs", "rs-deep", "ss", "mma", "mma-dq"};
+enum class Mode { kPipe, kPipeRaw, kRs, kRsDeep, kSs, kMma, kMmaDq, kPipeAhead, kRsCvt };
+constexpr const char* kModeNames[] = {"pipe", "pipe-raw", "rs",         "rs-deep", "ss",
+                                      "mma",  "mma-dq",   "pipe-ahead", "rs-cvt"};
 constexpr int kThreads = 384, kSmem = 96 * 1024;
 
 // D(64×N) += A(64×16, smem) · B(N×16, smem)ᵀ for N = 32 (128: grouped_gemm_sm90.cuh's mma_m64n128k16).
@@ -78,13 +83,13 @@ __device__ __forceinline__ void ldmatrix_x4(std::uint32_t addr, std::uint32_t (&
                : "r"(addr));
 }
 
-template <Mode kMode, int kTokens>
+template <Mode kMode, int kTokens, class Prec>
 __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycles, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
-  unsigned char* base =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_dyn) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_dyn) + 1023) &
+                                                         ~std::uintptr_t{1023});
   unsigned char* tokens = base;              // [kTokens][64] bf16, wgmma's swizzled tile (ldmatrix: any rows)
-  unsigned char* packed = base + 16 * 1024;  // 256 packed int8 rows of 64 bytes
+  unsigned char* packed = base + 16 * 1024;  // 256 packed rows of one k-step (64 bytes int8, 32 int4)
   unsigned char* atile = base + 32 * 1024;   // 64 × 64 bf16 A tile for ss (8 KiB)
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
   for (int i = tid; i < 48 * 1024 / 4; i += kThreads)
@@ -97,22 +102,24 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
   tma::claim_registers<grouped::kTmaConsumerRegs>();
   const int cw = wg - 1, warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   constexpr int kAcc = kTokens / 2;
-  using Row = grouped::PackedRow<Int8>;
-  const Row::Scale scale = Row::scale_of(0x3C00);  // 2^-7
+  using Row = grouped::PackedRow<Prec>;
+  constexpr int kStep = grouped::kPackedStepBytes<Prec>;
+  const typename Row::Scale scale = Row::scale_of(0x3C00);  // 2^-7
   int srow[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) srow[mt][h] = 128 * cw + 64 * mt + 16 * warp + g + 8 * h;
-  const std::uint32_t pbase = ptx::smem_u32(packed) + q * 16, tb = ptx::smem_u32(tokens),
+  const std::uint32_t pbase = ptx::smem_u32(packed) + q * (kStep / 4), tb = ptx::smem_u32(tokens),
                       ab = ptx::smem_u32(atile);
   float acc[2][kAcc];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[mt][i] = 0.f;
-  Row raw[2][2];
+  Row raw[2][2], ahead[2][2];  // ahead: pipe-ahead's second buffer of packed rows
   std::uint32_t frag[2][2][2][4];
+  std::uint32_t cvt_sink = 0;  // rs-cvt's conversions, kept off the wgmma's operands
 #pragma unroll
   for (int a = 0; a < 2; ++a)
 #pragma unroll
@@ -122,11 +129,22 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
 #pragma unroll
         for (int d = 0; d < 4; ++d) frag[a][b][c][d] = 0x3C003C00u ^ (lane * 0x00010001u);
 
-  auto read_step = [&] {
+  auto read_into = [&](Row(&rows)[2][2]) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) raw[mt][h].load(pbase + srow[mt][h] * 64);
+      for (int h = 0; h < 2; ++h) rows[mt][h].load(pbase + srow[mt][h] * kStep);
+  };
+  auto read_step = [&] { read_into(raw); };
+  auto dequant_from = [&](const Row(&rows)[2][2], int half) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int ss = 0; ss < 2; ++ss) {
+        std::uint32_t(&a)[4] = frag[half][mt][ss];
+        rows[mt][0].pairs(2 * half + ss, scale, a[0], a[2]);
+        rows[mt][1].pairs(2 * half + ss, scale, a[1], a[3]);
+      }
   };
   auto dequant_half = [&](int half) {
 #pragma unroll
@@ -135,6 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
       for (int ss = 0; ss < 2; ++ss) {
         std::uint32_t(&a)[4] = frag[half][mt][ss];
         if constexpr (kMode == Mode::kPipeRaw) {
+          static_assert(Row::kInt8, "pipe-raw moves int8 rows' four words");
           // one lop3 per word, so the fragments are registers of their own as the converted ones are
           a[0] = raw[mt][0].w[2 * half + ss] ^ 0x80808080u, a[2] = raw[mt][0].w[(2 * half + ss + 1) % 4] ^ 1u;
           a[1] = raw[mt][1].w[2 * half + ss] ^ 0x80808080u, a[3] = raw[mt][1].w[(2 * half + ss + 1) % 4] ^ 1u;
@@ -180,6 +199,47 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
       pin_frags(0);
       read_step();
       dequant_half(0);
+    }
+    gw::wait<0>();
+  } else if constexpr (kMode == Mode::kPipeAhead) {
+    // pipe with the next step's shared loads issued before this step's second half is dequantised
+    read_into(raw);
+    dequant_from(raw, 0);
+    auto body = [&](Row(&cur)[2][2], Row(&nxt)[2][2]) {
+      issue_half(0);
+      gw::wait<1>();
+      pin_frags(1);
+      read_into(nxt);
+      dequant_from(cur, 1);
+      issue_half(1);
+      gw::wait<1>();
+      pin_frags(0);
+      dequant_from(nxt, 0);
+    };
+    for (int kt = 0; kt < steps; kt += 2) {
+      body(raw, ahead);
+      body(ahead, raw);
+    }
+    gw::wait<0>();
+  } else if constexpr (kMode == Mode::kRsCvt) {
+    // rs plus pipe's shared loads and conversions, whose results feed no wgmma
+    for (int kt = 0; kt < steps; ++kt) {
+      read_step();
+      issue_half(0);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          std::uint32_t lo, hi, lo2, hi2;
+          raw[mt][0].pairs(s4, scale, lo, hi);
+          raw[mt][1].pairs(s4, scale, lo2, hi2);
+          cvt_sink ^= lo ^ hi ^ lo2 ^ hi2;
+        }
+      gw::wait<1>();
+      pin_frags(1);
+      issue_half(1);
+      gw::wait<1>();
+      pin_frags(0);
     }
     gw::wait<0>();
   } else if constexpr (kMode == Mode::kRs || kMode == Mode::kSs) {
@@ -244,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) s += acc[mt][i];
-  if (s == 1234.5f) sink[blockIdx.x] = s;
+  if (s == 1234.5f || cvt_sink == 0x12345u) sink[blockIdx.x] = s;
   if (t == 0) cycles[2 * blockIdx.x + cw] = stop - start;
 }
 
@@ -252,9 +312,9 @@ struct Result {
   double cycles_per_step, ns_per_step;
 };
 
-template <Mode kMode, int kTokens>
+template <Mode kMode, int kTokens, class Prec = Int8>
 Result run(int sms, int steps, int reps, long long* d_cycles, float* d_sink) {
-  auto kernel = &probe<kMode, kTokens>;
+  auto kernel = &probe<kMode, kTokens, Prec>;
   AMOEBA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   cudaEvent_t a, b;
   AMOEBA_CUDA_CHECK(cudaEventCreate(&a));
@@ -281,22 +341,34 @@ Result run(int sms, int steps, int reps, long long* d_cycles, float* d_sink) {
   return {cyc[cyc.size() / 2], ns[ns.size() / 2]};
 }
 
+struct Row {
+  Mode mode;
+  const char* precision;
+  Result r;
+};
+
 template <int kTokens>
 void run_all(int sms, int steps, int reps, long long* dc, float* ds) {
-  std::vector<std::pair<Mode, Result>> r = {{Mode::kPipe, run<Mode::kPipe, kTokens>(sms, steps, reps, dc, ds)},
-                                            {Mode::kPipeRaw, run<Mode::kPipeRaw, kTokens>(sms, steps, reps, dc, ds)},
-                                            {Mode::kRs, run<Mode::kRs, kTokens>(sms, steps, reps, dc, ds)},
-                                            {Mode::kRsDeep, run<Mode::kRsDeep, kTokens>(sms, steps, reps, dc, ds)},
-                                            {Mode::kSs, run<Mode::kSs, kTokens>(sms, steps, reps, dc, ds)}};
+  std::vector<Row> r = {
+      {Mode::kPipe, "int8", run<Mode::kPipe, kTokens>(sms, steps, reps, dc, ds)},
+      {Mode::kPipe, "int4", run<Mode::kPipe, kTokens, Int4>(sms, steps, reps, dc, ds)},
+      {Mode::kPipeRaw, "int8", run<Mode::kPipeRaw, kTokens>(sms, steps, reps, dc, ds)},
+      {Mode::kRs, "-", run<Mode::kRs, kTokens>(sms, steps, reps, dc, ds)},
+      {Mode::kRsDeep, "-", run<Mode::kRsDeep, kTokens>(sms, steps, reps, dc, ds)},
+      {Mode::kSs, "-", run<Mode::kSs, kTokens>(sms, steps, reps, dc, ds)},
+      {Mode::kPipeAhead, "int8", run<Mode::kPipeAhead, kTokens>(sms, steps, reps, dc, ds)},
+      {Mode::kPipeAhead, "int4", run<Mode::kPipeAhead, kTokens, Int4>(sms, steps, reps, dc, ds)},
+      {Mode::kRsCvt, "int8", run<Mode::kRsCvt, kTokens>(sms, steps, reps, dc, ds)}};
   if constexpr (kTokens == 32) {  // mma.sync at 128 tokens would hold 128 more accumulators per thread
-    r.push_back({Mode::kMma, run<Mode::kMma, kTokens>(sms, steps, reps, dc, ds)});
-    r.push_back({Mode::kMmaDq, run<Mode::kMmaDq, kTokens>(sms, steps, reps, dc, ds)});
+    r.push_back({Mode::kMma, "-", run<Mode::kMma, kTokens>(sms, steps, reps, dc, ds)});
+    r.push_back({Mode::kMmaDq, "int8", run<Mode::kMmaDq, kTokens>(sms, steps, reps, dc, ds)});
+    r.push_back({Mode::kMmaDq, "int4", run<Mode::kMmaDq, kTokens, Int4>(sms, steps, reps, dc, ds)});
   }
   // Multiply-adds per k-step and SM: 2 warpgroups × 2 m-tiles × 64 rows × kTokens × 64 k.
   const double macs = 2.0 * 2 * 64 * kTokens * 64;
-  for (const auto& [m, x] : r)
-    std::printf("| %d | %s | %.0f | %.1f | %.0f |\n", kTokens, kModeNames[static_cast<int>(m)], x.cycles_per_step,
-                x.ns_per_step, macs / x.cycles_per_step);
+  for (const Row& x : r)
+    std::printf("| %d | %s | %s | %.0f | %.1f | %.0f |\n", kTokens, kModeNames[static_cast<int>(x.mode)],
+                x.precision, x.r.cycles_per_step, x.r.ns_per_step, macs / x.r.cycles_per_step);
 }
 
 }  // namespace
@@ -313,8 +385,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (steps < 8 || reps < 1) {
-    std::fprintf(stderr, "wgmma_probe: --steps must be >= 8 and --reps >= 1 (got %d, %d)\n", steps, reps);
+  if (steps < 8 || steps % 2 != 0 || reps < 1) {
+    std::fprintf(stderr, "wgmma_probe: --steps must be even and >= 8, --reps >= 1 (got %d, %d)\n", steps,
+                 reps);
     return 2;
   }
   int dev = 0, sms = 0;
@@ -325,8 +398,9 @@ int main(int argc, char** argv) {
   AMOEBA_CUDA_CHECK(cudaMalloc(&dc, 2 * sms * sizeof(long long)));
   AMOEBA_CUDA_CHECK(cudaMalloc(&ds, sms * sizeof(float)));
   std::printf("%d blocks of %d threads, %d k-steps, median of %d launches\n", sms, kThreads, steps, reps);
-  std::printf("| tokens | mode | cycles per k-step and SM (slowest warpgroup) | ns per k-step | multiply-adds per "
-              "cycle and SM |\n|---:|---|---:|---:|---:|\n");
+  std::printf(
+      "| tokens | mode | weights | cycles per k-step and SM (slowest warpgroup) | ns per k-step | "
+      "multiply-adds per cycle and SM |\n|---:|---|---|---:|---:|---:|\n");
   run_all<32>(sms, steps, reps, dc, ds);
   run_all<128>(sms, steps, reps, dc, ds);
   AMOEBA_CUDA_CHECK(cudaFree(dc));

@@ -185,6 +185,15 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
     for (int mt = 0; mt < 2; ++mt) gw::pin(frag[half][mt][0]), gw::pin(frag[half][mt][1]);
   };
 
+  // rs's step after its first half is issued (fixed fragments): wait for the step before, issue the second.
+  auto second_half = [&] {
+    gw::wait<1>();
+    pin_frags(1);
+    issue_half(1);
+    gw::wait<1>();
+    pin_frags(0);
+  };
+
   const long long start = clock64();
   if constexpr (kMode == Mode::kPipe || kMode == Mode::kPipeRaw) {
     read_step();
@@ -235,21 +244,13 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
           raw[mt][1].pairs(s4, scale, lo2, hi2);
           cvt_sink ^= lo ^ hi ^ lo2 ^ hi2;
         }
-      gw::wait<1>();
-      pin_frags(1);
-      issue_half(1);
-      gw::wait<1>();
-      pin_frags(0);
+      second_half();
     }
     gw::wait<0>();
   } else if constexpr (kMode == Mode::kRs || kMode == Mode::kSs) {
     for (int kt = 0; kt < steps; ++kt) {
       issue_half(0);
-      gw::wait<1>();
-      pin_frags(1);
-      issue_half(1);
-      gw::wait<1>();
-      pin_frags(0);
+      second_half();
     }
     gw::wait<0>();
   } else if constexpr (kMode == Mode::kRsDeep) {

@@ -69,20 +69,6 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], std::uint64_t da, std:
     gw::mma_m64n128k16(d, da, db);
 }
 
-__device__ __forceinline__ void mma_sync(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                         std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t addr, std::uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 template <Mode kMode, int kTokens, class Prec>
 __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycles, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
@@ -136,32 +122,28 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
       for (int h = 0; h < 2; ++h) rows[mt][h].load(pbase + srow[mt][h] * kStep);
   };
   auto read_step = [&] { read_into(raw); };
+  const typename Row::Scale scales[2] = {scale, scale};  // rows g and g + 8
   auto dequant_from = [&](const Row(&rows)[2][2], int half) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int ss = 0; ss < 2; ++ss) {
-        std::uint32_t(&a)[4] = frag[half][mt][ss];
-        rows[mt][0].pairs(2 * half + ss, scale, a[0], a[2]);
-        rows[mt][1].pairs(2 * half + ss, scale, a[1], a[3]);
-      }
+      for (int ss = 0; ss < 2; ++ss) Row::fragment(rows[mt], 2 * half + ss, scales, frag[half][mt][ss]);
   };
   auto dequant_half = [&](int half) {
+    if constexpr (kMode == Mode::kPipeRaw) {
+      static_assert(Row::kInt8, "pipe-raw moves int8 rows' four words");
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int ss = 0; ss < 2; ++ss) {
-        std::uint32_t(&a)[4] = frag[half][mt][ss];
-        if constexpr (kMode == Mode::kPipeRaw) {
-          static_assert(Row::kInt8, "pipe-raw moves int8 rows' four words");
+        for (int ss = 0; ss < 2; ++ss) {
           // one lop3 per word, so the fragments are registers of their own as the converted ones are
+          std::uint32_t(&a)[4] = frag[half][mt][ss];
           a[0] = raw[mt][0].w[2 * half + ss] ^ 0x80808080u, a[2] = raw[mt][0].w[(2 * half + ss + 1) % 4] ^ 1u;
           a[1] = raw[mt][1].w[2 * half + ss] ^ 0x80808080u, a[3] = raw[mt][1].w[(2 * half + ss + 1) % 4] ^ 1u;
-        } else {
-          raw[mt][0].pairs(2 * half + ss, scale, a[0], a[2]);
-          raw[mt][1].pairs(2 * half + ss, scale, a[1], a[3]);
         }
-      }
+    } else {
+      dequant_from(raw, half);
+    }
   };
   auto issue_half = [&](int half) {
     gw::pin(acc[0]);
@@ -283,11 +265,13 @@ __global__ void __launch_bounds__(kThreads, 1) probe(int steps, long long* cycle
 #pragma unroll
         for (int sp = 0; sp < 2; ++sp) {
           std::uint32_t b[4];
-          ldmatrix_x4(lrow + nt * 8 * 144 + sp * 64, b);
+          ptx::ldmatrix_x4(b, lrow + nt * 8 * 144 + sp * 64);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            mma_sync(d[mt][nt], frag[sp][mt][0], b[0], b[1]);
-            mma_sync(d[mt][nt], frag[sp][mt][1], b[2], b[3]);
+            const std::uint32_t(&a0)[4] = frag[sp][mt][0];
+            const std::uint32_t(&a1)[4] = frag[sp][mt][1];
+            ptx::mma_bf16_16816(d[mt][nt], a0[0], a0[1], a0[2], a0[3], b[0], b[1]);
+            ptx::mma_bf16_16816(d[mt][nt], a1[0], a1[1], a1[2], a1[3], b[2], b[3]);
           }
         }
       }

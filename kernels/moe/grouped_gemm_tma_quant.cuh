@@ -28,6 +28,8 @@
 // same k steps per output in the same order as the 128-token units: bit-identical to them.
 #pragma once
 
+#include <type_traits>
+
 #include "moe/grouped_gemm_sm90.cuh"
 #include "moe/k_permutation.hpp"
 
@@ -118,16 +120,23 @@ struct TmaQuant {
 template <class Precision>
 struct PackedRow {
   static constexpr bool kInt8 = Precision::kBits == quant::Bits::kInt8;
-  // A row's group scale: int4 multiplies bf16 pairs by `pair`, int8 takes f and c = int8_fma_offset(f)
-  // (dequant::int8x4_scaled: one fma per value, the same bits as the bf16 multiply).
-  struct Scale {
-    __nv_bfloat162 pair;
+  // A row's group scale: int8 takes f and c = int8_fma_offset(f) (dequant::int8x4_scaled: one fma per value,
+  // the same bits as the bf16 multiply), int4 multiplies bf16 pairs by `pair`.
+  struct Int8Scale {
     float f, c;
   };
+  struct Int4Scale {
+    __nv_bfloat162 pair;
+  };
+  using Scale = std::conditional_t<kInt8, Int8Scale, Int4Scale>;
   __device__ __forceinline__ static Scale scale_of(std::uint16_t bits) {
     const __nv_bfloat16 b = __ushort_as_bfloat16(bits);
-    const float f = __bfloat162float(b);
-    return {__bfloat162bfloat162(b), f, dequant::int8_fma_offset(f)};
+    if constexpr (kInt8) {
+      const float f = __bfloat162float(b);
+      return {f, dequant::int8_fma_offset(f)};
+    } else {
+      return {__bfloat162bfloat162(b)};
+    }
   }
   std::uint32_t w[kInt8 ? 4 : 2];
   __device__ __forceinline__ void load(std::uint32_t addr) {
@@ -153,6 +162,14 @@ struct PackedRow {
       lo = *reinterpret_cast<const std::uint32_t*>(&a);
       hi = *reinterpret_cast<const std::uint32_t*>(&b);
     }
+  }
+  // The A fragment of sub-step s for a warp's 16 rows of an m64 tile (wgmma's register A, mma.m16n8k16's A):
+  // rows[0] is the thread's row g, rows[1] row g + 8, each with its own scale; a0/a2 are row g's k pairs 2q
+  // and 2q + 8, a1/a3 row g + 8's.
+  __device__ __forceinline__ static void fragment(const PackedRow (&rows)[2], int s, const Scale (&scale)[2],
+                                                  std::uint32_t (&a)[4]) {
+    rows[0].pairs(s, scale[0], a[0], a[2]);
+    rows[1].pairs(s, scale[1], a[1], a[3]);
   }
 };
 
@@ -257,11 +274,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int ss = 0; ss < 2; ++ss) {
-          std::uint32_t(&a)[4] = frag[kHalf][mt][ss];
-          raw[mt][0].pairs(2 * kHalf + ss, scale[mt][0], a[0], a[2]);  // row g: k pairs 2q and 2q + 8
-          raw[mt][1].pairs(2 * kHalf + ss, scale[mt][1], a[1], a[3]);  // row g + 8
-        }
+        for (int ss = 0; ss < 2; ++ss)
+          PackedRow<Precision>::fragment(raw[mt], 2 * kHalf + ss, scale[mt], frag[kHalf][mt][ss]);
     };
     auto issue_half = [&](auto half_c, int s) {
       constexpr int kHalf = decltype(half_c)::value;

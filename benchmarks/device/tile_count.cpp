@@ -1,7 +1,8 @@
 // The 128-token work tiles of the TMA grouped GEMM under the uniform and the balanced router, over
 // paged_moe_bench's 8 rotating routing sets (seed 7919·T + i): Σ_e ⌈count_e / 128⌉ over the routed experts
 // plus ⌈T / 128⌉ per shared chunk, and how many of the uniform router's routed tiles hold at most 64 tokens
-// (an expert's last, partly filled tile: the quantized TMA kernel runs those at n = 64). Host only, no GPU:
+// (an expert's last, partly filled tile, where the bf16 TMA kernel's second consumer warpgroup idles and the
+// quantized one still multiplies all 128 token rows). Host only, no GPU:
 //   g++ -std=c++20 -O2 -Itests/device benchmarks/device/tile_count.cpp -o /tmp/tile_count && /tmp/tile_count
 #include <cstdio>
 #include <vector>

@@ -329,6 +329,15 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     wgmma::pin(acc[1]);
     tma::arrive(&empty[(it - 1) % Q::kStages]);
 
+    // The down stage's destination slots: thread t loads token t's into its staging row's padding, read back
+    // by the store loop (a load of sorted_slot per row inside that loop waited out a round trip to L2 per
+    // row, since ptxas cannot move it above a store to y; 16 slots held in registers spill).
+    if constexpr (!kGateUp) {
+      if (t < kTokens) {
+        const int slot = t < tile.count ? __ldg(p.sorted_slot + tile.row_start + t) : 0;
+        *reinterpret_cast<int*>(stage_out + t * Q::kStagingPitch + kBlockN) = slot;
+      }
+    }
     // Epilogue through this warpgroup's staging rows ([token][row], bf16): accumulator 4c + i of m-tile mt
     // holds row 16·warp + g + 8·(i / 2) of the m-tile and token 8c + 2q + (i % 2).
 #pragma unroll
@@ -363,7 +372,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       for (int r = 0; r < kTokens / 8; ++r) {
         const int idx = t + 128 * r, token = idx / 16, c = idx % 16;
         if (token < tile.count) {
-          const int slot = p.sorted_slot[tile.row_start + token];
+          const int slot = *reinterpret_cast<const int*>(stage_out + token * Q::kStagingPitch + kBlockN);
           *reinterpret_cast<uint4*>(p.y + static_cast<std::int64_t>(slot) * p.hidden + pair * 2 * kBlockN +
                                     128 * cw + 8 * c) =
               *reinterpret_cast<const uint4*>(stage_out + token * Q::kStagingPitch + 8 * c);

@@ -338,21 +338,30 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         *reinterpret_cast<int*>(stage_out + t * Q::kStagingPitch + kBlockN) = slot;
       }
     }
-    // Epilogue through this warpgroup's staging rows ([token][row], bf16): accumulator 4c + i of m-tile mt
-    // holds row 16·warp + g + 8·(i / 2) of the m-tile and token 8c + 2q + (i % 2).
+    // Epilogue through this warpgroup's staging rows ([token][row], bf16) by transposing stores: accumulators
+    // 4c + 2h and 4c + 2h + 1 of m-tile mt hold row 16·warp + g + 8·h and tokens 8c + 2q, 8c + 2q + 1, the
+    // (g, 2q) pair of an 8×8 matrix whose transpose is tokens 8c .. 8c + 7 × 8 consecutive rows of the
+    // staging (16 bytes each; the 272-byte pitch puts a matrix's 8 rows in distinct banks). Instruction c2
+    // stores matrices (c, h) = (2·c2, 0), (2·c2, 1), (2·c2 + 1, 0), (2·c2 + 1, 1).
+    {
+      const std::uint32_t out = ptx::smem_u32(stage_out);
+      const int j = lane / 8, token_in = 8 * (j / 2) + lane % 8, row_in = 16 * warp + 8 * (j % 2);
 #pragma unroll
-    for (int c = 0; c < kTokens / 8; ++c)
+      for (int c2 = 0; c2 < kTokens / 16; ++c2)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = 16 * warp + g + 8 * (i / 2), token = 8 * c + 2 * q + (i % 2);
-        if constexpr (kGateUp) {
-          stage_out[token * Q::kStagingPitch + row] =
-              __float2bfloat16(silu(acc[0][4 * c + i]) * acc[1][4 * c + i]);
-        } else {
-          stage_out[token * Q::kStagingPitch + row] = __float2bfloat16(acc[0][4 * c + i]);
-          stage_out[token * Q::kStagingPitch + 64 + row] = __float2bfloat16(acc[1][4 * c + i]);
+        for (int mt = 0; mt < (kGateUp ? 1 : 2); ++mt) {
+          auto value = [&](int c, int h) {
+            const int i = 4 * c + 2 * h;
+            if constexpr (kGateUp)
+              return ptx::pack_bf16x2(silu(acc[0][i]) * acc[1][i], silu(acc[0][i + 1]) * acc[1][i + 1]);
+            else
+              return ptx::pack_bf16x2(acc[mt][i], acc[mt][i + 1]);
+          };
+          ptx::stmatrix_x4_trans(out + 2 * ((16 * c2 + token_in) * Q::kStagingPitch + 64 * mt + row_in),
+                                 value(2 * c2, 0), value(2 * c2, 1), value(2 * c2 + 1, 0),
+                                 value(2 * c2 + 1, 1));
         }
-      }
+    }
     tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
     if constexpr (kGateUp) {
       // 64 features per token row, stored permuted (moe/k_permutation.hpp).

@@ -49,6 +49,14 @@ __device__ __forceinline__ void stmatrix_x4(std::uint32_t smem_addr, std::uint32
                "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
+// The same four matrices stored transposed: lane l gives the address of row l % 8 of matrix l / 8's
+// transpose, which receives column l % 8 of matrix l / 8 (rows 0..7 of the fragment, 16 contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4_trans(std::uint32_t smem_addr, std::uint32_t r0, std::uint32_t r1,
+                                                  std::uint32_t r2, std::uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 __device__ __forceinline__ uint4 ld_shared_16(std::uint32_t smem_addr) {
   uint4 v;
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"

@@ -109,6 +109,10 @@ struct TmaQuant {
   static constexpr int kBBytes = 2 * kBlockN * kStep;  // 256 packed rows
   static constexpr int kStagingPitch = kBlockN + 8;    // bf16 per staged token row (+8: no bank conflicts)
   static constexpr int kStagingElems = kTokens * kStagingPitch;  // per consumer warpgroup
+  // The down stage keeps each token's destination slot (an int) in its staged row's padding, at this column.
+  static constexpr int kSlotColumn = kBlockN;
+  static_assert(kSlotColumn % 2 == 0 && kStagingPitch % 2 == 0 && (kStagingPitch - kSlotColumn) * 2 >= 4,
+                "a slot needs 4 aligned bytes of a staged row's padding");
   static constexpr int kAcc = kTokens / 2;  // fp32 accumulators per thread and m-tile (m64 × n = kTokens)
   static constexpr int kSmemBytes =
       kStages * (kATile * 2 + kBBytes) + 2 * kStagingElems * 2 + 2 * kStages * 8 + kStages * 4 + 2 * 4 + 1024;
@@ -331,11 +335,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 
     // The down stage's destination slots: thread t loads token t's into its staging row's padding, read back
     // by the store loop (a load of sorted_slot per row inside that loop waited out a round trip to L2 per
-    // row, since ptxas cannot move it above a store to y; 16 slots held in registers spill).
+    // row, since ptxas cannot move it above a store to y). The 16 slots held in registers instead spilled
+    // beside the former 2-byte staging stores; beside the stmatrix stores ptxas fits them, not measured.
     if constexpr (!kGateUp) {
       if (t < kTokens) {
         const int slot = t < tile.count ? __ldg(p.sorted_slot + tile.row_start + t) : 0;
-        *reinterpret_cast<int*>(stage_out + t * Q::kStagingPitch + kBlockN) = slot;
+        *reinterpret_cast<int*>(stage_out + t * Q::kStagingPitch + Q::kSlotColumn) = slot;
       }
     }
     // Epilogue through this warpgroup's staging rows ([token][row], bf16) by transposing stores: accumulators
@@ -357,7 +362,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
             else
               return ptx::pack_bf16x2(acc[mt][i], acc[mt][i + 1]);
           };
-          ptx::stmatrix_x4_trans(out + 2 * ((16 * c2 + token_in) * Q::kStagingPitch + 64 * mt + row_in),
+          ptx::stmatrix_x4<true>(out + 2 * ((16 * c2 + token_in) * Q::kStagingPitch + 64 * mt + row_in),
                                  value(2 * c2, 0), value(2 * c2, 1), value(2 * c2 + 1, 0),
                                  value(2 * c2 + 1, 1));
         }
@@ -381,7 +386,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       for (int r = 0; r < kTokens / 8; ++r) {
         const int idx = t + 128 * r, token = idx / 16, c = idx % 16;
         if (token < tile.count) {
-          const int slot = *reinterpret_cast<const int*>(stage_out + token * Q::kStagingPitch + kBlockN);
+          const int slot =
+              *reinterpret_cast<const int*>(stage_out + token * Q::kStagingPitch + Q::kSlotColumn);
           *reinterpret_cast<uint4*>(p.y + static_cast<std::int64_t>(slot) * p.hidden + pair * 2 * kBlockN +
                                     128 * cw + 8 * c) =
               *reinterpret_cast<const uint4*>(stage_out + token * Q::kStagingPitch + 8 * c);

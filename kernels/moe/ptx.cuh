@@ -43,19 +43,19 @@ __device__ __forceinline__ void st_shared_16(std::uint32_t smem_addr, const uint
 }
 // Four 8×8 bf16 matrices to shared memory: lane l gives the address of row l % 8 of matrix l / 8, and its
 // register j holds row l / 4, columns 2·(l % 4) and + 1 of matrix j (an m16n8 accumulator fragment's layout).
+// kTranspose: each matrix is stored transposed, lane l's address then receives column l % 8 of matrix l / 8
+// (rows 0..7 of the fragment, 16 contiguous bytes).
+template <bool kTranspose = false>
 __device__ __forceinline__ void stmatrix_x4(std::uint32_t smem_addr, std::uint32_t r0, std::uint32_t r1,
                                             std::uint32_t r2, std::uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(r0),
-               "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-}
-// The same four matrices stored transposed: lane l gives the address of row l % 8 of matrix l / 8's
-// transpose, which receives column l % 8 of matrix l / 8 (rows 0..7 of the fragment, 16 contiguous bytes).
-__device__ __forceinline__ void stmatrix_x4_trans(std::uint32_t smem_addr, std::uint32_t r0, std::uint32_t r1,
-                                                  std::uint32_t r2, std::uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
+  if constexpr (kTranspose)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+  else
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
 }
 __device__ __forceinline__ uint4 ld_shared_16(std::uint32_t smem_addr) {
   uint4 v;

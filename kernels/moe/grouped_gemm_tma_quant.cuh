@@ -335,8 +335,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 
     // The down stage's destination slots: thread t loads token t's into its staging row's padding, read back
     // by the store loop (a load of sorted_slot per row inside that loop waited out a round trip to L2 per
-    // row, since ptxas cannot move it above a store to y). The 16 slots held in registers instead spilled
-    // beside the former 2-byte staging stores; beside the stmatrix stores ptxas fits them, not measured.
+    // row, since ptxas cannot move it above a store to y). Held in registers instead, the 128-token units'
+    // 16 slots spill (ptxas 13.0: 72 / 28 bytes for int8 / int4, loaded before or after the staging barrier).
     if constexpr (!kGateUp) {
       if (t < kTokens) {
         const int slot = t < tile.count ? __ldg(p.sorted_slot + tile.row_start + t) : 0;

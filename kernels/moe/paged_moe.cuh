@@ -807,7 +807,7 @@ class PagedMoe {
       return launch(kernel, dim3(grid), grouped::kTmaThreads, Gemm::kSmem, stream, tp, name);
     };
     if constexpr (P::kQuantized) {
-      const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / k_permutation::kBlock);
+      const long long threads = static_cast<long long>(s.num_tokens) * (s.hidden / 8);  // 16-byte chunks
       if (Status st =
               launch_args(grouped::permute_k_kernel, dim3(static_cast<unsigned>((threads + 255) / 256)), 256,
                           0, stream, "grouped::permute_k_kernel", p.input, permuted_input,

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Summarises benchmarks/device/steady_breakdown.sh's folder: per model × tokens × configuration, the layer's
+median µs in paged_moe_bench's steady state (contiguous and paged), the SM clock and board power nvidia-smi saw
+while the GPU was busy (samples at ≥ 90% utilisation), and every kernel's median µs, cycles and clock under
+Nsight Compute (launches serialised; caches and clocks left as they were). "kernels" sums the medians of the
+kernels launched once per layer call (those with at least half the launches of the most frequent one).
+    python3 benchmarks/device/steady_summary.py FOLDER
+"""
+import collections
+import csv
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def short(name):
+    name = re.sub(r"^void ", "", name)
+    return re.split(r"[(]", name, maxsplit=1)[0].replace("amoeba::kernels::", "")[:120]
+
+
+def ncu_rows(path):
+    if not os.path.exists(path):
+        return []
+    lines = open(path, errors="replace").read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    return [] if start is None else list(csv.DictReader(lines[start:]))
+
+
+def kernels(path):
+    """{(kernel, grid): {"us": [..], "cycles": [..]}} from an ncu CSV."""
+    out = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in ncu_rows(path):
+        v = float(r["Metric Value"].replace(",", ""))
+        unit = r.get("Metric Unit", "")
+        key = (short(r["Kernel Name"]), r["Grid Size"])
+        if r["Metric Name"] == "gpu__time_duration.sum":
+            out[key]["us"].append(v * {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0,
+                                       "ms": 1e3, "msecond": 1e3}.get(unit, 1e-3))
+        elif r["Metric Name"] == "sm__cycles_elapsed.max":
+            out[key]["cycles"].append(v)
+    return out
+
+
+def clocks(path):
+    sm, power = [], []
+    for line in open(path, errors="replace"):
+        f = [x.strip() for x in line.split(",")]
+        try:
+            if len(f) >= 6 and float(f[5]) >= 90:
+                sm.append(float(f[1]))
+                power.append(float(f[3]))
+        except ValueError:
+            continue
+    return sm, power
+
+
+def layer_us(path):
+    try:
+        doc = json.load(open(path))
+    except (OSError, ValueError):
+        return None, None
+    for case in doc.get("cases", []):
+        for c in case.get("configs", []):
+            paged = [p["us"] for p in c.get("paged", [])]
+            return c["contiguous_us"], (paged[0] if paged else None)
+    return None, None
+
+
+def main():
+    folder = sys.argv[1]
+    for base in sorted(glob.glob(os.path.join(folder, "*.clk.csv"))):
+        stem = base[: -len(".clk.csv")]
+        name = os.path.basename(stem)
+        contiguous, paged = layer_us(stem + ".json")
+        sm, power = clocks(base)
+        clk = f"{statistics.median(sm):.0f} MHz, {statistics.median(power):.0f} W ({len(sm)} samples)" if sm else "no busy samples"
+        print(f"== {name}: layer contiguous {contiguous} us, paged {paged} us; while busy {clk}")
+        ks = kernels(stem + ".ncu.csv")
+        if not ks:
+            print("   no ncu rows")
+            continue
+        most = max(len(m["us"]) for m in ks.values())
+        total = 0.0
+        for (k, grid), m in sorted(ks.items(), key=lambda kv: -statistics.median(kv[1]["us"] or [0])):
+            us = statistics.median(m["us"]) if m["us"] else float("nan")
+            cyc = statistics.median(m["cycles"]) if m["cycles"] else float("nan")
+            per_layer = len(m["us"]) * 2 >= most
+            total += us if per_layer else 0.0
+            print(f"   {us:9.1f} us {cyc:10.0f} cyc {cyc / us:6.0f} MHz  x{len(m['us']):<3d} {'' if per_layer else '(not every call) '}{k} grid{grid}")
+        print(f"   kernels: {total:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

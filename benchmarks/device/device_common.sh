@@ -1,7 +1,9 @@
-# Sourced by the one-call device scripts (engine_check.sh, engine_motivating.sh, engine_overheads.sh): checks
+# Sourced by the one-call device scripts (engine_check.sh, engine_motivating.sh, engine_overheads.sh,
+# precision_alone.sh, steady_breakdown.sh, stall_profile.sh): checks
 # BIN and OUT, puts $BIN on the library path (libfmt.so.9 travels beside the binaries), starts the summary
 # `lines` that each script prints last, and runs the test binaries named in TESTS (whole logs to
-# $OUT/tests.txt, one summary line each); fixed_batch_trace writes a trace of one batch arriving at once.
+# $OUT/tests.txt, one summary line each); fixed_batch_trace writes a trace of one batch arriving at once;
+# start_sampler / stop_sampler record the clocks and power while a benchmark runs.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding the binaries}"
 : "${OUT:?OUT must name an output folder}"
@@ -19,4 +21,15 @@ fixed_batch_trace() {
   for ((i = 0; i < $1; ++i)); do
     printf '{"arrival_s": 0.0, "prompt_tokens": %d, "output_tokens": 64}\n' "$2"
   done >"$3"
+}
+# start_sampler FILE: nvidia-smi writes the SM clock, memory clock, board power, temperature and utilisation
+# every 50 ms into FILE (timestamp first) until stop_sampler.
+start_sampler() {
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv,noheader,nounits -lms 50 >"$1" 2>/dev/null &
+  sampler=$!
+}
+stop_sampler() {
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
 }

@@ -27,7 +27,8 @@ def layer_us(path):
     return out
 
 
-def busy_clock(path):
+def busy_samples(path):
+    """The SM clock (MHz) and board power (W) samples of a start_sampler file taken at >= 90% utilisation."""
     sm, power = [], []
     for line in open(path, errors="replace"):
         f = [x.strip() for x in line.split(",")]
@@ -37,6 +38,11 @@ def busy_clock(path):
                 power.append(float(f[3]))
         except ValueError:
             continue
+    return sm, power
+
+
+def busy_clock(path):
+    sm, power = busy_samples(path)
     return (statistics.median(sm), statistics.median(power)) if sm else None
 
 

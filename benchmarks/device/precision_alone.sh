@@ -15,14 +15,11 @@ configs=${CONFIGS:-default int4 int8}
 # run NAME CONFIG MODEL SEED: one bench process, its clock samples beside it.
 run() {
   local base="$OUT/alone/$1"
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
-    --format=csv,noheader,nounits -lms 50 >"$base.clk.csv" 2>/dev/null &
-  local smi=$!
+  start_sampler "$base.clk.csv"
   timeout 200 "$BIN/paged_moe_bench" --models "$3" --tokens "${TOKENS:-4096,16384}" --config "$2" \
     --placement adjacent --seed "$4" --seconds "${RUN_SECONDS:-1.5}" --json "$base.json" >"$base.txt" 2>&1
   local rc=$?
-  kill "$smi" 2>/dev/null
-  wait "$smi" 2>/dev/null
+  stop_sampler
   [[ $rc -ne 0 ]] && lines+=("$1 rc=$rc")
 }
 for seed in $(seq 1 "${SEEDS:-3}"); do

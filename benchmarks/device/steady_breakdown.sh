@@ -19,14 +19,11 @@ for model in ${MODELS:-qwen3}; do
   for tokens in ${TOKENS:-4096 16384}; do
     for config in ${CONFIGS:-default int4 int8}; do
       base="$OUT/steady/${model}_${tokens}_$config"
-      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
-        --format=csv,noheader,nounits -lms 50 >"$base.clk.csv" 2>/dev/null &
-      smi=$!
+      start_sampler "$base.clk.csv"
       timeout 120 "$BIN/paged_moe_bench" --models "$model" --tokens "$tokens" --config "$config" \
         --placement adjacent --seed 1 --seconds "${RUN_SECONDS:-2}" --json "$base.json" >"$base.txt" 2>&1
       rc=$?
-      kill "$smi" 2>/dev/null
-      wait "$smi" 2>/dev/null
+      stop_sampler
       timeout 300 "$ncu" --cache-control none --clock-control none --metrics \
         gpu__time_duration.sum,sm__cycles_elapsed.max --csv --kernel-name "regex:$layer_kernels" \
         --launch-skip 20 --launch-count 60 \

@@ -15,6 +15,8 @@ import re
 import statistics
 import sys
 
+from precision_alone import busy_samples
+
 
 def short(name):
     name = re.sub(r"^void ", "", name)
@@ -44,19 +46,6 @@ def kernels(path):
     return out
 
 
-def clocks(path):
-    sm, power = [], []
-    for line in open(path, errors="replace"):
-        f = [x.strip() for x in line.split(",")]
-        try:
-            if len(f) >= 6 and float(f[5]) >= 90:
-                sm.append(float(f[1]))
-                power.append(float(f[3]))
-        except ValueError:
-            continue
-    return sm, power
-
-
 def layer_us(path):
     try:
         doc = json.load(open(path))
@@ -75,7 +64,7 @@ def main():
         stem = base[: -len(".clk.csv")]
         name = os.path.basename(stem)
         contiguous, paged = layer_us(stem + ".json")
-        sm, power = clocks(base)
+        sm, power = busy_samples(base)
         clk = f"{statistics.median(sm):.0f} MHz, {statistics.median(power):.0f} W ({len(sm)} samples)" if sm else "no busy samples"
         print(f"== {name}: layer contiguous {contiguous} us, paged {paged} us; while busy {clk}")
         ks = kernels(stem + ".ncu.csv")

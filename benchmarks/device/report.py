@@ -1,12 +1,14 @@
 """Merges the kernel benchmark of several processes (and the PyTorch matmul rate and baseline) into one
 results JSON and a markdown table. Writes only the two files it is given.
 
-    python3 report.py --bench p1.json p2.json p3.json --torch torch.json --out-json X.json --out-md X.md \
-        [--commit C] [--date D] [--command "..."]
+    python3 report.py --bench p1.json p2.json p3.json --torch torch.json [--sustained mm.json] \
+        --out-json X.json --out-md X.md [--commit C] [--date D] [--command "..."]
 
 Every paged-vs-contiguous ratio is a mean ± sd over all processes × page-permutation seeds of one placement;
 times are means ± sd over processes of each process's median. Floors: max(expert bytes / read bandwidth,
-FLOPs / matmul rate), once with the rates measured in the same call and once with the datasheet's.
+FLOPs / matmul rate), once with the rates measured in the same call and once with the datasheet's; with
+--sustained (matmul_sustained.py's JSON) a third time, at the matmul rate sustained at the board's power limit,
+where the layer runs (the torch rate is a 20 ms burst).
 """
 import argparse
 import json
@@ -45,6 +47,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", nargs="+", required=True)
     ap.add_argument("--torch", required=True)
+    ap.add_argument("--sustained", help="matmul_sustained.py --json output: adds the sustained-rate floor")
     ap.add_argument("--out-json", required=True)
     ap.add_argument("--out-md", required=True)
     ap.add_argument("--commit", default="unknown")
@@ -63,6 +66,12 @@ def main():
     except (OSError, ValueError):
         torch = {"cases": [], "matmul_tflops": None, "torch": "unavailable"}
     tflops = torch.get("matmul_tflops") or 790.0
+    sustained = None
+    if a.sustained:
+        try:
+            sustained = statistics.fmean(x["tflops"] for x in json.load(open(a.sustained))["rounds"])
+        except (OSError, ValueError, KeyError, statistics.StatisticsError) as e:
+            raise SystemExit(f"report.py: --sustained {a.sustained}: no rounds with a 'tflops' value ({e})")
     read_gbs = statistics.fmean(r["read_gbs"] for r in runs)
     copy_gbs = statistics.fmean(r["copy_gbs"] for r in runs)
     tmap = {(c["model"], c["tokens"]): c for c in torch["cases"]}
@@ -107,6 +116,10 @@ def main():
         row["paged_us"] = paged
         row["paged_over_floor"], row["paged_over_floor_sd"] = mean_sd(p / floor for p in samples)
         row["paged_over_datasheet_floor"], row["paged_over_datasheet_floor_sd"] = mean_sd(p / ds_floor for p in samples)
+        if sustained:
+            row["floor_sustained_us"] = max(mem_us, c0["flops"] / (sustained * 1e12) * 1e6)
+            row["paged_over_sustained_floor"], row["paged_over_sustained_floor_sd"] = mean_sd(
+                p / row["floor_sustained_us"] for p in samples)
         t = tmap.get((row["model"], row["tokens"]), {})
         row["torch_us"], row["torch_graph_us"] = t.get("torch_us"), t.get("torch_graph_us")
         # vLLM was measured with uniform routing: compared only on the same.
@@ -130,11 +143,13 @@ def main():
     summary = {pl: summary_for(pl) for pl in placements}
     out = {"gpu": runs[0]["gpu"], "date": a.date, "commit": a.commit, "command": a.command,
            "processes": len(runs), "read_gbs": read_gbs, "copy_gbs": copy_gbs, "matmul_tflops": tflops,
+           "matmul_sustained_tflops": sustained,
            "datasheet_gbs": DATASHEET_GBS, "datasheet_tflops": DATASHEET_TFLOPS, "torch": torch.get("torch"),
            "rotating_sets": runs[0]["sets"], "router": router, "summary": summary, "cases": rows}
     json.dump(out, open(a.out_json, "w"), indent=1)
 
-    md = ["# PagedMoe on the H200", ""]
+    # The results file is named for the H200; a run on another card says which in its title.
+    md = ["# PagedMoe on the H200" if "H200" in runs[0]["gpu"] else f"# PagedMoe on {runs[0]['gpu']}", ""]
     md.append(f"GPU: {runs[0]['gpu']}; date {a.date}; commit {a.commit}; torch {torch.get('torch')}.  ")
     md.append(f"Command: `{a.command}`.  ")
     if router != "uniform":
@@ -145,6 +160,9 @@ def main():
     md.append(f"Measured in the same call: read {read_gbs:.0f} GB/s, device copy {copy_gbs:.0f} GB/s (read+write), "
               f"bf16 matmul {tflops:.0f} TFLOP/s (8192³, torch); datasheet {DATASHEET_GBS:.0f} GB/s, "
               f"{DATASHEET_TFLOPS:.0f} TFLOP/s.  ")
+    if sustained:
+        md.append(f"bf16 matmul sustained at the power limit: {sustained:.0f} TFLOP/s (matmul_sustained.py); "
+                  "column 'paged / sust. floor'.  ")
     md.append(f"{len(runs)} processes; in each, contiguous and every paged view (placement × page-permutation seed) "
               f"alternate, CUDA-graph medians per layer call over {runs[0]['sets']} rotating input sets. "
               "contiguous: mean ± sd over processes; paged µs, paged / floor, paged / vLLM: shuffled pages, mean (± sd) "
@@ -158,8 +176,13 @@ def main():
     for pl in placements:
         hdr += f" {pl} vs contig |"
         sep += "---:|"
-    hdr += " floor meas. µs | paged / floor | paged / ds. floor | vLLM µs | paged / vLLM |"
-    sep += "---:|---:|---:|---:|---:|"
+    hdr += " floor meas. µs | paged / floor | paged / ds. floor |"
+    sep += "---:|---:|---:|"
+    if sustained:
+        hdr += " paged / sust. floor |"
+        sep += "---:|"
+    hdr += " vLLM µs | paged / vLLM |"
+    sep += "---:|---:|"
     md += [hdr, sep]
     for r in rows:
         line = (f"| {r['model']} | {r['tokens']} | {tile(r)} | "
@@ -170,7 +193,10 @@ def main():
         vl = "–" if r["vllm_us"] is None else f"{r['vllm_us']:.1f}"
         rv = "–" if r["paged_over_vllm"] is None else f"{r['paged_over_vllm']:.3f} ± {r['paged_over_vllm_sd']:.3f}"
         line += (f" {r['floor_us']:.1f} ({r['floor_kind']}) | {r['paged_over_floor']:.3f} ± "
-                 f"{r['paged_over_floor_sd']:.3f} | {r['paged_over_datasheet_floor']:.2f} | {vl} | {rv} |")
+                 f"{r['paged_over_floor_sd']:.3f} | {r['paged_over_datasheet_floor']:.2f} |")
+        if sustained:
+            line += f" {r['paged_over_sustained_floor']:.3f} |"
+        line += f" {vl} | {rv} |"
         md.append(line)
     md.append("")
     for pl in placements:

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One device call that checks and measures PagedMoe: device tests (+ compute-sanitizer memcheck and racecheck
 # on the small case), the benchmark in $PROCESSES separate processes (each: contiguous and the paged views of
-# every placement × page-permutation seed, alternating), the PyTorch bf16 matmul rate (and, if asked, the torch
-# pipeline baseline), and the merged report. Writes only under $OUT.
+# every placement × page-permutation seed, alternating), the PyTorch bf16 matmul rate in a burst and sustained
+# (and, if asked, the torch pipeline baseline), and the merged report. Writes only under $OUT.
 #   OUT=/some/dir BIN=/folder/with/binaries bash benchmarks/device/run.sh
 # $BIN holds paged_moe_bench and paged_moe_device_test (built elsewhere with the gpu preset and carried); without
 # them both are built here. Knobs: TOKENS, MODELS, SEEDS (1,2,3), PLACEMENTS (shuffled,adjacent), PROCESSES (3),
 # SECONDS_PER_VIEW (0.1), CONFIGS (default; e.g. default,warps2,register for an A/B of decode kernels),
 # SKIP_TESTS=1, SKIP_SANITIZER=1, TEST_TAGS ("[small] [models]"), TORCH_MODELS (torch pipeline baseline
-# models; none by default, the matmul rate is always measured), DIAG=1 (ncu per-kernel time and DRAM
-# throughput of a few decode cases into diag.log), COMMIT.
+# models; none by default, the matmul rate is always measured), SUSTAINED=0 (skips the matmul rate sustained
+# at the power limit, matmul_sustained.py, about 20 s), DIAG=1 (ncu per-kernel time and DRAM throughput of a
+# few decode cases into diag.log), COMMIT.
 set -uo pipefail
 : "${OUT:?OUT must name the folder for logs and results}"
 cd "$(dirname "$0")/../.."
@@ -56,7 +57,14 @@ fi
 PYTHONUNBUFFERED=1 python3 benchmarks/device/torch_baseline.py --json "$OUT/torch.json" --tokens "$TOKENS" \
   --models "${TORCH_MODELS:-}" >"$OUT/torch.log" 2>&1 || rc=1
 stamp "torch"
-python3 benchmarks/device/report.py --bench "${benches[@]}" --torch "$OUT/torch.json" \
+# The matmul rate sustained at the power limit, as the layer runs (SUSTAINED=0 skips it).
+sustained=()
+if [[ ${SUSTAINED:-1} == 1 ]] && python3 benchmarks/device/matmul_sustained.py --reps 3 --seconds 3 \
+  --json "$OUT/matmul_sustained.json" >"$OUT/matmul_sustained.log" 2>&1; then
+  sustained=(--sustained "$OUT/matmul_sustained.json")
+fi
+stamp "sustained matmul: $(tail -1 "$OUT/matmul_sustained.log" 2>/dev/null)"
+python3 benchmarks/device/report.py --bench "${benches[@]}" --torch "$OUT/torch.json" "${sustained[@]}" \
   --out-json "$OUT/paged_moe_h200.json" --out-md "$OUT/paged_moe_h200.md" \
   --commit "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" --date "$(date -u +%F)" \
   --command "${COMMAND:-OUT=\$OUT bash benchmarks/device/run.sh}" >/dev/null || rc=1

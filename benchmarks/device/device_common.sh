@@ -3,7 +3,7 @@
 # BIN and OUT, puts $BIN on the library path (libfmt.so.9 travels beside the binaries), starts the summary
 # `lines` that each script prints last, and runs the test binaries named in TESTS (whole logs to
 # $OUT/tests.txt, one summary line each); fixed_batch_trace writes a trace of one batch arriving at once;
-# start_sampler / stop_sampler record the clocks and power while a benchmark runs.
+# start_sampler / stop_sampler record the clocks and power while a benchmark runs; finish packs and prints.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding the binaries}"
 : "${OUT:?OUT must name an output folder}"
@@ -24,6 +24,7 @@ fixed_batch_trace() {
 }
 # start_sampler FILE: nvidia-smi writes the SM clock, memory clock, board power, temperature and utilisation
 # every 50 ms into FILE (timestamp first) until stop_sampler.
+# (precision_alone.py's SAMPLER_QUERY names the same columns for its parser.)
 start_sampler() {
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
     --format=csv,noheader,nounits -lms 50 >"$1" 2>/dev/null &
@@ -32,4 +33,11 @@ start_sampler() {
 stop_sampler() {
   kill "$sampler" 2>/dev/null
   wait "$sampler" 2>/dev/null
+}
+# finish DIR ARCHIVE SUMMARY: packs $OUT/DIR into $OUT/ARCHIVE (few files come back from a device call), then
+# prints the summary lines and $OUT/SUMMARY.
+finish() {
+  (cd "$OUT" && tar czf "$2" "$1" && rm -rf "$1")
+  printf '%s\n' "${lines[@]}"
+  cat "$OUT/$3"
 }

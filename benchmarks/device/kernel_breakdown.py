@@ -42,13 +42,19 @@ def scaled(value, unit):
     return value * times.get(unit, sizes.get(unit, 1.0))
 
 
-def medians(path):
+def metric_groups(path, name=short):
+    """{(name(kernel), grid): {metric: [value per launch]}}, times in µs and bytes in MB (steady_summary.py
+    names kernels with their template arguments)."""
     groups = {}
     for r in rows(path):
-        key = (short(r["Kernel Name"]), r["Grid Size"])
+        key = (name(r["Kernel Name"]), r["Grid Size"])
         v = scaled(float(r["Metric Value"].replace(",", "")), r.get("Metric Unit", ""))
         groups.setdefault(key, collections.defaultdict(list))[r["Metric Name"]].append(v)
-    for (name, grid), metrics in sorted(groups.items()):
+    return groups
+
+
+def medians(path):
+    for (name, grid), metrics in sorted(metric_groups(path).items()):
         n = max(len(v) for v in metrics.values())
         values = "; ".join(f"{m}={statistics.median(v):.1f}" for m, v in sorted(metrics.items()))
         print(f"{name} grid{grid} launches={n} median: {values}")

@@ -15,7 +15,10 @@ import time
 
 import torch
 
-N = 8192
+from precision_alone import SAMPLER_QUERY, busy_lines
+from torch_baseline import matmul_tflops
+
+N = 8192  # as torch_baseline.matmul_tflops
 FLOP = 2 * N**3
 
 
@@ -29,30 +32,15 @@ def timed(a, b, count):
     return s.elapsed_time(e) / count  # ms per product
 
 
-def burst(a, b):
-    """As torch_baseline.matmul_tflops: three warm-ups, the median of ten single products."""
-    for _ in range(3):
-        a @ b
-    return FLOP / (statistics.median(timed(a, b, 1) for _ in range(10)) * 1e-3) / 1e12
-
-
 def sustained(a, b, seconds):
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu",
-                            "--format=csv,noheader,nounits", "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    smi = subprocess.Popen(["nvidia-smi", *SAMPLER_QUERY, "-lms", "50"], stdout=subprocess.PIPE, text=True)
     start = time.perf_counter()
     batches = []  # (seconds since start, ms per product)
     while time.perf_counter() - start < seconds:
         ms = timed(a, b, 10)
         batches.append((time.perf_counter() - start, ms))
     smi.terminate()
-    samples = []
-    for line in smi.communicate()[0].splitlines():
-        try:
-            sm, w, util = (float(x) for x in line.split(","))
-        except ValueError:
-            continue
-        if util >= 90:
-            samples.append((sm, w))
+    samples = list(zip(*busy_lines(smi.communicate()[0].splitlines())))  # (MHz, W) at >= 90% use
     late = [ms for t, ms in batches if t >= seconds / 2]
     half = samples[len(samples) // 2:]
     return {"tflops": FLOP / (statistics.median(late) * 1e-3) / 1e12,
@@ -72,7 +60,7 @@ def main():
     rounds = []
     for r in range(args.reps):
         time.sleep(2.0)  # let the card cool off the previous round's power draw
-        x = {"burst_tflops": burst(a, b)}
+        x = {"burst_tflops": matmul_tflops()}
         x.update(sustained(a, b, args.seconds))
         rounds.append(x)
         print(f"round {r + 1}: burst {x['burst_tflops']:.0f} TFLOP/s; sustained {x['tflops']:.0f} TFLOP/s "

@@ -27,10 +27,20 @@ def layer_us(path):
     return out
 
 
+# What device_common.sh's start_sampler asks nvidia-smi for, in this order.
+SAMPLER_QUERY = ["--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu",
+                 "--format=csv,noheader,nounits"]
+
+
 def busy_samples(path):
     """The SM clock (MHz) and board power (W) samples of a start_sampler file taken at >= 90% utilisation."""
+    return busy_lines(open(path, errors="replace"))
+
+
+def busy_lines(lines):
+    """busy_samples over the sampler's lines (SAMPLER_QUERY's columns)."""
     sm, power = [], []
-    for line in open(path, errors="replace"):
+    for line in lines:
         f = [x.strip() for x in line.split(",")]
         try:
             if len(f) >= 6 and float(f[5]) >= 90:

@@ -30,6 +30,4 @@ for seed in $(seq 1 "${SEEDS:-3}"); do
   done
 done
 python3 "$here/precision_alone.py" "$OUT/alone" >"$OUT/alone.txt" 2>&1
-(cd "$OUT" && tar czf precision_alone.tgz alone && rm -rf alone)
-printf '%s\n' "${lines[@]}"
-cat "$OUT/alone.txt"
+finish alone precision_alone.tgz alone.txt

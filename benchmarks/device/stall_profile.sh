@@ -25,6 +25,4 @@ for config in ${CONFIGS:-default int8 int4}; do
   "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.source.csv" 2>&1
   python3 "$here/stall_summary.py" "$config" "$rep.details.csv" "$rep.source.csv" >>"$OUT/stalls.txt" 2>&1
 done
-(cd "$OUT" && tar czf stall_profile.tgz ncu && rm -rf ncu)
-printf '%s\n' "${lines[@]}"
-cat "$OUT/stalls.txt"
+finish ncu stall_profile.tgz stalls.txt

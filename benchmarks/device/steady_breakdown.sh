@@ -34,6 +34,4 @@ for model in ${MODELS:-qwen3}; do
   done
 done
 python3 "$here/steady_summary.py" "$OUT/steady" >"$OUT/steady.txt" 2>&1
-(cd "$OUT" && tar czf steady_breakdown.tgz steady && rm -rf steady)
-printf '%s\n' "${lines[@]}"
-cat "$OUT/steady.txt"
+finish steady steady_breakdown.tgz steady.txt

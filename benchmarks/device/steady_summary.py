@@ -6,8 +6,6 @@ Nsight Compute (launches serialised; caches and clocks left as they were). "kern
 kernels launched once per layer call (those with at least half the launches of the most frequent one).
     python3 benchmarks/device/steady_summary.py FOLDER
 """
-import collections
-import csv
 import glob
 import json
 import os
@@ -15,35 +13,24 @@ import re
 import statistics
 import sys
 
+from kernel_breakdown import metric_groups
 from precision_alone import busy_samples
 
 
-def short(name):
+def long_name(name):
+    """A kernel's name with its template arguments (the stages of one kernel template differ only there)."""
     name = re.sub(r"^void ", "", name)
     return re.split(r"[(]", name, maxsplit=1)[0].replace("amoeba::kernels::", "")[:120]
 
 
-def ncu_rows(path):
-    if not os.path.exists(path):
-        return []
-    lines = open(path, errors="replace").read().splitlines()
-    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-    return [] if start is None else list(csv.DictReader(lines[start:]))
-
-
 def kernels(path):
-    """{(kernel, grid): {"us": [..], "cycles": [..]}} from an ncu CSV."""
-    out = collections.defaultdict(lambda: collections.defaultdict(list))
-    for r in ncu_rows(path):
-        v = float(r["Metric Value"].replace(",", ""))
-        unit = r.get("Metric Unit", "")
-        key = (short(r["Kernel Name"]), r["Grid Size"])
-        if r["Metric Name"] == "gpu__time_duration.sum":
-            out[key]["us"].append(v * {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0,
-                                       "ms": 1e3, "msecond": 1e3}.get(unit, 1e-3))
-        elif r["Metric Name"] == "sm__cycles_elapsed.max":
-            out[key]["cycles"].append(v)
-    return out
+    """{(kernel, grid): {"us": [..], "cycles": [..]}} from an ncu CSV (empty when it has no rows)."""
+    try:
+        groups = metric_groups(path, name=long_name)
+    except (OSError, StopIteration):
+        return {}
+    return {key: {"us": m.get("gpu__time_duration.sum", []), "cycles": m.get("sm__cycles_elapsed.max", [])}
+            for key, m in groups.items()}
 
 
 def layer_us(path):

@@ -541,7 +541,6 @@ class PagedMoe {
       p.num_tiles = r.num_tiles;
       r.keys = static_cast<int*>(at(lay.keys));
       r.vals = static_cast<int*>(at(lay.vals));
-      r.sorted_keys = static_cast<int*>(at(lay.sorted_keys));
       return r;
     };
     const auto addr = Addressing::make_params(a.weights, stride / 2);
@@ -554,7 +553,7 @@ class PagedMoe {
         auto* copy = static_cast<bf16*>(at(lay.dequant));
         const auto r = params.template operator()<Contiguous>(
             Contiguous::make_params({copy}, static_cast<std::int64_t>(s.intermediate) * s.hidden));
-        if (Status st = route(r, lay, base, stream); !st) return st;
+        if (Status st = route(r, stream); !st) return st;
         const dequant::ExpertsParams<Addressing> d{addr,     r.expert_offset, copy, s.total_experts(),
                                                    s.hidden, s.intermediate};
         if (Status st =
@@ -573,7 +572,7 @@ class PagedMoe {
     const MoeParams<Addressing>& p = r.moe;
 
     // 1. Routing preparation.
-    if (Status st = route(r, lay, base, stream); !st) return st;
+    if (Status st = route(r, stream); !st) return st;
 
     // 2-3. Gate/up then down.
     if (choice.path == MoePath::kGrouped && dev.major == 9) {
@@ -615,9 +614,9 @@ class PagedMoe {
 
  private:
   struct Layout {
-    std::size_t expert_offset, num_tiles, unit_counters, tiles, sorted_slot, keys, vals, sorted_keys,
-        sort_temp, act, y, permuted_input, dequant;
-    std::size_t sort_temp_bytes, total;
+    std::size_t expert_offset, num_tiles, unit_counters, tiles, sorted_slot, keys, vals, act, y,
+        permuted_input, dequant;
+    std::size_t total;
   };
 
   // Upper bound of work tiles: sum over experts of ceil(count/tile) <= S/tile + min(E+m, S).
@@ -643,11 +642,8 @@ class PagedMoe {
     l.tiles = take(static_cast<std::size_t>(max_tiles(s, 8)) * sizeof(WorkTile));
     l.sorted_slot = take(slots * sizeof(int));
     const bool large = slots > static_cast<std::size_t>(routing::kSmallSlots);
-    l.sort_temp_bytes = large ? routing::sort_temp_bytes(static_cast<int>(slots), s.total_experts()) : 0;
-    l.keys = take(large ? slots * sizeof(int) : 0);
-    l.vals = take(large ? slots * sizeof(int) : 0);
-    l.sorted_keys = take(large ? slots * sizeof(int) : 0);
-    l.sort_temp = take(l.sort_temp_bytes);
+    l.keys = take(large ? slots * sizeof(int) : 0);  // ranks
+    l.vals = take(large ? slots * sizeof(int) : 0);  // per-block counts (routing::count_blocks × E + m)
     l.act = take(slots * static_cast<std::size_t>(s.intermediate) * sizeof(bf16));
     l.y = take(slots * static_cast<std::size_t>(s.hidden) * sizeof(bf16));
     // Quantized experts: the input with K permuted for the TMA grouped GEMM (grouped::permute_k_kernel).
@@ -663,26 +659,22 @@ class PagedMoe {
     return l;
   }
 
-  // Routing preparation: the expert-sorted slots, expert offsets and work tiles (small: one block; large:
-  // CUB's radix sort between two kernels).
+  // Routing preparation: the expert-sorted slots, expert offsets and work tiles (small: one block; large: a
+  // counting sort in three kernels).
   template <class A>
-  static Status route(const routing::RoutingParams<A>& r, const Layout& lay, unsigned char* base,
-                      cudaStream_t stream) {
+  static Status route(const routing::RoutingParams<A>& r, cudaStream_t stream) {
     const int slots = r.moe.num_slots;
     if (slots <= routing::kSmallSlots) {
       return launch_args(routing::small_kernel<A>, dim3(1), routing::kThreads, 0, stream,
                          "routing::small_kernel", r);
     }
-    routing::expand_kernel<A><<<(slots + 255) / 256, 256, 0, stream>>>(r);
-    if (Status st = launched("routing::expand_kernel"); !st) return st;
-    std::size_t temp_bytes = lay.sort_temp_bytes;
-    if (cudaError_t e = cub::DeviceRadixSort::SortPairs(base + lay.sort_temp, temp_bytes, r.keys,
-                                                        r.sorted_keys, r.vals, r.sorted_slot, slots, 0,
-                                                        routing::key_bits(r.total_experts), stream);
-        e != cudaSuccess)
-      return Status::error("cub::DeviceRadixSort", cudaGetErrorString(e));
-    routing::finalize_kernel<A><<<1, routing::kThreads, 0, stream>>>(r);
-    return launched("routing::finalize_kernel");
+    const int blocks = routing::count_blocks(slots);
+    routing::count_kernel<A><<<blocks, routing::kCountThreads, 0, stream>>>(r);
+    if (Status st = launched("routing::count_kernel"); !st) return st;
+    routing::offsets_kernel<A><<<1, routing::kThreads, 0, stream>>>(r, blocks);
+    if (Status st = launched("routing::offsets_kernel"); !st) return st;
+    routing::scatter_kernel<A><<<blocks, routing::kCountThreads, 0, stream>>>(r);
+    return launched("routing::scatter_kernel");
   }
 
   // The top-k weighted sum of each token's slot outputs.

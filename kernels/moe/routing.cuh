@@ -3,14 +3,15 @@
 // routed experts' in order: write_tiles), each carrying its expert's three base pointers as resolved by the
 // addressing policy (once per expert per layer). Two paths with the same outputs:
 //  - small (S <= kSmallSlots): one block, shared-memory atomics for ranks and cub::BlockScan for offsets;
-//  - large: a key/value expand kernel, cub::DeviceRadixSort (stable) and one finalize block (binary search +
-//    cub::BlockScan).
+//  - large: the same counting sort over blocks of kCountSlots slots. count_kernel ranks each block's slots
+//    within their expert and writes the block's counts; offsets_kernel (one block) turns the counts into each
+//    block's start inside its expert, scans the experts' totals (cub::BlockScan) and writes the tiles;
+//    scatter_kernel writes sorted_slot.
 // The order of rows inside one expert does not change any result: each row's arithmetic is independent of its
-// position, and the combine sums each token's slots in slot order.
+// position, and the combine sums each token's slots in slot order. So the ranks may come from atomics.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_radix_sort.cuh>
 
 #include "moe/moe_params.cuh"
 #include "moe/ptx.cuh"
@@ -20,6 +21,15 @@ namespace amoeba::kernels::routing {
 inline constexpr int kThreads = 1024;
 inline constexpr int kMaxExperts = kThreads;  // one expert per thread in the scans
 inline constexpr int kSmallSlots = 8192;      // ranks kept in 32 KB of shared memory
+// Large path: count_kernel and scatter_kernel blocks of kCountThreads threads, kCountPerThread slots each.
+inline constexpr int kCountThreads = 256;
+inline constexpr int kCountPerThread = 8;
+inline constexpr int kCountSlots = kCountThreads * kCountPerThread;
+// Blocks of the large path; its per-block counts ([blocks][total_experts] ints) fit in the `vals` buffer of
+// num_slots ints whenever num_slots > kSmallSlots (blocks · E <= (S / 2048 + 1) · 1024 < S).
+inline int count_blocks(int num_slots) {
+  return (num_slots + kCountSlots - 1) / kCountSlots;
+}
 
 template <expert_addressing Addressing>
 struct RoutingParams {
@@ -31,9 +41,8 @@ struct RoutingParams {
   WorkTile* tiles;
   int* num_tiles;
   // large path only
-  int* keys;
-  int* vals;
-  int* sorted_keys;
+  int* keys;  // [num_slots]: each slot's rank within its expert in its block (-1: dropped)
+  int* vals;  // [count_blocks][total_experts]: a block's count, then its first rank within the expert
 };
 
 // Per-thread tile counts of the routed experts (x) and of the shared chunks (y), summed in one block scan.
@@ -111,54 +120,79 @@ __global__ void __launch_bounds__(kThreads)
     if (ranks[s] >= 0) r.sorted_slot[counts[slot_expert(r.moe, s)] + ranks[s]] = s;
 }
 
-// keys[s] = expert of slot s (total_experts for invalid ids, so they sort last), vals[s] = s.
+// Pass 1 of the large path: block b ranks its kCountSlots slots within their experts (shared-memory atomics)
+// into keys and writes its per-expert counts into vals[b][·]. The experts are read before any atomic so that
+// a thread's eight loads are in flight together.
 template <class Addressing>
-__global__ void expand_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
-  const int s = blockIdx.x * blockDim.x + threadIdx.x;
-  if (s >= r.moe.num_slots) return;
-  const int e = slot_expert(r.moe, s);
-  r.keys[s] = e >= 0 ? e : r.total_experts;
-  r.vals[s] = s;
-}
-
-__device__ __forceinline__ int lower_bound(const int* a, int n, int v) {
-  int lo = 0, hi = n;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (a[mid] < v)
-      lo = mid + 1;
-    else
-      hi = mid;
+__global__ void __launch_bounds__(kCountThreads) count_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+  __shared__ int counts[kMaxExperts];
+  for (int e = threadIdx.x; e < r.total_experts; e += kCountThreads) counts[e] = 0;
+  __syncthreads();
+  const int base = blockIdx.x * kCountSlots + threadIdx.x;
+  int expert[kCountPerThread];
+#pragma unroll
+  for (int i = 0; i < kCountPerThread; ++i) {
+    const int s = base + i * kCountThreads;
+    expert[i] = s < r.moe.num_slots ? slot_expert(r.moe, s) : -1;
   }
-  return lo;
+#pragma unroll
+  for (int i = 0; i < kCountPerThread; ++i) {
+    const int s = base + i * kCountThreads;
+    if (s < r.moe.num_slots) r.keys[s] = expert[i] >= 0 ? atomicAdd(&counts[expert[i]], 1) : -1;
+  }
+  __syncthreads();
+  int* block_counts = r.vals + static_cast<std::int64_t>(blockIdx.x) * r.total_experts;
+  for (int e = threadIdx.x; e < r.total_experts; e += kCountThreads) block_counts[e] = counts[e];
 }
 
+// Pass 2, one block, a thread per expert: each block's count in vals becomes the block's first rank within
+// the expert (the counts of the blocks before it), the experts' totals are scanned into offsets, and the tiles
+// are written (write_tiles). Sixteen blocks' counts are loaded at a time.
 template <class Addressing>
 __global__ void __launch_bounds__(kThreads)
-    finalize_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
-  ptx::launch_dependents();
+    offsets_kernel(const __grid_constant__ RoutingParams<Addressing> r, int blocks) {
+  constexpr int kBatch = 16;
   const int e = threadIdx.x;
-  int offset = 0, count = 0;
+  int count = 0;
   if (e < r.total_experts) {
-    offset = lower_bound(r.sorted_keys, r.moe.num_slots, e);
-    count = lower_bound(r.sorted_keys, r.moe.num_slots, e + 1) - offset;
+    int* column = r.vals + e;
+    for (int b0 = 0; b0 < blocks; b0 += kBatch) {
+      int n[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+        n[i] = b0 + i < blocks ? column[static_cast<std::int64_t>(b0 + i) * r.total_experts] : 0;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (b0 + i < blocks) column[static_cast<std::int64_t>(b0 + i) * r.total_experts] = count;
+        count += n[i];
+      }
+    }
   }
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  int offset = 0;
+  Scan(scan).ExclusiveSum(count, offset);
   write_tiles(r, offset, count);
 }
 
-// Bits of the radix sort key: values 0..total_experts.
-inline int key_bits(int total_experts) {
-  int bits = 1;
-  while ((1 << bits) <= total_experts) ++bits;
-  return bits;
-}
-
-inline std::size_t sort_temp_bytes(int num_slots, int total_experts) {
-  std::size_t bytes = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int*>(nullptr),
-                                  static_cast<int*>(nullptr), static_cast<const int*>(nullptr),
-                                  static_cast<int*>(nullptr), num_slots, 0, key_bits(total_experts));
-  return bytes;
+// Pass 3: slot s of block b goes to expert_offset[e] + vals[b][e] + keys[s]. The gate/up kernel's blocks may
+// take their SMs and set up now; they wait for this grid to finish.
+template <class Addressing>
+__global__ void __launch_bounds__(kCountThreads)
+    scatter_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+  ptx::launch_dependents();
+  const int base = blockIdx.x * kCountSlots + threadIdx.x;
+  const int* block_start = r.vals + static_cast<std::int64_t>(blockIdx.x) * r.total_experts;
+#pragma unroll
+  for (int i = 0; i < kCountPerThread; ++i) {
+    const int s = base + i * kCountThreads;
+    if (s >= r.moe.num_slots) break;
+    const int rank = r.keys[s];
+    if (rank >= 0) {
+      const int e = slot_expert(r.moe, s);
+      r.sorted_slot[r.expert_offset[e] + block_start[e] + rank] = s;
+    }
+  }
 }
 
 }  // namespace amoeba::kernels::routing

@@ -284,6 +284,88 @@ TEST_CASE("routing lists the shared chunks' tiles first, then the routed experts
   CHECK(num_tiles.download()[0] == next);
 }
 
+TEST_CASE("the large routing path: offsets, tiles and each expert's slots, with drops and a hot expert",
+          "[gpu][small]") {
+  // Above routing::kSmallSlots: count_kernel, offsets_kernel and scatter_kernel, over a slot count that is not a
+  // multiple of routing::kCountSlots. Expert 3 takes about half the routed slots; ids E and -1 are dropped.
+  constexpr int E = 40, m = 2, k = 4, T = 5003, kTile = 128;
+  constexpr int S = T * (k + m);
+  static_assert(S > kernels::routing::kSmallSlots && S % kernels::routing::kCountSlots != 0);
+  std::vector<std::int32_t> ids(T * k);
+  std::uint32_t x = 12345;
+  for (auto& id : ids) {
+    x = x * 1664525u + 1013904223u;
+    const int v = static_cast<int>(x >> 8) % (2 * E + 2);
+    id = v < E ? 3 : v < 2 * E ? v - E : (v == 2 * E ? E : -1);
+  }
+  std::vector<std::vector<int>> slots_of(E + m);  // the slots of each expert, in slot order
+  for (int s = 0; s < S; ++s) {
+    const int t = s / (k + m), j = s % (k + m);
+    const int e = j < k ? ids[t * k + j] : E + (j - k);
+    if (e >= 0 && e < E + m && (j >= k || e < E)) slots_of[e].push_back(s);
+  }
+  DeviceBuffer<std::int32_t> d_ids(ids.size());
+  d_ids.upload(ids);
+  DeviceBuffer<int> sorted(S), offsets(E + m + 1), num_tiles(1), counters(2), keys(S), vals(S);
+  DeviceBuffer<kernels::WorkTile> tiles(S / kTile + E + m + 1);
+  const bf16* weights = reinterpret_cast<const bf16*>(std::uintptr_t{1} << 20);  // never dereferenced
+  constexpr std::int64_t kElems = 1024;
+  kernels::routing::RoutingParams<kernels::Contiguous> r{};
+  r.moe.addr = kernels::Contiguous::make_params({weights}, kElems);
+  r.moe.topk_ids = d_ids.get();
+  r.moe.num_tokens = T;
+  r.moe.num_experts = E;
+  r.moe.top_k = k;
+  r.moe.slots_per_token = k + m;
+  r.moe.num_slots = S;
+  r.moe.unit_counters = counters.get();
+  r.total_experts = E + m;
+  r.tile_rows = kTile;
+  r.sorted_slot = sorted.get();
+  r.expert_offset = offsets.get();
+  r.tiles = tiles.get();
+  r.num_tiles = num_tiles.get();
+  r.keys = keys.get();
+  r.vals = vals.get();
+  const int blocks = kernels::routing::count_blocks(S);
+  REQUIRE(static_cast<long long>(blocks) * (E + m) <= S);  // the per-block counts fit in vals
+  kernels::routing::count_kernel<kernels::Contiguous><<<blocks, kernels::routing::kCountThreads>>>(r);
+  kernels::routing::offsets_kernel<kernels::Contiguous><<<1, kernels::routing::kThreads>>>(r, blocks);
+  kernels::routing::scatter_kernel<kernels::Contiguous><<<blocks, kernels::routing::kCountThreads>>>(r);
+  AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto list = tiles.download();
+  const auto offset = offsets.download();
+  const auto order_out = sorted.download();
+  CHECK(slots_of[3].size() > static_cast<std::size_t>(T * k / 3));  // the hot expert
+  std::vector<int> order;  // the shared chunks' tiles first, then the routed experts'
+  for (int c = 0; c < m; ++c) order.push_back(E + c);
+  for (int e = 0; e < E; ++e) order.push_back(e);
+  int next = 0, before = 0;
+  for (int e = 0; e < E + m; ++e) {
+    INFO("expert " << e);
+    REQUIRE(offset[e] == before);  // rows in expert order
+    std::vector<int> got(order_out.begin() + before, order_out.begin() + before + slots_of[e].size());
+    std::sort(got.begin(), got.end());
+    CHECK(got == slots_of[e]);  // the expert's rows are exactly its slots, in any order
+    before += static_cast<int>(slots_of[e].size());
+  }
+  CHECK(offset[E + m] == S);
+  for (const int e : order) {
+    INFO("tiles of expert " << e);
+    const int count = static_cast<int>(slots_of[e].size()), n = (count + kTile - 1) / kTile;
+    for (int i = 0; i < n; ++i) {
+      const kernels::WorkTile& t = list[next + i];
+      CHECK(t.expert == e);
+      CHECK(t.first_tile == next);
+      CHECK(t.expert_tiles == n);
+      CHECK(t.row_start == offset[e] + i * kTile);
+      CHECK(t.count == std::min(kTile, count - i * kTile));
+    }
+    next += n;
+  }
+  CHECK(num_tiles.download()[0] == next);
+}
+
 TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu][small]") {
   const ModelSpec spec{"tiny", 8, 2, 256, 128, 0};
   ExpertStore store(spec, 3, 0);

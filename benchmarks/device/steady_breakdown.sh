@@ -14,8 +14,8 @@ here="$(dirname "$0")"
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 mkdir -p "$OUT/steady"
 # The layer's kernels (not the benchmark's setup fills): the MoE kernels and the routing kernels (older
-# builds' CUB sort: expand, Device..., finalize).
-layer_kernels='gemm|gemv|combine|experts|permute|small_kernel|count_kernel|offsets_kernel|scatter_kernel|expand|Device|finalize'
+# builds: offsets and scatter; CUB's sort: expand, Device..., finalize).
+layer_kernels='gemm|gemv|combine|experts|permute|small_kernel|count_kernel|place_kernel|offsets_kernel|scatter_kernel|expand|Device|finalize'
 for model in ${MODELS:-qwen3}; do
   for tokens in ${TOKENS:-4096 16384}; do
     for config in ${CONFIGS:-default int4 int8}; do

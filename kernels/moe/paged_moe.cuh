@@ -660,7 +660,7 @@ class PagedMoe {
   }
 
   // Routing preparation: the expert-sorted slots, expert offsets and work tiles (small: one block; large: a
-  // counting sort in three kernels).
+  // counting sort in two kernels).
   template <class A>
   static Status route(const routing::RoutingParams<A>& r, cudaStream_t stream) {
     const int slots = r.moe.num_slots;
@@ -668,13 +668,9 @@ class PagedMoe {
       return launch_args(routing::small_kernel<A>, dim3(1), routing::kThreads, 0, stream,
                          "routing::small_kernel", r);
     }
-    const int blocks = routing::count_blocks(slots);
-    routing::count_kernel<A><<<blocks, routing::kCountThreads, 0, stream>>>(r);
-    if (Status st = launched("routing::count_kernel"); !st) return st;
-    routing::offsets_kernel<A><<<1, routing::kThreads, 0, stream>>>(r, blocks);
-    if (Status st = launched("routing::offsets_kernel"); !st) return st;
-    routing::scatter_kernel<A><<<blocks, routing::kCountThreads, 0, stream>>>(r);
-    return launched("routing::scatter_kernel");
+    if (cudaError_t e = routing::launch_large(r, stream); e != cudaSuccess)
+      return Status::error("routing::launch_large", std::string("launch failed: ") + cudaGetErrorString(e));
+    return Status::success();
   }
 
   // The top-k weighted sum of each token's slot outputs.

@@ -3,10 +3,10 @@
 // routed experts' in order: write_tiles), each carrying its expert's three base pointers as resolved by the
 // addressing policy (once per expert per layer). Two paths with the same outputs:
 //  - small (S <= kSmallSlots): one block, shared-memory atomics for ranks and cub::BlockScan for offsets;
-//  - large: the same counting sort over blocks of kCountSlots slots. count_kernel ranks each block's slots
-//    within their expert and writes the block's counts; offsets_kernel (one block) turns the counts into each
-//    block's start inside its expert, scans the experts' totals (cub::BlockScan) and writes the tiles;
-//    scatter_kernel writes sorted_slot.
+//  - large: the same counting sort over blocks of kCountSlots slots, in two kernels. count_kernel ranks each
+//    block's slots within their expert and writes the block's counts; place_kernel (a block per count block)
+//    sums the counts into each expert's total and the block's start inside it, scans the totals
+//    (cub::BlockScan) and writes its slots into sorted_slot; its block 0 writes the offsets and the tiles.
 // The order of rows inside one expert does not change any result: each row's arithmetic is independent of its
 // position, and the combine sums each token's slots in slot order. So the ranks may come from atomics.
 #pragma once
@@ -21,7 +21,8 @@ namespace amoeba::kernels::routing {
 inline constexpr int kThreads = 1024;
 inline constexpr int kMaxExperts = kThreads;  // one expert per thread in the scans
 inline constexpr int kSmallSlots = 8192;      // ranks kept in 32 KB of shared memory
-// Large path: count_kernel and scatter_kernel blocks of kCountThreads threads, kCountPerThread slots each.
+// Large path: count_kernel blocks of kCountThreads threads, kCountPerThread slots each (place_kernel's blocks:
+// the same slots on kThreads threads).
 inline constexpr int kCountThreads = 256;
 inline constexpr int kCountPerThread = 8;
 inline constexpr int kCountSlots = kCountThreads * kCountPerThread;
@@ -41,8 +42,8 @@ struct RoutingParams {
   WorkTile* tiles;
   int* num_tiles;
   // large path only
-  int* keys;  // [num_slots]: each slot's rank within its expert in its block (-1: dropped)
-  int* vals;  // [count_blocks][total_experts]: a block's count, then its first rank within the expert
+  int* keys;  // [num_slots]: each slot's expert · kCountSlots + its rank within the expert in its block (-1: dropped)
+  int* vals;  // [count_blocks][total_experts]: each block's count per expert
 };
 
 // Per-thread tile counts of the routed experts (x) and of the shared chunks (y), summed in one block scan.
@@ -121,8 +122,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Pass 1 of the large path: block b ranks its kCountSlots slots within their experts (shared-memory atomics)
-// into keys and writes its per-expert counts into vals[b][·]. The experts are read before any atomic so that
-// a thread's eight loads are in flight together.
+// and writes its per-expert counts into vals[b][·]; keys[s] = expert · kCountSlots + rank (-1: dropped). The
+// experts are read before any atomic so that a thread's eight loads are in flight together.
 template <class Addressing>
 __global__ void __launch_bounds__(kCountThreads) count_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
   __shared__ int counts[kMaxExperts];
@@ -138,24 +139,31 @@ __global__ void __launch_bounds__(kCountThreads) count_kernel(const __grid_const
 #pragma unroll
   for (int i = 0; i < kCountPerThread; ++i) {
     const int s = base + i * kCountThreads;
-    if (s < r.moe.num_slots) r.keys[s] = expert[i] >= 0 ? atomicAdd(&counts[expert[i]], 1) : -1;
+    if (s < r.moe.num_slots)
+      r.keys[s] = expert[i] >= 0 ? expert[i] * kCountSlots + atomicAdd(&counts[expert[i]], 1) : -1;
   }
   __syncthreads();
   int* block_counts = r.vals + static_cast<std::int64_t>(blockIdx.x) * r.total_experts;
   for (int e = threadIdx.x; e < r.total_experts; e += kCountThreads) block_counts[e] = counts[e];
 }
 
-// Pass 2, one block, a thread per expert: each block's count in vals becomes the block's first rank within
-// the expert (the counts of the blocks before it), the experts' totals are scanned into offsets, and the tiles
-// are written (write_tiles). Sixteen blocks' counts are loaded at a time.
+// Pass 2, one block per count block, a thread per expert: every block sums the counts of all blocks (the
+// expert's total) and of the blocks before it (its slots' first rank within the expert), scans the totals
+// into offsets (cub::BlockScan), and places its own slots: slot s goes to offset[e] + first[e] + its rank.
+// Block 0 also writes the offsets and the tiles (write_tiles). Each block reads every block's counts from the
+// L2 (blocks · E ints), which costs less than a launch that would compute them once.
 template <class Addressing>
 __global__ void __launch_bounds__(kThreads)
-    offsets_kernel(const __grid_constant__ RoutingParams<Addressing> r, int blocks) {
-  constexpr int kBatch = 16;
-  const int e = threadIdx.x;
-  int count = 0;
+    place_kernel(const __grid_constant__ RoutingParams<Addressing> r, int blocks) {
+  // The gate/up kernel's blocks may take their SMs and set up now; they wait for this grid to finish.
+  ptx::launch_dependents();
+  constexpr int kBatch = 16;  // blocks' counts loaded at a time (32 spill at 1024 threads' 64 registers)
+  static_assert(kCountSlots == 2 * kThreads, "two slots per thread");
+  __shared__ int start[kMaxExperts];
+  const int e = threadIdx.x, me = blockIdx.x;
+  int total = 0, before = 0;
   if (e < r.total_experts) {
-    int* column = r.vals + e;
+    const int* column = r.vals + e;
     for (int b0 = 0; b0 < blocks; b0 += kBatch) {
       int n[kBatch];
 #pragma unroll
@@ -163,36 +171,36 @@ __global__ void __launch_bounds__(kThreads)
         n[i] = b0 + i < blocks ? column[static_cast<std::int64_t>(b0 + i) * r.total_experts] : 0;
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
-        if (b0 + i < blocks) column[static_cast<std::int64_t>(b0 + i) * r.total_experts] = count;
-        count += n[i];
+        total += n[i];
+        before += b0 + i < me ? n[i] : 0;
       }
     }
   }
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
   int offset = 0;
-  Scan(scan).ExclusiveSum(count, offset);
-  write_tiles(r, offset, count);
+  Scan(scan).ExclusiveSum(total, offset);
+  start[e] = offset + before;
+  if (me == 0) write_tiles(r, offset, total);  // uniform in the block: write_tiles' scan takes all threads
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int s = me * kCountSlots + i * kThreads + threadIdx.x;
+    if (s >= r.moe.num_slots) break;
+    const int key = r.keys[s];
+    if (key >= 0) r.sorted_slot[start[key / kCountSlots] + key % kCountSlots] = s;
+  }
 }
 
-// Pass 3: slot s of block b goes to expert_offset[e] + vals[b][e] + keys[s]. The gate/up kernel's blocks may
-// take their SMs and set up now; they wait for this grid to finish.
+// The large path's launches on `stream` (num_slots > kSmallSlots), plain launches (count_kernel must not start
+// before the previous layer's combine has read this workspace); the first launch error, or cudaSuccess.
 template <class Addressing>
-__global__ void __launch_bounds__(kCountThreads)
-    scatter_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
-  ptx::launch_dependents();
-  const int base = blockIdx.x * kCountSlots + threadIdx.x;
-  const int* block_start = r.vals + static_cast<std::int64_t>(blockIdx.x) * r.total_experts;
-#pragma unroll
-  for (int i = 0; i < kCountPerThread; ++i) {
-    const int s = base + i * kCountThreads;
-    if (s >= r.moe.num_slots) break;
-    const int rank = r.keys[s];
-    if (rank >= 0) {
-      const int e = slot_expert(r.moe, s);
-      r.sorted_slot[r.expert_offset[e] + block_start[e] + rank] = s;
-    }
-  }
+cudaError_t launch_large(const RoutingParams<Addressing>& r, cudaStream_t stream) {
+  const int blocks = count_blocks(r.moe.num_slots);
+  count_kernel<Addressing><<<blocks, kCountThreads, 0, stream>>>(r);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  place_kernel<Addressing><<<blocks, kThreads, 0, stream>>>(r, blocks);
+  return cudaGetLastError();
 }
 
 }  // namespace amoeba::kernels::routing

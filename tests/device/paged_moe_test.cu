@@ -286,8 +286,8 @@ TEST_CASE("routing lists the shared chunks' tiles first, then the routed experts
 
 TEST_CASE("the large routing path: offsets, tiles and each expert's slots, with drops and a hot expert",
           "[gpu][small]") {
-  // Above routing::kSmallSlots: count_kernel, offsets_kernel and scatter_kernel, over a slot count that is not a
-  // multiple of routing::kCountSlots. Expert 3 takes about half the routed slots; ids E and -1 are dropped.
+  // Above routing::kSmallSlots: routing::launch_large (count_kernel, then place_kernel), over a slot count that
+  // is not a multiple of routing::kCountSlots. Expert 3 takes about half the routed slots; ids E and -1 are dropped.
   constexpr int E = 40, m = 2, k = 4, T = 5003, kTile = 128;
   constexpr int S = T * (k + m);
   static_assert(S > kernels::routing::kSmallSlots && S % kernels::routing::kCountSlots != 0);
@@ -329,9 +329,7 @@ TEST_CASE("the large routing path: offsets, tiles and each expert's slots, with 
   r.vals = vals.get();
   const int blocks = kernels::routing::count_blocks(S);
   REQUIRE(static_cast<long long>(blocks) * (E + m) <= S);  // the per-block counts fit in vals
-  kernels::routing::count_kernel<kernels::Contiguous><<<blocks, kernels::routing::kCountThreads>>>(r);
-  kernels::routing::offsets_kernel<kernels::Contiguous><<<1, kernels::routing::kThreads>>>(r, blocks);
-  kernels::routing::scatter_kernel<kernels::Contiguous><<<blocks, kernels::routing::kCountThreads>>>(r);
+  AMOEBA_CUDA_CHECK(kernels::routing::launch_large(r, nullptr));
   AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
   const auto list = tiles.download();
   const auto offset = offsets.download();

@@ -21,8 +21,8 @@ namespace amoeba::kernels::routing {
 inline constexpr int kThreads = 1024;
 inline constexpr int kMaxExperts = kThreads;  // one expert per thread in the scans
 inline constexpr int kSmallSlots = 8192;      // ranks kept in 32 KB of shared memory
-// Large path: count_kernel blocks of kCountThreads threads, kCountPerThread slots each (place_kernel's blocks:
-// the same slots on kThreads threads).
+// Large path: count_kernel blocks of kCountThreads threads, kCountPerThread slots each (place_kernel's
+// blocks: the same slots on kThreads threads).
 inline constexpr int kCountThreads = 256;
 inline constexpr int kCountPerThread = 8;
 inline constexpr int kCountSlots = kCountThreads * kCountPerThread;
@@ -42,8 +42,10 @@ struct RoutingParams {
   WorkTile* tiles;
   int* num_tiles;
   // large path only
-  int* keys;  // [num_slots]: each slot's expert · kCountSlots + its rank within the expert in its block (-1: dropped)
-  int* vals;  // [count_blocks][total_experts]: each block's count per expert
+  // keys[num_slots]: each slot's expert · kCountSlots + its rank within the expert in its block (-1:
+  // dropped); vals[count_blocks][total_experts]: each block's count per expert.
+  int* keys;
+  int* vals;
 };
 
 // Per-thread tile counts of the routed experts (x) and of the shared chunks (y), summed in one block scan.
@@ -125,7 +127,8 @@ __global__ void __launch_bounds__(kThreads)
 // and writes its per-expert counts into vals[b][·]; keys[s] = expert · kCountSlots + rank (-1: dropped). The
 // experts are read before any atomic so that a thread's eight loads are in flight together.
 template <class Addressing>
-__global__ void __launch_bounds__(kCountThreads) count_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
+__global__ void __launch_bounds__(kCountThreads)
+    count_kernel(const __grid_constant__ RoutingParams<Addressing> r) {
   __shared__ int counts[kMaxExperts];
   for (int e = threadIdx.x; e < r.total_experts; e += kCountThreads) counts[e] = 0;
   __syncthreads();
@@ -192,8 +195,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The large path's launches on `stream` (num_slots > kSmallSlots), plain launches (count_kernel must not start
-// before the previous layer's combine has read this workspace); the first launch error, or cudaSuccess.
+// The large path's launches on `stream` (num_slots > kSmallSlots), plain launches (count_kernel must not
+// start before the previous layer's combine has read this workspace); the first launch error, or cudaSuccess.
 template <class Addressing>
 cudaError_t launch_large(const RoutingParams<Addressing>& r, cudaStream_t stream) {
   const int blocks = count_blocks(r.moe.num_slots);

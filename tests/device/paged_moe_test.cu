@@ -226,6 +226,74 @@ TEST_CASE("model shapes at every token count", "[gpu][models]") {
   }
 }
 
+// One routing call's device buffers and parameters, as the routing tests set them up: the top-k `ids` of T
+// tokens over E routed experts, m shared chunks, tiles of `tile` rows, contiguous experts at a base that is
+// never dereferenced (the tiles' matrices are compared as addresses). `large`: with the large path's keys and
+// per-block counts.
+struct RoutingCall {
+  static constexpr std::int64_t kElems = 1024;
+  const bf16* weights = reinterpret_cast<const bf16*>(std::uintptr_t{1} << 20);
+  DeviceBuffer<std::int32_t> ids;
+  DeviceBuffer<int> sorted, offsets, num_tiles{1}, counters{2}, keys, vals;
+  DeviceBuffer<kernels::WorkTile> tiles;
+  kernels::routing::RoutingParams<kernels::Contiguous> r{};
+
+  RoutingCall(const std::vector<std::int32_t>& h_ids, int E, int m, int k, int T, int tile, bool large)
+      : ids(h_ids.size()),
+        sorted(static_cast<std::size_t>(T) * (k + m)),
+        offsets(E + m + 1),
+        keys(large ? static_cast<std::size_t>(T) * (k + m) : 0),
+        vals(large ? static_cast<std::size_t>(T) * (k + m) : 0),
+        tiles(static_cast<std::size_t>(T) * (k + m) / tile + E + m + 1) {
+    ids.upload(h_ids);
+    r.moe.addr = kernels::Contiguous::make_params({weights}, kElems);
+    r.moe.topk_ids = ids.get();
+    r.moe.num_tokens = T;
+    r.moe.num_experts = E;
+    r.moe.top_k = k;
+    r.moe.slots_per_token = k + m;
+    r.moe.num_slots = T * (k + m);
+    r.moe.unit_counters = counters.get();
+    r.total_experts = E + m;
+    r.tile_rows = tile;
+    r.sorted_slot = sorted.get();
+    r.expert_offset = offsets.get();
+    r.tiles = tiles.get();
+    r.num_tiles = num_tiles.get();
+    r.keys = keys.get();
+    r.vals = vals.get();
+  }
+  const bf16* matrix(int e, int j) const { return weights + (3 * e + j) * kElems; }
+
+  // After the call, the tile list against each expert's row count: the shared chunks' tiles first, then the
+  // routed experts' in order; each expert's tiles consecutive, covering its rows from its offset in
+  // tile-sized pieces, with its matrices; and the number of tiles.
+  void check_tiles(const std::vector<int>& count) const {
+    const auto list = tiles.download();
+    const auto offset = offsets.download();
+    const int E = r.moe.num_experts, m = r.total_experts - E, tile = r.tile_rows;
+    std::vector<int> order;  // E, ..., E+m-1, 0, ..., E-1
+    for (int c = 0; c < m; ++c) order.push_back(E + c);
+    for (int e = 0; e < E; ++e) order.push_back(e);
+    int next = 0;
+    for (const int e : order) {
+      INFO("tiles of expert " << e);
+      const int n = (count[e] + tile - 1) / tile;
+      for (int i = 0; i < n; ++i) {
+        const kernels::WorkTile& t = list[next + i];
+        CHECK(t.expert == e);
+        CHECK(t.first_tile == next);
+        CHECK(t.expert_tiles == n);
+        CHECK(t.row_start == offset[e] + i * tile);
+        CHECK(t.count == std::min(tile, count[e] - i * tile));
+        for (int j = 0; j < 3; ++j) CHECK(t.matrix[j] == matrix(e, j));
+      }
+      next += n;
+    }
+    CHECK(num_tiles.download()[0] == next);
+  }
+};
+
 // The routing kernel's tile list: the shared chunks' tiles first, then the routed experts' in order; each
 // expert's tiles consecutive, covering its rows of the expert-sorted order in tile-sized pieces, with its
 // resolved matrices.
@@ -237,57 +305,22 @@ TEST_CASE("routing lists the shared chunks' tiles first, then the routed experts
   for (const int id : ids)
     if (id < E) ++count[id];
   for (int c = 0; c < m; ++c) count[E + c] = T;
-  DeviceBuffer<std::int32_t> d_ids(ids.size());
-  d_ids.upload(ids);
-  DeviceBuffer<int> sorted(T * (k + m)), offsets(E + m + 1), num_tiles(1), counters(2);
-  DeviceBuffer<kernels::WorkTile> tiles(T * (k + m) / kTile + E + m + 1);
-  const bf16* weights = reinterpret_cast<const bf16*>(std::uintptr_t{1} << 20);  // never dereferenced
-  constexpr std::int64_t kElems = 1024;
-  kernels::routing::RoutingParams<kernels::Contiguous> r{};
-  r.moe.addr = kernels::Contiguous::make_params({weights}, kElems);
-  r.moe.topk_ids = d_ids.get();
-  r.moe.num_tokens = T;
-  r.moe.num_experts = E;
-  r.moe.top_k = k;
-  r.moe.slots_per_token = k + m;
-  r.moe.num_slots = T * (k + m);
-  r.moe.unit_counters = counters.get();
-  r.total_experts = E + m;
-  r.tile_rows = kTile;
-  r.sorted_slot = sorted.get();
-  r.expert_offset = offsets.get();
-  r.tiles = tiles.get();
-  r.num_tiles = num_tiles.get();
-  kernels::routing::small_kernel<kernels::Contiguous><<<1, kernels::routing::kThreads>>>(r);
+  const RoutingCall call(ids, E, m, k, T, kTile, false);
+  kernels::routing::small_kernel<kernels::Contiguous><<<1, kernels::routing::kThreads>>>(call.r);
   AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto list = tiles.download();
-  const auto offset = offsets.download();
-  std::vector<int> order;  // E, ..., E+m-1, 0, ..., E-1
-  for (int c = 0; c < m; ++c) order.push_back(E + c);
-  for (int e = 0; e < E; ++e) order.push_back(e);
-  int next = 0;
-  for (const int e : order) {
+  const auto offset = call.offsets.download();
+  for (int e = 0; e < E + m; ++e) {
     INFO("expert " << e);
     CHECK(offset[e] == std::accumulate(count.begin(), count.begin() + e, 0));  // rows stay in expert order
-    const int n = (count[e] + kTile - 1) / kTile;
-    for (int i = 0; i < n; ++i) {
-      const kernels::WorkTile& t = list[next + i];
-      CHECK(t.expert == e);
-      CHECK(t.first_tile == next);
-      CHECK(t.expert_tiles == n);
-      CHECK(t.row_start == offset[e] + i * kTile);
-      CHECK(t.count == std::min(kTile, count[e] - i * kTile));
-      for (int j = 0; j < 3; ++j) CHECK(t.matrix[j] == weights + (3 * e + j) * kElems);
-    }
-    next += n;
   }
-  CHECK(num_tiles.download()[0] == next);
+  call.check_tiles(count);
 }
 
 TEST_CASE("the large routing path: offsets, tiles and each expert's slots, with drops and a hot expert",
           "[gpu][small]") {
-  // Above routing::kSmallSlots: routing::launch_large (count_kernel, then place_kernel), over a slot count that
-  // is not a multiple of routing::kCountSlots. Expert 3 takes about half the routed slots; ids E and -1 are dropped.
+  // Above routing::kSmallSlots: routing::launch_large (count_kernel, then place_kernel), over a slot count
+  // that is not a multiple of routing::kCountSlots. Expert 3 takes about half the routed slots; ids E and -1
+  // are dropped.
   constexpr int E = 40, m = 2, k = 4, T = 5003, kTile = 128;
   constexpr int S = T * (k + m);
   static_assert(S > kernels::routing::kSmallSlots && S % kernels::routing::kCountSlots != 0);
@@ -304,41 +337,15 @@ TEST_CASE("the large routing path: offsets, tiles and each expert's slots, with 
     const int e = j < k ? ids[t * k + j] : E + (j - k);
     if (e >= 0 && e < E + m && (j >= k || e < E)) slots_of[e].push_back(s);
   }
-  DeviceBuffer<std::int32_t> d_ids(ids.size());
-  d_ids.upload(ids);
-  DeviceBuffer<int> sorted(S), offsets(E + m + 1), num_tiles(1), counters(2), keys(S), vals(S);
-  DeviceBuffer<kernels::WorkTile> tiles(S / kTile + E + m + 1);
-  const bf16* weights = reinterpret_cast<const bf16*>(std::uintptr_t{1} << 20);  // never dereferenced
-  constexpr std::int64_t kElems = 1024;
-  kernels::routing::RoutingParams<kernels::Contiguous> r{};
-  r.moe.addr = kernels::Contiguous::make_params({weights}, kElems);
-  r.moe.topk_ids = d_ids.get();
-  r.moe.num_tokens = T;
-  r.moe.num_experts = E;
-  r.moe.top_k = k;
-  r.moe.slots_per_token = k + m;
-  r.moe.num_slots = S;
-  r.moe.unit_counters = counters.get();
-  r.total_experts = E + m;
-  r.tile_rows = kTile;
-  r.sorted_slot = sorted.get();
-  r.expert_offset = offsets.get();
-  r.tiles = tiles.get();
-  r.num_tiles = num_tiles.get();
-  r.keys = keys.get();
-  r.vals = vals.get();
+  const RoutingCall call(ids, E, m, k, T, kTile, true);
   const int blocks = kernels::routing::count_blocks(S);
   REQUIRE(static_cast<long long>(blocks) * (E + m) <= S);  // the per-block counts fit in vals
-  AMOEBA_CUDA_CHECK(kernels::routing::launch_large(r, nullptr));
+  AMOEBA_CUDA_CHECK(kernels::routing::launch_large(call.r, nullptr));
   AMOEBA_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto list = tiles.download();
-  const auto offset = offsets.download();
-  const auto order_out = sorted.download();
+  const auto offset = call.offsets.download();
+  const auto order_out = call.sorted.download();
   CHECK(slots_of[3].size() > static_cast<std::size_t>(T * k / 3));  // the hot expert
-  std::vector<int> order;  // the shared chunks' tiles first, then the routed experts'
-  for (int c = 0; c < m; ++c) order.push_back(E + c);
-  for (int e = 0; e < E; ++e) order.push_back(e);
-  int next = 0, before = 0;
+  int before = 0;
   for (int e = 0; e < E + m; ++e) {
     INFO("expert " << e);
     REQUIRE(offset[e] == before);  // rows in expert order
@@ -348,20 +355,9 @@ TEST_CASE("the large routing path: offsets, tiles and each expert's slots, with 
     before += static_cast<int>(slots_of[e].size());
   }
   CHECK(offset[E + m] == S);
-  for (const int e : order) {
-    INFO("tiles of expert " << e);
-    const int count = static_cast<int>(slots_of[e].size()), n = (count + kTile - 1) / kTile;
-    for (int i = 0; i < n; ++i) {
-      const kernels::WorkTile& t = list[next + i];
-      CHECK(t.expert == e);
-      CHECK(t.first_tile == next);
-      CHECK(t.expert_tiles == n);
-      CHECK(t.row_start == offset[e] + i * kTile);
-      CHECK(t.count == std::min(kTile, count - i * kTile));
-    }
-    next += n;
-  }
-  CHECK(num_tiles.download()[0] == next);
+  std::vector<int> count;
+  for (const auto& slots : slots_of) count.push_back(static_cast<int>(slots.size()));
+  call.check_tiles(count);
 }
 
 TEST_CASE("ids outside [0, E) contribute nothing, zero tokens is a no-op", "[gpu][small]") {

@@ -154,13 +154,14 @@ __global__ void __launch_bounds__(kCountThreads)
 // expert's total) and of the blocks before it (its slots' first rank within the expert), scans the totals
 // into offsets (cub::BlockScan), and places its own slots: slot s goes to offset[e] + first[e] + its rank.
 // Block 0 also writes the offsets and the tiles (write_tiles). Each block reads every block's counts from the
-// L2 (blocks · E ints), which costs less than a launch that would compute them once.
+// L2 (blocks · E ints); that took less time than a one-block launch computing them once before a scatter
+// launch (docs/results/paged_moe_h200.md, "Two kernels instead of three").
 template <class Addressing>
 __global__ void __launch_bounds__(kThreads)
     place_kernel(const __grid_constant__ RoutingParams<Addressing> r, int blocks) {
   // The gate/up kernel's blocks may take their SMs and set up now; they wait for this grid to finish.
   ptx::launch_dependents();
-  constexpr int kBatch = 16;  // blocks' counts loaded at a time (32 spill at 1024 threads' 64 registers)
+  constexpr int kBatch = 16;  // blocks' counts loaded at a time
   static_assert(kCountSlots == 2 * kThreads, "two slots per thread");
   __shared__ int start[kMaxExperts];
   const int e = threadIdx.x, me = blockIdx.x;

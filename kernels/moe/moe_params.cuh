@@ -55,15 +55,20 @@ struct MoeParams {
   bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
 };
 
-// Expert of slot s, or -1 when the routed id is outside [0, E) (such slots contribute nothing).
+// Expert of slot j of token t (j < slots_per_token), or -1 when the routed id is outside [0, E) (such slots
+// contribute nothing): `id` is topk_ids[t · top_k + j] for a routed slot (j < top_k), ignored for a shared
+// chunk's.
+template <class P>
+__device__ __forceinline__ int slot_expert_of(const P& p, int j, int id) {
+  if (j < p.top_k) return (id >= 0 && id < p.num_experts) ? id : -1;
+  return p.num_experts + (j - p.top_k);
+}
+
+// Expert of slot s, or -1 when the routed id is outside [0, E).
 template <class P>
 __device__ __forceinline__ int slot_expert(const P& p, int s) {
   const int t = s / p.slots_per_token, j = s - t * p.slots_per_token;
-  if (j < p.top_k) {
-    const int e = p.topk_ids[static_cast<std::int64_t>(t) * p.top_k + j];
-    return (e >= 0 && e < p.num_experts) ? e : -1;
-  }
-  return p.num_experts + (j - p.top_k);
+  return slot_expert_of(p, j, j < p.top_k ? p.topk_ids[static_cast<std::int64_t>(t) * p.top_k + j] : 0);
 }
 
 template <class P>

@@ -46,9 +46,13 @@ namespace amoeba::kernels {
 
 namespace detail {
 
-// y rows are summed per token in slot order (fp32, deterministic): 8 hidden values per thread.
+// y rows are summed per token in slot order (fp32, deterministic): 8 hidden values per thread. The loads of
+// up to kBatch slots are issued together (their experts first, then their weights and y rows), so that a
+// token's slots cost one or two memory round trips, not two per slot; the sums still run in slot order,
+// skipping dropped slots.
 template <class Addressing>
 __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  constexpr int kBatch = 8;
   const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int per_token = p.hidden / 8;
   const std::int64_t t = idx / per_token;
@@ -56,18 +60,36 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
   const int h = static_cast<int>(idx % per_token) * 8;
   ptx::grid_dependency_wait();  // y: written by the down stage
   ptx::launch_dependents();     // the next layer's routing may take its SM and wait
+  const int token = static_cast<int>(t), first = token * p.slots_per_token;
   float acc[8] = {};
-  for (int j = 0; j < p.slots_per_token; ++j) {
-    const int s = static_cast<int>(t) * p.slots_per_token + j;
-    if (slot_expert(p, s) < 0) continue;
-    const float w = slot_weight(p, static_cast<int>(t), j);
-    const uint4 v = *reinterpret_cast<const uint4*>(p.y + static_cast<std::int64_t>(s) * p.hidden + h);
-    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  for (int j0 = 0; j0 < p.slots_per_token; j0 += kBatch) {
+    int id[kBatch];
+    float w[kBatch];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
-      acc[2 * i] += w * f.x;
-      acc[2 * i + 1] += w * f.y;
+    for (int i = 0; i < kBatch; ++i) {  // ids and weights: independent loads
+      const int j = j0 + i;
+      id[i] = j < p.top_k ? p.topk_ids[static_cast<std::int64_t>(token) * p.top_k + j] : 0;
+      w[i] = j < p.slots_per_token ? slot_weight(p, token, j) : 0.f;
+    }
+    bool used[kBatch];
+    uint4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {  // the used slots' y rows
+      const int j = j0 + i;
+      used[i] = j < p.slots_per_token && slot_expert_of(p, j, id[i]) >= 0;
+      const std::int64_t row = static_cast<std::int64_t>(first + j) * p.hidden + h;
+      v[i] = used[i] ? *reinterpret_cast<const uint4*>(p.y + row) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (!used[i]) continue;
+      const std::uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[c]));
+        acc[2 * c] += w[i] * f.x;
+        acc[2 * c + 1] += w[i] * f.y;
+      }
     }
   }
   uint4 out;

@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(kCountThreads)
 // into offsets (cub::BlockScan), and places its own slots: slot s goes to offset[e] + first[e] + its rank.
 // Block 0 also writes the offsets and the tiles (write_tiles). Each block reads every block's counts from the
 // L2 (blocks · E ints); that took less time than a one-block launch computing them once before a scatter
-// launch (docs/results/paged_moe_h200.md, "Two kernels instead of three").
+// launch (docs/results/paged_moe_h200.md, "Two kernels instead of three"). The reads grow as blocks² · E, but
+// PagedMoe::can_implement's tile limit (S/8 + E + m + 1 <= 65535) keeps S under 2^19: at most 256 blocks.
 template <class Addressing>
 __global__ void __launch_bounds__(kThreads)
     place_kernel(const __grid_constant__ RoutingParams<Addressing> r, int blocks) {

@@ -55,9 +55,14 @@ struct MoeParams {
   bf16* y;                 // [S, H] down-projection output per slot (unweighted), slot order
 };
 
-// Expert of slot j of token t (j < slots_per_token), or -1 when the routed id is outside [0, E) (such slots
-// contribute nothing): `id` is topk_ids[t · top_k + j] for a routed slot (j < top_k), ignored for a shared
-// chunk's.
+// The routed id of slot j of token t (topk_ids[t · top_k + j]); 0, without a load, for a shared chunk's slot.
+template <class P>
+__device__ __forceinline__ int slot_id(const P& p, int t, int j) {
+  return j < p.top_k ? p.topk_ids[static_cast<std::int64_t>(t) * p.top_k + j] : 0;
+}
+
+// Expert of slot j (j < slots_per_token) whose slot_id is `id`, or -1 when a routed id is outside [0, E)
+// (such slots contribute nothing).
 template <class P>
 __device__ __forceinline__ int slot_expert_of(const P& p, int j, int id) {
   if (j < p.top_k) return (id >= 0 && id < p.num_experts) ? id : -1;
@@ -68,7 +73,7 @@ __device__ __forceinline__ int slot_expert_of(const P& p, int j, int id) {
 template <class P>
 __device__ __forceinline__ int slot_expert(const P& p, int s) {
   const int t = s / p.slots_per_token, j = s - t * p.slots_per_token;
-  return slot_expert_of(p, j, j < p.top_k ? p.topk_ids[static_cast<std::int64_t>(t) * p.top_k + j] : 0);
+  return slot_expert_of(p, j, slot_id(p, t, j));
 }
 
 template <class P>

@@ -46,10 +46,10 @@ namespace amoeba::kernels {
 
 namespace detail {
 
-// y rows are summed per token in slot order (fp32, deterministic): 8 hidden values per thread. The loads of
-// up to kBatch slots are issued together (their experts first, then their weights and y rows), so that a
-// token's slots cost one or two memory round trips, not two per slot; the sums still run in slot order,
-// skipping dropped slots.
+// y rows are summed per token in slot order (fp32, deterministic): 8 hidden values per thread. A thread
+// issues the loads of up to kBatch slots together (their ids and weights, then the used slots' y rows), so
+// that a token's slots cost two or three memory round trips, not two per slot; the sums still run in slot
+// order, skipping dropped slots.
 template <class Addressing>
 __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kBatch = 8;
@@ -68,7 +68,7 @@ __global__ void combine_kernel(const __grid_constant__ MoeParams<Addressing> p) 
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {  // ids and weights: independent loads
       const int j = j0 + i;
-      id[i] = j < p.top_k ? p.topk_ids[static_cast<std::int64_t>(token) * p.top_k + j] : 0;
+      id[i] = slot_id(p, token, j);
       w[i] = j < p.slots_per_token ? slot_weight(p, token, j) : 0.f;
     }
     bool used[kBatch];
@@ -664,8 +664,9 @@ class PagedMoe {
     l.tiles = take(static_cast<std::size_t>(max_tiles(s, 8)) * sizeof(WorkTile));
     l.sorted_slot = take(slots * sizeof(int));
     const bool large = slots > static_cast<std::size_t>(routing::kSmallSlots);
-    l.keys = take(large ? slots * sizeof(int) : 0);  // ranks
-    l.vals = take(large ? slots * sizeof(int) : 0);  // per-block counts (routing::count_blocks × E + m)
+    // The large routing path's keys (each slot's expert and rank) and per-block counts (RoutingParams).
+    l.keys = take(large ? slots * sizeof(int) : 0);
+    l.vals = take(large ? slots * sizeof(int) : 0);
     l.act = take(slots * static_cast<std::size_t>(s.intermediate) * sizeof(bf16));
     l.y = take(slots * static_cast<std::size_t>(s.hidden) * sizeof(bf16));
     // Quantized experts: the input with K permuted for the TMA grouped GEMM (grouped::permute_k_kernel).

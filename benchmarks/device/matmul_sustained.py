@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from precision_alone import SAMPLER_QUERY, busy_lines
+from precision_alone import SAMPLER_QUERY, busy_lines, ms
 from torch_baseline import matmul_tflops
 
 N = 8192  # as torch_baseline.matmul_tflops
@@ -66,14 +66,9 @@ def main():
         print(f"round {r + 1}: burst {x['burst_tflops']:.0f} TFLOP/s; sustained {x['tflops']:.0f} TFLOP/s "
               f"(first batch {x['first_batch_tflops']:.0f}) at {x['sm_mhz']} MHz, {x['power_w']} W, "
               f"{x['batches']} batches", flush=True)
-
-    def ms(key):
-        v = [x[key] for x in rounds]
-        return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
-
-    print(f"{torch.cuda.get_device_name()}: bf16 matmul {N}³ burst {ms('burst_tflops')[0]:.0f} ± "
-          f"{ms('burst_tflops')[1]:.0f} TFLOP/s, sustained {ms('tflops')[0]:.0f} ± {ms('tflops')[1]:.0f} TFLOP/s "
-          f"over {len(rounds)} rounds")
+    burst, steady = ([x[k] for x in rounds] for k in ("burst_tflops", "tflops"))
+    print(f"{torch.cuda.get_device_name()}: bf16 matmul {N}³ burst {ms(burst, 0)} TFLOP/s, sustained "
+          f"{ms(steady, 0)} TFLOP/s over {len(rounds)} rounds")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "n": N,

@@ -63,6 +63,12 @@ def ms(values, digits=3):
     return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
+def per_seed(by_seed, key, bf16):
+    """Over the seeds of {seed: {key: µs}}: key's µs, and its µs over bf16's where the seed has both."""
+    us = [d[key] for d in by_seed.values() if key in d]
+    return us, [d[key] / d[bf16] for d in by_seed.values() if key in d and bf16 in d]
+
+
 def main():
     folder = sys.argv[1]
     alone = collections.defaultdict(dict)  # seed -> {(model, tokens, config): us}
@@ -89,12 +95,9 @@ def main():
     print("|---|---:|---|---:|---:|---:|---:|")
     for model, tokens in cases:
         for config in ["default"] + configs:
-            a = [alone[s][(model, tokens, config)] for s in alone if (model, tokens, config) in alone[s]]
-            m = [mixed[s][(model, tokens, config)] for s in mixed if (model, tokens, config) in mixed[s]]
-            ra = [alone[s][(model, tokens, config)] / alone[s][(model, tokens, "default")] for s in alone
-                  if (model, tokens, config) in alone[s] and (model, tokens, "default") in alone[s]]
-            rm = [mixed[s][(model, tokens, config)] / mixed[s][(model, tokens, "default")] for s in mixed
-                  if (model, tokens, config) in mixed[s] and (model, tokens, "default") in mixed[s]]
+            key, bf16 = (model, tokens, config), (model, tokens, "default")
+            a, ra = per_seed(alone, key, bf16)
+            m, rm = per_seed(mixed, key, bf16)
             bf = config == "default"
             print(f"| {model} | {tokens} | {config} | {ms(a, 1)} | {'' if bf else ms(ra)} | {ms(m, 1)} | "
                   f"{'' if bf else ms(rm)} |")

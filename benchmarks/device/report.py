@@ -43,6 +43,11 @@ def mean_sd(values):
     return m, (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def floor_parts(case, gbs, tflops):
+    """The layer's read floor and compute floor in µs: its expert bytes at `gbs` GB/s, its FLOPs at `tflops`."""
+    return case["expert_bytes"] / (gbs * 1e9) * 1e6, case["flops"] / (tflops * 1e12) * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", nargs="+", required=True)
@@ -87,10 +92,9 @@ def main():
     for key in keys:
         cs = [pr[key] for pr in per_run if key in pr]
         c0 = cs[0]
-        mem_us = c0["expert_bytes"] / (read_gbs * 1e9) * 1e6
-        cmp_us = c0["flops"] / (tflops * 1e12) * 1e6
+        mem_us, cmp_us = floor_parts(c0, read_gbs, tflops)
         floor = max(mem_us, cmp_us)
-        ds_floor = max(c0["expert_bytes"] / (DATASHEET_GBS * 1e9) * 1e6, c0["flops"] / (DATASHEET_TFLOPS * 1e12) * 1e6)
+        ds_floor = max(floor_parts(c0, DATASHEET_GBS, DATASHEET_TFLOPS))
         contig = mean_sd(c["contiguous_us"] for c in cs)
         row = {k: c0[k] for k in ("model", "tokens", "E", "k", "H", "F", "shared_chunks", "path", "tile_tokens",
                                   "distinct_experts", "expert_bytes", "flops")}
@@ -117,7 +121,7 @@ def main():
         row["paged_over_floor"], row["paged_over_floor_sd"] = mean_sd(p / floor for p in samples)
         row["paged_over_datasheet_floor"], row["paged_over_datasheet_floor_sd"] = mean_sd(p / ds_floor for p in samples)
         if sustained:
-            row["floor_sustained_us"] = max(mem_us, c0["flops"] / (sustained * 1e12) * 1e6)
+            row["floor_sustained_us"] = max(floor_parts(c0, read_gbs, sustained))
             row["paged_over_sustained_floor"], row["paged_over_sustained_floor_sd"] = mean_sd(
                 p / row["floor_sustained_us"] for p in samples)
         t = tmap.get((row["model"], row["tokens"]), {})

@@ -197,7 +197,11 @@ std::vector<std::uint16_t> check_case(ExpertStore& store, const MoeShape& shape,
 TEST_CASE("small shapes against the CPU reference, both paths and addressings", "[gpu][small]") {
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
   const ModelSpec tiny_routed{"tiny", 8, 2, 256, 128, 0};
-  for (const ModelSpec& spec : {tiny, tiny_routed}) {
+  // More than 8 slots per token (the combine's second batch of 8): routed slots 8 and 9 and the chunk there
+  // (k = 10, m = 1), or chunks in both batches (k = 6, m = 4).
+  const ModelSpec tiny_k10{"tiny-k10-shared", 16, 10, 256, 128, 1};
+  const ModelSpec tiny_m4{"tiny-k6-m4", 16, 6, 256, 128, 4};
+  for (const ModelSpec& spec : {tiny, tiny_routed, tiny_k10, tiny_m4}) {
     ExpertStore store(spec, 7, 3);
     for (int tokens : {1, 5, 37, 300})
       for (MoePath path : {MoePath::kDecode, MoePath::kGrouped, MoePath::kGroupedMma})
@@ -210,7 +214,8 @@ TEST_CASE("model shapes at every token count", "[gpu][models]") {
     ModelSpec spec;
     int cpu_max_tokens;
   };
-  for (const Case& c : {Case{kQwen15, 16}, Case{kQwen3, 16}, Case{kMixtral, 3}}) {
+  for (const Case& c : {Case{kQwen15, 16}, Case{kQwen3, 16}, Case{kMixtral, 3}, Case{kQwen3Next, 16},
+                        Case{kQwen35Large, 16}}) {
     ExpertStore store(c.spec, 11);
     std::printf("%s: %d of %d experts in the load buffer\n", c.spec.name, store.num_buffered(),
                 shape_of(c.spec, 0).total_experts());

@@ -376,6 +376,18 @@ TEST_CASE("quantized experts: small shapes, paged = contiguous bit for bit, agai
   // One hot expert with half the tokens (the grouped GEMM at 200 tokens: its 100 rows in one tile).
   check_quant_case<kernels::Int8>(s8, 200, 7, MoePath::kGrouped, 3);
   check_quant_case<kernels::Int4>(s4, 200, 8, MoePath::kGrouped, 3);
+  // More than 8 slots per token (k = 10 and a chunk: the combine's second batch of 8) on every path the table
+  // gives this shape: decode at 1–16 tokens, the TMA kernel's 32-token units at 40 (mean routed batch 25),
+  // the two-block kernel at 64 (mean 40) and the 128-token TMA units at 200.
+  const ModelSpec wide{"small E16 k10 m1 H256 F256", 16, 10, 256, 256, 1};
+  const QuantStore w8(wide, Bits::kInt8, 17), w4(wide, Bits::kInt4, 18);
+  for (const auto& [tokens, path, rows] :
+       {std::tuple{1, MoePath::kDecode, 0}, std::tuple{3, MoePath::kDecode, 0},
+        std::tuple{16, MoePath::kDecode, 0}, std::tuple{40, MoePath::kGrouped, 256},
+        std::tuple{64, MoePath::kGrouped, 128}, std::tuple{200, MoePath::kGrouped, 256}}) {
+    check_quant_case<kernels::Int8>(w8, tokens, 1100 + tokens, path, -1, rows);
+    check_quant_case<kernels::Int4>(w4, tokens, 1200 + tokens, path, -1, rows);
+  }
   // Pages padded past the packed matrix (matrix_stride_bytes = the page).
   const QuantStore p8(kSmall, Bits::kInt8, 13, 48), p4(kSmall, Bits::kInt4, 14, 4096);
   for (int tokens : {3, 40}) {
@@ -563,6 +575,16 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
     }
     check_quant_case<kernels::Int8, QuantGroupedConfig>(s8, 64, 364, MoePath::kGrouped);
     check_quant_case<kernels::Int4, QuantGroupedConfig>(s4, 64, 464, MoePath::kGrouped);
+  }
+}
+
+// A catalog shape past 8 slots per token (Qwen3.5-35B-A3B: k = 8 and a shared chunk, F = 512) on the decode
+// tiles the table gives it; at 1 token the int4 down stage splits F's 4 k-steps over 6 warps.
+TEST_CASE("quantized experts: a catalog shape with 9 slots per token", "[gpu][models][quant]") {
+  const QuantStore s8(kQwen35Small, Bits::kInt8, 23), s4(kQwen35Small, Bits::kInt4, 24);
+  for (int tokens : {1, 16, 64}) {
+    check_quant_case<kernels::Int8>(s8, tokens, 1300 + tokens, MoePath::kDecode);
+    check_quant_case<kernels::Int4>(s4, tokens, 1400 + tokens, MoePath::kDecode);
   }
 }
 

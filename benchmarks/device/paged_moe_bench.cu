@@ -5,7 +5,8 @@
 // benchmarks/device/report.py merges several processes' files (and the PyTorch matmul rate) into the table.
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
-//                   (also qwen3_next, qwen35_122b, qwen35_35b: catalog shapes past 8 slots per token)
+//                   (also qwen2_57b, qwen3_next: shapes past 8 slots per token,
+//                   tests/device/moe_device_fixture.cuh)
 //                   [--sets 8] [--placement shuffled,adjacent] [--seed 1,2,3] [--seconds 0.1]
 //                   [--router uniform|hot:E|zipf:S|balanced] [--layers 1] [--between-read MB]
 //                   [--between-write MB]
@@ -529,11 +530,10 @@ int main(int argc, char** argv) {
                  between_write_mb);
     return 2;
   }
-  // The measured four by default; the catalog's shapes past 8 slots per token on request.
-  const std::map<std::string, ModelSpec> specs = {{"qwen15", kQwen15Routed},   {"qwen15_shared", kQwen15},
-                                                  {"qwen3", kQwen3},           {"mixtral", kMixtral},
-                                                  {"qwen3_next", kQwen3Next},  {"qwen35_122b", kQwen35Large},
-                                                  {"qwen35_35b", kQwen35Small}};
+  // The measured four by default; two shapes past 8 slots per token on request.
+  const std::map<std::string, ModelSpec> specs = {{"qwen15", kQwen15Routed},  {"qwen15_shared", kQwen15},
+                                                  {"qwen3", kQwen3},          {"mixtral", kMixtral},
+                                                  {"qwen2_57b", kQwen2Large}, {"qwen3_next", kQwen3Next}};
   for (const std::string& m : models) {
     const auto it = specs.find(m);
     if (it == specs.end()) {

@@ -99,13 +99,13 @@ inline constexpr ModelSpec kQwen15{"qwen1.5-moe-a2.7b+shared", 60, 4, 2048, 1408
 inline constexpr ModelSpec kQwen15Routed{"qwen1.5-moe-a2.7b", 60, 4, 2048, 1408, 0};
 inline constexpr ModelSpec kQwen3{"qwen3-30b-a3b", 128, 8, 2048, 768, 0};
 inline constexpr ModelSpec kMixtral{"mixtral-8x7b", 8, 2, 4096, 14336, 0};
-// Catalog shapes with more than 8 slots per token (reference_engine/data/models): Qwen3-Next-80B-A3B (k = 10
-// and its 512-wide shared expert as one chunk: 11 slots, 513 experts), Qwen3.5-122B-A10B (k = 8 and a chunk:
-// 9 slots, H = 3072) and Qwen3.5-35B-A3B (8 + 1 slots on F = 512). The combine sums a token's slots
-// in batches of eight, so these reach its second batch.
+// Shapes with more than 8 slots per token, whose combine sums a token's slots in a second batch of 8:
+// Qwen2-57B-A14B (a Qwen2-MoE checkpoint the CUDA backend serves; config.json of Qwen/Qwen2-57B-A14B: H 3584,
+// 64 experts of F 2560, k = 8, a shared expert of 20480 = 8 chunks: 16 slots) and the catalog's
+// Qwen3-Next-80B-A3B (reference_engine/data/models; k = 10 and its 512-wide shared expert as one chunk: 11
+// slots, 513 experts).
+inline constexpr ModelSpec kQwen2Large{"qwen2-57b-a14b", 64, 8, 3584, 2560, 8};
 inline constexpr ModelSpec kQwen3Next{"qwen3-next-80b-a3b", 512, 10, 2048, 512, 1};
-inline constexpr ModelSpec kQwen35Large{"qwen3.5-122b-a10b", 256, 8, 3072, 1024, 1};
-inline constexpr ModelSpec kQwen35Small{"qwen3.5-35b-a3b", 256, 8, 2048, 512, 1};
 
 inline MoeShape shape_of(const ModelSpec& m, int tokens) {
   return MoeShape{tokens, m.hidden, m.intermediate, m.num_experts, m.top_k, m.shared_chunks};

@@ -6,7 +6,10 @@
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
 //                   (also qwen2_57b, qwen3_next: shapes past 8 slots per token,
-//                   tests/device/moe_device_fixture.cuh)
+//                   tests/device/moe_device_fixture.cuh; chain_qwen3, chain_qwen15_shared: Qwen3's and
+//                   Qwen1.5's routing (E, k, chunks) on experts of H 256 and F 128, whose weights take well
+//                   under a microsecond to read, so that a layer call's time is about that of its chain of
+//                   kernels alone: what a real shape's decode at few tokens spends besides its weight stream)
 //                   [--sets 8] [--placement shuffled,adjacent] [--seed 1,2,3] [--seconds 0.1]
 //                   [--router uniform|hot:E|zipf:S|balanced] [--layers 1] [--between-read MB]
 //                   [--between-write MB]
@@ -530,10 +533,13 @@ int main(int argc, char** argv) {
                  between_write_mb);
     return 2;
   }
-  // The measured four by default; two shapes past 8 slots per token on request.
-  const std::map<std::string, ModelSpec> specs = {{"qwen15", kQwen15Routed},  {"qwen15_shared", kQwen15},
-                                                  {"qwen3", kQwen3},          {"mixtral", kMixtral},
-                                                  {"qwen2_57b", kQwen2Large}, {"qwen3_next", kQwen3Next}};
+  // The measured four by default; two shapes past 8 slots per token and the kernel-chain shapes on request.
+  constexpr ModelSpec kChainQwen3{"qwen3 routing, H256 F128", 128, 8, 256, 128, 0};
+  constexpr ModelSpec kChainQwen15{"qwen1.5+shared routing, H256 F128", 60, 4, 256, 128, 4};
+  const std::map<std::string, ModelSpec> specs = {
+      {"qwen15", kQwen15Routed},    {"qwen15_shared", kQwen15},           {"qwen3", kQwen3},
+      {"mixtral", kMixtral},        {"qwen2_57b", kQwen2Large},           {"qwen3_next", kQwen3Next},
+      {"chain_qwen3", kChainQwen3}, {"chain_qwen15_shared", kChainQwen15}};
   for (const std::string& m : models) {
     const auto it = specs.find(m);
     if (it == specs.end()) {

@@ -3,7 +3,7 @@ timed like torch_baseline.py (CUDA-graph replays of one layer call per rotating 
 
     benchmarks/device/vllm_peer_fetch.sh      # once, where PyPI is reachable: pinned vLLM wheel -> .peer/
     python3 benchmarks/device/vllm_peer.py --json out.json [--models qwen15,qwen3,mixtral] [--tokens 1,16,...]
-                                           [--sets 8] [--repeats 3] [--torch-silu]
+                                           [--sets 8] [--repeats 3] [--torch-silu] [--config-device NAME]
     python3 benchmarks/device/vllm_peer.py --check-source   # no GPU, torch or triton needed
 
 Provenance: the kernel is vLLM's `fused_moe_kernel` (Apache-2.0, .peer/LICENSE), loaded at run time from
@@ -107,11 +107,16 @@ def default_config(M, E):
             "num_warps": 4 if M <= 128 else 8, "num_stages": 4 if M <= 32 else 3}
 
 
+# --config-device: the device name whose tuned configs to load instead of this GPU's (None: this GPU's, as vLLM).
+CONFIG_DEVICE = None
+
+
 def moe_config(E, Fd, M):
     """vLLM's try_get_optimal_moe_config for bf16: get_moe_configs(E, N=w2.shape[2], dtype=None) by the file name
     get_config_file_name gives (any H200 variant -> NVIDIA_H200), the entry whose key is nearest M."""
     dev = re.sub(r"[\s/]+", "_", torch.cuda.get_device_name())
     dev = "NVIDIA_H200" if "H200" in dev.split("_") else dev
+    dev = CONFIG_DEVICE or dev
     path = PEER / "configs" / f"E={E},N={Fd},device_name={dev}.json"
     if not path.exists():
         return default_config(M, E), "default"
@@ -394,12 +399,19 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-silu", action="store_true", help="F.silu(g) * u (two kernels) for silu_and_mul")
     ap.add_argument("--check-source", action="store_true", help="only parse .peer/fused_moe.py and print")
+    ap.add_argument("--config-device", default=None,
+                    help="load the tuned configs of this device name (e.g. NVIDIA_H200) instead of this GPU's: "
+                         "on an H100, where vLLM 0.26.0 ships no bf16 configs for these shapes, the H200's are the "
+                         "stronger peer")
     args = ap.parse_args()
     if args.check_source:
         return check_source()
+    global CONFIG_DEVICE
+    CONFIG_DEVICE = args.config_device
     kernel, sig = load_kernel()
     torch.manual_seed(0)
-    result = {"vllm": peer_version(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    result = {"vllm": peer_version(), "gpu": torch.cuda.get_device_name(), "config_device": CONFIG_DEVICE,
+              "torch": torch.__version__,
               "triton": triton.__version__, "silu": "torch" if args.torch_silu else "triton", "sets": args.sets,
               "repeats": args.repeats, "check": [], "cases": []}
     print(f"vLLM {result['vllm'].get('version')} {KERNEL} on {result['gpu']}, torch {torch.__version__}, "

@@ -475,6 +475,17 @@ Placement parse_placement(const std::string& v) {
 
 }  // namespace
 
+// The names of the maps' entries, in order, joined by ", " (for "unknown ... (known: ...)" errors).
+template <class... Maps>
+std::string known_names(const Maps&... maps) {
+  std::string names;
+  auto add = [&](const auto& map) {
+    for (const auto& entry : map) names += (names.empty() ? "" : ", ") + entry.first;
+  };
+  (add(maps), ...);
+  return names;
+}
+
 int main(int argc, char** argv) {
   std::string json_path = "paged_moe_bench.json";
   std::vector<std::string> models = {"qwen15", "qwen15_shared", "qwen3", "mixtral"};
@@ -543,9 +554,8 @@ int main(int argc, char** argv) {
   for (const std::string& m : models) {
     const auto it = specs.find(m);
     if (it == specs.end()) {
-      std::string known;
-      for (const auto& [name, spec] : specs) known += (known.empty() ? "" : ", ") + name;
-      std::fprintf(stderr, "--models: unknown model '%s' (known: %s)\n", m.c_str(), known.c_str());
+      std::fprintf(stderr, "--models: unknown model '%s' (known: %s)\n", m.c_str(),
+                   known_names(specs).c_str());
       return 2;
     }
     if (router.kind == Router::Kind::kHot && router.hot_expert >= it->second.num_experts) {
@@ -558,10 +568,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, Bf16Config> bf16_table = bf16_configs();
   for (const std::string& c : configs)
     if (bf16_table.count(c) == 0 && quantized.count(c) == 0) {
-      std::string names;
-      for (const auto& [name, f] : bf16_table) names += name + ", ";
-      for (const auto& [name, f] : quantized) names += name + (name == quantized.rbegin()->first ? "" : ", ");
-      std::fprintf(stderr, "--config: unknown configuration '%s' (known: %s)\n", c.c_str(), names.c_str());
+      std::fprintf(stderr, "--config: unknown configuration '%s' (known: %s)\n", c.c_str(),
+                   known_names(bf16_table, quantized).c_str());
       return 2;
     }
   int devices = 0;

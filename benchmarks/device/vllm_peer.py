@@ -107,16 +107,14 @@ def default_config(M, E):
             "num_warps": 4 if M <= 128 else 8, "num_stages": 4 if M <= 32 else 3}
 
 
-# --config-device: the device name whose tuned configs to load instead of this GPU's (None: this GPU's, as vLLM).
-CONFIG_DEVICE = None
-
-
-def moe_config(E, Fd, M):
+def moe_config(E, Fd, M, config_device=None):
     """vLLM's try_get_optimal_moe_config for bf16: get_moe_configs(E, N=w2.shape[2], dtype=None) by the file name
-    get_config_file_name gives (any H200 variant -> NVIDIA_H200), the entry whose key is nearest M."""
-    dev = re.sub(r"[\s/]+", "_", torch.cuda.get_device_name())
-    dev = "NVIDIA_H200" if "H200" in dev.split("_") else dev
-    dev = CONFIG_DEVICE or dev
+    get_config_file_name gives (any H200 variant -> NVIDIA_H200), the entry whose key is nearest M.
+    config_device (--config-device): the device name whose configs to load instead of this GPU's."""
+    dev = config_device
+    if dev is None:
+        dev = re.sub(r"[\s/]+", "_", torch.cuda.get_device_name())
+        dev = "NVIDIA_H200" if "H200" in dev.split("_") else dev
     path = PEER / "configs" / f"E={E},N={Fd},device_name={dev}.json"
     if not path.exists():
         return default_config(M, E), "default"
@@ -362,13 +360,13 @@ def run_model(key, kernel, sig, args, result):
     ok = True
     for T in [int(v) for v in args.check_tokens.split(",") if v]:
         x, (tw, ids) = randn(T, H), route(randn(T, E), k, renorm)
-        y, ref = layer(x, tw, ids, moe_config(E, Fd, T)[0]).float(), reference(x, w13, w2, tw, ids)
+        y, ref = layer(x, tw, ids, moe_config(E, Fd, T, args.config_device)[0]).float(), reference(x, w13, w2, tw, ids)
         rel = ((y - ref).norm() / ref.norm()).item()
         ok &= rel < 1e-2
         result["check"].append({"model": name, "tokens": T, "rel_l2": rel})
         print(f"check {key:8s} T={T:<5d} rel L2 {rel:.2e} {'ok' if rel < 1e-2 else 'FAILED'}", flush=True)
     for T in [int(v) for v in args.tokens.split(",") if v]:
-        cfg, source = moe_config(E, Fd, T)
+        cfg, source = moe_config(E, Fd, T, args.config_device)
         sets = [(x, lg, *route(lg, k, renorm)) for x, lg in ((randn(T, H), randn(T, E)) for _ in range(args.sets))]
         preps = [prepare(ids, cfg, E) for _, _, _, ids in sets]
         variants = {  # each: one layer call per input set
@@ -406,11 +404,9 @@ def main():
     args = ap.parse_args()
     if args.check_source:
         return check_source()
-    global CONFIG_DEVICE
-    CONFIG_DEVICE = args.config_device
     kernel, sig = load_kernel()
     torch.manual_seed(0)
-    result = {"vllm": peer_version(), "gpu": torch.cuda.get_device_name(), "config_device": CONFIG_DEVICE,
+    result = {"vllm": peer_version(), "gpu": torch.cuda.get_device_name(), "config_device": args.config_device,
               "torch": torch.__version__,
               "triton": triton.__version__, "silu": "torch" if args.torch_silu else "triton", "sets": args.sets,
               "repeats": args.repeats, "check": [], "cases": []}

@@ -5,6 +5,9 @@ precision's ratio to the read floor of its own bytes, and int8 / int4 over bf16 
 
   python3 benchmarks/device/quant_report.py quant_p1.json quant_p2.json quant_p3.json
   python3 benchmarks/device/quant_report.py --paths quant_paths.json   # decode vs grouped per precision
+  python3 benchmarks/device/quant_report.py --chain chain_1.json chain_2.json chain_3.json
+      # each layer beside its kernel chain (paged_moe_bench's chain_* shapes: the same E, k and chunks on
+      # experts of H 256 and F 128), against the room the decode targets leave above the floor
 
 Each precision's path is the one its configuration chose (files from before the per-configuration "path"
 field show the bf16 path for all).
@@ -21,6 +24,11 @@ def mean_sd(v, fmt="{:.1f}"):
     return (fmt + " ± " + fmt).format(*_mean_sd(v)) if len(v) > 1 else fmt.format(v[0])
 
 
+def read_floor_us(config, read_gbs):
+    """A configuration's expert bytes at the process's measured read rate, in µs."""
+    return config["expert_bytes"] / (read_gbs * 1e9) * 1e6
+
+
 def main(files):
     rows = {}
     for f in files:
@@ -32,7 +40,7 @@ def main(files):
                 if cfg in cs:
                     r["path"][name] = cs[cfg].get("path", c["path"])
                     r["us"].setdefault(name, []).append(cs[cfg]["contiguous_us"])
-                    r["floor"].setdefault(name, []).append(cs[cfg]["expert_bytes"] / (d["read_gbs"] * 1e9) * 1e6)
+                    r["floor"].setdefault(name, []).append(read_floor_us(cs[cfg], d["read_gbs"]))
     print("| model | T | paths bf16/int8/int4 | bf16 µs (× floor) | int8 µs (× floor) | int8 / bf16 "
           "| int4 µs (× floor) | int4 / bf16 |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
@@ -76,10 +84,49 @@ def paths(files):
               f"{ratio('int4-grouped', 'int4-decode')} |")
 
 
+CHAIN_H, CHAIN_F = 256, 128  # the chain shapes' experts (paged_moe_bench's chain_* models)
+ALLOWANCE = {"default": 0.5, "int8": 0.3, "int4": 0.3}  # the decode targets (1.5x, 1.3x) less the floor
+
+
+def chain(files):
+    """Each real layer beside the chain shape with its E, k and shared chunks, process by process: the chain's
+    and the layer's µs, the layer's read floor, layer / floor, (layer - chain) / floor, and the chain over the
+    target's room above the floor (ALLOWANCE x floor)."""
+    runs = {}  # (E, k, chunks, tokens, config) -> {"chain" | "layer": [(µs, floor µs), ...], "model": name}
+    for f in files:
+        d = json.load(open(f))
+        for c in d["cases"]:
+            chained = c["H"] == CHAIN_H and c["F"] == CHAIN_F
+            for x in c["configs"]:
+                r = runs.setdefault((c["E"], c["k"], c["shared_chunks"], c["tokens"], x["config"]), {})
+                if not chained:
+                    r["model"] = c["model"]
+                r.setdefault("chain" if chained else "layer", []).append(
+                    (x["contiguous_us"], read_floor_us(x, d["read_gbs"])))
+    print("| model | T | precision | chain µs | layer µs | floor µs | layer / floor | (layer − chain) / floor "
+          "| chain / allowance |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    worst_sd = 0.0
+    for (_, _, _, tokens, config), r in runs.items():
+        if "chain" not in r or "layer" not in r:
+            continue
+        ch, (layer, floor) = [u for u, _ in r["chain"]], zip(*r["layer"])
+        layer, floor = list(layer), list(floor)
+        ratios = [[l / f for l, f in zip(layer, floor)], [(l - c) / f for l, c, f in zip(layer, ch, floor)],
+                  [c / (ALLOWANCE[config] * f) for c, f in zip(ch, floor)]]
+        worst_sd = max([worst_sd] + [_mean_sd(v)[1] for v in ratios])
+        cells = " | ".join(f"{st.mean(v):.2f}" for v in ratios)
+        print(f"| {r['model']} | {tokens} | {'bf16' if config == 'default' else config} | "
+              f"{mean_sd(ch, '{:.2f}')} | {mean_sd(layer, '{:.2f}')} | {st.mean(floor):.2f} | {cells} |")
+    print(f"\nthe ratios' largest sd over the processes: {worst_sd:.3f}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     if sys.argv[1] == "--paths":
         paths(sys.argv[2:])
+    elif sys.argv[1] == "--chain":
+        chain(sys.argv[2:])
     else:
         main(sys.argv[1:])

@@ -46,6 +46,12 @@ struct MoeConfig {
   int decode_down_warps = 0;  // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
                               // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
                               // 2/2/1/1 over 4 warps
+  bool decode_fused = false;  // with decode_preload, at one token: gate/up, down and the combine in one
+                              // launch after routing (decode::fused_kernel: a block per 16 rows of H, one per
+                              // SM, each copying its W2 rows of every slot while its warp groups run gate/up
+                              // units); a call that cannot (more than one token or 16 slots, more blocks
+                              // than SMs, rows past a block's shared memory) runs the preloading stages
+                              // (PagedMoe::decode_fuses)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

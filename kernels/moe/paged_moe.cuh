@@ -31,6 +31,7 @@
 #include <utility>
 
 #include "moe/addressing.cuh"
+#include "moe/decode_fused.cuh"
 #include "moe/decode_gemv.cuh"
 #include "moe/dequant_experts.cuh"
 #include "moe/grouped_gemm.cuh"
@@ -364,6 +365,9 @@ class PagedMoe {
                                  "intermediate = " + std::to_string(s.intermediate) + "); at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
+    if (c.decode_fused && !c.decode_preload)
+      return Status::error("config.decode_fused", 1,
+                           "needs decode_preload (the one-launch decode preloads the down weights)");
     if (c.decode_down_warps != 0 && c.decode_down_warps != c.decode_warps) {
       if (c.path != MoePath::kDecode)
         return Status::error("config.decode_down_warps", c.decode_down_warps,
@@ -457,6 +461,18 @@ class PagedMoe {
     bool preloaded = false;
     on_decode_tile(c, [&]<class T>() { preloaded = preloads<T>(true, a.shape, grid_tiles, dev); });
     return preloaded;
+  }
+
+  // Whether a call runs gate/up, down and combine in one launch (MoeConfig::decode_fused) on the current
+  // device: its configuration asks for it, it has one token and at most 16 slots, and one block per 16 rows
+  // of H fits every SM at once.
+  static bool decode_fuses(const Arguments& a) {
+    const MoeConfig c = config(a);
+    detail::DeviceInfo dev;
+    if (c.path != MoePath::kDecode || !detail::current_device(dev)) return false;
+    bool fused = false;
+    on_decode_tile(c, [&]<class T>() { fused = fuses<T>(c, a.shape, dev); });
+    return fused;
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
@@ -627,6 +643,13 @@ class PagedMoe {
           !st)
         return st;
     } else {
+      // At one token gate/up, down and combine may be one launch.
+      std::optional<Status> fused;
+      on_decode_tile(choice, [&]<class T>() {
+        if constexpr (fusable<T>())
+          if (fuses<T>(choice, s, dev)) fused = run_fused<T>(p, s, dev, stream);
+      });
+      if (fused) return *fused;
       if (Status st = run_decode(p, s, choice, grid_tiles, dev, stream); !st) return st;
     }
 
@@ -871,6 +894,38 @@ class PagedMoe {
       return asked && tiles * (s.hidden / decode::kDownRows) * per_block <=
                           static_cast<long long>(dev.sms) * (dev.smem_per_sm - kPreloadSmLeft);
     }
+  }
+
+  // Whether a call on decode tile T runs the one-launch decode (decode::fused_kernel): asked for with
+  // preloading (MoeConfig::decode_fused), bf16 experts on an 8-token tile of at most 8 warps, one token of at
+  // most kFusedMaxSlots slots, and its H / 16 blocks each alone on an SM at once (their W2 rows of every slot
+  // in one block's shared memory), so that no block waits for one that cannot start.
+  template <class T>
+  static constexpr bool fusable() {
+    return !Precision::kQuantized && T::kTokTiles == 1 && T::kWarps <= 8;
+  }
+  template <class T>
+  static bool fuses(const MoeConfig& c, const MoeShape& s, const detail::DeviceInfo& dev) {
+    if constexpr (!fusable<T>()) {
+      return false;
+    } else {
+      const long long smem =
+          decode::fused_smem_bytes<T>(s.slots_per_token(), s.intermediate) + decode::kFusedStaticSmem;
+      return c.decode_fused && c.decode_preload && c.path == MoePath::kDecode && s.num_tokens == 1 &&
+             s.slots_per_token() <= decode::kFusedMaxSlots && s.hidden % decode::kFusedRows == 0 &&
+             s.hidden / decode::kFusedRows <= dev.sms && smem <= ptx::kMaxBlockSmemBytes &&
+             smem + kBlockReservedSmem <= dev.smem_per_sm;
+    }
+  }
+
+  template <class T>
+  static Status run_fused(const MoeParams<Addressing>& p, const MoeShape& s, const detail::DeviceInfo& dev,
+                          cudaStream_t stream) {
+    constexpr auto kernel = decode::fused_kernel<Addressing, T>;
+    const int smem = static_cast<int>(decode::fused_smem_bytes<T>(s.slots_per_token(), s.intermediate));
+    if (Status st = detail::set_smem<kernel>(dev.device, smem, decode::kFusedStaticSmem); !st) return st;
+    return launch(kernel, dim3(static_cast<unsigned>(s.hidden / decode::kFusedRows)),
+                  decode::kFusedGroups * T::kThreads, smem, stream, p, "decode::fused_kernel");
   }
 
   template <class T>

@@ -144,6 +144,22 @@ struct PreloadConfig {
   }
 };
 
+// PreloadConfig's choice with gate/up, down and combine in one launch after routing at one token
+// (MoeConfig::decode_fused) wherever it preloads; PagedMoe runs the one launch where its blocks fit the
+// device at once (PagedMoe::decode_fuses) and the preloading stages elsewhere.
+template <kernels::MoePath kPath = kernels::MoePath::kAuto>
+struct FusedConfig {
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
+    kernels::MoeConfig c = PreloadConfig<kPath>::select(s, requested);
+    c.decode_fused = c.decode_preload;
+    return c;
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+  }
+};
+
 // DefaultMoeConfig's choice with no W2 preloading (MoeConfig::decode_preload off where the default sets it).
 struct NoPreloadConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {

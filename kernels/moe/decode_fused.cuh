@@ -1,0 +1,176 @@
+// One-token decode in one launch after routing (bf16 experts, MoeConfig::decode_fused): the gate/up stage,
+// the down stage and the combine of a single token, so that the layer is routing plus one kernel instead of
+// routing, gate/up, down and combine (docs/kernel.md, "Decode at 1 token").
+//
+// A block per kFusedRows (16) rows of H, all resident at once (one per SM: PagedMoe checks that the grid
+// fits). Each block
+//  1. reads routing's tiles (one per expert of the token) and keeps, per slot j, its row of the
+//     expert-sorted order and its expert's W2;
+//  2. copies its 16 W2 rows of every slot into shared memory (cp.async), slot by slot, without waiting;
+//  3. runs gate/up units meanwhile, one per warp group of a decode tile's warps (kFusedGroups groups): unit
+//     u = tile · F/16 + feature block, the units dealt round robin over the grid's groups, each exactly the
+//     gate/up kernel's block (decode::gemv_kernel<kGateUp>: the same loads, k order, MMAs, K-split
+//     reduction and rounding); after each unit its group adds 1 to a counter with release semantics;
+//  4. waits until the counter reaches the number of units (acquire: every unit's activations are visible),
+//     then computes each slot's 16 rows from the copy (the slots dealt over its groups; the preloading down
+//     block's arithmetic, each value rounded to bf16 as the down kernel stores y) and sums the slots in slot
+//     order, fp32, with their weights (combine_kernel's sum), writing the token's 16 output values.
+// So the outputs equal the four-kernel layer's bit for bit, paged or contiguous.
+//
+// No block waits before its own gate/up units are done, and only for units of blocks already running: with
+// every block resident at once (the grid fits one block per SM) the wait always ends. The counter is
+// MoeParams::unit_counters[0], zeroed by the routing kernel of the same call, which completes before this
+// kernel reads it (programmatic dependent launch: griddepcontrol.wait).
+#pragma once
+
+#include "moe/decode_gemv.cuh"
+
+namespace amoeba::kernels::decode {
+
+inline constexpr int kFusedRows = 16;      // output rows (of H) per block
+inline constexpr int kFusedMaxSlots = 16;  // slots of the token (k + m) at most
+inline constexpr int kFusedGroups = 3;     // warp groups per block, each a decode tile's warps
+
+// Static shared memory of a fused block: each slot's row and W2 base.
+inline constexpr int kFusedStaticSmem = kFusedMaxSlots * static_cast<int>(sizeof(int) + sizeof(void*));
+
+// Dynamic shared memory of a fused block on decode tile T: the 16 W2 rows of each of `slots` slots at
+// preload_pitch(F), each group's K-split reduction buffer, then each slot's 16 rounded outputs (fp32).
+template <class T>
+constexpr std::int64_t fused_w2_bytes(int slots, int F) {
+  return static_cast<std::int64_t>(slots) * kFusedRows * preload_pitch(F);
+}
+template <class T>
+constexpr std::int64_t fused_smem_bytes(int slots, int F) {
+  return fused_w2_bytes<T>(slots, F) + kFusedGroups * reduction_bytes<T>() +
+         static_cast<std::int64_t>(kFusedMaxSlots) * kFusedRows * sizeof(float);
+}
+
+template <class Addressing, class T>
+__global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
+    fused_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+  static_assert(T::kTokTiles == 1, "one token: 8-token tiles");
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int slot_row[kFusedMaxSlots];  // -1: a slot routed outside [0, E)
+  __shared__ const bf16* slot_w2[kFusedMaxSlots];
+  const int S = p.slots_per_token, F = p.intermediate, H = p.hidden;
+  const int group = threadIdx.x / T::kThreads, warp = (threadIdx.x % T::kThreads) / 32,
+            lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int barrier = 1 + group;  // the group's named barrier
+  auto group_sync = [barrier] { ptx::named_barrier(barrier, T::kThreads); };
+  const std::int64_t pitch = preload_pitch(F);
+  float* red = reinterpret_cast<float*>(smem + fused_w2_bytes<T>(S, F)) + group * (reduction_bytes<T>() / 4);
+  float* ys = reinterpret_cast<float*>(smem + fused_w2_bytes<T>(S, F) + kFusedGroups * reduction_bytes<T>());
+  const int h0 = blockIdx.x * kFusedRows;
+
+  ptx::grid_dependency_wait();  // routing: tiles, sorted_slot and the zeroed counter
+  // 1. Each slot's expert-sorted row and W2 (one token: the tiles' rows are its slots).
+  if (threadIdx.x < kFusedMaxSlots) slot_row[threadIdx.x] = -1;
+  __syncthreads();
+  const int num_tiles = __ldcg(p.num_tiles);
+  if (static_cast<int>(threadIdx.x) < num_tiles) {
+    const WorkTile t = load_tile_l2(p.tiles + threadIdx.x);
+    for (int c = 0; c < t.count; ++c) {
+      const int j = __ldcg(p.sorted_slot + t.row_start + c);
+      slot_row[j] = t.row_start + c;
+      slot_w2[j] = t.matrix[2];
+    }
+  }
+  __syncthreads();
+
+  // 2. The block's 16 W2 rows of every used slot into shared memory, in 16-byte chunks, row by row.
+  {
+    const int chunks = F / 8, per_slot = kFusedRows * chunks;
+    const std::uint32_t dst = ptx::smem_u32(smem);
+    for (int c = threadIdx.x; c < S * per_slot; c += blockDim.x) {
+      const int j = c / per_slot, rc = c - j * per_slot, row = rc / chunks, x = rc - row * chunks;
+      if (slot_row[j] < 0) continue;
+      ptx::cp_async_stream_16<T::kPrefetch>(
+          dst + static_cast<std::uint32_t>((j * kFusedRows + row) * pitch + 16 * x),
+          slot_w2[j] + static_cast<std::int64_t>(h0 + row) * F + 8 * x);
+    }
+    ptx::cp_async_commit();
+  }
+
+  // 3. Gate/up units, round robin over the grid's groups.
+  const int feature_blocks = F / kGateUpRows, units = num_tiles * feature_blocks;
+  for (int u = blockIdx.x + gridDim.x * group; u < units; u += gridDim.x * kFusedGroups) {
+    const int fb = u % feature_blocks;
+    const WorkTile tile = load_tile_l2(p.tiles + u / feature_blocks);
+    const bf16* tok[1];
+    {
+      const int c = g < tile.count ? g : 0;  // rows past the count reuse row 0; their results are dropped
+      const int slot = p.sorted_slot[tile.row_start + c];
+      tok[0] = p.input + static_cast<std::int64_t>(slot / p.slots_per_token) * H;
+    }
+    const KRange range = warp_k_range(H, T::kWarps, warp);
+    const int k0 = range.begin, steps = (range.end - range.begin) / kKStep;
+    tok[0] += k0;
+    const std::int64_t n0 = static_cast<std::int64_t>(fb) * kGateUpRows;
+    const bf16* lo[kRowTiles];
+    const bf16* hi[kRowTiles];
+    const std::uint32_t none[kRowTiles] = {};
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      lo[r] = tile.matrix[r] + (n0 + g) * H + k0;
+      hi[r] = tile.matrix[r] + (n0 + g + 8) * H + k0;
+    }
+    float acc[kRowTiles][1][4] = {};
+    bf16_mainloop<T, kRowTiles, false>(lo, hi, none, none, tok, steps, q, acc);
+    group_sync();  // the group's previous unit has read `red`
+    if (reduce_k_split<T>(acc, red, warp, lane, group_sync)) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = 2 * q + (i % 2);
+        if (c < tile.count)
+          store_act(p, tile.row_start + c, fb * kGateUpRows + g + 8 * (i / 2), acc[0][0][i], acc[1][0][i]);
+      }
+      __syncwarp();
+      if (lane == 0) ptx::red_release_add(p.unit_counters, 1);
+    }
+  }
+
+  // 4. Every unit's activations, then the block's rows of each slot and their weighted sum.
+  if (threadIdx.x == 0) {
+    const long long start = clock64();
+    while (ptx::ld_acquire(p.unit_counters) < units) {
+      __nanosleep(32);
+      // A wait past any layer's time (2^31 cycles, about a second) means some unit's block never ran (the
+      // grid did not fit at once): fail the launch rather than hang.
+      if (clock64() - start > (1LL << 31)) __trap();
+    }
+  }
+  __syncthreads();
+  ptx::launch_dependents();  // the next layer's routing may take an SM and wait
+  ptx::cp_async_wait<0>();
+  __syncthreads();  // every thread's W2 chunks landed
+  const KRange range = warp_k_range(F, T::kWarps, warp);
+  const int k0 = range.begin, steps = (range.end - range.begin) / kKStep;
+  for (int j = group; j < S; j += kFusedGroups) {
+    if (slot_row[j] < 0) continue;
+    const bf16* tok[1] = {p.act + static_cast<std::int64_t>(slot_row[j]) * F + k0};
+    const std::uint32_t base =
+        ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch + 2 * k0);
+    const std::uint32_t s_lo[1] = {base + static_cast<std::uint32_t>(g * pitch)};
+    const std::uint32_t s_hi[1] = {base + static_cast<std::uint32_t>((g + 8) * pitch)};
+    const bf16* const unused[1] = {nullptr};
+    float acc[1][1][4] = {};
+    bf16_mainloop<T, 1, true, true>(unused, unused, s_lo, s_hi, tok, steps, q, acc);
+    group_sync();  // the group's previous slot has read `red`
+    // Accumulator i: row g + 8·(i/2), token 2q + i % 2: the token is column 0 (q = 0, i even).
+    if (reduce_k_split<T>(acc, red, warp, lane, group_sync) && q == 0) {
+      ys[j * kFusedRows + g] = __bfloat162float(__float2bfloat16_rn(acc[0][0][0]));
+      ys[j * kFusedRows + g + 8] = __bfloat162float(__float2bfloat16_rn(acc[0][0][2]));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kFusedRows) {
+    float sum = 0.f;
+    for (int j = 0; j < S; ++j)
+      if (slot_row[j] >= 0) sum += slot_weight(p, 0, j) * ys[j * kFusedRows + threadIdx.x];
+    p.output[h0 + threadIdx.x] = __float2bfloat16_rn(sum);
+  }
+}
+
+}  // namespace amoeba::kernels::decode

@@ -12,9 +12,10 @@
 //     gate/up kernel's block (decode::gemv_kernel<kGateUp>: the same loads, k order, MMAs, K-split
 //     reduction and rounding); after each unit its group adds 1 to a counter with release semantics;
 //  4. waits until the counter reaches the number of units (acquire: every unit's activations are visible),
-//     then computes each slot's 16 rows from the copy (the slots dealt over its groups; the preloading down
-//     block's arithmetic, each value rounded to bf16 as the down kernel stores y) and sums the slots in slot
-//     order, fp32, with their weights (combine_kernel's sum), writing the token's 16 output values.
+//     copies the slots' activations into shared memory, then computes each slot's 16 rows from the copies
+//     (the slots dealt over its groups; the preloading down block's arithmetic, each value rounded to bf16 as
+//     the down kernel stores y) and sums the slots in slot order, fp32, with their weights (combine_kernel's
+//     sum), writing the token's 16 output values.
 // So the outputs equal the four-kernel layer's bit for bit, paged or contiguous.
 //
 // No block waits before its own gate/up units are done, and only for units of blocks already running: with
@@ -35,14 +36,17 @@ inline constexpr int kFusedGroups = 3;     // warp groups per block, each a deco
 inline constexpr int kFusedStaticSmem = kFusedMaxSlots * static_cast<int>(sizeof(int) + sizeof(void*));
 
 // Dynamic shared memory of a fused block on decode tile T: the 16 W2 rows of each of `slots` slots at
-// preload_pitch(F), each group's K-split reduction buffer, then each slot's 16 rounded outputs (fp32).
-template <class T>
+// preload_pitch(F), each slot's activations (F values), each group's K-split reduction buffer, then each
+// slot's 16 rounded outputs (fp32).
 constexpr std::int64_t fused_w2_bytes(int slots, int F) {
   return static_cast<std::int64_t>(slots) * kFusedRows * preload_pitch(F);
 }
+constexpr std::int64_t fused_act_bytes(int slots, int F) {
+  return static_cast<std::int64_t>(slots) * F * 2;
+}
 template <class T>
 constexpr std::int64_t fused_smem_bytes(int slots, int F) {
-  return fused_w2_bytes<T>(slots, F) + kFusedGroups * reduction_bytes<T>() +
+  return fused_w2_bytes(slots, F) + fused_act_bytes(slots, F) + kFusedGroups * reduction_bytes<T>() +
          static_cast<std::int64_t>(kFusedMaxSlots) * kFusedRows * sizeof(float);
 }
 
@@ -60,8 +64,10 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   const int barrier = 1 + group;  // the group's named barrier
   auto group_sync = [barrier] { ptx::named_barrier(barrier, T::kThreads); };
   const std::int64_t pitch = preload_pitch(F);
-  float* red = reinterpret_cast<float*>(smem + fused_w2_bytes<T>(S, F)) + group * (reduction_bytes<T>() / 4);
-  float* ys = reinterpret_cast<float*>(smem + fused_w2_bytes<T>(S, F) + kFusedGroups * reduction_bytes<T>());
+  bf16* act = reinterpret_cast<bf16*>(smem + fused_w2_bytes(S, F));
+  unsigned char* after_act = smem + fused_w2_bytes(S, F) + fused_act_bytes(S, F);
+  float* red = reinterpret_cast<float*>(after_act) + group * (reduction_bytes<T>() / 4);
+  float* ys = reinterpret_cast<float*>(after_act + kFusedGroups * reduction_bytes<T>());
   const int h0 = blockIdx.x * kFusedRows;
 
   ptx::grid_dependency_wait();  // routing: tiles, sorted_slot and the zeroed counter
@@ -143,13 +149,24 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   }
   __syncthreads();
   ptx::launch_dependents();  // the next layer's routing may take an SM and wait
+  {
+    // Each used slot's activations into shared memory (from the L2: written by other blocks in this kernel).
+    const int chunks = F / 8;
+    for (int c = threadIdx.x; c < S * chunks; c += blockDim.x) {
+      const int j = c / chunks, x = c - j * chunks;
+      if (slot_row[j] >= 0)
+        ptx::cp_async_16(ptx::smem_u32(act + static_cast<std::int64_t>(j) * F + 8 * x),
+                         p.act + static_cast<std::int64_t>(slot_row[j]) * F + 8 * x, 16);
+    }
+    ptx::cp_async_commit();
+  }
   ptx::cp_async_wait<0>();
-  __syncthreads();  // every thread's W2 chunks landed
+  __syncthreads();  // every thread's W2 and activation chunks landed
   const KRange range = warp_k_range(F, T::kWarps, warp);
   const int k0 = range.begin, steps = (range.end - range.begin) / kKStep;
   for (int j = group; j < S; j += kFusedGroups) {
     if (slot_row[j] < 0) continue;
-    const bf16* tok[1] = {p.act + static_cast<std::int64_t>(slot_row[j]) * F + k0};
+    const bf16* tok[1] = {act + static_cast<std::int64_t>(j) * F + k0};
     const std::uint32_t base =
         ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch + 2 * k0);
     const std::uint32_t s_lo[1] = {base + static_cast<std::uint32_t>(g * pitch)};

@@ -252,9 +252,9 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 // rows g and g + 8 of row tile r times token row g of token tile nt. The weight rows come from global memory
 // at lo[r] / hi[r] (each at the range's first value), or with kShared from shared memory at the byte
 // addresses s_lo[r] / s_hi[r] (likewise); the token rows from tok[nt] through the read-only path, or with
-// kTokensL2 from the L2 (activations written earlier in the same kernel: moe/decode_fused.cuh). The same
-// values in the same k order and MMAs either way.
-template <class T, int kRows, bool kShared, bool kTokensL2 = false>
+// kTokensPlain by plain loads (a copy in shared memory of activations written earlier in the same kernel:
+// moe/decode_fused.cuh). The same values in the same k order and MMAs either way.
+template <class T, int kRows, bool kShared, bool kTokensPlain = false>
 __device__ __forceinline__ void bf16_mainloop(const bf16* const (&lo)[kRows], const bf16* const (&hi)[kRows],
                                               const std::uint32_t (&s_lo)[kRows],
                                               const std::uint32_t (&s_hi)[kRows],
@@ -280,8 +280,8 @@ __device__ __forceinline__ void bf16_mainloop(const bf16* const (&lo)[kRows], co
       }
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt) {
-        if constexpr (kTokensL2)
-          b[u][nt] = __ldcg(reinterpret_cast<const uint4*>(tok[nt] + k));
+        if constexpr (kTokensPlain)
+          b[u][nt] = *reinterpret_cast<const uint4*>(tok[nt] + k);
         else
           b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
       }

@@ -7,10 +7,11 @@
 //  1. reads routing's tiles (one per expert of the token) and keeps, per slot j, its row of the
 //     expert-sorted order and its expert's W2;
 //  2. copies its 16 W2 rows of every slot into shared memory (cp.async), slot by slot, without waiting;
-//  3. runs gate/up units meanwhile, one per warp group of a decode tile's warps (kFusedGroups groups): unit
-//     u = tile · F/16 + feature block, the units dealt round robin over the grid's groups, each exactly the
-//     gate/up kernel's block (decode::gemv_kernel<kGateUp>: the same loads, k order, MMAs, K-split
-//     reduction and rounding); after each unit its group adds 1 to a counter with release semantics;
+//  3. runs gate/up units meanwhile on its kFusedGroups warp groups (each a decode tile's warps): unit
+//     u = tile · F/16 + feature block, claimed one at a time from a counter (the next claim in flight while
+//     the group runs its unit), each exactly the gate/up kernel's block (decode::gemv_kernel<kGateUp>: the
+//     same loads, k order, MMAs, K-split reduction and rounding); after each unit its group adds 1 to a
+//     second counter with release semantics;
 //  4. waits until the counter reaches the number of units (acquire: every unit's activations are visible),
 //     copies the slots' activations into shared memory, then computes each slot's 16 rows from the copies
 //     (the slots dealt over its groups; the preloading down block's arithmetic, each value rounded to bf16 as
@@ -18,10 +19,12 @@
 //     sum), writing the token's 16 output values.
 // So the outputs equal the four-kernel layer's bit for bit, paged or contiguous.
 //
-// No block waits before its own gate/up units are done, and only for units of blocks already running: with
-// every block resident at once (the grid fits one block per SM) the wait always ends. The counter is
-// MoeParams::unit_counters[0], zeroed by the routing kernel of the same call, which completes before this
-// kernel reads it (programmatic dependent launch: griddepcontrol.wait).
+// A block waits only once no unit is left to claim, and every claimed unit belongs to a group that is
+// running, so the wait ends however many blocks are resident (another kernel may hold SMs); the grid fits
+// one block per SM (PagedMoe::decode_fuses) so that every block's copy streams during gate/up. The counters
+// are MoeParams::unit_counters[0] (units done) and [1] (units claimed), zeroed by the routing kernel of the
+// same call, which completes before this kernel reads them (programmatic dependent launch:
+// griddepcontrol.wait).
 #pragma once
 
 #include "moe/decode_gemv.cuh"
@@ -32,8 +35,9 @@ inline constexpr int kFusedRows = 16;      // output rows (of H) per block
 inline constexpr int kFusedMaxSlots = 16;  // slots of the token (k + m) at most
 inline constexpr int kFusedGroups = 3;     // warp groups per block, each a decode tile's warps
 
-// Static shared memory of a fused block: each slot's row and W2 base.
-inline constexpr int kFusedStaticSmem = kFusedMaxSlots * static_cast<int>(sizeof(int) + sizeof(void*));
+// Static shared memory of a fused block: each slot's row and W2 base, each group's next unit.
+inline constexpr int kFusedStaticSmem = kFusedMaxSlots * static_cast<int>(sizeof(int) + sizeof(void*)) +
+                                        kFusedGroups * static_cast<int>(sizeof(int));
 
 // Dynamic shared memory of a fused block on decode tile T: the 16 W2 rows of each of `slots` slots at
 // preload_pitch(F), each slot's activations (F values), each group's K-split reduction buffer, then each
@@ -57,6 +61,7 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int slot_row[kFusedMaxSlots];  // -1: a slot routed outside [0, E)
   __shared__ const bf16* slot_w2[kFusedMaxSlots];
+  __shared__ int claimed[kFusedGroups];  // each group's next unit
   const int S = p.slots_per_token, F = p.intermediate, H = p.hidden;
   const int group = threadIdx.x / T::kThreads, warp = (threadIdx.x % T::kThreads) / 32,
             lane = threadIdx.x % 32;
@@ -70,10 +75,13 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   float* ys = reinterpret_cast<float*>(after_act + kFusedGroups * reduction_bytes<T>());
   const int h0 = blockIdx.x * kFusedRows;
 
-  ptx::grid_dependency_wait();  // routing: tiles, sorted_slot and the zeroed counter
+  const bool leader = threadIdx.x % T::kThreads == 0;  // the group's claimer
+  ptx::grid_dependency_wait();                         // routing: tiles, sorted_slot and the zeroed counters
+  if (leader) claimed[group] = atomicAdd(p.unit_counters + 1, 1);  // the group's first unit
   // 1. Each slot's expert-sorted row and W2 (one token: the tiles' rows are its slots).
   if (threadIdx.x < kFusedMaxSlots) slot_row[threadIdx.x] = -1;
   __syncthreads();
+  int u = claimed[group];
   const int num_tiles = __ldcg(p.num_tiles);
   if (static_cast<int>(threadIdx.x) < num_tiles) {
     const WorkTile t = load_tile_l2(p.tiles + threadIdx.x);
@@ -99,9 +107,11 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
     ptx::cp_async_commit();
   }
 
-  // 3. Gate/up units, round robin over the grid's groups.
+  // 3. Gate/up units, claimed one at a time.
   const int feature_blocks = F / kGateUpRows, units = num_tiles * feature_blocks;
-  for (int u = blockIdx.x + gridDim.x * group; u < units; u += gridDim.x * kFusedGroups) {
+  while (u < units) {
+    int next = 0;
+    if (leader) next = atomicAdd(p.unit_counters + 1, 1);  // used after the main loop
     const int fb = u % feature_blocks;
     const WorkTile tile = load_tile_l2(p.tiles + u / feature_blocks);
     const bf16* tok[1];
@@ -124,7 +134,9 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
     }
     float acc[kRowTiles][1][4] = {};
     bf16_mainloop<T, kRowTiles, false>(lo, hi, none, none, tok, steps, q, acc);
-    group_sync();  // the group's previous unit has read `red`
+    if (leader) claimed[group] = next;
+    group_sync();        // the group's previous unit has read `red`; `claimed` holds the next unit
+    u = claimed[group];  // read before the reduction's barrier, after which the leader may write again
     if (reduce_k_split<T>(acc, red, warp, lane, group_sync)) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -142,8 +154,8 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
     const long long start = clock64();
     while (ptx::ld_acquire(p.unit_counters) < units) {
       __nanosleep(32);
-      // A wait past any layer's time (2^31 cycles, about a second) means some unit's block never ran (the
-      // grid did not fit at once): fail the launch rather than hang.
+      // A wait past any layer's time (2^31 cycles, about a second) means the counters were not zeroed
+      // before this kernel (routing did not run first): fail the launch rather than hang.
       if (clock64() - start > (1LL << 31)) __trap();
     }
   }

@@ -899,7 +899,7 @@ class PagedMoe {
   // Whether a call on decode tile T runs the one-launch decode (decode::fused_kernel): asked for with
   // preloading (MoeConfig::decode_fused), bf16 experts on an 8-token tile of at most 8 warps, one token of at
   // most kFusedMaxSlots slots, and its H / 16 blocks each alone on an SM at once (their W2 rows of every slot
-  // in one block's shared memory), so that no block waits for one that cannot start.
+  // in one block's shared memory), so that every block's copy streams while gate/up runs.
   template <class T>
   static constexpr bool fusable() {
     return !Precision::kQuantized && T::kTokTiles == 1 && T::kWarps <= 8;

@@ -154,9 +154,10 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
     const long long start = clock64();
     while (ptx::ld_acquire(p.unit_counters) < units) {
       __nanosleep(32);
-      // A wait past any layer's time (2^31 cycles, about a second) means the counters were not zeroed
-      // before this kernel (routing did not run first): fail the launch rather than hang.
-      if (clock64() - start > (1LL << 31)) __trap();
+      // A wait past any layer's time (2^34 cycles, about ten seconds, room for a sanitizer's slowdown) means
+      // the counters were not zeroed before this kernel (routing did not run first): fail the launch rather
+      // than hang.
+      if (clock64() - start > (1LL << 34)) __trap();
     }
   }
   __syncthreads();

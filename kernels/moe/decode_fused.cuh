@@ -28,6 +28,7 @@
 #pragma once
 
 #include "moe/decode_gemv.cuh"
+#include "moe/tma.cuh"
 
 namespace amoeba::kernels::decode {
 
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
             lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const int barrier = 1 + group;  // the group's named barrier
-  auto group_sync = [barrier] { ptx::named_barrier(barrier, T::kThreads); };
+  auto group_sync = [barrier] { tma::named_sync<T::kThreads>(barrier); };
   const std::int64_t pitch = preload_pitch(F);
   bf16* act = reinterpret_cast<bf16*>(smem + fused_w2_bytes(S, F));
   unsigned char* after_act = smem + fused_w2_bytes(S, F) + fused_act_bytes(S, F);
@@ -94,18 +95,12 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   __syncthreads();
 
   // 2. The block's 16 W2 rows of every used slot into shared memory, in 16-byte chunks, row by row.
-  {
-    const int chunks = F / 8, per_slot = kFusedRows * chunks;
-    const std::uint32_t dst = ptx::smem_u32(smem);
-    for (int c = threadIdx.x; c < S * per_slot; c += blockDim.x) {
-      const int j = c / per_slot, rc = c - j * per_slot, row = rc / chunks, x = rc - row * chunks;
-      if (slot_row[j] < 0) continue;
-      ptx::cp_async_stream_16<T::kPrefetch>(
-          dst + static_cast<std::uint32_t>((j * kFusedRows + row) * pitch + 16 * x),
-          slot_w2[j] + static_cast<std::int64_t>(h0 + row) * F + 8 * x);
-    }
-    ptx::cp_async_commit();
-  }
+  for (int j = 0; j < S; ++j)
+    if (slot_row[j] >= 0)
+      copy_rows_async<T::kPrefetch>(ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch),
+                                    slot_w2[j] + static_cast<std::int64_t>(h0) * F, kFusedRows, F,
+                                    threadIdx.x, blockDim.x);
+  ptx::cp_async_commit();
 
   // 3. Gate/up units, claimed one at a time.
   const int feature_blocks = F / kGateUpRows, units = num_tiles * feature_blocks;

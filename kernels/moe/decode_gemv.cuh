@@ -348,6 +348,21 @@ constexpr std::int64_t preload_smem_bytes(int K) {
   return kDownRows * preload_pitch(K);
 }
 
+// Copies `rows` consecutive rows of K bf16 values at `src` into shared memory at `dst`, preload_pitch(K)
+// apart (cp.async, whole 16-byte chunks in row order, so each warp instruction covers 512 contiguous bytes),
+// as thread `tid` of `threads`; the caller commits and waits.
+template <int kPrefetch>
+__device__ __forceinline__ void copy_rows_async(std::uint32_t dst, const bf16* src, int rows, int K, int tid,
+                                                int threads) {
+  const int chunks = K / 8;  // 16-byte chunks per row
+  const std::int64_t pitch = preload_pitch(K);
+  for (int c = tid; c < rows * chunks; c += threads) {
+    const int row = c / chunks, x = c - row * chunks;
+    ptx::cp_async_stream_16<kPrefetch>(dst + static_cast<std::uint32_t>(row * pitch + 16 * x),
+                                       src + static_cast<std::int64_t>(row) * K + 8 * x);
+  }
+}
+
 // The work tile, read from the L2 (past L1) before this kernel's dependency wait: routing wrote it, and its
 // kernel completed before the gate/up kernel let this one start (programmatic dependent launch), but this
 // SM's L1 may hold a previous layer call's copy.
@@ -376,16 +391,11 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
     tile = load_tile_l2(p.tiles + blockIdx.y);
     extern __shared__ __align__(16) unsigned char preload_smem[];
-    const int K = p.intermediate, chunks = K / 8;  // 16-byte chunks per row
-    const std::int64_t pitch = preload_pitch(K);
+    const int K = p.intermediate;
     // The block's 32 rows are consecutive rows of W2 (one matrix: contiguous in its page).
-    const bf16* src = tile.matrix[2] + static_cast<std::int64_t>(blockIdx.x) * kDownRows * K;
-    const std::uint32_t dst = ptx::smem_u32(preload_smem);
-    for (int c = threadIdx.x; c < kDownRows * chunks; c += T::kThreads) {
-      const int row = c / chunks, x = c - row * chunks;
-      ptx::cp_async_stream_16<T::kPrefetch>(dst + static_cast<std::uint32_t>(row * pitch + 16 * x),
-                                            src + static_cast<std::int64_t>(row) * K + 8 * x);
-    }
+    copy_rows_async<T::kPrefetch>(ptx::smem_u32(preload_smem),
+                                  tile.matrix[2] + static_cast<std::int64_t>(blockIdx.x) * kDownRows * K,
+                                  kDownRows, K, threadIdx.x, T::kThreads);
     ptx::cp_async_commit();
     ptx::grid_dependency_wait();  // act: written by the gate/up kernel
     ptx::launch_dependents();

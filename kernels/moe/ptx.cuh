@@ -130,12 +130,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
-// Barrier `id` (1..15; 0 is __syncthreads') over `threads` threads (a multiple of 32): a warp group's own
-// barrier inside a block of several groups.
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // A flag between blocks of one grid: add with release semantics (the caller's and, through a barrier before
 // it, its group's earlier writes are visible to whoever acquires the sum), and the acquiring load.
 __device__ __forceinline__ void red_release_add(int* p, int v) {

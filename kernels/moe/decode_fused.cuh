@@ -6,17 +6,19 @@
 // fits). Each block
 //  1. reads routing's tiles (one per expert of the token) and keeps, per slot j, its row of the
 //     expert-sorted order and its expert's W2;
-//  2. copies its 16 W2 rows of every slot into shared memory (cp.async), slot by slot, without waiting;
+//  2. copies its 16 W2 rows of the first `preloaded` slots into shared memory (cp.async), slot by slot,
+//     without waiting (every slot where they fit: PagedMoe::fused_preloads);
 //  3. runs gate/up units meanwhile on its kFusedGroups warp groups (each a decode tile's warps): unit
 //     u = tile · F/16 + feature block, claimed one at a time from a counter (the next claim in flight while
 //     the group runs its unit), each exactly the gate/up kernel's block (decode::gemv_kernel<kGateUp>: the
 //     same loads, k order, MMAs, K-split reduction and rounding); after each unit its group adds 1 to a
 //     second counter with release semantics;
 //  4. waits until the counter reaches the number of units (acquire: every unit's activations are visible),
-//     copies the slots' activations into shared memory, then computes each slot's 16 rows from the copies
-//     (the slots dealt over its groups; the preloading down block's arithmetic, each value rounded to bf16 as
-//     the down kernel stores y) and sums the slots in slot order, fp32, with their weights (combine_kernel's
-//     sum), writing the token's 16 output values.
+//     copies the slots' activations into shared memory, then computes each slot's 16 rows (the slots dealt
+//     over its groups, the streamed ones first; the preloading down block's arithmetic on the copied rows,
+//     the streaming down block's on rows read from global memory for slots past `preloaded`: the same values
+//     in the same order, each rounded to bf16 as the down kernel stores y) and sums the slots in slot order,
+//     fp32, with their weights (combine_kernel's sum), writing the token's 16 output values.
 // So the outputs equal the four-kernel layer's bit for bit, paged or contiguous.
 //
 // A block waits only once no unit is left to claim, and every claimed unit belongs to a group that is
@@ -40,24 +42,24 @@ inline constexpr int kFusedGroups = 3;     // warp groups per block, each a deco
 inline constexpr int kFusedStaticSmem = kFusedMaxSlots * static_cast<int>(sizeof(int) + sizeof(void*)) +
                                         kFusedGroups * static_cast<int>(sizeof(int));
 
-// Dynamic shared memory of a fused block on decode tile T: the 16 W2 rows of each of `slots` slots at
-// preload_pitch(F), each slot's activations (F values), each group's K-split reduction buffer, then each
-// slot's 16 rounded outputs (fp32).
-constexpr std::int64_t fused_w2_bytes(int slots, int F) {
-  return static_cast<std::int64_t>(slots) * kFusedRows * preload_pitch(F);
+// Dynamic shared memory of a fused block on decode tile T: the 16 W2 rows of each of the `preloaded` slots
+// at preload_pitch(F), each of the `slots` slots' activations (F values), each group's K-split reduction
+// buffer, then each slot's 16 rounded outputs (fp32).
+constexpr std::int64_t fused_w2_bytes(int preloaded, int F) {
+  return static_cast<std::int64_t>(preloaded) * kFusedRows * preload_pitch(F);
 }
 constexpr std::int64_t fused_act_bytes(int slots, int F) {
   return static_cast<std::int64_t>(slots) * F * 2;
 }
 template <class T>
-constexpr std::int64_t fused_smem_bytes(int slots, int F) {
-  return fused_w2_bytes(slots, F) + fused_act_bytes(slots, F) + kFusedGroups * reduction_bytes<T>() +
+constexpr std::int64_t fused_smem_bytes(int preloaded, int slots, int F) {
+  return fused_w2_bytes(preloaded, F) + fused_act_bytes(slots, F) + kFusedGroups * reduction_bytes<T>() +
          static_cast<std::int64_t>(kFusedMaxSlots) * kFusedRows * sizeof(float);
 }
 
 template <class Addressing, class T>
 __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
-    fused_kernel(const __grid_constant__ MoeParams<Addressing> p) {
+    fused_kernel(const __grid_constant__ MoeParams<Addressing> p, int preloaded) {
   static_assert(T::kTokTiles == 1, "one token: 8-token tiles");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int slot_row[kFusedMaxSlots];  // -1: a slot routed outside [0, E)
@@ -70,8 +72,8 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   const int barrier = 1 + group;  // the group's named barrier
   auto group_sync = [barrier] { tma::named_sync<T::kThreads>(barrier); };
   const std::int64_t pitch = preload_pitch(F);
-  bf16* act = reinterpret_cast<bf16*>(smem + fused_w2_bytes(S, F));
-  unsigned char* after_act = smem + fused_w2_bytes(S, F) + fused_act_bytes(S, F);
+  bf16* act = reinterpret_cast<bf16*>(smem + fused_w2_bytes(preloaded, F));
+  unsigned char* after_act = smem + fused_w2_bytes(preloaded, F) + fused_act_bytes(S, F);
   float* red = reinterpret_cast<float*>(after_act) + group * (reduction_bytes<T>() / 4);
   float* ys = reinterpret_cast<float*>(after_act + kFusedGroups * reduction_bytes<T>());
   const int h0 = blockIdx.x * kFusedRows;
@@ -94,8 +96,8 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   }
   __syncthreads();
 
-  // 2. The block's 16 W2 rows of every used slot into shared memory, in 16-byte chunks, row by row.
-  for (int j = 0; j < S; ++j)
+  // 2. The block's 16 W2 rows of every used preloaded slot into shared memory, in 16-byte chunks, row by row.
+  for (int j = 0; j < preloaded; ++j)
     if (slot_row[j] >= 0)
       copy_rows_async<T::kPrefetch>(ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch),
                                     slot_w2[j] + static_cast<std::int64_t>(h0) * F, kFusedRows, F,
@@ -172,16 +174,27 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   __syncthreads();  // every thread's W2 and activation chunks landed
   const KRange range = warp_k_range(F, T::kWarps, warp);
   const int k0 = range.begin, steps = (range.end - range.begin) / kKStep;
-  for (int j = group; j < S; j += kFusedGroups) {
+  const int streamed = S - preloaded;
+  for (int i = group; i < S; i += kFusedGroups) {
+    // The streamed slots first (their rows come from global memory: the longest), then the preloaded ones.
+    const int j = i < streamed ? preloaded + i : i - streamed;
     if (slot_row[j] < 0) continue;
     const bf16* tok[1] = {act + static_cast<std::int64_t>(j) * F + k0};
-    const std::uint32_t base =
-        ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch + 2 * k0);
-    const std::uint32_t s_lo[1] = {base + static_cast<std::uint32_t>(g * pitch)};
-    const std::uint32_t s_hi[1] = {base + static_cast<std::uint32_t>((g + 8) * pitch)};
-    const bf16* const unused[1] = {nullptr};
     float acc[1][1][4] = {};
-    bf16_mainloop<T, 1, true, true>(unused, unused, s_lo, s_hi, tok, steps, q, acc);
+    if (j < preloaded) {
+      const std::uint32_t base =
+          ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch + 2 * k0);
+      const std::uint32_t s_lo[1] = {base + static_cast<std::uint32_t>(g * pitch)};
+      const std::uint32_t s_hi[1] = {base + static_cast<std::uint32_t>((g + 8) * pitch)};
+      const bf16* const unused[1] = {nullptr};
+      bf16_mainloop<T, 1, true, true>(unused, unused, s_lo, s_hi, tok, steps, q, acc);
+    } else {
+      const bf16* rows = slot_w2[j] + static_cast<std::int64_t>(h0) * F + k0;
+      const bf16* const lo[1] = {rows + static_cast<std::int64_t>(g) * F};
+      const bf16* const hi[1] = {rows + static_cast<std::int64_t>(g + 8) * F};
+      const std::uint32_t none[1] = {};
+      bf16_mainloop<T, 1, false, true>(lo, hi, none, none, tok, steps, q, acc);
+    }
     group_sync();  // the group's previous slot has read `red`
     // Accumulator i: row g + 8·(i/2), token 2q + i % 2: the token is column 0 (q = 0, i even).
     if (reduce_k_split<T>(acc, red, warp, lane, group_sync) && q == 0) {

@@ -48,10 +48,10 @@ struct MoeConfig {
                               // 2/2/1/1 over 4 warps
   bool decode_fused = false;  // with decode_preload, at one token: gate/up, down and the combine in one
                               // launch after routing (decode::fused_kernel: a block per 16 rows of H, one per
-                              // SM, each copying its W2 rows of every slot while its warp groups run gate/up
-                              // units); a call that cannot (more than one token or 16 slots, more blocks
-                              // than SMs, rows past a block's shared memory) runs the preloading stages
-                              // (PagedMoe::decode_fuses)
+                              // SM, each copying its W2 rows of as many slots as fit its shared memory
+                              // while its warp groups run gate/up units, reading the others' after); a call
+                              // that cannot (more than one token or 16 slots, more blocks than SMs) runs the
+                              // preloading stages (PagedMoe::decode_fuses, decode_fused_preloads)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -466,13 +466,19 @@ class PagedMoe {
   // Whether a call runs gate/up, down and combine in one launch (MoeConfig::decode_fused) on the current
   // device: its configuration asks for it, it has one token and at most 16 slots, and one block per 16 rows
   // of H fits every SM at once.
-  static bool decode_fuses(const Arguments& a) {
+  static bool decode_fuses(const Arguments& a) { return decode_fused_preloads(a) >= 0; }
+
+  // How many slots' W2 rows the one-launch decode copies into shared memory during gate/up (the first ones;
+  // the rest are read from global memory after it), or -1 where the call does not run it.
+  static int decode_fused_preloads(const Arguments& a) {
     const MoeConfig c = config(a);
     detail::DeviceInfo dev;
-    if (c.path != MoePath::kDecode || !detail::current_device(dev)) return false;
-    bool fused = false;
-    on_decode_tile(c, [&]<class T>() { fused = fuses<T>(c, a.shape, dev); });
-    return fused;
+    if (c.path != MoePath::kDecode || !detail::current_device(dev)) return -1;
+    int preloaded = -1;
+    on_decode_tile(c, [&]<class T>() {
+      if (fuses<T>(c, a.shape, dev)) preloaded = fused_preloads<T>(a.shape, dev);
+    });
+    return preloaded;
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
@@ -898,8 +904,8 @@ class PagedMoe {
 
   // Whether a call on decode tile T runs the one-launch decode (decode::fused_kernel): asked for with
   // preloading (MoeConfig::decode_fused), bf16 experts on an 8-token tile of at most 8 warps, one token of at
-  // most kFusedMaxSlots slots, and its H / 16 blocks each alone on an SM at once (their W2 rows of every slot
-  // in one block's shared memory), so that every block's copy streams while gate/up runs.
+  // most kFusedMaxSlots slots, and its H / 16 blocks each alone on an SM at once, so that every block's copy
+  // streams while gate/up runs.
   template <class T>
   static constexpr bool fusable() {
     return !Precision::kQuantized && T::kTokTiles == 1 && T::kWarps <= 8;
@@ -909,23 +915,37 @@ class PagedMoe {
     if constexpr (!fusable<T>()) {
       return false;
     } else {
-      const long long smem =
-          decode::fused_smem_bytes<T>(s.slots_per_token(), s.intermediate) + decode::kFusedStaticSmem;
       return c.decode_fused && c.decode_preload && c.path == MoePath::kDecode && s.num_tokens == 1 &&
              s.slots_per_token() <= decode::kFusedMaxSlots && s.hidden % decode::kFusedRows == 0 &&
-             s.hidden / decode::kFusedRows <= dev.sms && smem <= ptx::kMaxBlockSmemBytes &&
-             smem + kBlockReservedSmem <= dev.smem_per_sm;
+             s.hidden / decode::kFusedRows <= dev.sms && fused_preloads<T>(s, dev) >= 0;
     }
+  }
+
+  // The slots whose W2 rows a fused block copies into shared memory: as many as fit one block on an SM
+  // beside every slot's activations (all of them on Qwen3-30B-A3B and Qwen1.5-MoE's routed experts, 4 of
+  // the 8 slots with Qwen1.5's shared chunks); -1 where not even the activations fit.
+  template <class T>
+  static int fused_preloads(const MoeShape& s, const detail::DeviceInfo& dev) {
+    const long long room = std::min<long long>(ptx::kMaxBlockSmemBytes, dev.smem_per_sm - kBlockReservedSmem);
+    for (int preloaded = s.slots_per_token(); preloaded >= 0; --preloaded)
+      if (decode::fused_smem_bytes<T>(preloaded, s.slots_per_token(), s.intermediate) +
+              decode::kFusedStaticSmem <=
+          room)
+        return preloaded;
+    return -1;
   }
 
   template <class T>
   static Status run_fused(const MoeParams<Addressing>& p, const MoeShape& s, const detail::DeviceInfo& dev,
                           cudaStream_t stream) {
     constexpr auto kernel = decode::fused_kernel<Addressing, T>;
-    const int smem = static_cast<int>(decode::fused_smem_bytes<T>(s.slots_per_token(), s.intermediate));
+    const int preloaded = fused_preloads<T>(s, dev);
+    const int smem =
+        static_cast<int>(decode::fused_smem_bytes<T>(preloaded, s.slots_per_token(), s.intermediate));
     if (Status st = detail::set_smem<kernel>(dev.device, smem, decode::kFusedStaticSmem); !st) return st;
-    return launch(kernel, dim3(static_cast<unsigned>(s.hidden / decode::kFusedRows)),
-                  decode::kFusedGroups * T::kThreads, smem, stream, p, "decode::fused_kernel");
+    return launch_args(kernel, dim3(static_cast<unsigned>(s.hidden / decode::kFusedRows)),
+                       decode::kFusedGroups * T::kThreads, smem, stream, "decode::fused_kernel", p,
+                       preloaded);
   }
 
   template <class T>

@@ -146,7 +146,7 @@ struct PreloadConfig {
 
 // PreloadConfig's choice with gate/up, down and combine in one launch after routing at one token
 // (MoeConfig::decode_fused) wherever it preloads; PagedMoe runs the one launch where its blocks fit the
-// device at once (PagedMoe::decode_fuses) and the preloading stages elsewhere.
+// device's SMs at once (PagedMoe::decode_fuses) and the preloading stages elsewhere.
 template <kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct FusedConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {

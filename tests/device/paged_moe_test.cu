@@ -829,6 +829,20 @@ TEST_CASE("one-token decode in one launch equals the preloading layer", "[gpu][s
   ExpertStore many(ModelSpec{"tiny-k16-shared", 32, 16, 256, 128, 1}, 62, 3);
   check_fused_case(many, 1, 2120, true, 0, 64);
 
+  // W2 rows of more slots than a block's shared memory holds: the first slots' rows copied during gate/up,
+  // the others read from global memory after it (3 of 6 slots of F = 2048, 2 of 4 of F = 3072 on a device
+  // of 228 KB per SM).
+  for (const ModelSpec& spec : {ModelSpec{"tiny-f2048-k4-m2", 8, 4, 256, 2048, 2},
+                                ModelSpec{"tiny-f3072-k3-m1", 8, 3, 256, 3072, 1}}) {
+    ExpertStore store(spec, 64, 3);
+    const int preloads = PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode>>::decode_fused_preloads(
+        {.shape = shape_of(spec, 1), .path = MoePath::kDecode});
+    INFO(spec.name << ": " << preloads << " slots' rows preloaded");
+    CHECK(preloads >= 1);
+    CHECK(preloads < spec.top_k + spec.shared_chunks);
+    for (std::uint64_t seed : {2140, 2141}) check_fused_case(store, 1, seed, true, 1, 64);
+  }
+
   // Ids outside [0, E) and an expert routed twice by one token: the one launch equals the four kernels.
   const ModelSpec spec{"tiny-k4", 8, 4, 256, 128, 1};
   ExpertStore store(spec, 63, 3);
@@ -850,9 +864,10 @@ TEST_CASE("one-token decode in one launch equals the preloading layer", "[gpu][s
 }
 
 TEST_CASE("one-token decode in one launch on model shapes", "[gpu][small]") {
-  // One block per 16 rows of H = 2048 (128 blocks) fits a device of 128 SMs or more; Qwen3's 8 slots of
-  // F = 768 and Qwen1.5's 4 routed slots of F = 1408 fit a block's shared memory, Qwen1.5 with its 4 chunks
-  // (8 slots of 1408) does not and Mixtral's 256 blocks exceed the SMs: those take the four kernels.
+  // One block per 16 rows of H = 2048 (128 blocks) fits a device of 128 SMs or more: Qwen3's 8 slots of
+  // F = 768 and Qwen1.5's 4 routed slots of F = 1408 with every slot's W2 rows in a block's shared memory,
+  // Qwen1.5 with its 4 chunks (8 slots of 1408) with 4 of them; Mixtral's 256 blocks exceed the SMs: it
+  // takes the four kernels.
   int device = 0, sms = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
@@ -860,7 +875,16 @@ TEST_CASE("one-token decode in one launch on model shapes", "[gpu][small]") {
   ExpertStore qwen15(kQwen15, 43), qwen15_routed(kQwen15Routed, 44), qwen3(kQwen3, 45), mixtral(kMixtral, 46);
   check_fused_case(qwen15_routed, 1, 2201, true, enough);
   check_fused_case(qwen3, 1, 2202, true, enough);
-  check_fused_case(qwen15, 1, 2203, false, 0);
+  check_fused_case(qwen15, 1, 2203, false, enough);
+  if (enough) {
+    using Moe = PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode>>;
+    CHECK(Moe::decode_fused_preloads({.shape = shape_of(kQwen3, 1), .path = MoePath::kDecode}) == 8);
+    CHECK(Moe::decode_fused_preloads({.shape = shape_of(kQwen15Routed, 1), .path = MoePath::kDecode}) == 4);
+    const int with_chunks =
+        Moe::decode_fused_preloads({.shape = shape_of(kQwen15, 1), .path = MoePath::kDecode});
+    CHECK(with_chunks >= 1);
+    CHECK(with_chunks < 8);
+  }
   check_fused_case(mixtral, 1, 2204, false, 0);
   check_fused_case<MoePath::kAuto>(qwen3, 1, 2205, false, enough);
   check_fused_case<MoePath::kAuto>(qwen3, 3, 2206, false, 0);

@@ -38,10 +38,6 @@ inline constexpr int kFusedRows = 16;      // output rows (of H) per block
 inline constexpr int kFusedMaxSlots = 16;  // slots of the token (k + m) at most
 inline constexpr int kFusedGroups = 3;     // warp groups per block, each a decode tile's warps
 
-// Static shared memory of a fused block: each slot's row and W2 base, each group's next unit.
-inline constexpr int kFusedStaticSmem = kFusedMaxSlots * static_cast<int>(sizeof(int) + sizeof(void*)) +
-                                        kFusedGroups * static_cast<int>(sizeof(int));
-
 // Dynamic shared memory of a fused block on decode tile T: the 16 W2 rows of each of the `preloaded` slots
 // at preload_pitch(F), each of the `slots` slots' activations (F values), each group's K-split reduction
 // buffer, then each slot's 16 rounded outputs (fp32).
@@ -57,7 +53,10 @@ constexpr std::int64_t fused_smem_bytes(int preloaded, int slots, int F) {
          static_cast<std::int64_t>(kFusedMaxSlots) * kFusedRows * sizeof(float);
 }
 
-template <class Addressing, class T>
+// kBulk (MoeConfig::decode_fused_tma): the W2 rows are copied by the TMA unit, one cp.async.bulk per row
+// issued by the block's first warp and completing on an mbarrier, instead of every thread's 16-byte cp.async
+// chunks (which queue ahead of the gate/up loads in the SM's load pipeline).
+template <class Addressing, class T, bool kBulk = false>
 __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
     fused_kernel(const __grid_constant__ MoeParams<Addressing> p, int preloaded) {
   static_assert(T::kTokTiles == 1, "one token: 8-token tiles");
@@ -65,6 +64,7 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   __shared__ int slot_row[kFusedMaxSlots];  // -1: a slot routed outside [0, E)
   __shared__ const bf16* slot_w2[kFusedMaxSlots];
   __shared__ int claimed[kFusedGroups];  // each group's next unit
+  __shared__ std::uint64_t w2_landed;    // kBulk: the W2 rows' copies complete on it
   const int S = p.slots_per_token, F = p.intermediate, H = p.hidden;
   const int group = threadIdx.x / T::kThreads, warp = (threadIdx.x % T::kThreads) / 32,
             lane = threadIdx.x % 32;
@@ -83,6 +83,10 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   if (leader) claimed[group] = atomicAdd(p.unit_counters + 1, 1);  // the group's first unit
   // 1. Each slot's expert-sorted row and W2 (one token: the tiles' rows are its slots).
   if (threadIdx.x < kFusedMaxSlots) slot_row[threadIdx.x] = -1;
+  if (kBulk && threadIdx.x == 0) {
+    tma::mbarrier_init(&w2_landed, 1);
+    tma::fence_barrier_init();
+  }
   __syncthreads();
   int u = claimed[group];
   const int num_tiles = __ldcg(p.num_tiles);
@@ -96,13 +100,30 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
   }
   __syncthreads();
 
-  // 2. The block's 16 W2 rows of every used preloaded slot into shared memory, in 16-byte chunks, row by row.
-  for (int j = 0; j < preloaded; ++j)
-    if (slot_row[j] >= 0)
-      copy_rows_async<T::kPrefetch>(ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch),
-                                    slot_w2[j] + static_cast<std::int64_t>(h0) * F, kFusedRows, F,
-                                    threadIdx.x, blockDim.x);
-  ptx::cp_async_commit();
+  // 2. The block's 16 W2 rows of every used preloaded slot into shared memory: one bulk copy per row
+  // (kBulk), else 16-byte chunks, row by row.
+  if constexpr (kBulk) {
+    if (threadIdx.x < 32) {
+      int used = 0;
+      for (int j = 0; j < preloaded; ++j) used += slot_row[j] >= 0;
+      if (lane == 0) tma::arrive_expect_tx(&w2_landed, static_cast<unsigned>(used * kFusedRows * 2 * F));
+      __syncwarp();
+      for (int c = lane; c < preloaded * kFusedRows; c += 32) {
+        const int j = c / kFusedRows, r = c % kFusedRows;
+        if (slot_row[j] >= 0)
+          tma::load_1d(ptx::smem_u32(smem) + static_cast<std::uint32_t>((j * kFusedRows + r) * pitch),
+                       slot_w2[j] + static_cast<std::int64_t>(h0 + r) * F, static_cast<unsigned>(2 * F),
+                       &w2_landed);
+      }
+    }
+  } else {
+    for (int j = 0; j < preloaded; ++j)
+      if (slot_row[j] >= 0)
+        copy_rows_async<T::kPrefetch>(
+            ptx::smem_u32(smem) + static_cast<std::uint32_t>(j * kFusedRows * pitch),
+            slot_w2[j] + static_cast<std::int64_t>(h0) * F, kFusedRows, F, threadIdx.x, blockDim.x);
+    ptx::cp_async_commit();
+  }
 
   // 3. Gate/up units, claimed one at a time.
   const int feature_blocks = F / kGateUpRows, units = num_tiles * feature_blocks;
@@ -171,6 +192,7 @@ __global__ void __launch_bounds__(kFusedGroups* T::kThreads, 1)
     ptx::cp_async_commit();
   }
   ptx::cp_async_wait<0>();
+  if constexpr (kBulk) tma::wait(&w2_landed, 0);
   __syncthreads();  // every thread's W2 and activation chunks landed
   const KRange range = warp_k_range(F, T::kWarps, warp);
   const int k0 = range.begin, steps = (range.end - range.begin) / kKStep;

@@ -52,6 +52,11 @@ struct MoeConfig {
                               // while its warp groups run gate/up units, reading the others' after); a call
                               // that cannot (more than one token or 16 slots, more blocks than SMs) runs the
                               // preloading stages (PagedMoe::decode_fuses, decode_fused_preloads)
+  int decode_fused_preload = -1;  // decode_fused: the slots whose W2 rows a block copies during gate/up (the
+                                  // first ones; the others' are read after it), at most as many as fit its
+                                  // shared memory; -1: as many as fit
+  bool decode_fused_tma = false;  // decode_fused: the W2 rows copied by the TMA unit (one bulk copy per row)
+                                  // rather than by every thread's 16-byte cp.async chunks
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

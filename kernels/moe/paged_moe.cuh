@@ -140,6 +140,20 @@ inline Status current_device(DeviceInfo& info) {
   return Status::success();
 }
 
+// A kernel's static shared memory as compiled (cudaFuncGetAttributes), read once per device; -1 where the
+// query fails.
+template <auto kKernel>
+int static_smem(int device) {
+  static std::array<std::atomic<int>, kMaxDevices> cached{};  // bytes + 1; 0: not read yet
+  if (device < kMaxDevices)
+    if (const int b = cached[device].load(std::memory_order_relaxed); b > 0) return b - 1;
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kKernel) != cudaSuccess) return -1;
+  const int b = static_cast<int>(attr.sharedSizeBytes);
+  if (device < kMaxDevices) cached[device].store(b + 1, std::memory_order_relaxed);
+  return b;
+}
+
 // Kernels whose shared memory (the dynamic `bytes` plus the kernel's static `static_bytes`) passes the
 // default 48 KB must be told so on each device. The largest limit set per (kernel, device) is remembered: a
 // later call needing no more sets nothing, one needing more (a staged decode tile's scales grow with K)
@@ -151,8 +165,10 @@ Status set_smem(int device, int bytes, int static_bytes = 0) {
   if (device < kMaxDevices && limit[device].load(std::memory_order_relaxed) >= bytes)
     return Status::success();
   if (cudaError_t e = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      e != cudaSuccess)
+      e != cudaSuccess) {
+    cudaGetLastError();  // reported here: the next launch's check must not see it
     return Status::error("cudaFuncSetAttribute", cudaGetErrorString(e));
+  }
   if (device < kMaxDevices) {
     int seen = limit[device].load(std::memory_order_relaxed);
     while (seen < bytes && !limit[device].compare_exchange_weak(seen, bytes, std::memory_order_relaxed)) {
@@ -368,6 +384,9 @@ class PagedMoe {
     if (c.decode_fused && !c.decode_preload)
       return Status::error("config.decode_fused", 1,
                            "needs decode_preload (the one-launch decode preloads the down weights)");
+    if (c.decode_fused_preload < -1)
+      return Status::error("config.decode_fused_preload", c.decode_fused_preload,
+                           "is a count of slots (-1: as many as fit)");
     if (c.decode_down_warps != 0 && c.decode_down_warps != c.decode_warps) {
       if (c.path != MoePath::kDecode)
         return Status::error("config.decode_down_warps", c.decode_down_warps,
@@ -476,7 +495,7 @@ class PagedMoe {
     if (c.path != MoePath::kDecode || !detail::current_device(dev)) return -1;
     int preloaded = -1;
     on_decode_tile(c, [&]<class T>() {
-      if (fuses<T>(c, a.shape, dev)) preloaded = fused_preloads<T>(a.shape, dev);
+      if (fuses<T>(c, a.shape, dev)) preloaded = fused_preloads<T>(c, a.shape, dev);
     });
     return preloaded;
   }
@@ -653,7 +672,7 @@ class PagedMoe {
       std::optional<Status> fused;
       on_decode_tile(choice, [&]<class T>() {
         if constexpr (fusable<T>())
-          if (fuses<T>(choice, s, dev)) fused = run_fused<T>(p, s, dev, stream);
+          if (fuses<T>(choice, s, dev)) fused = run_fused<T>(p, s, choice, dev, stream);
       });
       if (fused) return *fused;
       if (Status st = run_decode(p, s, choice, grid_tiles, dev, stream); !st) return st;
@@ -917,32 +936,49 @@ class PagedMoe {
     } else {
       return c.decode_fused && c.decode_preload && c.path == MoePath::kDecode && s.num_tokens == 1 &&
              s.slots_per_token() <= decode::kFusedMaxSlots && s.hidden % decode::kFusedRows == 0 &&
-             s.hidden / decode::kFusedRows <= dev.sms && fused_preloads<T>(s, dev) >= 0;
+             s.hidden / decode::kFusedRows <= dev.sms && fused_preloads<T>(c, s, dev) >= 0;
     }
   }
 
   // The slots whose W2 rows a fused block copies into shared memory: as many as fit one block on an SM
   // beside every slot's activations (all of them on Qwen3-30B-A3B and Qwen1.5-MoE's routed experts, 4 of
-  // the 8 slots with Qwen1.5's shared chunks); -1 where not even the activations fit.
+  // the 8 slots with Qwen1.5's shared chunks), at most MoeConfig::decode_fused_preload; -1 where not even
+  // the activations fit. The kernel's static shared memory as compiled (cudaFuncGetAttributes).
   template <class T>
-  static int fused_preloads(const MoeShape& s, const detail::DeviceInfo& dev) {
-    const long long room = std::min<long long>(ptx::kMaxBlockSmemBytes, dev.smem_per_sm - kBlockReservedSmem);
-    for (int preloaded = s.slots_per_token(); preloaded >= 0; --preloaded)
-      if (decode::fused_smem_bytes<T>(preloaded, s.slots_per_token(), s.intermediate) +
-              decode::kFusedStaticSmem <=
-          room)
-        return preloaded;
-    return -1;
+  static int fused_preloads(const MoeConfig& c, const MoeShape& s, const detail::DeviceInfo& dev) {
+    if constexpr (!fusable<T>()) {
+      return -1;
+    } else {
+      const int static_bytes =
+          std::max(detail::static_smem<decode::fused_kernel<Addressing, T, false>>(dev.device),
+                   detail::static_smem<decode::fused_kernel<Addressing, T, true>>(dev.device));
+      if (static_bytes < 0) return -1;
+      const long long room =
+          std::min<long long>(ptx::kMaxBlockSmemBytes, dev.smem_per_sm - kBlockReservedSmem) - static_bytes;
+      const int most = c.decode_fused_preload < 0 ? s.slots_per_token()
+                                                  : std::min(c.decode_fused_preload, s.slots_per_token());
+      for (int preloaded = most; preloaded >= 0; --preloaded)
+        if (decode::fused_smem_bytes<T>(preloaded, s.slots_per_token(), s.intermediate) <= room)
+          return preloaded;
+      return -1;
+    }
   }
 
   template <class T>
-  static Status run_fused(const MoeParams<Addressing>& p, const MoeShape& s, const detail::DeviceInfo& dev,
-                          cudaStream_t stream) {
-    constexpr auto kernel = decode::fused_kernel<Addressing, T>;
-    const int preloaded = fused_preloads<T>(s, dev);
+  static Status run_fused(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                          const detail::DeviceInfo& dev, cudaStream_t stream) {
+    return c.decode_fused_tma ? run_fused<T, true>(p, s, c, dev, stream)
+                              : run_fused<T, false>(p, s, c, dev, stream);
+  }
+  template <class T, bool kBulk>
+  static Status run_fused(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                          const detail::DeviceInfo& dev, cudaStream_t stream) {
+    constexpr auto kernel = decode::fused_kernel<Addressing, T, kBulk>;
+    const int preloaded = fused_preloads<T>(c, s, dev);
     const int smem =
         static_cast<int>(decode::fused_smem_bytes<T>(preloaded, s.slots_per_token(), s.intermediate));
-    if (Status st = detail::set_smem<kernel>(dev.device, smem, decode::kFusedStaticSmem); !st) return st;
+    if (Status st = detail::set_smem<kernel>(dev.device, smem, detail::static_smem<kernel>(dev.device)); !st)
+      return st;
     return launch_args(kernel, dim3(static_cast<unsigned>(s.hidden / decode::kFusedRows)),
                        decode::kFusedGroups * T::kThreads, smem, stream, "decode::fused_kernel", p,
                        preloaded);

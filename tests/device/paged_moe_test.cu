@@ -599,6 +599,11 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   const kernels::Status sfp = PagedMoe<kernels::Paged, FusedWithoutPreloadConfig>::can_implement(small);
   CHECK(sfp.field == "config.decode_fused");
   CHECK(sfp.message.find("needs decode_preload") != std::string::npos);
+  const kernels::Status sfn =
+      PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode, -2>>::can_implement(small);
+  CHECK(sfn.field == "config.decode_fused_preload");
+  CHECK(sfn.message.find("config.decode_fused_preload = -2") != std::string::npos);
+  CHECK(PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode, 0>>::can_implement(small).ok);
   using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
   const kernels::Status sdd = DeepDecode::can_implement(small);
   CHECK(sdd.field == "config.small_deep");
@@ -797,16 +802,16 @@ TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][sma
 // is computed as the preloading four-kernel layer computes it, so the outputs equal that layer's bit for bit
 // (and the references, in check_case). `fuses`: whether the call must take the one launch on this device
 // (PagedMoe::decode_fuses); -1: either.
-template <kernels::MoePath kPath = MoePath::kDecode>
+template <kernels::MoePath kPath = MoePath::kDecode, class Fused = FusedConfig<kPath>>
 std::vector<std::uint16_t> check_fused_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu,
                                             int fuses, int samples = 32) {
-  using Moe = PagedMoe<kernels::Paged, FusedConfig<kPath>>;
+  using Moe = PagedMoe<kernels::Paged, Fused>;
   const MoeShape shape = shape_of(store.spec(), tokens);
   const bool got = Moe::decode_fuses({.shape = shape, .path = kPath});
   INFO(store.spec().name << " T=" << tokens << (got ? ": one launch" : ": four kernels")
                          << " against the preloading layer");
   if (fuses >= 0) CHECK(got == (fuses == 1));
-  const auto fused = check_case<FusedConfig<kPath>>(store, shape, kPath, cpu, samples, seed);
+  const auto fused = check_case<Fused>(store, shape, kPath, cpu, samples, seed);
   const auto staged = check_case<PreloadConfig<kPath>>(store, shape, kPath, false, 8, seed);
   CHECK(std::memcmp(fused.data(), staged.data(), fused.size() * 2) == 0);
   return fused;
@@ -822,6 +827,10 @@ TEST_CASE("one-token decode in one launch equals the preloading layer", "[gpu][s
         ModelSpec{"tiny-k10-shared", 16, 10, 256, 128, 1}, ModelSpec{"tiny-k6-m4", 16, 6, 256, 128, 4}}) {
     ExpertStore store(spec, 61, 3);
     for (std::uint64_t seed : {2100, 2101, 2102}) check_fused_case(store, 1, seed, true, 1, 64);
+    // The W2 rows copied by the TMA unit (MoeConfig::decode_fused_tma) and none copied (decode_fused_preload
+    // = 0: every slot's rows read after gate/up).
+    check_fused_case<MoePath::kDecode, FusedConfig<MoePath::kDecode, -1, true>>(store, 1, 2103, true, 1, 64);
+    check_fused_case<MoePath::kDecode, FusedConfig<MoePath::kDecode, 0>>(store, 1, 2104, true, 1, 64);
     check_fused_case(store, 2, 2110, true, 0, 64);
     check_fused_case(store, 5, 2111, true, 0, 64);
   }
@@ -841,6 +850,7 @@ TEST_CASE("one-token decode in one launch equals the preloading layer", "[gpu][s
     CHECK(preloads >= 1);
     CHECK(preloads < spec.top_k + spec.shared_chunks);
     for (std::uint64_t seed : {2140, 2141}) check_fused_case(store, 1, seed, true, 1, 64);
+    check_fused_case<MoePath::kDecode, FusedConfig<MoePath::kDecode, -1, true>>(store, 1, 2142, true, 1, 64);
   }
 
   // Ids outside [0, E) and an expert routed twice by one token: the one launch equals the four kernels.

@@ -38,11 +38,7 @@
 // blocks copying their W2 rows into shared memory before gate/up ends (MoeConfig::decode_preload) on every
 // 8-token tile whose block's rows fit its shared memory (the call streams where not every block's rows fit
 // the device at once; at 55e4020-8032f12 it preloaded there too), nopreload: on none (the default preloads at
-// 1 token on Qwen3 and Qwen1.5's routed experts), fused: preload's choice with gate/up, down and combine in
-// one launch at one token where its blocks fit the device (MoeConfig::decode_fused), fused-p0: the same
-// launch with every slot's W2 rows read after gate/up (decode_fused_preload = 0), fused-tma: fused with the
-// W2 rows copied by the TMA unit (decode_fused_tma) (these, like t8 … t8w8u4,
-// where the default decodes);
+// 1 token on Qwen3 and Qwen1.5's routed experts) (these, like t8 … t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
@@ -317,9 +313,6 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
           {"preload", {&make_graphs<PreloadConfig<>>, Where::kDecode}},
           {"nopreload", {&make_graphs<NoPreloadConfig>, Where::kDecode}},
-          {"fused", {&make_graphs<FusedConfig<>>, Where::kDecode}},
-          {"fused-p0", {&make_graphs<FusedConfig<MoePath::kAuto, 0>>, Where::kDecode}},
-          {"fused-tma", {&make_graphs<FusedConfig<MoePath::kAuto, -1, true>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},

@@ -248,119 +248,10 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
   }
 }
 
-// The bf16 main loop of one warp over its `steps` 32-value k-steps (a warp_k_range of K): acc[r][nt] gets
-// rows g and g + 8 of row tile r times token row g of token tile nt. The weight rows come from global memory
-// at lo[r] / hi[r] (each at the range's first value), or with kShared from shared memory at the byte
-// addresses s_lo[r] / s_hi[r] (likewise); the token rows from tok[nt] through the read-only path, or with
-// kTokensPlain by plain loads (a copy in shared memory of activations written earlier in the same kernel:
-// moe/decode_fused.cuh). The same values in the same k order and MMAs either way.
-template <class T, int kRows, bool kShared, bool kTokensPlain = false>
-__device__ __forceinline__ void bf16_mainloop(const bf16* const (&lo)[kRows], const bf16* const (&hi)[kRows],
-                                              const std::uint32_t (&s_lo)[kRows],
-                                              const std::uint32_t (&s_hi)[kRows],
-                                              const bf16* const (&tok)[T::kTokTiles], int steps, int q,
-                                              float (&acc)[kRows][T::kTokTiles][4]) {
-  constexpr int kTokTiles = T::kTokTiles, kUnroll = T::kUnroll;
-  for (int s = 0; s < steps; s += kUnroll) {
-    uint4 alo[kUnroll][kRows], ahi[kUnroll][kRows], b[kUnroll][kTokTiles];
-    // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
-    // (a cache hit) and are zeroed, so the loads stay unconditional and in flight together.
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = bf16_k(min(s + u, steps - 1), steps, q);  // a pair of steps: one line (decode_steps.hpp)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if constexpr (kShared) {
-          alo[u][r] = ptx::ld_shared_16(s_lo[r] + 2 * k);
-          ahi[u][r] = ptx::ld_shared_16(s_hi[r] + 2 * k);
-        } else {
-          alo[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(lo[r] + k);
-          ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(hi[r] + k);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < kTokTiles; ++nt) {
-        if constexpr (kTokensPlain)
-          b[u][nt] = *reinterpret_cast<const uint4*>(tok[nt] + k);
-        else
-          b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
-      }
-    }
-#pragma unroll
-    for (int u = 1; u < kUnroll; ++u)
-      if (s + u >= steps)
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int nt = 0; nt < kTokTiles; ++nt) {
-          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
-                              b[u][nt].y);
-          ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
-                              b[u][nt].w);
-        }
-  }
-}
-
-// The K split's reduction: warps 1.. of a tile's warps hand their partial sums to warp 0 through `red`
-// ([kWarps - 1][kRows][kTokTiles][4][32] floats, reduction_bytes<T>() for two row tiles), which adds them in
-// warp order; `sync()` is a barrier of the tile's warps. Returns true in warp 0, which then holds the sums.
-template <class T, int kRows, class Sync>
-__device__ __forceinline__ bool reduce_k_split(float (&acc)[kRows][T::kTokTiles][4], float* red, int warp,
-                                               int lane, Sync sync) {
-  constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps;
-  auto at = [&](int w, int r, int nt, int i) {
-    return ((((w * kRows + r) * kTokTiles + nt) * 4 + i) * 32) + lane;
-  };
-  if (warp > 0) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[at(warp - 1, r, nt, i)] = acc[r][nt][i];
-  }
-  sync();
-  if (warp != 0) return false;
-#pragma unroll
-  for (int w = 0; w < kWarps - 1; ++w)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int nt = 0; nt < kTokTiles; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[r][nt][i] += red[at(w, r, nt, i)];
-  return true;
-}
-
-// The gate/up epilogue of one value: SiLU(gate)·up of feature n of the expert-sorted row, rounded once.
-template <class Params>
-__device__ __forceinline__ void store_act(const Params& p, int row, int n, float gate, float up) {
-  p.act[static_cast<std::int64_t>(row) * p.intermediate + n] = __float2bfloat16_rn(silu(gate) * up);
-}
-
 // A preloading down block's shared memory: its 32 W2 rows of K values at preload_pitch
 // (moe/decode_steps.hpp).
 constexpr std::int64_t preload_smem_bytes(int K) {
   return kDownRows * preload_pitch(K);
-}
-
-// Copies `rows` consecutive rows of K bf16 values at `src` into shared memory at `dst`, preload_pitch(K)
-// apart (cp.async, whole 16-byte chunks in row order, so each warp instruction covers 512 contiguous bytes),
-// as thread `tid` of `threads`; the caller commits and waits.
-template <int kPrefetch>
-__device__ __forceinline__ void copy_rows_async(std::uint32_t dst, const bf16* src, int rows, int K, int tid,
-                                                int threads) {
-  const int chunks = K / 8;  // 16-byte chunks per row
-  const std::int64_t pitch = preload_pitch(K);
-  for (int c = tid; c < rows * chunks; c += threads) {
-    const int row = c / chunks, x = c - row * chunks;
-    ptx::cp_async_stream_16<kPrefetch>(dst + static_cast<std::uint32_t>(row * pitch + 16 * x),
-                                       src + static_cast<std::int64_t>(row) * K + 8 * x);
-  }
 }
 
 // The work tile, read from the L2 (past L1) before this kernel's dependency wait: routing wrote it, and its
@@ -383,7 +274,7 @@ __device__ __forceinline__ WorkTile load_tile_l2(const WorkTile* t) {
 // the same k order and MMAs as the streaming loop, so the outputs are bit-identical.
 template <class Addressing, Stage kStage, class T, class P = Bf16, bool kPreload = false>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
-  constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps;
+  constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   static_assert(!kPreload || (kStage == Stage::kDown && !P::kQuantized),
                 "preloading reads the bf16 down stage's W2 rows");
   WorkTile tile;
@@ -391,11 +282,16 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
     tile = load_tile_l2(p.tiles + blockIdx.y);
     extern __shared__ __align__(16) unsigned char preload_smem[];
-    const int K = p.intermediate;
+    const int K = p.intermediate, chunks = K / 8;  // 16-byte chunks per row
+    const std::int64_t pitch = preload_pitch(K);
     // The block's 32 rows are consecutive rows of W2 (one matrix: contiguous in its page).
-    copy_rows_async<T::kPrefetch>(ptx::smem_u32(preload_smem),
-                                  tile.matrix[2] + static_cast<std::int64_t>(blockIdx.x) * kDownRows * K,
-                                  kDownRows, K, threadIdx.x, T::kThreads);
+    const bf16* src = tile.matrix[2] + static_cast<std::int64_t>(blockIdx.x) * kDownRows * K;
+    const std::uint32_t dst = ptx::smem_u32(preload_smem);
+    for (int c = threadIdx.x; c < kDownRows * chunks; c += T::kThreads) {
+      const int row = c / chunks, x = c - row * chunks;
+      ptx::cp_async_stream_16<T::kPrefetch>(dst + static_cast<std::uint32_t>(row * pitch + 16 * x),
+                                            src + static_cast<std::int64_t>(row) * K + 8 * x);
+    }
     ptx::cp_async_commit();
     ptx::grid_dependency_wait();  // act: written by the gate/up kernel
     ptx::launch_dependents();
@@ -476,15 +372,69 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
         s_hi[r] = base + static_cast<std::uint32_t>((16 * r + g + 8) * preload_pitch(K));
       }
     }
-    bf16_mainloop<T, kRowTiles, kPreload>(a_lo, a_hi, s_lo, s_hi, tok, steps, q, acc);
+    for (int s = 0; s < steps; s += kUnroll) {
+      uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
+      // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
+      // (a cache hit) and are zeroed, so the loads stay unconditional and in flight together.
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k =
+            bf16_k(min(s + u, steps - 1), steps, q);  // a pair of steps: one line (decode_steps.hpp)
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) {
+          if constexpr (kPreload) {
+            alo[u][r] = ptx::ld_shared_16(s_lo[r] + 2 * k);
+            ahi[u][r] = ptx::ld_shared_16(s_hi[r] + 2 * k);
+          } else {
+            alo[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_lo[r] + k);
+            ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_hi[r] + k);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
+      }
+#pragma unroll
+      for (int u = 1; u < kUnroll; ++u)
+        if (s + u >= steps)
+#pragma unroll
+          for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+          for (int nt = 0; nt < kTokTiles; ++nt) {
+            ptx::mma_bf16_16816(acc[r][nt], alo[u][r].x, ahi[u][r].x, alo[u][r].y, ahi[u][r].y, b[u][nt].x,
+                                b[u][nt].y);
+            ptx::mma_bf16_16816(acc[r][nt], alo[u][r].z, ahi[u][r].z, alo[u][r].w, ahi[u][r].w, b[u][nt].z,
+                                b[u][nt].w);
+          }
+    }
   }  // bf16
 
   // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.
   __shared__ float red[kWarps - 1][kRowTiles][kTokTiles][4][32];  // reduction_bytes<T>()
   static_assert(sizeof(red) == reduction_bytes<T>());
-  if (!reduce_k_split<T>(acc, &red[0][0][0][0][0], warp, lane, [] { __syncthreads(); })) return;
+  if (warp > 0) {
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp - 1][r][nt][i][lane] = acc[r][nt][i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int nt = 0; nt < kTokTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][nt][i] += red[w][r][nt][i][lane];
 
-    // Accumulator (r, nt, i): weight row g + 8·(i/2) of row tile r, token nt·8 + 2q + (i % 2).
+          // Accumulator (r, nt, i): weight row g + 8·(i/2) of row tile r, token nt·8 + 2q + (i % 2).
 #pragma unroll
   for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
@@ -493,7 +443,9 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       if (c >= tile.count) continue;
       const int row = g + 8 * (i / 2);
       if constexpr (kGateUp) {
-        store_act(p, tile.row_start + c, blockIdx.x * kGateUpRows + row, acc[0][nt][i], acc[1][nt][i]);
+        const int n = blockIdx.x * kGateUpRows + row;
+        p.act[static_cast<std::int64_t>(tile.row_start + c) * p.intermediate + n] =
+            __float2bfloat16_rn(silu(acc[0][nt][i]) * acc[1][nt][i]);
       } else {
         const int slot = p.sorted_slot[tile.row_start + c];
         bf16* yrow = p.y + static_cast<std::int64_t>(slot) * p.hidden + blockIdx.x * kDownRows;

@@ -46,17 +46,6 @@ struct MoeConfig {
   int decode_down_warps = 0;  // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
                               // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
                               // 2/2/1/1 over 4 warps
-  bool decode_fused = false;  // with decode_preload, at one token: gate/up, down and the combine in one
-                              // launch after routing (decode::fused_kernel: a block per 16 rows of H, one per
-                              // SM, each copying its W2 rows of as many slots as fit its shared memory
-                              // while its warp groups run gate/up units, reading the others' after); a call
-                              // that cannot (more than one token or 16 slots, more blocks than SMs) runs the
-                              // preloading stages (PagedMoe::decode_fuses, decode_fused_preloads)
-  int decode_fused_preload = -1;  // decode_fused: the slots whose W2 rows a block copies during gate/up (the
-                                  // first ones; the others' are read after it), at most as many as fit its
-                                  // shared memory; -1: as many as fit
-  bool decode_fused_tma = false;  // decode_fused: the W2 rows copied by the TMA unit (one bulk copy per row)
-                                  // rather than by every thread's 16-byte cp.async chunks
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -31,7 +31,6 @@
 #include <utility>
 
 #include "moe/addressing.cuh"
-#include "moe/decode_fused.cuh"
 #include "moe/decode_gemv.cuh"
 #include "moe/dequant_experts.cuh"
 #include "moe/grouped_gemm.cuh"
@@ -138,20 +137,6 @@ inline Status current_device(DeviceInfo& info) {
     sms[info.device].store(info.sms, std::memory_order_release);  // the others are set once this is
   }
   return Status::success();
-}
-
-// A kernel's static shared memory as compiled (cudaFuncGetAttributes), read once per device; -1 where the
-// query fails.
-template <auto kKernel>
-int static_smem(int device) {
-  static std::array<std::atomic<int>, kMaxDevices> cached{};  // bytes + 1; 0: not read yet
-  if (device < kMaxDevices)
-    if (const int b = cached[device].load(std::memory_order_relaxed); b > 0) return b - 1;
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kKernel) != cudaSuccess) return -1;
-  const int b = static_cast<int>(attr.sharedSizeBytes);
-  if (device < kMaxDevices) cached[device].store(b + 1, std::memory_order_relaxed);
-  return b;
 }
 
 // Kernels whose shared memory (the dynamic `bytes` plus the kernel's static `static_bytes`) passes the
@@ -381,12 +366,6 @@ class PagedMoe {
                                  "intermediate = " + std::to_string(s.intermediate) + "); at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
-    if (c.decode_fused && !c.decode_preload)
-      return Status::error("config.decode_fused", 1,
-                           "needs decode_preload (the one-launch decode preloads the down weights)");
-    if (c.decode_fused_preload < -1)
-      return Status::error("config.decode_fused_preload", c.decode_fused_preload,
-                           "is a count of slots (-1: as many as fit)");
     if (c.decode_down_warps != 0 && c.decode_down_warps != c.decode_warps) {
       if (c.path != MoePath::kDecode)
         return Status::error("config.decode_down_warps", c.decode_down_warps,
@@ -479,24 +458,6 @@ class PagedMoe {
     const unsigned grid_tiles = static_cast<unsigned>(max_tiles(a.shape, c.tile_tokens));
     bool preloaded = false;
     on_decode_tile(c, [&]<class T>() { preloaded = preloads<T>(true, a.shape, grid_tiles, dev); });
-    return preloaded;
-  }
-
-  // Whether a call runs gate/up, down and combine in one launch (MoeConfig::decode_fused) on the current
-  // device: its configuration asks for it, it has one token and at most 16 slots, and one block per 16 rows
-  // of H fits every SM at once.
-  static bool decode_fuses(const Arguments& a) { return decode_fused_preloads(a) >= 0; }
-
-  // How many slots' W2 rows the one-launch decode copies into shared memory during gate/up (the first ones;
-  // the rest are read from global memory after it), or -1 where the call does not run it.
-  static int decode_fused_preloads(const Arguments& a) {
-    const MoeConfig c = config(a);
-    detail::DeviceInfo dev;
-    if (c.path != MoePath::kDecode || !detail::current_device(dev)) return -1;
-    int preloaded = -1;
-    on_decode_tile(c, [&]<class T>() {
-      if (fuses<T>(c, a.shape, dev)) preloaded = fused_preloads<T>(c, a.shape, dev);
-    });
     return preloaded;
   }
 
@@ -668,13 +629,6 @@ class PagedMoe {
           !st)
         return st;
     } else {
-      // At one token gate/up, down and combine may be one launch.
-      std::optional<Status> fused;
-      on_decode_tile(choice, [&]<class T>() {
-        if constexpr (fusable<T>())
-          if (fuses<T>(choice, s, dev)) fused = run_fused<T>(p, s, choice, dev, stream);
-      });
-      if (fused) return *fused;
       if (Status st = run_decode(p, s, choice, grid_tiles, dev, stream); !st) return st;
     }
 
@@ -919,69 +873,6 @@ class PagedMoe {
       return asked && tiles * (s.hidden / decode::kDownRows) * per_block <=
                           static_cast<long long>(dev.sms) * (dev.smem_per_sm - kPreloadSmLeft);
     }
-  }
-
-  // Whether a call on decode tile T runs the one-launch decode (decode::fused_kernel): asked for with
-  // preloading (MoeConfig::decode_fused), bf16 experts on an 8-token tile of at most 8 warps, one token of at
-  // most kFusedMaxSlots slots, and its H / 16 blocks each alone on an SM at once, so that every block's copy
-  // streams while gate/up runs.
-  template <class T>
-  static constexpr bool fusable() {
-    return !Precision::kQuantized && T::kTokTiles == 1 && T::kWarps <= 8;
-  }
-  template <class T>
-  static bool fuses(const MoeConfig& c, const MoeShape& s, const detail::DeviceInfo& dev) {
-    if constexpr (!fusable<T>()) {
-      return false;
-    } else {
-      return c.decode_fused && c.decode_preload && c.path == MoePath::kDecode && s.num_tokens == 1 &&
-             s.slots_per_token() <= decode::kFusedMaxSlots && s.hidden % decode::kFusedRows == 0 &&
-             s.hidden / decode::kFusedRows <= dev.sms && fused_preloads<T>(c, s, dev) >= 0;
-    }
-  }
-
-  // The slots whose W2 rows a fused block copies into shared memory: as many as fit one block on an SM
-  // beside every slot's activations (all of them on Qwen3-30B-A3B and Qwen1.5-MoE's routed experts, 4 of
-  // the 8 slots with Qwen1.5's shared chunks), at most MoeConfig::decode_fused_preload; -1 where not even
-  // the activations fit. The kernel's static shared memory as compiled (cudaFuncGetAttributes).
-  template <class T>
-  static int fused_preloads(const MoeConfig& c, const MoeShape& s, const detail::DeviceInfo& dev) {
-    if constexpr (!fusable<T>()) {
-      return -1;
-    } else {
-      const int static_bytes =
-          std::max(detail::static_smem<decode::fused_kernel<Addressing, T, false>>(dev.device),
-                   detail::static_smem<decode::fused_kernel<Addressing, T, true>>(dev.device));
-      if (static_bytes < 0) return -1;
-      const long long room =
-          std::min<long long>(ptx::kMaxBlockSmemBytes, dev.smem_per_sm - kBlockReservedSmem) - static_bytes;
-      const int most = c.decode_fused_preload < 0 ? s.slots_per_token()
-                                                  : std::min(c.decode_fused_preload, s.slots_per_token());
-      for (int preloaded = most; preloaded >= 0; --preloaded)
-        if (decode::fused_smem_bytes<T>(preloaded, s.slots_per_token(), s.intermediate) <= room)
-          return preloaded;
-      return -1;
-    }
-  }
-
-  template <class T>
-  static Status run_fused(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                          const detail::DeviceInfo& dev, cudaStream_t stream) {
-    return c.decode_fused_tma ? run_fused<T, true>(p, s, c, dev, stream)
-                              : run_fused<T, false>(p, s, c, dev, stream);
-  }
-  template <class T, bool kBulk>
-  static Status run_fused(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                          const detail::DeviceInfo& dev, cudaStream_t stream) {
-    constexpr auto kernel = decode::fused_kernel<Addressing, T, kBulk>;
-    const int preloaded = fused_preloads<T>(c, s, dev);
-    const int smem =
-        static_cast<int>(decode::fused_smem_bytes<T>(preloaded, s.slots_per_token(), s.intermediate));
-    if (Status st = detail::set_smem<kernel>(dev.device, smem, detail::static_smem<kernel>(dev.device)); !st)
-      return st;
-    return launch_args(kernel, dim3(static_cast<unsigned>(s.hidden / decode::kFusedRows)),
-                       decode::kFusedGroups * T::kThreads, smem, stream, "decode::fused_kernel", p,
-                       preloaded);
   }
 
   template <class T>

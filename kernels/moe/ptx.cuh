@@ -130,17 +130,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
-// A flag between blocks of one grid: add with release semantics (the caller's and, through a barrier before
-// it, its group's earlier writes are visible to whoever acquires the sum), and the acquiring load.
-__device__ __forceinline__ void red_release_add(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // Programmatic dependent launch (sm_90): wait until the previous kernel in the stream has completed and its
 // writes are visible; allow the next kernel to start launching (its blocks then wait in
 // grid_dependency_wait).

@@ -67,17 +67,6 @@ __device__ __forceinline__ void load_2d(void* smem_dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(x), "r"(y), "r"(ptx::smem_u32(bar))
       : "memory");
 }
-// `bytes` contiguous bytes (a multiple of 16; both addresses 16-byte aligned) from global memory into shared
-// memory at `smem_dst` (a shared-window address) by the TMA unit, completing them on `bar` (cp.async.bulk, no
-// tensor map).
-__device__ __forceinline__ void load_1d(std::uint32_t smem_dst, const void* src, unsigned bytes,
-                                        std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_dst),
-      "l"(src), "r"(bytes), "r"(ptx::smem_u32(bar))
-      : "memory");
-}
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
 }

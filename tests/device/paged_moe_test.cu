@@ -420,14 +420,6 @@ struct StagedBf16Config {
     return {MoePath::kDecode, 8, 4, 1, 128, 128, 3};
   }
 };
-struct FusedWithoutPreloadConfig {  // the one-launch decode asked for without preloading
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, MoePath::kDecode);
-    c.decode_preload = false;
-    c.decode_fused = true;
-    return c;
-  }
-};
 template <int kTile>
 struct PreloadRuleConfig {  // W2 preloading asked for on a kTile-token decode tile
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
@@ -595,15 +587,6 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sph.field == "config.decode_preload");
   CHECK(sph.message.find("intermediate = 14336") != std::string::npos);
   CHECK(sph.message.find("shared memory") != std::string::npos);
-  // The one-launch decode preloads: decode_fused without decode_preload is refused.
-  const kernels::Status sfp = PagedMoe<kernels::Paged, FusedWithoutPreloadConfig>::can_implement(small);
-  CHECK(sfp.field == "config.decode_fused");
-  CHECK(sfp.message.find("needs decode_preload") != std::string::npos);
-  const kernels::Status sfn =
-      PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode, -2>>::can_implement(small);
-  CHECK(sfn.field == "config.decode_fused_preload");
-  CHECK(sfn.message.find("config.decode_fused_preload = -2") != std::string::npos);
-  CHECK(PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode, 0>>::can_implement(small).ok);
   using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
   const kernels::Status sdd = DeepDecode::can_implement(small);
   CHECK(sdd.field == "config.small_deep");
@@ -796,108 +779,6 @@ TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][sma
   check_preload_case<4, 2>(qwen15, 3, 1904, false, 0);
   check_preload_case<4, 2>(qwen3, 3, 1905, false, 0);
   check_preload_case<4, 2>(qwen15_routed, 33, 1906, false, 0, 7);
-}
-
-// Gate/up, down and combine in one launch after routing at one token (MoeConfig::decode_fused): each value
-// is computed as the preloading four-kernel layer computes it, so the outputs equal that layer's bit for bit
-// (and the references, in check_case). `fuses`: whether the call must take the one launch on this device
-// (PagedMoe::decode_fuses); -1: either.
-template <kernels::MoePath kPath = MoePath::kDecode, class Fused = FusedConfig<kPath>>
-std::vector<std::uint16_t> check_fused_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu,
-                                            int fuses, int samples = 32) {
-  using Moe = PagedMoe<kernels::Paged, Fused>;
-  const MoeShape shape = shape_of(store.spec(), tokens);
-  const bool got = Moe::decode_fuses({.shape = shape, .path = kPath});
-  INFO(store.spec().name << " T=" << tokens << (got ? ": one launch" : ": four kernels")
-                         << " against the preloading layer");
-  if (fuses >= 0) CHECK(got == (fuses == 1));
-  const auto fused = check_case<Fused>(store, shape, kPath, cpu, samples, seed);
-  const auto staged = check_case<PreloadConfig<kPath>>(store, shape, kPath, false, 8, seed);
-  CHECK(std::memcmp(fused.data(), staged.data(), fused.size() * 2) == 0);
-  return fused;
-}
-
-TEST_CASE("one-token decode in one launch equals the preloading layer", "[gpu][small][sanitize]") {
-  // Routed experts alone and with shared chunks, K = F split evenly and unevenly (F = 384, 640), more than
-  // 8 slots (k = 10 and a chunk; k = 6 and 4 chunks: 10 slots over the three warp groups), and 2 or 5
-  // tokens (the four kernels).
-  for (const ModelSpec& spec :
-       {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny", 8, 2, 256, 128, 0},
-        ModelSpec{"tiny-f384", 8, 2, 256, 384, 1}, ModelSpec{"tiny-f640", 8, 2, 256, 640, 1},
-        ModelSpec{"tiny-k10-shared", 16, 10, 256, 128, 1}, ModelSpec{"tiny-k6-m4", 16, 6, 256, 128, 4}}) {
-    ExpertStore store(spec, 61, 3);
-    for (std::uint64_t seed : {2100, 2101, 2102}) check_fused_case(store, 1, seed, true, 1, 64);
-    // The W2 rows copied by the TMA unit (MoeConfig::decode_fused_tma) and none copied (decode_fused_preload
-    // = 0: every slot's rows read after gate/up).
-    check_fused_case<MoePath::kDecode, FusedConfig<MoePath::kDecode, -1, true>>(store, 1, 2103, true, 1, 64);
-    check_fused_case<MoePath::kDecode, FusedConfig<MoePath::kDecode, 0>>(store, 1, 2104, true, 1, 64);
-    check_fused_case(store, 2, 2110, true, 0, 64);
-    check_fused_case(store, 5, 2111, true, 0, 64);
-  }
-  // 17 slots: more than a fused block holds.
-  ExpertStore many(ModelSpec{"tiny-k16-shared", 32, 16, 256, 128, 1}, 62, 3);
-  check_fused_case(many, 1, 2120, true, 0, 64);
-
-  // W2 rows of more slots than a block's shared memory holds: the first slots' rows copied during gate/up,
-  // the others read from global memory after it (3 of 6 slots of F = 2048, 3 of 8 of F = 1536 on a device
-  // of 228 KB per SM; both on 8-token tiles, F <= 2048).
-  for (const ModelSpec& spec : {ModelSpec{"tiny-f2048-k4-m2", 8, 4, 256, 2048, 2},
-                                ModelSpec{"tiny-f1536-k6-m2", 8, 6, 256, 1536, 2}}) {
-    ExpertStore store(spec, 64, 3);
-    const int preloads = PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode>>::decode_fused_preloads(
-        {.shape = shape_of(spec, 1), .path = MoePath::kDecode});
-    INFO(spec.name << ": " << preloads << " slots' rows preloaded");
-    CHECK(preloads >= 1);
-    CHECK(preloads < spec.top_k + spec.shared_chunks);
-    for (std::uint64_t seed : {2140, 2141}) check_fused_case(store, 1, seed, true, 1, 64);
-    check_fused_case<MoePath::kDecode, FusedConfig<MoePath::kDecode, -1, true>>(store, 1, 2142, true, 1, 64);
-  }
-
-  // Ids outside [0, E) and an expert routed twice by one token: the one launch equals the four kernels.
-  const ModelSpec spec{"tiny-k4", 8, 4, 256, 128, 1};
-  ExpertStore store(spec, 63, 3);
-  const MoeShape shape = shape_of(spec, 1);
-  for (const std::vector<std::int32_t>& ids :
-       {std::vector<std::int32_t>{3, -1, 5, 99}, std::vector<std::int32_t>{6, 6, 1, 6},
-        std::vector<std::int32_t>{-1, 8, -5, 100}}) {
-    RoutingSet r = make_routing(spec, 1, 2130);
-    r.ids.upload(ids);
-    Runner<kernels::Paged, FusedConfig<>> fused;
-    Runner<kernels::Paged, PreloadConfig<>> staged;
-    const auto out_f = fused.run(r, shape, store.paged_args(), MoePath::kDecode, true);
-    const auto out_s = staged.run(r, shape, store.paged_args(), MoePath::kDecode, true);
-    INFO("ids " << ids[0] << " " << ids[1] << " " << ids[2] << " " << ids[3]);
-    CHECK(PagedMoe<kernels::Paged, FusedConfig<>>::decode_fuses(fused.args));
-    CHECK(count_nonfinite(out_f) == 0);
-    CHECK(std::memcmp(out_f.data(), out_s.data(), out_f.size() * 2) == 0);
-  }
-}
-
-TEST_CASE("one-token decode in one launch on model shapes", "[gpu][small]") {
-  // One block per 16 rows of H = 2048 (128 blocks) fits a device of 128 SMs or more: Qwen3's 8 slots of
-  // F = 768 and Qwen1.5's 4 routed slots of F = 1408 with every slot's W2 rows in a block's shared memory,
-  // Qwen1.5 with its 4 chunks (8 slots of 1408) with 4 of them; Mixtral's 256 blocks exceed the SMs: it
-  // takes the four kernels.
-  int device = 0, sms = 0;
-  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
-  const int enough = sms >= 128 ? 1 : 0;
-  ExpertStore qwen15(kQwen15, 43), qwen15_routed(kQwen15Routed, 44), qwen3(kQwen3, 45), mixtral(kMixtral, 46);
-  check_fused_case(qwen15_routed, 1, 2201, true, enough);
-  check_fused_case(qwen3, 1, 2202, true, enough);
-  check_fused_case(qwen15, 1, 2203, false, enough);
-  if (enough) {
-    using Moe = PagedMoe<kernels::Paged, FusedConfig<MoePath::kDecode>>;
-    CHECK(Moe::decode_fused_preloads({.shape = shape_of(kQwen3, 1), .path = MoePath::kDecode}) == 8);
-    CHECK(Moe::decode_fused_preloads({.shape = shape_of(kQwen15Routed, 1), .path = MoePath::kDecode}) == 4);
-    const int with_chunks =
-        Moe::decode_fused_preloads({.shape = shape_of(kQwen15, 1), .path = MoePath::kDecode});
-    CHECK(with_chunks >= 1);
-    CHECK(with_chunks < 8);
-  }
-  check_fused_case(mixtral, 1, 2204, false, 0);
-  check_fused_case<MoePath::kAuto>(qwen3, 1, 2205, false, enough);
-  check_fused_case<MoePath::kAuto>(qwen3, 3, 2206, false, 0);
 }
 
 TEST_CASE("decode tiles on model shapes", "[gpu][small]") {

@@ -32,6 +32,7 @@
 
 #include "moe/addressing.cuh"
 #include "moe/decode_gemv.cuh"
+#include "moe/decode_splitk.cuh"
 #include "moe/dequant_experts.cuh"
 #include "moe/grouped_gemm.cuh"
 #include "moe/grouped_gemm_sm90.cuh"
@@ -389,6 +390,33 @@ class PagedMoe {
                                  " bytes of shared memory per down block here; at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
+    if (c.decode_splitk != 0) {
+      if (c.decode_splitk != 2 && c.decode_splitk != 4)
+        return Status::error("config.decode_splitk", c.decode_splitk,
+                             "must be 0, 2 or 4 (blocks per cluster)");
+      if (Precision::kQuantized || c.path != MoePath::kDecode)
+        return Status::error("config.decode_splitk", c.decode_splitk,
+                             "applies to bf16 experts on the decode path (kDecode) only");
+      if (s.hidden % splitk::kStep != 0)
+        return Status::error("shape.hidden", s.hidden,
+                             "must be a multiple of " + std::to_string(splitk::kStep) +
+                                 " with config.decode_splitk (a warp's loads along H)");
+      if (s.slots_per_token() > splitk::kMaxSlots)
+        return Status::error(
+            "shape.top_k + shape.num_shared_chunks", s.slots_per_token(),
+            "must be <= " + std::to_string(splitk::kMaxSlots) + " with config.decode_splitk");
+      if (s.num_tokens > 65535)
+        return Status::error("shape.num_tokens", s.num_tokens, "must be <= 65535 with config.decode_splitk");
+      const long long bytes = splitk_smem(c, s.hidden);
+      if (bytes > ptx::kMaxBlockSmemBytes)
+        return Status::error("config.decode_splitk", c.decode_splitk,
+                             "needs " + std::to_string(bytes) +
+                                 " bytes of shared memory per block at hidden = " + std::to_string(s.hidden) +
+                                 "; at most " + std::to_string(ptx::kMaxBlockSmemBytes) +
+                                 " (sm_90): more blocks per cluster or decode_splitk_prefetch");
+    } else if (c.decode_splitk_prefetch) {
+      return Status::error("config.decode_splitk_prefetch", 1, "applies with config.decode_splitk only");
+    }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
                            "staged decode tiles read quantized experts only (0 on bf16)");
@@ -446,7 +474,7 @@ class PagedMoe {
     return Addressing::check(a.weights);
   }
 
-  static std::size_t workspace_size(const Arguments& a) { return layout(a.shape).total; }
+  static std::size_t workspace_size(const Arguments& a) { return layout(a.shape, config(a)).total; }
 
   // Whether a call preloads the down stage's W2 rows on the current device: its configuration asks for it
   // (MoeConfig::decode_preload) and every down block's rows fit the device's shared memory at once.
@@ -518,7 +546,8 @@ class PagedMoe {
     if (Status st = can_implement(a); !st) return st;
     const MoeShape& s = a.shape;
     if (s.num_tokens == 0) return Status::success();
-    const Layout lay = layout(s);
+    const MoeConfig chosen = config(a);
+    const Layout lay = layout(s, chosen);
     if (workspace_bytes < lay.total)
       return Status::error("workspace_bytes", static_cast<long long>(workspace_bytes),
                            "must be >= workspace_size() = " + std::to_string(lay.total));
@@ -527,8 +556,9 @@ class PagedMoe {
     auto at = [&](std::size_t off) { return static_cast<void*>(base + off); };
     detail::DeviceInfo dev;
     if (Status st = detail::current_device(dev); !st) return st;
-    MoeConfig choice = config(a);
+    MoeConfig choice = chosen;
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
+    if (choice.decode_splitk != 0 && dev.major < 9) choice.decode_splitk = 0;  // clusters: sm_90 on
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
@@ -594,6 +624,10 @@ class PagedMoe {
 
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
+    if constexpr (!Precision::kQuantized) {
+      if (choice.decode_splitk != 0)
+        return run_splitk(p, s, choice, static_cast<float*>(at(lay.partials)), dev, stream);
+    }
 
     // 1. Routing preparation.
     if (Status st = route(r, stream); !st) return st;
@@ -639,7 +673,7 @@ class PagedMoe {
  private:
   struct Layout {
     std::size_t expert_offset, num_tiles, unit_counters, tiles, sorted_slot, keys, vals, act, y,
-        permuted_input, dequant;
+        permuted_input, dequant, partials;
     std::size_t total;
   };
 
@@ -649,7 +683,7 @@ class PagedMoe {
     return slots / tile_tokens + std::min<long long>(s.total_experts(), slots) + 1;
   }
 
-  static Layout layout(const MoeShape& s) {
+  static Layout layout(const MoeShape& s, const MoeConfig& c) {
     using detail::align_up;
     Layout l{};
     const std::size_t slots = static_cast<std::size_t>(s.num_slots());
@@ -680,6 +714,12 @@ class PagedMoe {
                          ? static_cast<std::size_t>(experts) * 3 * static_cast<std::size_t>(s.intermediate) *
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
+    // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / 64][H].
+    l.partials =
+        take(c.decode_splitk != 0 ? static_cast<std::size_t>(splitk::partial_floats(
+                                        s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
+                                        sizeof(float)
+                                  : 0);
     l.total = off;
     return l;
   }
@@ -836,6 +876,40 @@ class PagedMoe {
                                                    s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
   }
 
+  // Shared memory per block of the split-K decode (MoeConfig::decode_splitk) at hidden size H.
+  static constexpr long long splitk_smem(const MoeConfig& c, int hidden) {
+    if (c.decode_splitk == 2)
+      return c.decode_splitk_prefetch ? splitk::smem_bytes<2, true>(hidden)
+                                      : splitk::smem_bytes<2, false>(hidden);
+    return c.decode_splitk_prefetch ? splitk::smem_bytes<4, true>(hidden)
+                                    : splitk::smem_bytes<4, false>(hidden);
+  }
+
+  // The split-K decode (moe/decode_splitk.cuh): a cluster of decode_splitk blocks per (token, slot, 64
+  // features of F), then the combine of the partial sums; no routing.
+  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                           float* partials, const detail::DeviceInfo& dev, cudaStream_t stream) {
+    const splitk::Params<Addressing> sp{p, partials};
+    const int smem = static_cast<int>(splitk_smem(c, s.hidden));
+    auto launch_main = [&]<int kCluster, bool kPrefetch>() -> Status {
+      constexpr auto kernel = splitk::kernel<Addressing, kCluster, kPrefetch>;
+      if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures));
+          !st)
+        return st;
+      return launch_cluster(
+          kernel, dim3(kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
+          splitk::kThreads, smem, kCluster, stream, sp, "splitk::kernel");
+    };
+    const Status st = c.decode_splitk == 2
+                          ? (c.decode_splitk_prefetch ? launch_main.template operator()<2, true>()
+                                                      : launch_main.template operator()<2, false>())
+                          : (c.decode_splitk_prefetch ? launch_main.template operator()<4, true>()
+                                                      : launch_main.template operator()<4, false>());
+    if (!st) return st;
+    return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
+                  static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
+  }
+
   // Calls f.template operator()<T>() with the instantiated decode tile T that `c` names, if one does.
   template <class F>
   static void on_decode_tile(const MoeConfig& c, F&& f) {
@@ -947,6 +1021,29 @@ class PagedMoe {
     config.attrs = &attr;
     config.numAttrs = 1;
     if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, args...); e != cudaSuccess)
+      return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
+    return launched(what);
+  }
+
+  // launch() of a kernel in clusters of `cluster` blocks along x, with programmatic dependent launch.
+  template <class Kernel, class Params>
+  static Status launch_cluster(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, int cluster,
+                               cudaStream_t stream, const Params& p, const char* what) {
+    cudaLaunchAttribute attrs[2]{};
+    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[0].val.programmaticStreamSerializationAllowed = 1;
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attrs[1].val.clusterDim.y = 1;
+    attrs[1].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attrs;
+    config.numAttrs = 2;
+    if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p); e != cudaSuccess)
       return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
     return launched(what);
   }

@@ -157,4 +157,25 @@ struct NoPreloadConfig {
   }
 };
 
+// DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the split-K decode
+// (MoeConfig::decode_splitk: kCluster blocks per cluster, W2 only prefetched into the L2 with kPrefetch)
+// wherever it decodes at most kMaxTokens tokens.
+template <int kCluster = 4, bool kPrefetch = false, int kMaxTokens = 1,
+          kernels::MoePath kPath = kernels::MoePath::kAuto>
+struct SplitkConfig {
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
+    kernels::MoeConfig c =
+        kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
+    if (c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens) {
+      c.decode_splitk = kCluster;
+      c.decode_splitk_prefetch = kPrefetch;
+    }
+    return c;
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+  }
+};
+
 }  // namespace amoeba::testing

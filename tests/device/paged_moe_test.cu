@@ -428,6 +428,21 @@ struct PreloadRuleConfig {  // W2 preloading asked for on a kTile-token decode t
     return c;
   }
 };
+template <int kCluster, bool kPrefetch = false, MoePath kPath = MoePath::kDecode>
+struct SplitkRuleConfig {  // the split-K decode asked for on kPath with kCluster blocks per cluster
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, kPath);
+    c.decode_splitk = kCluster;
+    c.decode_splitk_prefetch = kPrefetch;
+    return c;
+  }
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kPath, bits);
+    c.decode_splitk = kCluster;
+    return c;
+  }
+};
 struct DeepDecodeConfig {  // 8-stage 64-token grouped tiles asked for on the decode path
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     return {MoePath::kDecode, 8, 4, 2, 128, 128, 0, false, true};
@@ -587,6 +602,47 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sph.field == "config.decode_preload");
   CHECK(sph.message.find("intermediate = 14336") != std::string::npos);
   CHECK(sph.message.find("shared memory") != std::string::npos);
+  // The split-K decode: bf16 experts on the decode path, H a multiple of 256, at most 32 slots per token,
+  // its blocks' shared memory (the input row and the W2 columns of H / cluster rows) within 227 KB.
+  using Splitk = PagedMoe<kernels::Paged, SplitkConfig<4, false, 4, MoePath::kDecode>>;
+  REQUIRE(Splitk::can_implement(small).ok);  // T = 4, H = 2048
+  CHECK(Splitk::config(small).decode_splitk == 4);
+  CHECK(Splitk::workspace_size(small) >= 4ull * 8 * (1408 / 64) * 2048 * sizeof(float));
+  const kernels::Status skq =
+      PagedMoe<kernels::Paged, SplitkConfig<4, false, 4, MoePath::kDecode>, kernels::Int8>::can_implement(
+          small);
+  CHECK(skq.field == "config.decode_splitk");
+  CHECK(skq.message.find("bf16 experts") != std::string::npos);
+  const kernels::Status skg =
+      PagedMoe<kernels::Paged, SplitkRuleConfig<4, false, MoePath::kGrouped>>::can_implement(small);
+  CHECK(skg.field == "config.decode_splitk");
+  CHECK(skg.message.find("decode path") != std::string::npos);
+  const kernels::Status sk3 = PagedMoe<kernels::Paged, SplitkRuleConfig<3>>::can_implement(small);
+  CHECK(sk3.field == "config.decode_splitk");
+  CHECK(sk3.message.find("decode_splitk = 3") != std::string::npos);
+  CHECK(sk3.message.find("0, 2 or 4") != std::string::npos);
+  const kernels::Status skp = PagedMoe<kernels::Paged, SplitkRuleConfig<0, true>>::can_implement(small);
+  CHECK(skp.field == "config.decode_splitk_prefetch");
+  Splitk::Arguments odd_h = small;
+  odd_h.shape.hidden = 2176;  // a multiple of 128, not of 256
+  const kernels::Status skh = Splitk::can_implement(odd_h);
+  CHECK(skh.field == "shape.hidden");
+  CHECK(skh.message.find("multiple of 256") != std::string::npos);
+  Splitk::Arguments many = small;
+  many.shape.num_experts = 64;
+  many.shape.top_k = 30;  // 30 + 4 chunks = 34 slots
+  const kernels::Status sks = Splitk::can_implement(many);
+  CHECK(sks.field == "shape.top_k + shape.num_shared_chunks");
+  CHECK(sks.message.find("34") != std::string::npos);
+  using Splitk2 = PagedMoe<kernels::Paged, SplitkConfig<2, false, 4, MoePath::kDecode>>;
+  Splitk2::Arguments wide_h = small;
+  wide_h.shape.hidden = 4096;  // 2048 W2 rows of 128 bytes per block: 270 KB
+  const kernels::Status skm = Splitk2::can_implement(wide_h);
+  CHECK(skm.field == "config.decode_splitk");
+  CHECK(skm.message.find("hidden = 4096") != std::string::npos);
+  CHECK(skm.message.find("shared memory") != std::string::npos);
+  CHECK(PagedMoe<kernels::Paged, SplitkConfig<2, true, 4, MoePath::kDecode>>::can_implement(wide_h).ok);
+  CHECK(PagedMoe<kernels::Paged, SplitkConfig<4, false, 4, MoePath::kDecode>>::can_implement(wide_h).ok);
   using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
   const kernels::Status sdd = DeepDecode::can_implement(small);
   CHECK(sdd.field == "config.small_deep");
@@ -779,6 +835,73 @@ TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][sma
   check_preload_case<4, 2>(qwen15, 3, 1904, false, 0);
   check_preload_case<4, 2>(qwen3, 3, 1905, false, 0);
   check_preload_case<4, 2>(qwen15_routed, 33, 1906, false, 0, 7);
+}
+
+// The split-K decode (MoeConfig::decode_splitk) at `tokens`: check_case's references and paged = contiguous
+// bit for bit, plus the four-kernel decode on the same routing within the same tolerance.
+template <int kCluster, bool kPrefetch>
+void check_splitk_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int samples = 32) {
+  using Config = SplitkConfig<kCluster, kPrefetch, 4, MoePath::kDecode>;
+  const MoeShape shape = shape_of(store.spec(), tokens);
+  INFO(store.spec().name << " T=" << tokens << " split-K, " << kCluster << " blocks per cluster"
+                         << (kPrefetch ? ", W2 prefetched" : ", W2 copied"));
+  REQUIRE(
+      PagedMoe<kernels::Paged, Config>::config({.shape = shape, .path = MoePath::kDecode}).decode_splitk ==
+      kCluster);
+  check_case<Config>(store, shape, MoePath::kDecode, cpu, samples, seed);
+}
+
+TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][small][sanitize]") {
+  // Routed experts alone and with shared chunks (one, four), F of 2, 4, 6 and 10 chunks of 64 features, H of
+  // 1 and 2 warp steps, 1 to 4 tokens (an expert two tokens name is read twice, correctly).
+  for (const ModelSpec& spec :
+       {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny", 8, 2, 256, 128, 0},
+        ModelSpec{"tiny-f384-h512", 8, 2, 512, 384, 1}, ModelSpec{"tiny-k6-m4", 16, 6, 256, 128, 4},
+        ModelSpec{"tiny-f640", 8, 2, 256, 640, 1}}) {
+    ExpertStore store(spec, 71, 3);
+    for (int tokens : {1, 2, 4}) {
+      check_splitk_case<4, false>(store, tokens, 3100 + tokens, true, 64);
+      check_splitk_case<2, false>(store, tokens, 3110 + tokens, true, 64);
+      check_splitk_case<4, true>(store, tokens, 3120 + tokens, true, 64);
+      check_splitk_case<2, true>(store, tokens, 3130 + tokens, true, 64);
+    }
+  }
+
+  // Ids outside [0, E) and an expert named twice by one token: equal to the four-kernel decode within the
+  // tolerance, paged = contiguous bit for bit; every routed slot dropped leaves the shared chunk's output.
+  const ModelSpec spec{"tiny-k4", 8, 4, 256, 128, 1};
+  ExpertStore store(spec, 73, 3);
+  const MoeShape shape = shape_of(spec, 1);
+  for (const std::vector<std::int32_t>& ids :
+       {std::vector<std::int32_t>{3, -1, 5, 99}, std::vector<std::int32_t>{6, 6, 1, 6},
+        std::vector<std::int32_t>{-1, 8, -5, 100}}) {
+    RoutingSet r = make_routing(spec, 1, 3140);
+    r.ids.upload(ids);
+    Runner<kernels::Paged, SplitkConfig<>> split;
+    Runner<kernels::Contiguous, SplitkConfig<>> split_c;
+    Runner<kernels::Paged> four;
+    const auto out_s = split.run(r, shape, store.paged_args(), MoePath::kDecode, true);
+    const auto out_c = split_c.run(r, shape, store.contiguous_args(), MoePath::kDecode, true);
+    const auto out_f = four.run(r, shape, store.paged_args(), MoePath::kDecode, true);
+    INFO("ids " << ids[0] << " " << ids[1] << " " << ids[2] << " " << ids[3]);
+    CHECK(count_nonfinite(out_s) == 0);
+    CHECK(std::memcmp(out_s.data(), out_c.data(), out_s.size() * 2) == 0);
+    std::vector<double> ref(out_f.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) ref[i] = bf16_to_float(out_f[i]);
+    CHECK(worst_element(out_s, {0}, ref, spec.hidden) <= 1.0);
+    CHECK(rel_error_all(out_s, ref) <= 1e-2);
+  }
+}
+
+TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
+  ExpertStore qwen15(kQwen15, 43), qwen15_routed(kQwen15Routed, 44), qwen3(kQwen3, 45), mixtral(kMixtral, 46);
+  check_splitk_case<4, false>(qwen3, 1, 3201, true);
+  check_splitk_case<4, false>(qwen15_routed, 1, 3202, true);
+  check_splitk_case<4, false>(qwen15, 1, 3203, false);
+  check_splitk_case<2, true>(qwen3, 1, 3204, false);
+  check_splitk_case<4, true>(qwen15, 1, 3205, false);
+  check_splitk_case<4, false>(mixtral, 1, 3206, false);
+  check_splitk_case<4, false>(qwen3, 3, 3207, false);
 }
 
 TEST_CASE("decode tiles on model shapes", "[gpu][small]") {

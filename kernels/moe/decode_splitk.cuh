@@ -1,0 +1,268 @@
+// Decode split over the intermediate size (bf16 experts, MoeConfig::decode_splitk): the layer in two
+// launches and no routing, for one or a few tokens, where the four-kernel decode (routing, gate/up, down,
+// combine) spends several µs of its ~28 µs at one token on the chain of kernels rather than on its weight
+// stream (docs/results/quantized_h200.md, "The layer's chain of kernels at 1–3 tokens").
+//
+//  1. splitk::kernel: a cluster of kCluster blocks per (token t, slot j, 64 features [f0, f0 + 64) of F).
+//     Block r of the cluster
+//       - copies W2's columns [f0, f0 + 64) of its H / kCluster rows (128 bytes each, whole lines) into
+//         shared memory (cp.async), or only asks the L2 for them (kPrefetchW2), before anything else;
+//       - computes SiLU(gate)·up of its 64 / kCluster features (each warp: its features' W1 and W3 rows
+//         over all of H, 16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the decode
+//         kernels store `act`) and writes them into every block of the cluster (distributed shared memory);
+//       - after the cluster barrier, multiplies its W2 rows by the 64 values and writes the fp32 partial
+//         sums of its rows to partials[t][j][f0 / 64][·].
+//     So no block waits for any block outside its cluster, and W2 streams together with W1 and W3.
+//  2. splitk::combine_kernel: for each token and column, each slot's y = bf16(the sum of its F / 64
+//     partials, in order), then out = bf16(Σ_j w_j·y_j) in slot order, skipping slots routed outside
+//     [0, E): the rounding steps of the four-kernel layer (y stored in bf16, then combine_kernel's sum).
+//
+// The F sum runs in another order than the decode GEMV's, so the outputs are not bit-identical to the
+// four-kernel layer's (both within bf16 rounding of the references); Paged and Contiguous run the same
+// instructions here too and agree bit for bit. A slot's expert is read straight from topk_ids, so an expert
+// that two tokens (or two slots) name is read once per slot: the path suits one token, where the top-k
+// experts are distinct.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "moe/moe_params.cuh"
+#include "moe/ptx.cuh"
+
+namespace amoeba::kernels::splitk {
+
+inline constexpr int kFeatures = 64;  // features of F per cluster (W2 rows of 128 bytes)
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kStep = 256;            // values of H a warp reads per row per load (32 lanes × 8)
+inline constexpr int kUnroll = 2;            // k-steps of loads in flight per row
+inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
+inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
+
+// Dynamic shared memory of a block: the token's input row (2H bytes), then, unless the W2 columns are only
+// prefetched, its H / kCluster rows of 128 bytes, then its rows' fp32 sums.
+template <int kCluster, bool kPrefetchW2>
+constexpr long long smem_bytes(int hidden) {
+  const long long rows = hidden / kCluster;
+  return 2LL * hidden + (kPrefetchW2 ? 0 : rows * 2 * kFeatures) + rows * 4;
+}
+
+// The partial sums' workspace: [T][k + m][F / 64][H] fp32.
+constexpr long long partial_floats(long long tokens, int slots, int intermediate, int hidden) {
+  return tokens * slots * (intermediate / kFeatures) * hidden;
+}
+
+template <class Addressing>
+struct Params {
+  MoeParams<Addressing> moe;
+  float* partials;  // [T][k + m][F / 64][H]
+};
+
+// acc + Σ_i w_i·x_i over 8 bf16 pairs, in order.
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  const std::uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[c]));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xs[c]));
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// The cluster barrier in two halves: every block arrives once it runs, and waits before it first writes
+// into another block's shared memory (which must have started).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+template <class Addressing, int kCluster, bool kPrefetchW2>
+__global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Params<Addressing> sp) {
+  static_assert(kCluster == 2 || kCluster == 4, "2 or 4 blocks per cluster");
+  constexpr int kBlockFeatures = kFeatures / kCluster;    // 32 or 16
+  constexpr int kWarpFeatures = kBlockFeatures / kWarps;  // 8 or 4
+  namespace cg = cooperative_groups;
+  const MoeParams<Addressing>& p = sp.moe;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ __align__(16) bf16 h[kFeatures];
+  const int H = p.hidden, F = p.intermediate;
+  const int rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int chunk = blockIdx.x / kCluster, j = blockIdx.y, t = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows = H / kCluster, row0 = rank * rows, f0 = chunk * kFeatures;
+  bf16* xs = reinterpret_cast<bf16*>(smem);
+  unsigned char* w2s = smem + 2 * H;
+  float* sums = reinterpret_cast<float*>(w2s + (kPrefetchW2 ? 0 : rows * 2 * kFeatures));
+
+  cluster_arrive_relaxed();     // this block runs (the others wait for it before writing into it)
+  ptx::grid_dependency_wait();  // topk_ids, topk_weights and the input: the previous kernels' output
+  ptx::launch_dependents();     // the combine's blocks may take their SMs and wait
+  const int e = slot_expert_of(p, j, slot_id(p, t, j));
+  if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
+  const bf16* w1 = Addressing::matrix_base(p.addr, e, 0);
+  const bf16* w3 = Addressing::matrix_base(p.addr, e, 1);
+  const bf16* w2 = Addressing::matrix_base(p.addr, e, 2) + static_cast<std::int64_t>(row0) * F + f0;
+
+  // W2's 64 columns of the block's rows: copied into shared memory (8 chunks of 16 bytes per row) or asked
+  // of the L2 (one line per row), before the W1 / W3 loads.
+  if constexpr (kPrefetchW2) {
+    for (int r = threadIdx.x; r < rows; r += kThreads) prefetch_l2(w2 + static_cast<std::int64_t>(r) * F);
+  } else {
+    for (int i = threadIdx.x; i < rows * 8; i += kThreads) {
+      const int r = i / 8, c = i % 8;
+      ptx::cp_async_stream_16(ptx::smem_u32(w2s + r * 2 * kFeatures + c * 16),
+                              w2 + static_cast<std::int64_t>(r) * F + c * 8);
+    }
+    ptx::cp_async_commit();
+  }
+  const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
+  for (int i = threadIdx.x; i < H / 8; i += kThreads)
+    reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
+  __syncthreads();
+
+  // Gate/up: the warp's features' W1 and W3 rows, lane l reading values [s·256 + 8l, +8) of step s.
+  const int fw = f0 + rank * kBlockFeatures + warp * kWarpFeatures;
+  const bf16* w13[2] = {w1 + static_cast<std::int64_t>(fw) * H + lane * 8,
+                        w3 + static_cast<std::int64_t>(fw) * H + lane * 8};
+  float acc[2][kWarpFeatures] = {};
+  const int steps = H / kStep;
+  for (int s = 0; s < steps; s += kUnroll) {
+    uint4 wv[kUnroll][2][kWarpFeatures];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int i = 0; i < kWarpFeatures; ++i)
+          wv[u][m][i] = s + u < steps
+                            ? ptx::ld_stream_16(w13[m] + static_cast<std::int64_t>(i) * H + (s + u) * kStep)
+                            : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (s + u >= steps) break;
+      const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + (s + u) * kStep + lane * 8));
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int i = 0; i < kWarpFeatures; ++i) acc[m][i] = dot8(wv[u][m][i], xv, acc[m][i]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int i = 0; i < kWarpFeatures; ++i)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
+  // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster_wait();  // every block of the cluster has started
+  if (lane < kWarpFeatures) {
+    float g = acc[0][0], u = acc[1][0];
+#pragma unroll
+    for (int i = 1; i < kWarpFeatures; ++i)
+      if (lane == i) g = acc[0][i], u = acc[1][i];
+    const bf16 v = __float2bfloat16_rn(silu(g) * u);
+    const int idx = rank * kBlockFeatures + warp * kWarpFeatures + lane;
+#pragma unroll
+    for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(h, q)[idx] = v;
+  }
+  cluster.sync();  // every block's activations written (release / acquire at cluster scope)
+
+  // Down: row r of the block's W2 columns · the 64 activations, 8 lanes per row (lane l: columns
+  // [8(l % 8), +8)), 4 rows per warp step, reduced over the 8 lanes in a fixed order.
+  if constexpr (!kPrefetchW2) {
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+  }
+  const uint4 hv = ptx::ld_shared_16(ptx::smem_u32(h + (lane % 8) * 8));
+  const int per_warp = rows / kWarps;
+  for (int r = warp * per_warp + lane / 8; r < (warp + 1) * per_warp; r += 4) {
+    uint4 wv;
+    if constexpr (kPrefetchW2)
+      wv = ptx::ld_stream_16(w2 + static_cast<std::int64_t>(r) * F + (lane % 8) * 8);
+    else
+      wv = ptx::ld_shared_16(ptx::smem_u32(w2s + r * 2 * kFeatures + (lane % 8) * 16));
+    float v = dot8(wv, hv, 0.f);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    if (lane % 8 == 0) sums[r] = v;
+  }
+  __syncthreads();
+  const int slots = p.slots_per_token, chunks = F / kFeatures;
+  float* out = sp.partials + ((static_cast<std::int64_t>(t) * slots + j) * chunks + chunk) * H + row0;
+  for (int i = threadIdx.x; i < rows / 4; i += kThreads)
+    reinterpret_cast<float4*>(out)[i] = reinterpret_cast<const float4*>(sums)[i];
+}
+
+// Block (columns [128·blockIdx.x, +128), token blockIdx.y), 32 threads per slot: thread (j, c) sums slot j's
+// F / 64 partials of its 4 columns in order and rounds them to bf16; then the first 32 threads sum the slots
+// in slot order with their weights.
+template <class Addressing>
+__global__ void __launch_bounds__(32 * kMaxSlots)
+    combine_kernel(const __grid_constant__ Params<Addressing> sp) {
+  const MoeParams<Addressing>& p = sp.moe;
+  __shared__ __align__(16) float ys[kMaxSlots][kCombineColumns];
+  __shared__ float weight[kMaxSlots];
+  __shared__ bool used[kMaxSlots];
+  const int H = p.hidden, slots = p.slots_per_token, chunks = p.intermediate / kFeatures;
+  const int c = threadIdx.x % 32, j = threadIdx.x / 32, t = blockIdx.y;
+  const int col = blockIdx.x * kCombineColumns + c * 4;
+  ptx::grid_dependency_wait();  // the partial sums
+  ptx::launch_dependents();     // the next layer's first kernel may take its SM and wait
+  const bool live = slot_expert_of(p, j, slot_id(p, t, j)) >= 0;
+  if (c == 0) {
+    used[j] = live;
+    weight[j] = slot_weight(p, t, j);
+  }
+  float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (live) {
+    const float* base = sp.partials + (static_cast<std::int64_t>(t) * slots + j) * chunks * H + col;
+    constexpr int kBatch = 8;
+    for (int q0 = 0; q0 < chunks; q0 += kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+        v[i] = q0 + i < chunks
+                   ? __ldcg(reinterpret_cast<const float4*>(base + static_cast<std::int64_t>(q0 + i) * H))
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (q0 + i >= chunks) break;
+        y.x += v[i].x, y.y += v[i].y, y.z += v[i].z, y.w += v[i].w;
+      }
+    }
+  }
+  // y in bf16, as the down stage stores it.
+  ys[j][c * 4 + 0] = __bfloat162float(__float2bfloat16_rn(y.x));
+  ys[j][c * 4 + 1] = __bfloat162float(__float2bfloat16_rn(y.y));
+  ys[j][c * 4 + 2] = __bfloat162float(__float2bfloat16_rn(y.z));
+  ys[j][c * 4 + 3] = __bfloat162float(__float2bfloat16_rn(y.w));
+  __syncthreads();
+  if (j != 0) return;
+  float acc[4] = {};
+  for (int s = 0; s < slots; ++s) {
+    if (!used[s]) continue;
+    const float w = weight[s];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += w * ys[s][c * 4 + i];
+  }
+  uint2 o;
+  o.x = ptx::pack_bf16x2(acc[0], acc[1]);
+  o.y = ptx::pack_bf16x2(acc[2], acc[3]);
+  *reinterpret_cast<uint2*>(p.output + static_cast<std::int64_t>(t) * H + col) = o;
+}
+
+}  // namespace amoeba::kernels::splitk

@@ -3,11 +3,12 @@
 // combine) spends several µs of its ~28 µs at one token on the chain of kernels rather than on its weight
 // stream (docs/results/quantized_h200.md, "The layer's chain of kernels at 1–3 tokens").
 //
-//  1. splitk::kernel: a cluster of kCluster blocks per (token t, slot j, 64 features [f0, f0 + 64) of F).
-//     Block r of the cluster
-//       - copies W2's columns [f0, f0 + 64) of its H / kCluster rows (128 bytes each, whole lines) into
-//         shared memory (cp.async), or only asks the L2 for them (kPrefetchW2), before anything else;
-//       - computes SiLU(gate)·up of its 64 / kCluster features (each warp: its features' W1 and W3 rows
+//  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, 64 features [f0, f0 + 64) of
+//     F). Block r of the cluster
+//       - copies W2's columns [f0, f0 + 64) of its H / 4 rows (128 bytes each, whole lines) into shared
+//         memory (cp.async), or only asks the L2 for them (kPrefetchW2), before anything else; with
+//         kPrefetchRows it also asks the L2 for its 32 W1 / W3 rows at once (cp.async.bulk.prefetch);
+//       - computes SiLU(gate)·up of its 16 features (each warp: its 4 features' W1 and W3 rows
 //         over all of H, 16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the decode
 //         kernels store `act`) and writes them into every block of the cluster (distributed shared memory);
 //       - after the cluster barrier, multiplies its W2 rows by the 64 values and writes the fp32 partial
@@ -36,19 +37,22 @@
 namespace amoeba::kernels::splitk {
 
 inline constexpr int kFeatures = 64;  // features of F per cluster (W2 rows of 128 bytes)
+inline constexpr int kCluster = 4;    // blocks per cluster
+inline constexpr int kPrefetchW2 = 1;    // MoeConfig::decode_splitk_prefetch bits: W2 asked of the L2, not copied
+inline constexpr int kPrefetchRows = 2;  // ... and the block's W1 / W3 rows asked of the L2 at its start
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kStep = 256;            // values of H a warp reads per row per load (32 lanes × 8)
 inline constexpr int kUnroll = 2;            // k-steps of loads in flight per row
+inline constexpr int kRowBatch = 8;  // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
 inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
 
 // Dynamic shared memory of a block: the token's input row (2H bytes), then, unless the W2 columns are only
 // prefetched, its H / kCluster rows of 128 bytes, then its rows' fp32 sums.
-template <int kCluster, bool kPrefetchW2>
-constexpr long long smem_bytes(int hidden) {
+constexpr long long smem_bytes(int hidden, int prefetch) {
   const long long rows = hidden / kCluster;
-  return 2LL * hidden + (kPrefetchW2 ? 0 : rows * 2 * kFeatures) + rows * 4;
+  return 2LL * hidden + ((prefetch & kPrefetchW2) != 0 ? 0 : rows * 2 * kFeatures) + rows * 4;
 }
 
 // The partial sums' workspace: [T][k + m][F / 64][H] fp32.
@@ -78,6 +82,9 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 
 // The cluster barrier in two halves: every block arrives once it runs, and waits before it first writes
 // into another block's shared memory (which must have started).
@@ -88,11 +95,11 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-template <class Addressing, int kCluster, bool kPrefetchW2>
+template <class Addressing, int kPrefetch>
 __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Params<Addressing> sp) {
-  static_assert(kCluster == 2 || kCluster == 4, "2 or 4 blocks per cluster");
-  constexpr int kBlockFeatures = kFeatures / kCluster;    // 32 or 16
-  constexpr int kWarpFeatures = kBlockFeatures / kWarps;  // 8 or 4
+  constexpr bool kW2ToL2 = (kPrefetch & kPrefetchW2) != 0, kRowsToL2 = (kPrefetch & kPrefetchRows) != 0;
+  constexpr int kBlockFeatures = kFeatures / kCluster;    // 16
+  constexpr int kWarpFeatures = kBlockFeatures / kWarps;  // 4
   namespace cg = cooperative_groups;
   const MoeParams<Addressing>& p = sp.moe;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -104,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   const int rows = H / kCluster, row0 = rank * rows, f0 = chunk * kFeatures;
   bf16* xs = reinterpret_cast<bf16*>(smem);
   unsigned char* w2s = smem + 2 * H;
-  float* sums = reinterpret_cast<float*>(w2s + (kPrefetchW2 ? 0 : rows * 2 * kFeatures));
+  float* sums = reinterpret_cast<float*>(w2s + (kW2ToL2 ? 0 : rows * 2 * kFeatures));
 
   cluster_arrive_relaxed();     // this block runs (the others wait for it before writing into it)
   ptx::grid_dependency_wait();  // topk_ids, topk_weights and the input: the previous kernels' output
@@ -116,8 +123,16 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   const bf16* w2 = Addressing::matrix_base(p.addr, e, 2) + static_cast<std::int64_t>(row0) * F + f0;
 
   // W2's 64 columns of the block's rows: copied into shared memory (8 chunks of 16 bytes per row) or asked
-  // of the L2 (one line per row), before the W1 / W3 loads.
-  if constexpr (kPrefetchW2) {
+  // of the L2 (one line per row), before the W1 / W3 loads; with kRowsToL2 the W1 / W3 rows asked of the L2
+  // too, one bulk prefetch per row.
+  const int fb = f0 + rank * kBlockFeatures;
+  if constexpr (kRowsToL2) {
+    if (threadIdx.x < 2 * kBlockFeatures) {
+      const int m = threadIdx.x / kBlockFeatures, f = fb + threadIdx.x % kBlockFeatures;
+      bulk_prefetch_l2((m == 0 ? w1 : w3) + static_cast<std::int64_t>(f) * H, static_cast<unsigned>(2 * H));
+    }
+  }
+  if constexpr (kW2ToL2) {
     for (int r = threadIdx.x; r < rows; r += kThreads) prefetch_l2(w2 + static_cast<std::int64_t>(r) * F);
   } else {
     for (int i = threadIdx.x; i < rows * 8; i += kThreads) {
@@ -133,12 +148,11 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, lane l reading values [s·256 + 8l, +8) of step s.
-  const int fw = f0 + rank * kBlockFeatures + warp * kWarpFeatures;
+  const int fw = fb + warp * kWarpFeatures;
   const bf16* w13[2] = {w1 + static_cast<std::int64_t>(fw) * H + lane * 8,
                         w3 + static_cast<std::int64_t>(fw) * H + lane * 8};
   float acc[2][kWarpFeatures] = {};
-  const int steps = H / kStep;
-  for (int s = 0; s < steps; s += kUnroll) {
+  for (int s = 0; s < H; s += kUnroll * kStep) {  // H % (kUnroll·kStep) == 0 (can_implement)
     uint4 wv[kUnroll][2][kWarpFeatures];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
@@ -146,13 +160,10 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int i = 0; i < kWarpFeatures; ++i)
-          wv[u][m][i] = s + u < steps
-                            ? ptx::ld_stream_16(w13[m] + static_cast<std::int64_t>(i) * H + (s + u) * kStep)
-                            : make_uint4(0, 0, 0, 0);
+          wv[u][m][i] = ptx::ld_stream_16(w13[m] + static_cast<std::int64_t>(i) * H + s + u * kStep);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (s + u >= steps) break;
-      const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + (s + u) * kStep + lane * 8));
+      const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + s + u * kStep + lane * 8));
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -182,23 +193,34 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
 
   // Down: row r of the block's W2 columns · the 64 activations, 8 lanes per row (lane l: columns
   // [8(l % 8), +8)), 4 rows per warp step, reduced over the 8 lanes in a fixed order.
-  if constexpr (!kPrefetchW2) {
+  if constexpr (!kW2ToL2) {
     ptx::cp_async_wait<0>();
     __syncthreads();
   }
   const uint4 hv = ptx::ld_shared_16(ptx::smem_u32(h + (lane % 8) * 8));
-  const int per_warp = rows / kWarps;
-  for (int r = warp * per_warp + lane / 8; r < (warp + 1) * per_warp; r += 4) {
-    uint4 wv;
-    if constexpr (kPrefetchW2)
-      wv = ptx::ld_stream_16(w2 + static_cast<std::int64_t>(r) * F + (lane % 8) * 8);
-    else
-      wv = ptx::ld_shared_16(ptx::smem_u32(w2s + r * 2 * kFeatures + (lane % 8) * 16));
-    float v = dot8(wv, hv, 0.f);
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    if (lane % 8 == 0) sums[r] = v;
+  const int per_warp = rows / kWarps;  // a multiple of 4·kRowBatch (H % 512 == 0)
+  for (int r0 = warp * per_warp + lane / 8; r0 < (warp + 1) * per_warp; r0 += 4 * kRowBatch) {
+    uint4 wv[kRowBatch];
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      const int r = r0 + 4 * i;
+      if constexpr (kW2ToL2)
+        wv[i] = ptx::ld_stream_16(w2 + static_cast<std::int64_t>(r) * F + (lane % 8) * 8);
+      else
+        wv[i] = ptx::ld_shared_16(ptx::smem_u32(w2s + r * 2 * kFeatures + (lane % 8) * 16));
+    }
+    float v[kRowBatch];
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      v[i] = dot8(wv[i], hv, 0.f);
+      v[i] += __shfl_xor_sync(0xffffffffu, v[i], 1);
+      v[i] += __shfl_xor_sync(0xffffffffu, v[i], 2);
+      v[i] += __shfl_xor_sync(0xffffffffu, v[i], 4);
+    }
+    if (lane % 8 == 0) {
+#pragma unroll
+      for (int i = 0; i < kRowBatch; ++i) sums[r0 + 4 * i] = v[i];
+    }
   }
   __syncthreads();
   const int slots = p.slots_per_token, chunks = F / kFeatures;

@@ -390,32 +390,31 @@ class PagedMoe {
                                  " bytes of shared memory per down block here; at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
-    if (c.decode_splitk != 0) {
-      if (c.decode_splitk != 2 && c.decode_splitk != 4)
-        return Status::error("config.decode_splitk", c.decode_splitk,
-                             "must be 0, 2 or 4 (blocks per cluster)");
+    if (c.decode_splitk) {
       if (Precision::kQuantized || c.path != MoePath::kDecode)
-        return Status::error("config.decode_splitk", c.decode_splitk,
-                             "applies to bf16 experts on the decode path (kDecode) only");
-      if (s.hidden % splitk::kStep != 0)
+        return Status::error("config.decode_splitk", 1, "applies to bf16 experts on the decode path (kDecode) only");
+      if (c.decode_splitk_prefetch < 0 || c.decode_splitk_prefetch > 3)
+        return Status::error("config.decode_splitk_prefetch", c.decode_splitk_prefetch,
+                             "must be 0 to 3 (bit 0: W2 to the L2, bit 1: W1 / W3 rows to the L2)");
+      if (s.hidden % (splitk::kUnroll * splitk::kStep) != 0)
         return Status::error("shape.hidden", s.hidden,
-                             "must be a multiple of " + std::to_string(splitk::kStep) +
+                             "must be a multiple of " + std::to_string(splitk::kUnroll * splitk::kStep) +
                                  " with config.decode_splitk (a warp's loads along H)");
       if (s.slots_per_token() > splitk::kMaxSlots)
-        return Status::error(
-            "shape.top_k + shape.num_shared_chunks", s.slots_per_token(),
-            "must be <= " + std::to_string(splitk::kMaxSlots) + " with config.decode_splitk");
+        return Status::error("shape.top_k + shape.num_shared_chunks", s.slots_per_token(),
+                             "must be <= " + std::to_string(splitk::kMaxSlots) + " with config.decode_splitk");
       if (s.num_tokens > 65535)
         return Status::error("shape.num_tokens", s.num_tokens, "must be <= 65535 with config.decode_splitk");
-      const long long bytes = splitk_smem(c, s.hidden);
+      const long long bytes = splitk::smem_bytes(s.hidden, c.decode_splitk_prefetch);
       if (bytes > ptx::kMaxBlockSmemBytes)
-        return Status::error("config.decode_splitk", c.decode_splitk,
-                             "needs " + std::to_string(bytes) +
-                                 " bytes of shared memory per block at hidden = " + std::to_string(s.hidden) +
-                                 "; at most " + std::to_string(ptx::kMaxBlockSmemBytes) +
-                                 " (sm_90): more blocks per cluster or decode_splitk_prefetch");
-    } else if (c.decode_splitk_prefetch) {
-      return Status::error("config.decode_splitk_prefetch", 1, "applies with config.decode_splitk only");
+        return Status::error("config.decode_splitk", 1,
+                             "needs " + std::to_string(bytes) + " bytes of shared memory per block at hidden = " +
+                                 std::to_string(s.hidden) + "; at most " +
+                                 std::to_string(ptx::kMaxBlockSmemBytes) +
+                                 " (sm_90): W2 to the L2 instead (decode_splitk_prefetch bit 0)");
+    } else if (c.decode_splitk_prefetch != 0) {
+      return Status::error("config.decode_splitk_prefetch", c.decode_splitk_prefetch,
+                           "applies with config.decode_splitk only");
     }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
@@ -558,7 +557,10 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = chosen;
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.decode_splitk != 0 && dev.major < 9) choice.decode_splitk = 0;  // clusters: sm_90 on
+    if (choice.decode_splitk && dev.major < 9) {  // clusters: sm_90 and later
+      choice.decode_splitk = false;
+      choice.decode_splitk_prefetch = 0;
+    }
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
@@ -625,7 +627,7 @@ class PagedMoe {
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
     if constexpr (!Precision::kQuantized) {
-      if (choice.decode_splitk != 0)
+      if (choice.decode_splitk)
         return run_splitk(p, s, choice, static_cast<float*>(at(lay.partials)), dev, stream);
     }
 
@@ -716,7 +718,7 @@ class PagedMoe {
                          : 0);
     // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / 64][H].
     l.partials =
-        take(c.decode_splitk != 0 ? static_cast<std::size_t>(splitk::partial_floats(
+        take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
                                         s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
                                         sizeof(float)
                                   : 0);
@@ -876,35 +878,26 @@ class PagedMoe {
                                                    s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
   }
 
-  // Shared memory per block of the split-K decode (MoeConfig::decode_splitk) at hidden size H.
-  static constexpr long long splitk_smem(const MoeConfig& c, int hidden) {
-    if (c.decode_splitk == 2)
-      return c.decode_splitk_prefetch ? splitk::smem_bytes<2, true>(hidden)
-                                      : splitk::smem_bytes<2, false>(hidden);
-    return c.decode_splitk_prefetch ? splitk::smem_bytes<4, true>(hidden)
-                                    : splitk::smem_bytes<4, false>(hidden);
-  }
-
-  // The split-K decode (moe/decode_splitk.cuh): a cluster of decode_splitk blocks per (token, slot, 64
-  // features of F), then the combine of the partial sums; no routing.
-  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                           float* partials, const detail::DeviceInfo& dev, cudaStream_t stream) {
+  // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, 64 features of F),
+  // then the combine of the partial sums; no routing.
+  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c, float* partials,
+                           const detail::DeviceInfo& dev, cudaStream_t stream) {
     const splitk::Params<Addressing> sp{p, partials};
-    const int smem = static_cast<int>(splitk_smem(c, s.hidden));
-    auto launch_main = [&]<int kCluster, bool kPrefetch>() -> Status {
-      constexpr auto kernel = splitk::kernel<Addressing, kCluster, kPrefetch>;
-      if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures));
-          !st)
+    const int smem = static_cast<int>(splitk::smem_bytes(s.hidden, c.decode_splitk_prefetch));
+    auto launch_main = [&]<int kPrefetch>() -> Status {
+      constexpr auto kernel = splitk::kernel<Addressing, kPrefetch>;
+      if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures)); !st)
         return st;
-      return launch_cluster(
-          kernel, dim3(kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
-          splitk::kThreads, smem, kCluster, stream, sp, "splitk::kernel");
+      return launch_cluster(kernel,
+                            dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(),
+                                 s.num_tokens),
+                            splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
     };
-    const Status st = c.decode_splitk == 2
-                          ? (c.decode_splitk_prefetch ? launch_main.template operator()<2, true>()
-                                                      : launch_main.template operator()<2, false>())
-                          : (c.decode_splitk_prefetch ? launch_main.template operator()<4, true>()
-                                                      : launch_main.template operator()<4, false>());
+    const int pf = c.decode_splitk_prefetch;
+    const Status st = pf == 0   ? launch_main.template operator()<0>()
+                      : pf == 1 ? launch_main.template operator()<1>()
+                      : pf == 2 ? launch_main.template operator()<2>()
+                                : launch_main.template operator()<3>();
     if (!st) return st;
     return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
                   static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");

@@ -158,16 +158,15 @@ struct NoPreloadConfig {
 };
 
 // DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the split-K decode
-// (MoeConfig::decode_splitk: kCluster blocks per cluster, W2 only prefetched into the L2 with kPrefetch)
-// wherever it decodes at most kMaxTokens tokens.
-template <int kCluster = 4, bool kPrefetch = false, int kMaxTokens = 1,
-          kernels::MoePath kPath = kernels::MoePath::kAuto>
+// (MoeConfig::decode_splitk, decode_splitk_prefetch = kPrefetch) wherever it decodes at most kMaxTokens
+// tokens.
+template <int kPrefetch = 0, int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct SplitkConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c =
         kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
     if (c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens) {
-      c.decode_splitk = kCluster;
+      c.decode_splitk = true;
       c.decode_splitk_prefetch = kPrefetch;
     }
     return c;

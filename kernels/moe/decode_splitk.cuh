@@ -5,15 +5,17 @@
 //
 //  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, 64 features [f0, f0 + 64) of
 //     F). Block r of the cluster
-//       - copies W2's columns [f0, f0 + 64) of its H / 4 rows (128 bytes each, whole lines) into shared
-//         memory (cp.async), or only asks the L2 for them (kPrefetchW2), before anything else; with
-//         kPrefetchRows it also asks the L2 for its 32 W1 / W3 rows at once (cp.async.bulk.prefetch);
-//       - computes SiLU(gate)·up of its 16 features (each warp: its 4 features' W1 and W3 rows
-//         over all of H, 16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the decode
-//         kernels store `act`) and writes them into every block of the cluster (distributed shared memory);
+//       - asks the L2 for W2's columns [f0, f0 + 64) of its H / 4 rows (128 bytes each, whole lines) before
+//         anything else, so that they stream with W1 and W3;
+//       - computes SiLU(gate)·up of its 16 features (each warp: its 4 features' W1 and W3 rows over all of
+//         H, 16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the decode kernels
+//         store `act`) and writes them into every block of the cluster (distributed shared memory);
 //       - after the cluster barrier, multiplies its W2 rows by the 64 values and writes the fp32 partial
 //         sums of its rows to partials[t][j][f0 / 64][·].
-//     So no block waits for any block outside its cluster, and W2 streams together with W1 and W3.
+//     So no block waits for any block outside its cluster. Copying the W2 columns into shared memory
+//     instead (64 KB per block at H = 2048) left room for 92 clusters on an H100, fewer than Qwen3's 96 at
+//     one token, and asking the L2 for the W1 / W3 rows at once (bulk prefetch) was slower on every shape
+//     (docs/results/paged_moe_h200.md, "Split-K decode at one token").
 //  2. splitk::combine_kernel: for each token and column, each slot's y = bf16(the sum of its F / 64
 //     partials, in order), then out = bf16(Σ_j w_j·y_j) in slot order, skipping slots routed outside
 //     [0, E): the rounding steps of the four-kernel layer (y stored in bf16, then combine_kernel's sum).
@@ -38,21 +40,17 @@ namespace amoeba::kernels::splitk {
 
 inline constexpr int kFeatures = 64;  // features of F per cluster (W2 rows of 128 bytes)
 inline constexpr int kCluster = 4;    // blocks per cluster
-inline constexpr int kPrefetchW2 = 1;    // MoeConfig::decode_splitk_prefetch bits: W2 asked of the L2, not copied
-inline constexpr int kPrefetchRows = 2;  // ... and the block's W1 / W3 rows asked of the L2 at its start
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kStep = 256;            // values of H a warp reads per row per load (32 lanes × 8)
 inline constexpr int kUnroll = 2;            // k-steps of loads in flight per row
-inline constexpr int kRowBatch = 8;  // W2 rows a lane loads before it reduces them
+inline constexpr int kRowBatch = 8;          // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
 inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
 
-// Dynamic shared memory of a block: the token's input row (2H bytes), then, unless the W2 columns are only
-// prefetched, its H / kCluster rows of 128 bytes, then its rows' fp32 sums.
-constexpr long long smem_bytes(int hidden, int prefetch) {
-  const long long rows = hidden / kCluster;
-  return 2LL * hidden + ((prefetch & kPrefetchW2) != 0 ? 0 : rows * 2 * kFeatures) + rows * 4;
+// Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
+constexpr long long smem_bytes(int hidden) {
+  return 2LL * hidden + 4LL * (hidden / kCluster);
 }
 
 // The partial sums' workspace: [T][k + m][F / 64][H] fp32.
@@ -82,10 +80,6 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, unsigned bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
 // The cluster barrier in two halves: every block arrives once it runs, and waits before it first writes
 // into another block's shared memory (which must have started).
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -95,9 +89,8 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-template <class Addressing, int kPrefetch>
+template <class Addressing>
 __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Params<Addressing> sp) {
-  constexpr bool kW2ToL2 = (kPrefetch & kPrefetchW2) != 0, kRowsToL2 = (kPrefetch & kPrefetchRows) != 0;
   constexpr int kBlockFeatures = kFeatures / kCluster;    // 16
   constexpr int kWarpFeatures = kBlockFeatures / kWarps;  // 4
   namespace cg = cooperative_groups;
@@ -110,8 +103,7 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = H / kCluster, row0 = rank * rows, f0 = chunk * kFeatures;
   bf16* xs = reinterpret_cast<bf16*>(smem);
-  unsigned char* w2s = smem + 2 * H;
-  float* sums = reinterpret_cast<float*>(w2s + (kW2ToL2 ? 0 : rows * 2 * kFeatures));
+  float* sums = reinterpret_cast<float*>(smem + 2 * H);
 
   cluster_arrive_relaxed();     // this block runs (the others wait for it before writing into it)
   ptx::grid_dependency_wait();  // topk_ids, topk_weights and the input: the previous kernels' output
@@ -122,60 +114,64 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   const bf16* w3 = Addressing::matrix_base(p.addr, e, 1);
   const bf16* w2 = Addressing::matrix_base(p.addr, e, 2) + static_cast<std::int64_t>(row0) * F + f0;
 
-  // W2's 64 columns of the block's rows: copied into shared memory (8 chunks of 16 bytes per row) or asked
-  // of the L2 (one line per row), before the W1 / W3 loads; with kRowsToL2 the W1 / W3 rows asked of the L2
-  // too, one bulk prefetch per row.
-  const int fb = f0 + rank * kBlockFeatures;
-  if constexpr (kRowsToL2) {
-    if (threadIdx.x < 2 * kBlockFeatures) {
-      const int m = threadIdx.x / kBlockFeatures, f = fb + threadIdx.x % kBlockFeatures;
-      bulk_prefetch_l2((m == 0 ? w1 : w3) + static_cast<std::int64_t>(f) * H, static_cast<unsigned>(2 * H));
-    }
-  }
-  if constexpr (kW2ToL2) {
-    for (int r = threadIdx.x; r < rows; r += kThreads) prefetch_l2(w2 + static_cast<std::int64_t>(r) * F);
-  } else {
-    for (int i = threadIdx.x; i < rows * 8; i += kThreads) {
-      const int r = i / 8, c = i % 8;
-      ptx::cp_async_stream_16(ptx::smem_u32(w2s + r * 2 * kFeatures + c * 16),
-                              w2 + static_cast<std::int64_t>(r) * F + c * 8);
-    }
-    ptx::cp_async_commit();
-  }
+  // W2's 64 columns of the block's rows (one 128-byte line per row) asked of the L2 before the W1 / W3
+  // loads, so that they stream with them; the down step below reads them from the L2.
+  for (int r = threadIdx.x; r < rows; r += kThreads) prefetch_l2(w2 + static_cast<std::int64_t>(r) * F);
   const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
   for (int i = threadIdx.x; i < H / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
   __syncthreads();
 
-  // Gate/up: the warp's features' W1 and W3 rows, lane l reading values [s·256 + 8l, +8) of step s.
-  const int fw = fb + warp * kWarpFeatures;
+  // Gate/up: the warp's features' W1 and W3 rows, lane l reading values [s + 8l, +8) of each step s of 256
+  // values, kU steps of loads in flight (kUnroll, and 1 for an odd last step).
+  const int fw = f0 + rank * kBlockFeatures + warp * kWarpFeatures;
   const bf16* w13[2] = {w1 + static_cast<std::int64_t>(fw) * H + lane * 8,
                         w3 + static_cast<std::int64_t>(fw) * H + lane * 8};
   float acc[2][kWarpFeatures] = {};
-  for (int s = 0; s < H; s += kUnroll * kStep) {  // H % (kUnroll·kStep) == 0 (can_implement)
-    uint4 wv[kUnroll][2][kWarpFeatures];
+  auto steps = [&]<int kU>(int s) {
+    uint4 wv[kU][2][kWarpFeatures];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < kU; ++u)
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int i = 0; i < kWarpFeatures; ++i)
           wv[u][m][i] = ptx::ld_stream_16(w13[m] + static_cast<std::int64_t>(i) * H + s + u * kStep);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + s + u * kStep + lane * 8));
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int i = 0; i < kWarpFeatures; ++i) acc[m][i] = dot8(wv[u][m][i], xv, acc[m][i]);
     }
-  }
+  };
+  int s = 0;
+  for (; s + kUnroll * kStep <= H; s += kUnroll * kStep) steps.template operator()<kUnroll>(s);
+  if (s < H) steps.template operator()<1>(s);  // H % 256 == 0 (can_implement)
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
     for (int i = 0; i < kWarpFeatures; ++i)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
+
+  // Down: row r of the block's W2 columns · the 64 activations, 8 lanes per row (lane l: columns
+  // [8(l % 8), +8)), 4 rows per warp step, kRowBatch steps of loads in flight and the next batch loaded
+  // before the current one is reduced; the first batch is loaded before the activations are exchanged.
+  // Rows past the warp's end are clamped to its last row (loaded, not stored).
+  const int end = (warp + 1) * (rows / kWarps);
+  int r0 = warp * (rows / kWarps) + lane / 8;
+  uint4 next[kRowBatch];
+  auto load_batch = [&](int first) {
+#pragma unroll
+    for (int i = 0; i < kRowBatch; ++i) {
+      const int r = min(first + 4 * i, end - 4 + lane / 8);
+      next[i] = ptx::ld_stream_16(w2 + static_cast<std::int64_t>(r) * F + (lane % 8) * 8);
+    }
+  };
+  load_batch(r0);
+
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
   cg::cluster_group cluster = cg::this_cluster();
   cluster_wait();  // every block of the cluster has started
@@ -191,24 +187,12 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   }
   cluster.sync();  // every block's activations written (release / acquire at cluster scope)
 
-  // Down: row r of the block's W2 columns · the 64 activations, 8 lanes per row (lane l: columns
-  // [8(l % 8), +8)), 4 rows per warp step, reduced over the 8 lanes in a fixed order.
-  if constexpr (!kW2ToL2) {
-    ptx::cp_async_wait<0>();
-    __syncthreads();
-  }
   const uint4 hv = ptx::ld_shared_16(ptx::smem_u32(h + (lane % 8) * 8));
-  const int per_warp = rows / kWarps;  // a multiple of 4·kRowBatch (H % 512 == 0)
-  for (int r0 = warp * per_warp + lane / 8; r0 < (warp + 1) * per_warp; r0 += 4 * kRowBatch) {
+  for (; r0 < end; r0 += 4 * kRowBatch) {
     uint4 wv[kRowBatch];
 #pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) {
-      const int r = r0 + 4 * i;
-      if constexpr (kW2ToL2)
-        wv[i] = ptx::ld_stream_16(w2 + static_cast<std::int64_t>(r) * F + (lane % 8) * 8);
-      else
-        wv[i] = ptx::ld_shared_16(ptx::smem_u32(w2s + r * 2 * kFeatures + (lane % 8) * 16));
-    }
+    for (int i = 0; i < kRowBatch; ++i) wv[i] = next[i];
+    if (r0 + 4 * kRowBatch < end) load_batch(r0 + 4 * kRowBatch);
     float v[kRowBatch];
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
@@ -219,7 +203,8 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
     }
     if (lane % 8 == 0) {
 #pragma unroll
-      for (int i = 0; i < kRowBatch; ++i) sums[r0 + 4 * i] = v[i];
+      for (int i = 0; i < kRowBatch; ++i)
+        if (r0 + 4 * i < end) sums[r0 + 4 * i] = v[i];
     }
   }
   __syncthreads();

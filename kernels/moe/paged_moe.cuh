@@ -392,29 +392,24 @@ class PagedMoe {
     }
     if (c.decode_splitk) {
       if (Precision::kQuantized || c.path != MoePath::kDecode)
-        return Status::error("config.decode_splitk", 1, "applies to bf16 experts on the decode path (kDecode) only");
-      if (c.decode_splitk_prefetch < 0 || c.decode_splitk_prefetch > 3)
-        return Status::error("config.decode_splitk_prefetch", c.decode_splitk_prefetch,
-                             "must be 0 to 3 (bit 0: W2 to the L2, bit 1: W1 / W3 rows to the L2)");
-      if (s.hidden % (splitk::kUnroll * splitk::kStep) != 0)
+        return Status::error("config.decode_splitk", 1,
+                             "applies to bf16 experts on the decode path (kDecode) only");
+      if (s.hidden % splitk::kStep != 0)
         return Status::error("shape.hidden", s.hidden,
-                             "must be a multiple of " + std::to_string(splitk::kUnroll * splitk::kStep) +
+                             "must be a multiple of " + std::to_string(splitk::kStep) +
                                  " with config.decode_splitk (a warp's loads along H)");
       if (s.slots_per_token() > splitk::kMaxSlots)
-        return Status::error("shape.top_k + shape.num_shared_chunks", s.slots_per_token(),
-                             "must be <= " + std::to_string(splitk::kMaxSlots) + " with config.decode_splitk");
+        return Status::error(
+            "shape.top_k + shape.num_shared_chunks", s.slots_per_token(),
+            "must be <= " + std::to_string(splitk::kMaxSlots) + " with config.decode_splitk");
       if (s.num_tokens > 65535)
         return Status::error("shape.num_tokens", s.num_tokens, "must be <= 65535 with config.decode_splitk");
-      const long long bytes = splitk::smem_bytes(s.hidden, c.decode_splitk_prefetch);
+      const long long bytes = splitk::smem_bytes(s.hidden);
       if (bytes > ptx::kMaxBlockSmemBytes)
-        return Status::error("config.decode_splitk", 1,
-                             "needs " + std::to_string(bytes) + " bytes of shared memory per block at hidden = " +
-                                 std::to_string(s.hidden) + "; at most " +
-                                 std::to_string(ptx::kMaxBlockSmemBytes) +
-                                 " (sm_90): W2 to the L2 instead (decode_splitk_prefetch bit 0)");
-    } else if (c.decode_splitk_prefetch != 0) {
-      return Status::error("config.decode_splitk_prefetch", c.decode_splitk_prefetch,
-                           "applies with config.decode_splitk only");
+        return Status::error("shape.hidden", s.hidden,
+                             "needs " + std::to_string(bytes) +
+                                 " bytes of shared memory per block with config.decode_splitk; at most " +
+                                 std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
     if (c.path == MoePath::kDecode && c.decode_stages != 0 && !Precision::kQuantized)
       return Status::error("config.decode_stages", c.decode_stages,
@@ -557,10 +552,7 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = chosen;
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.decode_splitk && dev.major < 9) {  // clusters: sm_90 and later
-      choice.decode_splitk = false;
-      choice.decode_splitk_prefetch = 0;
-    }
+    if (choice.decode_splitk && dev.major < 9) choice.decode_splitk = false;  // clusters: sm_90 and later
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
@@ -627,8 +619,7 @@ class PagedMoe {
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
     if constexpr (!Precision::kQuantized) {
-      if (choice.decode_splitk)
-        return run_splitk(p, s, choice, static_cast<float*>(at(lay.partials)), dev, stream);
+      if (choice.decode_splitk) return run_splitk(p, s, static_cast<float*>(at(lay.partials)), dev, stream);
     }
 
     // 1. Routing preparation.
@@ -717,11 +708,10 @@ class PagedMoe {
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
     // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / 64][H].
-    l.partials =
-        take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
-                                        s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
-                                        sizeof(float)
-                                  : 0);
+    l.partials = take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
+                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
+                                            sizeof(float)
+                                      : 0);
     l.total = off;
     return l;
   }
@@ -880,25 +870,19 @@ class PagedMoe {
 
   // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, 64 features of F),
   // then the combine of the partial sums; no routing.
-  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c, float* partials,
+  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
     const splitk::Params<Addressing> sp{p, partials};
-    const int smem = static_cast<int>(splitk::smem_bytes(s.hidden, c.decode_splitk_prefetch));
-    auto launch_main = [&]<int kPrefetch>() -> Status {
-      constexpr auto kernel = splitk::kernel<Addressing, kPrefetch>;
-      if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures)); !st)
-        return st;
-      return launch_cluster(kernel,
-                            dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(),
-                                 s.num_tokens),
-                            splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
-    };
-    const int pf = c.decode_splitk_prefetch;
-    const Status st = pf == 0   ? launch_main.template operator()<0>()
-                      : pf == 1 ? launch_main.template operator()<1>()
-                      : pf == 2 ? launch_main.template operator()<2>()
-                                : launch_main.template operator()<3>();
-    if (!st) return st;
+    const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
+    constexpr auto kernel = splitk::kernel<Addressing>;
+    if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures)); !st)
+      return st;
+    if (Status st = launch_cluster(
+            kernel,
+            dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
+            splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
+        !st)
+      return st;
     return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
                   static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
   }

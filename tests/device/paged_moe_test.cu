@@ -428,12 +428,11 @@ struct PreloadRuleConfig {  // W2 preloading asked for on a kTile-token decode t
     return c;
   }
 };
-template <bool kSplitk, int kPrefetch, MoePath kPath = MoePath::kDecode>
-struct SplitkRuleConfig {  // the split-K decode asked for (or only its prefetch bits) on kPath
+template <MoePath kPath = MoePath::kDecode>
+struct SplitkRuleConfig {  // the split-K decode asked for on kPath (bf16 and quantized experts alike)
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, kPath);
-    c.decode_splitk = kSplitk;
-    c.decode_splitk_prefetch = kPrefetch;
+    c.decode_splitk = true;
     return c;
   }
 };
@@ -596,32 +595,27 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sph.field == "config.decode_preload");
   CHECK(sph.message.find("intermediate = 14336") != std::string::npos);
   CHECK(sph.message.find("shared memory") != std::string::npos);
-  // The split-K decode: bf16 experts on the decode path, H a multiple of 512, at most 32 slots per token,
-  // its blocks' shared memory (the input row and the W2 columns of H / 4 rows) within 227 KB.
-  using Splitk = PagedMoe<kernels::Paged, SplitkConfig<0, 4, MoePath::kDecode>>;
+  // The split-K decode: bf16 experts on the decode path, H a multiple of 256, at most 32 slots per token,
+  // its blocks' shared memory (the input row and its W2 rows' sums) within 227 KB.
+  using Splitk = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>>;
   REQUIRE(Splitk::can_implement(small).ok);  // T = 4, H = 2048
   CHECK(Splitk::config(small).decode_splitk);
   CHECK(Splitk::workspace_size(small) >= 4ull * 8 * (1408 / 64) * 2048 * sizeof(float));
+  CHECK(Splitk::workspace_size(small) > P::workspace_size(small));
   const kernels::Status skq =
-      PagedMoe<kernels::Paged, SplitkConfig<0, 4, MoePath::kDecode>, kernels::Int8>::can_implement(small);
+      PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int8>::can_implement(small);
   CHECK(skq.field == "config.decode_splitk");
   CHECK(skq.message.find("bf16 experts") != std::string::npos);
   const kernels::Status skg =
-      PagedMoe<kernels::Paged, SplitkRuleConfig<true, 0, MoePath::kGrouped>>::can_implement(small);
+      PagedMoe<kernels::Paged, SplitkRuleConfig<MoePath::kGrouped>>::can_implement(small);
   CHECK(skg.field == "config.decode_splitk");
   CHECK(skg.message.find("decode path") != std::string::npos);
-  const kernels::Status sk4 = PagedMoe<kernels::Paged, SplitkRuleConfig<true, 4>>::can_implement(small);
-  CHECK(sk4.field == "config.decode_splitk_prefetch");
-  CHECK(sk4.message.find("decode_splitk_prefetch = 4") != std::string::npos);
-  CHECK(sk4.message.find("0 to 3") != std::string::npos);
-  const kernels::Status skp = PagedMoe<kernels::Paged, SplitkRuleConfig<false, 1>>::can_implement(small);
-  CHECK(skp.field == "config.decode_splitk_prefetch");
-  CHECK(skp.message.find("decode_splitk only") != std::string::npos);
   Splitk::Arguments odd_h = small;
-  odd_h.shape.hidden = 2304;  // a multiple of 256, not of 512
+  odd_h.shape.hidden = 2176;  // a multiple of 128, not of 256
   const kernels::Status skh = Splitk::can_implement(odd_h);
   CHECK(skh.field == "shape.hidden");
-  CHECK(skh.message.find("multiple of 512") != std::string::npos);
+  CHECK(skh.message.find("2176") != std::string::npos);
+  CHECK(skh.message.find("multiple of 256") != std::string::npos);
   Splitk::Arguments many = small;
   many.shape.num_experts = 64;
   many.shape.top_k = 30;  // 30 + 4 chunks = 34 slots
@@ -629,12 +623,10 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sks.field == "shape.top_k + shape.num_shared_chunks");
   CHECK(sks.message.find("34") != std::string::npos);
   Splitk::Arguments wide_h = small;
-  wide_h.shape.hidden = 8192;  // 2048 W2 rows of 128 bytes per block: 280 KB with the input row
+  wide_h.shape.hidden = 65536;  // 128 KB of input row and 64 KB of sums per block
   const kernels::Status skm = Splitk::can_implement(wide_h);
-  CHECK(skm.field == "config.decode_splitk");
-  CHECK(skm.message.find("hidden = 8192") != std::string::npos);
+  CHECK(skm.field == "shape.hidden");
   CHECK(skm.message.find("shared memory") != std::string::npos);
-  CHECK(PagedMoe<kernels::Paged, SplitkConfig<1, 4, MoePath::kDecode>>::can_implement(wide_h).ok);
   using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
   const kernels::Status sdd = DeepDecode::can_implement(small);
   CHECK(sdd.field == "config.small_deep");
@@ -829,37 +821,31 @@ TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][sma
   check_preload_case<4, 2>(qwen15_routed, 33, 1906, false, 0, 7);
 }
 
-// The split-K decode (MoeConfig::decode_splitk, decode_splitk_prefetch = kPrefetch) at `tokens`:
-// check_case's references and paged = contiguous bit for bit.
-template <int kPrefetch>
+// The split-K decode (MoeConfig::decode_splitk) at `tokens`: check_case's references and paged = contiguous
+// bit for bit.
 void check_splitk_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int samples = 32) {
-  using Config = SplitkConfig<kPrefetch, 4, MoePath::kDecode>;
+  using Config = SplitkConfig<4, MoePath::kDecode>;
   const MoeShape shape = shape_of(store.spec(), tokens);
-  INFO(store.spec().name << " T=" << tokens << " split-K, prefetch bits " << kPrefetch);
+  INFO(store.spec().name << " T=" << tokens << " split-K");
   REQUIRE(PagedMoe<kernels::Paged, Config>::config({.shape = shape, .path = MoePath::kDecode}).decode_splitk);
   check_case<Config>(store, shape, MoePath::kDecode, cpu, samples, seed);
 }
 
 TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][small][sanitize]") {
   // Routed experts alone and with shared chunks (one, four), F of 2, 4, 6 and 10 chunks of 64 features, H of
-  // one and two loop steps (512, 1024), 1 to 4 tokens (an expert two tokens name is read twice, correctly),
-  // every combination of the prefetch bits.
+  // 1, 2 and 3 loads per row (256: one odd step; 512: one loop step; 768: both), 1 to 4 tokens (an expert two
+  // tokens name is read twice, correctly).
   for (const ModelSpec& spec :
-       {ModelSpec{"tiny-shared", 8, 2, 512, 256, 1}, ModelSpec{"tiny", 8, 2, 512, 128, 0},
-        ModelSpec{"tiny-f384-h1024", 8, 2, 1024, 384, 1}, ModelSpec{"tiny-k6-m4", 16, 6, 512, 128, 4},
+       {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny", 8, 2, 512, 128, 0},
+        ModelSpec{"tiny-f384-h768", 8, 2, 768, 384, 1}, ModelSpec{"tiny-k6-m4", 16, 6, 256, 128, 4},
         ModelSpec{"tiny-f640", 8, 2, 512, 640, 1}}) {
     ExpertStore store(spec, 71, 3);
-    for (int tokens : {1, 2, 4}) {
-      check_splitk_case<0>(store, tokens, 3100 + tokens, true, 64);
-      check_splitk_case<1>(store, tokens, 3110 + tokens, true, 64);
-      check_splitk_case<2>(store, tokens, 3120 + tokens, true, 64);
-      check_splitk_case<3>(store, tokens, 3130 + tokens, true, 64);
-    }
+    for (int tokens : {1, 2, 4}) check_splitk_case(store, tokens, 3100 + tokens, true, 64);
   }
 
   // Ids outside [0, E) and an expert named twice by one token: equal to the four-kernel decode within the
   // tolerance, paged = contiguous bit for bit; every routed slot dropped leaves the shared chunk's output.
-  const ModelSpec spec{"tiny-k4", 8, 4, 512, 128, 1};
+  const ModelSpec spec{"tiny-k4", 8, 4, 256, 128, 1};
   ExpertStore store(spec, 73, 3);
   const MoeShape shape = shape_of(spec, 1);
   for (const std::vector<std::int32_t>& ids :
@@ -885,13 +871,11 @@ TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][sm
 
 TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
   ExpertStore qwen15(kQwen15, 43), qwen15_routed(kQwen15Routed, 44), qwen3(kQwen3, 45), mixtral(kMixtral, 46);
-  check_splitk_case<0>(qwen3, 1, 3201, true);
-  check_splitk_case<0>(qwen15_routed, 1, 3202, true);
-  check_splitk_case<0>(qwen15, 1, 3203, false);
-  check_splitk_case<3>(qwen3, 1, 3204, false);
-  check_splitk_case<2>(qwen15, 1, 3205, false);
-  check_splitk_case<0>(mixtral, 1, 3206, false);
-  check_splitk_case<1>(qwen3, 3, 3207, false);
+  check_splitk_case(qwen3, 1, 3201, true);
+  check_splitk_case(qwen15_routed, 1, 3202, true);
+  check_splitk_case(qwen15, 1, 3203, false);
+  check_splitk_case(mixtral, 1, 3206, false);
+  check_splitk_case(qwen3, 3, 3207, false);
 }
 
 TEST_CASE("decode tiles on model shapes", "[gpu][small]") {

@@ -43,7 +43,6 @@ inline constexpr int kCluster = 4;    // blocks per cluster
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kStep = 256;            // values of H a warp reads per row per load (32 lanes × 8)
-inline constexpr int kUnroll = 2;            // k-steps of loads in flight per row
 inline constexpr int kRowBatch = 8;          // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
 inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
@@ -89,7 +88,9 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-template <class Addressing>
+// kUnroll: steps of 256 values of each W1 / W3 row a lane loads before it multiplies them (MoeConfig::
+// decode_splitk, 2 or 4).
+template <class Addressing, int kUnroll>
 __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Params<Addressing> sp) {
   constexpr int kBlockFeatures = kFeatures / kCluster;    // 16
   constexpr int kWarpFeatures = kBlockFeatures / kWarps;  // 4
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, lane l reading values [s + 8l, +8) of each step s of 256
-  // values, kU steps of loads in flight (kUnroll, and 1 for an odd last step).
+  // values, kU steps of loads in flight (kUnroll, then 1 for the last H % (kUnroll·256) values).
   const int fw = f0 + rank * kBlockFeatures + warp * kWarpFeatures;
   const bf16* w13[2] = {w1 + static_cast<std::int64_t>(fw) * H + lane * 8,
                         w3 + static_cast<std::int64_t>(fw) * H + lane * 8};
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   };
   int s = 0;
   for (; s + kUnroll * kStep <= H; s += kUnroll * kStep) steps.template operator()<kUnroll>(s);
-  if (s < H) steps.template operator()<1>(s);  // H % 256 == 0 (can_implement)
+  for (; s < H; s += kStep) steps.template operator()<1>(s);  // H % 256 == 0 (can_implement)
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll

@@ -43,13 +43,14 @@ struct MoeConfig {
                                 // kPreload), so W2 streams while gate/up runs; 32·(2F + 16) bytes per block.
                                 // A call whose down blocks' rows do not all fit the device's shared memory at
                                 // once streams instead (PagedMoe::decode_preloads)
-  int decode_down_warps = 0;   // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
-                               // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
-                               // 2/2/1/1 over 4 warps
-  bool decode_splitk = false;  // decode, bf16: the split-K decode instead of the decode tiles
-                               // (moe/decode_splitk.cuh: no routing; a cluster of 4 blocks per slot and 64
-                               // features of F runs them through gate/up and W2, and a second launch sums
-                               // the fp32 partials); for one token, where the top-k experts are distinct
+  int decode_down_warps = 0;  // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
+                              // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
+                              // 2/2/1/1 over 4 warps
+  int decode_splitk = 0;  // decode, bf16: 0 (the decode tiles), or the split-K decode (moe/decode_splitk.cuh:
+                          // no routing; a cluster of 4 blocks per slot and 64 features of F runs them through
+                          // gate/up and W2, and a second launch sums the fp32 partials) with this many steps
+                          // of each W1 / W3 row's loads in flight per lane, 2 or 4; for one token, where the
+                          // top-k experts are distinct
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -390,9 +390,12 @@ class PagedMoe {
                                  " bytes of shared memory per down block here; at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
-    if (c.decode_splitk) {
+    if (c.decode_splitk != 0) {
+      if (c.decode_splitk != 2 && c.decode_splitk != 4)
+        return Status::error("config.decode_splitk", c.decode_splitk,
+                             "must be 0 (off), 2 or 4 (the split-K decode's steps of loads in flight)");
       if (Precision::kQuantized || c.path != MoePath::kDecode)
-        return Status::error("config.decode_splitk", 1,
+        return Status::error("config.decode_splitk", c.decode_splitk,
                              "applies to bf16 experts on the decode path (kDecode) only");
       if (s.hidden % splitk::kStep != 0)
         return Status::error("shape.hidden", s.hidden,
@@ -552,7 +555,7 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = chosen;
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.decode_splitk && dev.major < 9) choice.decode_splitk = false;  // clusters: sm_90 and later
+    if (choice.decode_splitk != 0 && dev.major < 9) choice.decode_splitk = 0;  // clusters: sm_90 and later
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
@@ -619,7 +622,8 @@ class PagedMoe {
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
     if constexpr (!Precision::kQuantized) {
-      if (choice.decode_splitk) return run_splitk(p, s, static_cast<float*>(at(lay.partials)), dev, stream);
+      if (choice.decode_splitk != 0)
+        return run_splitk(p, s, choice, static_cast<float*>(at(lay.partials)), dev, stream);
     }
 
     // 1. Routing preparation.
@@ -708,10 +712,11 @@ class PagedMoe {
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
     // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / 64][H].
-    l.partials = take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
-                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
-                                            sizeof(float)
-                                      : 0);
+    l.partials =
+        take(c.decode_splitk != 0 ? static_cast<std::size_t>(splitk::partial_floats(
+                                        s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
+                                        sizeof(float)
+                                  : 0);
     l.total = off;
     return l;
   }
@@ -870,17 +875,22 @@ class PagedMoe {
 
   // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, 64 features of F),
   // then the combine of the partial sums; no routing.
-  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
-                           const detail::DeviceInfo& dev, cudaStream_t stream) {
+  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
+                           float* partials, const detail::DeviceInfo& dev, cudaStream_t stream) {
     const splitk::Params<Addressing> sp{p, partials};
     const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
-    constexpr auto kernel = splitk::kernel<Addressing>;
-    if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures)); !st)
-      return st;
-    if (Status st = launch_cluster(
-            kernel,
-            dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
-            splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
+    auto main_kernel = [&]<int kUnroll>() -> Status {
+      constexpr auto kernel = splitk::kernel<Addressing, kUnroll>;
+      if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures));
+          !st)
+        return st;
+      return launch_cluster(
+          kernel,
+          dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
+          splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
+    };
+    if (Status st = c.decode_splitk == 4 ? main_kernel.template operator()<4>()
+                                         : main_kernel.template operator()<2>();
         !st)
       return st;
     return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),

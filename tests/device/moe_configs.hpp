@@ -158,13 +158,13 @@ struct NoPreloadConfig {
 };
 
 // DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the split-K decode
-// (MoeConfig::decode_splitk) wherever it decodes at most kMaxTokens tokens.
-template <int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
+// (MoeConfig::decode_splitk = kUnroll) wherever it decodes at most kMaxTokens tokens.
+template <int kUnroll = 2, int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct SplitkConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c =
         kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
-    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens;
+    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens ? kUnroll : 0;
     return c;
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,

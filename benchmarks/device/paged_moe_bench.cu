@@ -39,8 +39,9 @@
 // 8-token tile whose block's rows fit its shared memory (the call streams where not every block's rows fit
 // the device at once; at 55e4020-8032f12 it preloaded there too), nopreload: on none (the default preloads at
 // 1 token on Qwen3 and Qwen1.5's routed experts); splitk: the default's choice with the split-K decode
-// (MoeConfig::decode_splitk: no routing, a cluster of 4 blocks per slot and 64 features of F, 2 steps of
-// loads in flight) at 1–3 tokens, splitk4: with 4 steps (these, like t8 … t8w8u4, where the default decodes);
+// (MoeConfig::decode_splitk: no routing, a cluster of 4 blocks per slot and 64 features of F) asked for at
+// 1–3 tokens (taken where its clusters fit the device at once), nosplitk: at none (the default asks at 1
+// token) (these, like t8 … t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
@@ -315,8 +316,8 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
           {"preload", {&make_graphs<PreloadConfig<>>, Where::kDecode}},
           {"nopreload", {&make_graphs<NoPreloadConfig>, Where::kDecode}},
-          {"splitk", {&make_graphs<SplitkConfig<2, 3>>, Where::kDecode}},
-          {"splitk4", {&make_graphs<SplitkConfig<4, 3>>, Where::kDecode}},
+          {"splitk", {&make_graphs<SplitkConfig<3>>, Where::kDecode}},
+          {"nosplitk", {&make_graphs<NoSplitkConfig>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},

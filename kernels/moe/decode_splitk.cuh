@@ -42,8 +42,9 @@ inline constexpr int kFeatures = 64;  // features of F per cluster (W2 rows of 1
 inline constexpr int kCluster = 4;    // blocks per cluster
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = 32 * kWarps;
-inline constexpr int kStep = 256;            // values of H a warp reads per row per load (32 lanes × 8)
-inline constexpr int kRowBatch = 8;          // W2 rows a lane loads before it reduces them
+inline constexpr int kStep = 256;    // values of H a warp reads per row per load (32 lanes × 8)
+inline constexpr int kUnroll = 2;    // steps of each W1 / W3 row's loads in flight per lane (4: 1.01x)
+inline constexpr int kRowBatch = 8;  // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
 inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
 
@@ -88,9 +89,7 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-// kUnroll: steps of 256 values of each W1 / W3 row a lane loads before it multiplies them (MoeConfig::
-// decode_splitk, 2 or 4).
-template <class Addressing, int kUnroll>
+template <class Addressing>
 __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Params<Addressing> sp) {
   constexpr int kBlockFeatures = kFeatures / kCluster;    // 16
   constexpr int kWarpFeatures = kBlockFeatures / kWarps;  // 4

@@ -43,14 +43,15 @@ struct MoeConfig {
                                 // kPreload), so W2 streams while gate/up runs; 32·(2F + 16) bytes per block.
                                 // A call whose down blocks' rows do not all fit the device's shared memory at
                                 // once streams instead (PagedMoe::decode_preloads)
-  int decode_down_warps = 0;  // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
-                              // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
-                              // 2/2/1/1 over 4 warps
-  int decode_splitk = 0;  // decode, bf16: 0 (the decode tiles), or the split-K decode (moe/decode_splitk.cuh:
-                          // no routing; a cluster of 4 blocks per slot and 64 features of F runs them through
-                          // gate/up and W2, and a second launch sums the fp32 partials) with this many steps
-                          // of each W1 / W3 row's loads in flight per lane, 2 or 4; for one token, where the
-                          // top-k experts are distinct
+  int decode_down_warps = 0;   // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
+                               // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
+                               // 2/2/1/1 over 4 warps
+  bool decode_splitk = false;  // decode, bf16: the split-K decode instead of the decode tiles
+                               // (moe/decode_splitk.cuh: no routing; a cluster of 4 blocks per slot and 64
+                               // features of F runs them through gate/up and W2, and a second launch sums
+                               // the fp32 partials); for one token, where the top-k experts are distinct. A
+                               // call whose clusters do not all fit the device at once takes the decode tiles
+                               // instead (PagedMoe::decode_splits)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -332,9 +333,19 @@ struct DefaultMoeConfig {
       if (matches(r, s) && s.hidden % (32 * r.warps) == 0 && s.intermediate % (32 * r.warps) == 0) {
         MoeConfig c{path, r.tile_tokens, r.warps, r.unroll, r.prefetch};
         c.decode_preload = c.tile_tokens == 8 && preload_bytes(s) <= kPreloadBytes;
+        c.decode_splitk = takes_splitk(s);
         return c;
       }
     return fallback(path);
+  }
+
+  // The split-K decode (MoeConfig::decode_splitk) at one token wherever it can run (H a multiple of 256, at
+  // most 32 slots): 0.966x / 0.973x the decode tiles' layer time on Qwen3-30B-A3B and Qwen1.5-MoE's routed
+  // experts on an H100, 1.02-1.17x where its clusters need two or more waves (Qwen1.5 with its shared chunks,
+  // Mixtral), which PagedMoe::decode_splits turns away (docs/results/paged_moe_h200.md, "Split-K decode at
+  // one token"); 1.06-1.2x at 2-3 tokens, where it reads an expert once per slot.
+  static constexpr bool takes_splitk(const MoeShape& s) {
+    return s.num_tokens == 1 && s.hidden % 256 == 0 && s.top_k + s.num_shared_chunks <= 32;
   }
 
   // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) where no expert
@@ -584,7 +595,16 @@ static_assert([] {
 }());
 // Examples (T, H, F, E, k, m).
 static_assert(DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 4, 2, 128, 128, 0, false, false, true});
+              MoeConfig{MoePath::kDecode, 8, 4, 2, 128, 128, 0, false, false, true, 0, true});
+// The split-K decode at one token only (PagedMoe turns it away where its clusters need two waves).
+static_assert(DefaultMoeConfig::select({1, 2048, 1408, 60, 4, 4}, MoePath::kAuto).decode_splitk);
+static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto).decode_splitk);
+static_assert(!DefaultMoeConfig::select({2, 2048, 768, 128, 8, 0}, MoePath::kAuto).decode_splitk);
+static_assert(!DefaultMoeConfig::select({1, 2176, 768, 128, 8, 0}, MoePath::kAuto).decode_splitk);
+static_assert(!DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped).decode_splitk);
+static_assert(!DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                  quant::Bits::kInt4)
+                   .decode_splitk);
 // W2 preloaded where every down block's rows fit at once: Qwen3 and Qwen1.5's routed experts at 1 token
 // (25 and 23 MB); not with Qwen1.5's shared chunks (46 MB), from 2 tokens on Qwen3 (51 MB), on Mixtral
 // (28 KB rows), nor off the 8-token tiles.
@@ -612,7 +632,7 @@ static_assert(DefaultMoeConfig::select({16, 2048, 768, 128, 8, 0}, MoePath::kAut
 static_assert(DefaultMoeConfig::select({14, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kDecode);
 static_assert(DefaultMoeConfig::select({16, 2048, 1408, 60, 4, 4}, MoePath::kAuto).path == MoePath::kGrouped);
 static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
-              MoeConfig{MoePath::kDecode, 8, 8, 2});
+              MoeConfig{MoePath::kDecode, 8, 8, 2, 128, 128, 0, false, false, false, 0, true});
 static_assert(DefaultMoeConfig::select({3, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==
               MoeConfig{MoePath::kDecode, 8, 8, 2});
 static_assert(DefaultMoeConfig::select({4, 4096, 14336, 8, 2, 0}, MoePath::kAuto) ==

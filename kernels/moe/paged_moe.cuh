@@ -390,12 +390,9 @@ class PagedMoe {
                                  " bytes of shared memory per down block here; at most " +
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
-    if (c.decode_splitk != 0) {
-      if (c.decode_splitk != 2 && c.decode_splitk != 4)
-        return Status::error("config.decode_splitk", c.decode_splitk,
-                             "must be 0 (off), 2 or 4 (the split-K decode's steps of loads in flight)");
+    if (c.decode_splitk) {
       if (Precision::kQuantized || c.path != MoePath::kDecode)
-        return Status::error("config.decode_splitk", c.decode_splitk,
+        return Status::error("config.decode_splitk", 1,
                              "applies to bf16 experts on the decode path (kDecode) only");
       if (s.hidden % splitk::kStep != 0)
         return Status::error("shape.hidden", s.hidden,
@@ -486,6 +483,16 @@ class PagedMoe {
     return preloaded;
   }
 
+  // Whether a call runs the split-K decode on the current device: its configuration asks for it
+  // (MoeConfig::decode_splitk) and all its clusters fit the device at once (splitk_fits).
+  static bool decode_splits(const Arguments& a) {
+    const MoeConfig c = config(a);
+    if (!c.decode_splitk) return false;
+    detail::DeviceInfo dev;
+    if (!detail::current_device(dev)) return false;
+    return splitk_fits(a.shape, dev);
+  }
+
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
   // grouped; 32 grouped for quantized experts on the TMA kernel's small-batch units).
   // Quantized experts: the configuration's quantized choice where it has one (quantized_moe_config), else
@@ -555,7 +562,8 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = chosen;
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.decode_splitk != 0 && dev.major < 9) choice.decode_splitk = 0;  // clusters: sm_90 and later
+    if (choice.decode_splitk && !splitk_fits(s, dev))
+      choice.decode_splitk = false;  // clusters: sm_90 and later
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
@@ -622,8 +630,7 @@ class PagedMoe {
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
     if constexpr (!Precision::kQuantized) {
-      if (choice.decode_splitk != 0)
-        return run_splitk(p, s, choice, static_cast<float*>(at(lay.partials)), dev, stream);
+      if (choice.decode_splitk) return run_splitk(p, s, static_cast<float*>(at(lay.partials)), dev, stream);
     }
 
     // 1. Routing preparation.
@@ -712,11 +719,10 @@ class PagedMoe {
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
     // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / 64][H].
-    l.partials =
-        take(c.decode_splitk != 0 ? static_cast<std::size_t>(splitk::partial_floats(
-                                        s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
-                                        sizeof(float)
-                                  : 0);
+    l.partials = take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
+                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
+                                            sizeof(float)
+                                      : 0);
     l.total = off;
     return l;
   }
@@ -875,26 +881,62 @@ class PagedMoe {
 
   // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, 64 features of F),
   // then the combine of the partial sums; no routing.
-  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, const MoeConfig& c,
-                           float* partials, const detail::DeviceInfo& dev, cudaStream_t stream) {
+  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
+                           const detail::DeviceInfo& dev, cudaStream_t stream) {
     const splitk::Params<Addressing> sp{p, partials};
     const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
-    auto main_kernel = [&]<int kUnroll>() -> Status {
-      constexpr auto kernel = splitk::kernel<Addressing, kUnroll>;
-      if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures));
-          !st)
-        return st;
-      return launch_cluster(
-          kernel,
-          dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
-          splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
-    };
-    if (Status st = c.decode_splitk == 4 ? main_kernel.template operator()<4>()
-                                         : main_kernel.template operator()<2>();
+    constexpr auto kernel = splitk::kernel<Addressing>;
+    if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures)); !st)
+      return st;
+    if (Status st = launch_cluster(
+            kernel,
+            dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
+            splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
         !st)
       return st;
     return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
                   static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
+  }
+
+  // Whether every cluster of a split-K call fits the device at once (clusters: T·(k+m)·F/64): on sm_90 and
+  // later, cudaOccupancyMaxActiveClusters of its kernel at its shared memory, remembered per device for the
+  // last H asked. Two waves of clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
+  static bool splitk_fits(const MoeShape& s, const detail::DeviceInfo& dev) {
+    if (dev.major < 9) return false;
+    static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
+    const long long need =
+        static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / splitk::kFeatures);
+    long long fit = -1;
+    const bool cached = dev.device < detail::kMaxDevices;
+    if (cached) {
+      const long long v = cache[dev.device].load(std::memory_order_relaxed);
+      if (v != 0 && (v >> 32) == s.hidden) fit = v & 0xffffffffLL;
+    }
+    if (fit < 0) {
+      constexpr auto kernel = splitk::kernel<Addressing>;
+      const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
+      if (!detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures))) return false;
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = splitk::kCluster;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(splitk::kCluster, 1, 1);
+      config.blockDim = dim3(splitk::kThreads);
+      config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+        cudaGetLastError();  // not an error of the layer: the decode tiles run instead
+        return false;
+      }
+      fit = clusters;
+      if (cached)
+        cache[dev.device].store((static_cast<long long>(s.hidden) << 32) | fit, std::memory_order_relaxed);
+    }
+    return need <= fit;
   }
 
   // Calls f.template operator()<T>() with the instantiated decode tile T that `c` names, if one does.

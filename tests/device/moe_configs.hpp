@@ -158,13 +158,27 @@ struct NoPreloadConfig {
 };
 
 // DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the split-K decode
-// (MoeConfig::decode_splitk = kUnroll) wherever it decodes at most kMaxTokens tokens.
-template <int kUnroll = 2, int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
+// (MoeConfig::decode_splitk) wherever it decodes at most kMaxTokens tokens (the default: at one token).
+template <int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct SplitkConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
     kernels::MoeConfig c =
         kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
-    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens ? kUnroll : 0;
+    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens;
+    return c;
+  }
+  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
+                                                       kernels::quant::Bits bits) {
+    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+  }
+};
+
+// DefaultMoeConfig's choice without the split-K decode (MoeConfig::decode_splitk off): the decode tiles at
+// one token, as before the default took it.
+struct NoSplitkConfig {
+  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
+    c.decode_splitk = false;
     return c;
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,

@@ -428,11 +428,11 @@ struct PreloadRuleConfig {  // W2 preloading asked for on a kTile-token decode t
     return c;
   }
 };
-template <MoePath kPath = MoePath::kDecode, int kSplitk = 2>
+template <MoePath kPath = MoePath::kDecode>
 struct SplitkRuleConfig {  // the split-K decode asked for on kPath (bf16 and quantized experts alike)
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, kPath);
-    c.decode_splitk = kSplitk;
+    c.decode_splitk = true;
     return c;
   }
 };
@@ -597,9 +597,9 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sph.message.find("shared memory") != std::string::npos);
   // The split-K decode: bf16 experts on the decode path, H a multiple of 256, at most 32 slots per token,
   // its blocks' shared memory (the input row and its W2 rows' sums) within 227 KB.
-  using Splitk = PagedMoe<kernels::Paged, SplitkConfig<2, 4, MoePath::kDecode>>;
+  using Splitk = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>>;
   REQUIRE(Splitk::can_implement(small).ok);  // T = 4, H = 2048
-  CHECK(Splitk::config(small).decode_splitk == 2);
+  CHECK(Splitk::config(small).decode_splitk);
   CHECK(Splitk::workspace_size(small) >= 4ull * 8 * (1408 / 64) * 2048 * sizeof(float));
   CHECK(Splitk::workspace_size(small) > P::workspace_size(small));
   const kernels::Status skq =
@@ -610,11 +610,6 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
       PagedMoe<kernels::Paged, SplitkRuleConfig<MoePath::kGrouped>>::can_implement(small);
   CHECK(skg.field == "config.decode_splitk");
   CHECK(skg.message.find("decode path") != std::string::npos);
-  const kernels::Status sk3 =
-      PagedMoe<kernels::Paged, SplitkRuleConfig<MoePath::kDecode, 3>>::can_implement(small);
-  CHECK(sk3.field == "config.decode_splitk");
-  CHECK(sk3.message.find("decode_splitk = 3") != std::string::npos);
-  CHECK(sk3.message.find("0 (off), 2 or 4") != std::string::npos);
   Splitk::Arguments odd_h = small;
   odd_h.shape.hidden = 2176;  // a multiple of 128, not of 256
   const kernels::Status skh = Splitk::can_implement(odd_h);
@@ -826,32 +821,26 @@ TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][sma
   check_preload_case<4, 2>(qwen15_routed, 33, 1906, false, 0, 7);
 }
 
-// The split-K decode (MoeConfig::decode_splitk = kUnroll) at `tokens`: check_case's references and paged =
-// contiguous bit for bit.
-template <int kUnroll = 2>
+// The split-K decode (MoeConfig::decode_splitk) at `tokens`, whether or not its clusters fit the device at
+// once: check_case's references and paged = contiguous bit for bit.
 void check_splitk_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int samples = 32) {
-  using Config = SplitkConfig<kUnroll, 4, MoePath::kDecode>;
+  using Config = SplitkConfig<4, MoePath::kDecode>;
   const MoeShape shape = shape_of(store.spec(), tokens);
-  INFO(store.spec().name << " T=" << tokens << " split-K, " << kUnroll << " steps in flight");
-  REQUIRE(
-      PagedMoe<kernels::Paged, Config>::config({.shape = shape, .path = MoePath::kDecode}).decode_splitk ==
-      kUnroll);
+  INFO(store.spec().name << " T=" << tokens << " split-K");
+  REQUIRE(PagedMoe<kernels::Paged, Config>::config({.shape = shape, .path = MoePath::kDecode}).decode_splitk);
   check_case<Config>(store, shape, MoePath::kDecode, cpu, samples, seed);
 }
 
 TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][small][sanitize]") {
   // Routed experts alone and with shared chunks (one, four), F of 2, 4, 6 and 10 chunks of 64 features, H of
-  // 1, 2, 3 and 5 loads per row (whole loop steps of 2 or 4 loads, single steps after them), 1 to 4 tokens
-  // (an expert two tokens name is read twice, correctly), 2 and 4 steps of loads in flight.
+  // 1, 2, 3 and 5 loads per row (whole loop steps of 2 loads, a single step after them), 1 to 4 tokens (an
+  // expert two tokens name is read twice, correctly).
   for (const ModelSpec& spec :
        {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny", 8, 2, 512, 128, 0},
         ModelSpec{"tiny-f384-h768", 8, 2, 768, 384, 1}, ModelSpec{"tiny-k6-m4", 16, 6, 256, 128, 4},
         ModelSpec{"tiny-f640", 8, 2, 512, 640, 1}, ModelSpec{"tiny-h1280", 8, 2, 1280, 128, 1}}) {
     ExpertStore store(spec, 71, 3);
-    for (int tokens : {1, 2, 4}) {
-      check_splitk_case<2>(store, tokens, 3100 + tokens, true, 64);
-      check_splitk_case<4>(store, tokens, 3110 + tokens, true, 64);
-    }
+    for (int tokens : {1, 2, 4}) check_splitk_case(store, tokens, 3100 + tokens, true, 64);
   }
 
   // Ids outside [0, E) and an expert named twice by one token: equal to the four-kernel decode within the
@@ -882,14 +871,31 @@ TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][sm
 
 TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
   ExpertStore qwen15(kQwen15, 43), qwen15_routed(kQwen15Routed, 44), qwen3(kQwen3, 45), mixtral(kMixtral, 46);
-  check_splitk_case<2>(qwen3, 1, 3201, true);
-  check_splitk_case<2>(qwen15_routed, 1, 3202, true);
-  check_splitk_case<2>(qwen15, 1, 3203, false);
-  check_splitk_case<4>(qwen3, 1, 3204, true);
-  check_splitk_case<4>(qwen15_routed, 1, 3205, false);
-  check_splitk_case<2>(mixtral, 1, 3206, false);
-  check_splitk_case<4>(mixtral, 1, 3207, false);
-  check_splitk_case<2>(qwen3, 3, 3208, false);
+  check_splitk_case(qwen3, 1, 3201, true);
+  check_splitk_case(qwen15_routed, 1, 3202, true);
+  check_splitk_case(qwen15, 1, 3203, false);
+  check_splitk_case(mixtral, 1, 3206, false);
+  check_splitk_case(qwen3, 3, 3207, false);
+  // The default takes it at one token where its clusters fit the device at once: Qwen3's 96 and Qwen1.5's
+  // 88 on a device of 132 SMs (124 fit an H100), not Mixtral's 448; never at 2 tokens.
+  int device = 0, sms = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
+  using Default = PagedMoe<kernels::Paged>;
+  if (sms >= 132) {
+    CHECK(Default::decode_splits({.shape = shape_of(kQwen3, 1)}));
+    CHECK(Default::decode_splits({.shape = shape_of(kQwen15Routed, 1)}));
+  }
+  CHECK_FALSE(Default::decode_splits({.shape = shape_of(kMixtral, 1)}));
+  CHECK_FALSE(Default::decode_splits({.shape = shape_of(kQwen3, 2)}));
+  // Where it is turned away the call runs the decode tiles: equal to the layer without split-K bit for bit.
+  RoutingSet r = make_routing(kMixtral, 1, 3210);
+  const MoeShape shape = shape_of(kMixtral, 1);
+  Runner<kernels::Paged> with;
+  Runner<kernels::Paged, NoSplitkConfig> without;
+  const auto out_w = with.run(r, shape, mixtral.paged_args(), MoePath::kAuto, false);
+  const auto out_o = without.run(r, shape, mixtral.paged_args(), MoePath::kAuto, false);
+  CHECK(std::memcmp(out_w.data(), out_o.data(), out_w.size() * 2) == 0);
 }
 
 TEST_CASE("decode tiles on model shapes", "[gpu][small]") {

@@ -73,8 +73,12 @@ TEST_CASE("bf16: decode below one token per routed expert, grouped from there, n
         const bool fits = tiles * s.hidden * (2LL * s.intermediate + 16) <= DefaultMoeConfig::kPreloadBytes;
         CHECK(c.decode_preload == (c.tile_tokens == 8 && fits));
         CHECK(c.decode_preload == (t == 1 && s.num_shared_chunks == 0 && s.intermediate < 8192));
+        // The split-K decode is asked for at one token on every measured model (H a multiple of 256, at most
+        // 32 slots); PagedMoe takes it where its clusters fit the device at once.
+        CHECK(c.decode_splitk == (t == 1));
       } else {
         CHECK_FALSE(c.decode_preload);
+        CHECK_FALSE(c.decode_splitk);
         // 64-token tiles while a uniform router's largest batch (mean + 3σ + 1) fits them, on 128-row blocks;
         // 128-token tiles on the TMA kernel's 256-row blocks (H a multiple of 256) from there on, never back.
         const double mean = static_cast<double>(t) * s.top_k / s.num_experts;
@@ -124,6 +128,7 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
           CHECK_FALSE(grouped_seen);
           CHECK(quant_tile_instantiated(c));
           CHECK_FALSE(c.decode_preload);  // bf16 only
+          CHECK_FALSE(c.decode_splitk);   // bf16 only
           // Staged: int8 on every decode tile, 2-4 k-steps in flight, more where fewer slots are routed (3
           // only on 8-token tiles: Mixtral's 16-token tiles from 17 tokens take 2).
           if (bits == Bits::kInt8) {

@@ -562,8 +562,9 @@ class PagedMoe {
     if (Status st = detail::current_device(dev); !st) return st;
     MoeConfig choice = chosen;
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
-    if (choice.decode_splitk && !splitk_fits(s, dev))
-      choice.decode_splitk = false;  // clusters: sm_90 and later
+    // The split-K decode where all its clusters fit the device at once (sm_90 and later), else the decode
+    // tiles.
+    if (choice.decode_splitk && !splitk_fits(s, dev)) choice.decode_splitk = false;
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 

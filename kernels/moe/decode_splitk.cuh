@@ -46,8 +46,7 @@ inline constexpr int kStep = 256;    // values of H a warp reads per row per loa
 inline constexpr int kUnroll = 2;    // steps of each W1 / W3 row's loads in flight per lane (4: 1.01x)
 inline constexpr int kRowBatch = 8;  // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
-inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block's rows)
-inline constexpr int kCombineThreads = 256;  // 8 slots at a time × 32 column groups
+inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
 
 // Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
 constexpr long long smem_bytes(int hidden) {
@@ -215,53 +214,51 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
     reinterpret_cast<float4*>(out)[i] = reinterpret_cast<const float4*>(sums)[i];
 }
 
-// Block (columns [128·blockIdx.x, +128), token blockIdx.y) of kCombineThreads: 32 threads per slot for 8
-// slots at a time; thread (j, c) sums slot j's F / 64 partials of its 4 columns in order (up to 16 loads in
-// flight) and rounds them to bf16; then the first 32 threads sum the slots in slot order with their weights.
+// Block (columns [128·blockIdx.x, +128), token blockIdx.y), 32 threads per slot: thread (j, c) sums slot j's
+// F / 64 partials of its 4 columns in order and rounds them to bf16; then the first 32 threads sum the slots
+// in slot order with their weights.
 template <class Addressing>
-__global__ void __launch_bounds__(kCombineThreads)
+__global__ void __launch_bounds__(32 * kMaxSlots)
     combine_kernel(const __grid_constant__ Params<Addressing> sp) {
-  constexpr int kBatch = 16;
   const MoeParams<Addressing>& p = sp.moe;
   __shared__ __align__(16) float ys[kMaxSlots][kCombineColumns];
   __shared__ float weight[kMaxSlots];
   __shared__ bool used[kMaxSlots];
   const int H = p.hidden, slots = p.slots_per_token, chunks = p.intermediate / kFeatures;
-  const int c = threadIdx.x % 32, row = threadIdx.x / 32, t = blockIdx.y;
+  const int c = threadIdx.x % 32, j = threadIdx.x / 32, t = blockIdx.y;
   const int col = blockIdx.x * kCombineColumns + c * 4;
   ptx::grid_dependency_wait();  // the partial sums
   ptx::launch_dependents();     // the next layer's first kernel may take its SM and wait
-  for (int j = row; j < slots; j += kCombineThreads / 32) {
-    const bool live = slot_expert_of(p, j, slot_id(p, t, j)) >= 0;
-    if (c == 0) {
-      used[j] = live;
-      weight[j] = slot_weight(p, t, j);
-    }
-    float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (live) {
-      const float* base = sp.partials + (static_cast<std::int64_t>(t) * slots + j) * chunks * H + col;
-      for (int q0 = 0; q0 < chunks; q0 += kBatch) {
-        float4 v[kBatch];
+  const bool live = slot_expert_of(p, j, slot_id(p, t, j)) >= 0;
+  if (c == 0) {
+    used[j] = live;
+    weight[j] = slot_weight(p, t, j);
+  }
+  float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (live) {
+    const float* base = sp.partials + (static_cast<std::int64_t>(t) * slots + j) * chunks * H + col;
+    constexpr int kBatch = 8;
+    for (int q0 = 0; q0 < chunks; q0 += kBatch) {
+      float4 v[kBatch];
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i)
-          v[i] = q0 + i < chunks
-                     ? __ldcg(reinterpret_cast<const float4*>(base + static_cast<std::int64_t>(q0 + i) * H))
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int i = 0; i < kBatch; ++i)
+        v[i] = q0 + i < chunks
+                   ? __ldcg(reinterpret_cast<const float4*>(base + static_cast<std::int64_t>(q0 + i) * H))
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          if (q0 + i >= chunks) break;
-          y.x += v[i].x, y.y += v[i].y, y.z += v[i].z, y.w += v[i].w;
-        }
+      for (int i = 0; i < kBatch; ++i) {
+        if (q0 + i >= chunks) break;
+        y.x += v[i].x, y.y += v[i].y, y.z += v[i].z, y.w += v[i].w;
       }
     }
-    // y in bf16, as the down stage stores it.
-    ys[j][c * 4 + 0] = __bfloat162float(__float2bfloat16_rn(y.x));
-    ys[j][c * 4 + 1] = __bfloat162float(__float2bfloat16_rn(y.y));
-    ys[j][c * 4 + 2] = __bfloat162float(__float2bfloat16_rn(y.z));
-    ys[j][c * 4 + 3] = __bfloat162float(__float2bfloat16_rn(y.w));
   }
+  // y in bf16, as the down stage stores it.
+  ys[j][c * 4 + 0] = __bfloat162float(__float2bfloat16_rn(y.x));
+  ys[j][c * 4 + 1] = __bfloat162float(__float2bfloat16_rn(y.y));
+  ys[j][c * 4 + 2] = __bfloat162float(__float2bfloat16_rn(y.z));
+  ys[j][c * 4 + 3] = __bfloat162float(__float2bfloat16_rn(y.w));
   __syncthreads();
-  if (row != 0) return;
+  if (j != 0) return;
   float acc[4] = {};
   for (int s = 0; s < slots; ++s) {
     if (!used[s]) continue;

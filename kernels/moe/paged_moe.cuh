@@ -896,7 +896,7 @@ class PagedMoe {
         !st)
       return st;
     return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
-                  splitk::kCombineThreads, 0, stream, sp, "splitk::combine_kernel");
+                  static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
   }
 
   // Whether every cluster of a split-K call fits the device at once (clusters: T·(k+m)·F/64): on sm_90 and

@@ -340,10 +340,11 @@ struct DefaultMoeConfig {
   }
 
   // The split-K decode (MoeConfig::decode_splitk) at one token wherever it can run (H a multiple of 256, at
-  // most 32 slots): 0.966x / 0.973x the decode tiles' layer time on Qwen3-30B-A3B and Qwen1.5-MoE's routed
-  // experts on an H100, 1.02-1.17x where its clusters need two or more waves (Qwen1.5 with its shared chunks,
-  // Mixtral), which PagedMoe::decode_splits turns away (docs/results/paged_moe_h200.md, "Split-K decode at
-  // one token"); 1.06-1.2x at 2-3 tokens, where it reads an expert once per slot.
+  // most 32 slots): 0.963-0.968x / 0.973-0.975x the decode tiles' layer time on Qwen3-30B-A3B and
+  // Qwen1.5-MoE's routed experts on an H100, 1.02-1.17x where its clusters need two or more waves (Qwen1.5
+  // with its shared chunks, Mixtral), which PagedMoe::decode_splits turns away (docs/results/
+  // paged_moe_h200.md, "Split-K decode at one token"); 1.06-2.3x at 2-3 tokens, where it reads an expert once
+  // per slot.
   static constexpr bool takes_splitk(const MoeShape& s) {
     return s.num_tokens == 1 && s.hidden % 256 == 0 && s.top_k + s.num_shared_chunks <= 32;
   }

@@ -511,6 +511,7 @@ class PagedMoe {
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
       c.grouped_rows = grouped::kBlockN;
+      c.decode_splitk = false;  // a bf16 path (select() asks for it at one token)
       return c.path != MoePath::kDecode ? with_grouped_tile(c, grouped::kBlockM) : c;
     } else {
       MoeConfig c = Config::select(a.shape, a.path);

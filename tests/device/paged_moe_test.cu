@@ -429,13 +429,31 @@ struct PreloadRuleConfig {  // W2 preloading asked for on a kTile-token decode t
   }
 };
 template <MoePath kPath = MoePath::kDecode>
-struct SplitkRuleConfig {  // the split-K decode asked for on kPath (bf16 and quantized experts alike)
+struct SplitkRuleConfig {  // the split-K decode asked for on kPath, for bf16 and for quantized experts
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
     kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, kPath);
     c.decode_splitk = true;
     return c;
   }
+  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath,
+                                                       kernels::quant::Bits bits) {
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kPath, bits);
+    c.decode_splitk = true;
+    return c;
+  }
 };
+// A configuration with bf16 choices only (no select_quantized): quantized layers take select()'s choice
+// without its bf16-only split-K decode.
+struct Bf16OnlyConfig {
+  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
+    return kernels::DefaultMoeConfig::select(s, requested);
+  }
+};
+static_assert(
+    PagedMoe<kernels::Paged, Bf16OnlyConfig>::config({.shape = {1, 2048, 768, 128, 8, 0}}).decode_splitk);
+static_assert(!PagedMoe<kernels::Paged, Bf16OnlyConfig, kernels::Int8>::config({.shape = {1, 2048, 768, 128,
+                                                                                          8, 0}})
+                   .decode_splitk);
 struct DeepDecodeConfig {  // 8-stage 64-token grouped tiles asked for on the decode path
   static constexpr kernels::MoeConfig select(const MoeShape&, MoePath) {
     return {MoePath::kDecode, 8, 4, 2, 128, 128, 0, false, true};

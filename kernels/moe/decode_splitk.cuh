@@ -77,18 +77,6 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-// The cluster barrier in two halves: every block arrives once it runs, and waits before it first writes
-// into another block's shared memory (which must have started).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
 template <class Addressing>
 __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Params<Addressing> sp) {
   constexpr int kBlockFeatures = kFeatures / kCluster;    // 16
@@ -98,16 +86,17 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) bf16 h[kFeatures];
   const int H = p.hidden, F = p.intermediate;
-  const int rank = static_cast<int>(cg::this_cluster().block_rank());
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
   const int chunk = blockIdx.x / kCluster, j = blockIdx.y, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = H / kCluster, row0 = rank * rows, f0 = chunk * kFeatures;
   bf16* xs = reinterpret_cast<bf16*>(smem);
   float* sums = reinterpret_cast<float*>(smem + 2 * H);
 
-  cluster_arrive_relaxed();     // this block runs (the others wait for it before writing into it)
-  ptx::grid_dependency_wait();  // topk_ids, topk_weights and the input: the previous kernels' output
-  ptx::launch_dependents();     // the combine's blocks may take their SMs and wait
+  ptx::cluster_arrive_relaxed();  // this block runs (the others wait for it before writing into it)
+  ptx::grid_dependency_wait();    // topk_ids, topk_weights and the input: the previous kernels' output
+  ptx::launch_dependents();       // the combine's blocks may take their SMs and wait
   const int e = slot_expert_of(p, j, slot_id(p, t, j));
   if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
   const bf16* w1 = Addressing::matrix_base(p.addr, e, 0);
@@ -116,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
 
   // W2's 64 columns of the block's rows (one 128-byte line per row) asked of the L2 before the W1 / W3
   // loads, so that they stream with them; the down step below reads them from the L2.
-  for (int r = threadIdx.x; r < rows; r += kThreads) prefetch_l2(w2 + static_cast<std::int64_t>(r) * F);
+  for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + static_cast<std::int64_t>(r) * F);
   const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
   for (int i = threadIdx.x; i < H / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
@@ -173,8 +162,7 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   load_batch(r0);
 
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster_wait();  // every block of the cluster has started
+  ptx::cluster_wait();  // every block of the cluster has started
   if (lane < kWarpFeatures) {
     float g = acc[0][0], u = acc[1][0];
 #pragma unroll

@@ -345,8 +345,11 @@ struct DefaultMoeConfig {
   // with its shared chunks, Mixtral), which PagedMoe::decode_splits turns away (docs/results/
   // paged_moe_h200.md, "Split-K decode at one token"); 1.06-2.3x at 2-3 tokens, where it reads an expert once
   // per slot.
+  static constexpr int kSplitkHiddenMultiple = 256;  // splitk::kStep, a warp's loads along H
+  static constexpr int kSplitkMaxSlots = 32;         // splitk::kMaxSlots, the combine block's rows
   static constexpr bool takes_splitk(const MoeShape& s) {
-    return s.num_tokens == 1 && s.hidden % 256 == 0 && s.top_k + s.num_shared_chunks <= 32;
+    return s.num_tokens == 1 && s.hidden % kSplitkHiddenMultiple == 0 &&
+           s.top_k + s.num_shared_chunks <= kSplitkMaxSlots;
   }
 
   // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) where no expert

@@ -241,6 +241,9 @@ static_assert(DefaultMoeConfig::kGroupedTile == grouped::kBlockM &&
                   DefaultMoeConfig::kSmallGroupedTile == grouped::kSmallM &&
                   DefaultMoeConfig::kQuantTmaSmallTile == grouped::kTmaSmallTokens,
               "DefaultMoeConfig's grouped tiles must be the grouped kernels' token rows");
+static_assert(DefaultMoeConfig::kSplitkHiddenMultiple == splitk::kStep &&
+                  DefaultMoeConfig::kSplitkMaxSlots == splitk::kMaxSlots,
+              "DefaultMoeConfig's split-K rule must be the split-K kernels' limits");
 
 // The default decode tiles plus `Extra` decode::Tile types: the `DecodeTiles` of a configuration that names
 // tiles the default table does not (`using DecodeTiles = DecodeTilesWith<decode::Tile<1, 4, 4>>;`).
@@ -491,6 +494,13 @@ class PagedMoe {
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return false;
     return splitk_fits(a.shape, dev);
+  }
+  // How many split-K clusters (one per token, slot and 64 features of F) the current device holds at once at
+  // hidden size H: cudaOccupancyMaxActiveClusters of the kernel; 0 before sm_90.
+  static int splitk_clusters_at_once(int hidden) {
+    detail::DeviceInfo dev;
+    if (!detail::current_device(dev)) return 0;
+    return splitk_capacity(hidden, dev);
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
@@ -890,10 +900,10 @@ class PagedMoe {
     constexpr auto kernel = splitk::kernel<Addressing>;
     if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures)); !st)
       return st;
-    if (Status st = launch_cluster(
+    if (Status st = launch_clustered(
             kernel,
             dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
-            splitk::kThreads, smem, splitk::kCluster, stream, sp, "splitk::kernel");
+            splitk::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
         !st)
       return st;
     return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
@@ -904,41 +914,31 @@ class PagedMoe {
   // later, cudaOccupancyMaxActiveClusters of its kernel at its shared memory, remembered per device for the
   // last H asked. Two waves of clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
   static bool splitk_fits(const MoeShape& s, const detail::DeviceInfo& dev) {
-    if (dev.major < 9) return false;
-    static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
     const long long need =
         static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / splitk::kFeatures);
-    long long fit = -1;
+    return need <= splitk_capacity(s.hidden, dev);
+  }
+  static int splitk_capacity(int hidden, const detail::DeviceInfo& dev) {
+    if (dev.major < 9) return 0;
+    static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
     const bool cached = dev.device < detail::kMaxDevices;
     if (cached) {
       const long long v = cache[dev.device].load(std::memory_order_relaxed);
-      if (v != 0 && (v >> 32) == s.hidden) fit = v & 0xffffffffLL;
+      if (v != 0 && (v >> 32) == hidden) return static_cast<int>(v & 0xffffffffLL);
     }
-    if (fit < 0) {
-      constexpr auto kernel = splitk::kernel<Addressing>;
-      const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
-      if (!detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures))) return false;
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = splitk::kCluster;
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(splitk::kCluster, 1, 1);
-      config.blockDim = dim3(splitk::kThreads);
-      config.dynamicSmemBytes = static_cast<std::size_t>(smem);
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-        cudaGetLastError();  // not an error of the layer: the decode tiles run instead
-        return false;
-      }
-      fit = clusters;
-      if (cached)
-        cache[dev.device].store((static_cast<long long>(s.hidden) << 32) | fit, std::memory_order_relaxed);
+    constexpr auto kernel = splitk::kernel<Addressing>;
+    const int smem = static_cast<int>(splitk::smem_bytes(hidden));
+    if (!detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures))) return 0;
+    const LaunchConfig probe(dim3(splitk::kCluster), splitk::kThreads, static_cast<std::size_t>(smem),
+                             nullptr, splitk::kCluster, false);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.config) != cudaSuccess) {
+      cudaGetLastError();  // not an error of the layer: the decode tiles run instead
+      return 0;
     }
-    return need <= fit;
+    if (cached)
+      cache[dev.device].store((static_cast<long long>(hidden) << 32) | clusters, std::memory_order_relaxed);
+    return clusters;
   }
 
   // Calls f.template operator()<T>() with the instantiated decode tile T that `c` names, if one does.
@@ -1041,43 +1041,45 @@ class PagedMoe {
   template <class Kernel, class... Args>
   static Status launch_args(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
                             const char* what, Args... args) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, args...); e != cudaSuccess)
+    return launch_clustered(kernel, grid, threads, smem, 1, stream, what, args...);
+  }
+
+  // launch_args() in clusters of `cluster` blocks along x (1: no clusters).
+  template <class Kernel, class... Args>
+  static Status launch_clustered(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, int cluster,
+                                 cudaStream_t stream, const char* what, Args... args) {
+    const LaunchConfig launch(grid, threads, smem, stream, cluster, true);
+    if (cudaError_t e = cudaLaunchKernelEx(&launch.config, kernel, args...); e != cudaSuccess)
       return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
     return launched(what);
   }
 
-  // launch() of a kernel in clusters of `cluster` blocks along x, with programmatic dependent launch.
-  template <class Kernel, class Params>
-  static Status launch_cluster(Kernel kernel, dim3 grid, unsigned threads, std::size_t smem, int cluster,
-                               cudaStream_t stream, const Params& p, const char* what) {
+  // A launch's configuration: with programmatic dependent launch (`pdl`) and, where `cluster` > 1, in
+  // clusters of that many blocks along x. `config.attrs` points into the object, which therefore is not
+  // copied.
+  struct LaunchConfig {
     cudaLaunchAttribute attrs[2]{};
-    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[0].val.programmaticStreamSerializationAllowed = 1;
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attrs[1].val.clusterDim.y = 1;
-    attrs[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = attrs;
-    config.numAttrs = 2;
-    if (cudaError_t e = cudaLaunchKernelEx(&config, kernel, p); e != cudaSuccess)
-      return Status::error(what, std::string("launch failed: ") + cudaGetErrorString(e));
-    return launched(what);
-  }
+    LaunchConfig(dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream, int cluster, bool pdl) {
+      unsigned n = 0;
+      if (pdl) {
+        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+      }
+      if (cluster > 1) {
+        attrs[n].id = cudaLaunchAttributeClusterDimension;
+        attrs[n++].val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+      }
+      config.gridDim = grid;
+      config.blockDim = dim3(threads);
+      config.dynamicSmemBytes = smem;
+      config.stream = stream;
+      config.attrs = attrs;
+      config.numAttrs = n;
+    }
+    LaunchConfig(const LaunchConfig&) = delete;
+    LaunchConfig& operator=(const LaunchConfig&) = delete;
+  };
 
   static Status launched(const char* what) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)

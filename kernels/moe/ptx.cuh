@@ -1,5 +1,6 @@
-// Thin wrappers over the sm_80+ PTX the MoE kernels use: bf16 tensor-core MMA, ldmatrix, cp.async and
-// streaming 16-byte loads. Kept in one place so the collectives read as plain C++.
+// Thin wrappers over the sm_80+ PTX the MoE kernels use: bf16 tensor-core MMA, ldmatrix, cp.async,
+// streaming 16-byte loads, L2 prefetch, and sm_90's cluster barrier and programmatic dependent launch. Kept
+// in one place so the collectives read as plain C++.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -128,6 +129,20 @@ __device__ __forceinline__ uint4 ld_cached_16(const void* p) {
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+// A request that the L2 fetch the line holding p (no data returned).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// The cluster barrier (sm_90) in two halves: every block arrives once it runs, and waits before it first
+// writes into another block's shared memory (which must have started); relaxed: the arrival orders no memory.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
 // Programmatic dependent launch (sm_90): wait until the previous kernel in the stream has completed and its

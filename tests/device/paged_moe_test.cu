@@ -900,6 +900,10 @@ TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
   using Default = PagedMoe<kernels::Paged>;
+  const int at_once_2048 = Default::splitk_clusters_at_once(2048),
+            at_once_4096 = Default::splitk_clusters_at_once(4096);
+  std::printf("  split-K clusters at once on this device: %d at H = 2048, %d at H = 4096\n", at_once_2048,
+              at_once_4096);
   if (sms >= 132) {
     CHECK(Default::decode_splits({.shape = shape_of(kQwen3, 1)}));
     CHECK(Default::decode_splits({.shape = shape_of(kQwen15Routed, 1)}));

@@ -59,6 +59,8 @@
 // on the TMA kernel's 32-token units (tile_tokens 32); int8-down2 / 3 / 6 (int4 alike): the default's
 // quantized choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
+// int8-splitk / int4-splitk: the default's quantized choice with the split-K decode asked for at one token
+// (128 features of F per cluster), int8-nosplitk / int4-nosplitk: at none;
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -453,6 +455,10 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-tma32", &make_quant_graph<kernels::Int4, QuantTmaSmallConfig>},
       {"int8-dq", &make_quant_graph<kernels::Int8, DequantConfig<>>},
       {"int4-dq", &make_quant_graph<kernels::Int4, DequantConfig<>>},
+      {"int8-splitk", &make_quant_graph<kernels::Int8, SplitkConfig<>>},
+      {"int4-splitk", &make_quant_graph<kernels::Int4, SplitkConfig<>>},
+      {"int8-nosplitk", &make_quant_graph<kernels::Int8, NoSplitkConfig>},
+      {"int4-nosplitk", &make_quant_graph<kernels::Int4, NoSplitkConfig>},
       {"int8-down0", &make_quant_graph<kernels::Int8, DownWarpsConfig<0>>},
       {"int4-down0", &make_quant_graph<kernels::Int4, DownWarpsConfig<0>>},
       {"int8-down2", &make_quant_graph<kernels::Int8, DownWarpsConfig<2>>},

@@ -1,22 +1,30 @@
-// Decode split over the intermediate size (bf16 experts, MoeConfig::decode_splitk): the layer in two
-// launches and no routing, for one or a few tokens, where the four-kernel decode (routing, gate/up, down,
-// combine) spends several µs of its ~28 µs at one token on the chain of kernels rather than on its weight
-// stream (docs/results/quantized_h200.md, "The layer's chain of kernels at 1–3 tokens").
+// Decode split over the intermediate size (MoeConfig::decode_splitk): the layer in two launches and no
+// routing, for one or a few tokens, where the four-kernel decode (routing, gate/up, down, combine) spends
+// several µs of its ~28 µs at one token on the chain of kernels rather than on its weight stream
+// (docs/results/quantized_h200.md, "The layer's chain of kernels at 1–3 tokens"). One kernel template for
+// every expert precision (moe/precision.cuh): bf16, int8 and int4 experts differ only in how a 16-byte load
+// becomes products (Geometry below).
 //
-//  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, 64 features [f0, f0 + 64) of
-//     F). Block r of the cluster
-//       - asks the L2 for W2's columns [f0, f0 + 64) of its H / 4 rows (128 bytes each, whole lines) before
-//         anything else, so that they stream with W1 and W3;
-//       - computes SiLU(gate)·up of its 16 features (each warp: its 4 features' W1 and W3 rows over all of
-//         H, 16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the decode kernels
-//         store `act`) and writes them into every block of the cluster (distributed shared memory);
-//       - after the cluster barrier, multiplies its W2 rows by the 64 values and writes the fp32 partial
-//         sums of its rows to partials[t][j][f0 / 64][·].
+//  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, kFeatures features
+//     [f0, f0 + kFeatures) of F): 64 for bf16, 128 (one scale group of W2's rows) for int8 and int4, so that
+//     a block's W2 row slice is one 128-byte line (bf16, int8) or half of one (int4). Block r of the cluster
+//       - asks the L2 for W2's columns [f0, f0 + kFeatures) of its H / 4 rows before anything else, so that
+//         they stream with W1 and W3;
+//       - computes SiLU(gate)·up of its kFeatures / 4 features (each warp: 4 features' W1 and W3 rows at a
+//         time over all of H, 16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the
+//         decode kernels store `act`) and writes them into every block of the cluster (distributed shared
+//         memory);
+//       - after the cluster barrier, multiplies its W2 rows by the kFeatures values and writes the fp32
+//         partial sums of its rows to partials[t][j][f0 / kFeatures][·].
 //     So no block waits for any block outside its cluster. Copying the W2 columns into shared memory
 //     instead (64 KB per block at H = 2048) left room for 92 clusters on an H100, fewer than Qwen3's 96 at
 //     one token, and asking the L2 for the W1 / W3 rows at once (bulk prefetch) was slower on every shape
 //     (docs/results/paged_moe_h200.md, "Split-K decode at one token").
-//  2. splitk::combine_kernel: for each token and column, each slot's y = bf16(the sum of its F / 64
+//     Quantized experts: each 16-byte load's integers become exact floats (int8 through 2^23 + q, int4
+//     through dequant::int4x8's bf16 pairs), are multiplied by the bf16 tokens in fp32, and the load's sum is
+//     scaled by its group's scale (Σ_groups scale·Σ q·x, as the quantized decode GEMV; activations stay
+//     bf16).
+//  2. splitk::combine_kernel: for each token and column, each slot's y = bf16(the sum of its F / kFeatures
 //     partials, in order), then out = bf16(Σ_j w_j·y_j) in slot order, skipping slots routed outside
 //     [0, E): the rounding steps of the four-kernel layer (y stored in bf16, then combine_kernel's sum).
 //
@@ -34,34 +42,64 @@
 #include <cstdint>
 
 #include "moe/moe_params.cuh"
+#include "moe/precision.cuh"
 #include "moe/ptx.cuh"
 
 namespace amoeba::kernels::splitk {
 
-inline constexpr int kFeatures = 64;  // features of F per cluster (W2 rows of 128 bytes)
-inline constexpr int kCluster = 4;    // blocks per cluster
+inline constexpr int kCluster = 4;  // blocks per cluster
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = 32 * kWarps;
-inline constexpr int kStep = 256;    // values of H a warp reads per row per load (32 lanes × 8)
-inline constexpr int kUnroll = 2;    // steps of each W1 / W3 row's loads in flight per lane (4: 1.01x)
-inline constexpr int kRowBatch = 8;  // W2 rows a lane loads before it reduces them
+inline constexpr int kFeatureGroup = 4;  // features whose W1 / W3 rows a warp reads at once
+inline constexpr int kUnroll = 2;        // steps of each W1 / W3 row's loads in flight per lane (4: 1.01x)
+inline constexpr int kRowBatch = 8;      // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
 inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
+
+// Bits per stored weight.
+template <class P>
+constexpr int bits_of() {
+  if constexpr (P::kQuantized)
+    return static_cast<int>(quant::bit_count(P::kBits));
+  else
+    return 16;
+}
+
+// What the precision decides: values per 16-byte load, features per cluster, lanes per W2 row slice.
+template <class P>
+struct Geometry {
+  static constexpr int kBits = bits_of<P>();
+  static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
+  static constexpr int kStep = 32 * kValuesPerLoad;   // values of H a warp reads per row per load
+  static constexpr int kFeatures = P::kQuantized ? static_cast<int>(quant::kGroup) : 64;
+  static constexpr int kRowLanes = kFeatures * kBits / 128;              // lanes per W2 row slice: 8, 8, 4
+  static constexpr int kRowsPerStep = 32 / kRowLanes;                    // W2 rows a warp reads per load
+  static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8, 8
+  // Blocks per SM the registers must leave room for: quantized experts' products and the W2 slice's floats
+  // take up to 254 registers unbounded (2 blocks per SM: fewer clusters at once than Qwen1.5's 88 with its
+  // shared chunks); 3 blocks cap them at 168 without spills. bf16: unbounded (110).
+  static constexpr int kMinBlocks = P::kQuantized ? 3 : 1;
+  static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
+};
+// bf16's 256-value step is a rule (H a multiple of it: PagedMoe::can_implement); quantized experts run a
+// last partial step instead.
+inline constexpr int kStep = Geometry<Bf16>::kStep;
+inline constexpr int kFeatures = Geometry<Bf16>::kFeatures;
 
 // Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
 constexpr long long smem_bytes(int hidden) {
   return 2LL * hidden + 4LL * (hidden / kCluster);
 }
 
-// The partial sums' workspace: [T][k + m][F / 64][H] fp32.
-constexpr long long partial_floats(long long tokens, int slots, int intermediate, int hidden) {
-  return tokens * slots * (intermediate / kFeatures) * hidden;
+// The partial sums' workspace: [T][k + m][F / features][H] fp32.
+constexpr long long partial_floats(long long tokens, int slots, int intermediate, int hidden, int features) {
+  return tokens * slots * (intermediate / features) * hidden;
 }
 
 template <class Addressing>
 struct Params {
   MoeParams<Addressing> moe;
-  float* partials;  // [T][k + m][F / 64][H]
+  float* partials;  // [T][k + m][F / kFeatures][H]
 };
 
 // acc + Σ_i w_i·x_i over 8 bf16 pairs, in order.
@@ -77,20 +115,96 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-template <class Addressing>
-__global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Params<Addressing> sp) {
-  constexpr int kBlockFeatures = kFeatures / kCluster;    // 16
-  constexpr int kWarpFeatures = kBlockFeatures / kWarps;  // 4
+// The bf16 pair of a 32-bit word as two floats (exact).
+__device__ __forceinline__ float bf16_lo(std::uint32_t w) {
+  return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float bf16_hi(std::uint32_t w) {
+  return __uint_as_float(w & 0xffff0000u);
+}
+
+// Σ_i q_i·x_i over one 16-byte load of packed values (16 int8 or 32 int4, in order), x as floats.
+template <quant::Bits kBits>
+__device__ __forceinline__ float dot_packed(const uint4& w, const float* x) {
+  const std::uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    if constexpr (kBits == quant::Bits::kInt8) {    // word c: values 4c .. 4c + 3
+      const std::uint32_t u = ws[c] ^ 0x80808080u;  // two's complement -> q + 128
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        acc = fmaf(dequant::magic_byte(u, b) - (dequant::kMagic + 128.0f), x[4 * c + b], acc);
+    } else {  // word c: values 8c .. 8c + 7, as bf16 pairs
+      std::uint32_t pairs[4];
+      dequant::int4x8(ws[c], pairs);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        acc = fmaf(bf16_lo(pairs[q]), x[8 * c + 2 * q], acc);
+        acc = fmaf(bf16_hi(pairs[q]), x[8 * c + 2 * q + 1], acc);
+      }
+    }
+  }
+  return acc;
+}
+
+// n bf16 values from shared memory as floats.
+template <int n>
+__device__ __forceinline__ void shared_floats(const bf16* src, float (&out)[n]) {
+#pragma unroll
+  for (int i = 0; i < n / 8; ++i) {
+    const uint4 v = ptx::ld_shared_16(ptx::smem_u32(src + 8 * i));
+    const std::uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      out[8 * i + 2 * c] = bf16_lo(ws[c]);
+      out[8 * i + 2 * c + 1] = bf16_hi(ws[c]);
+    }
+  }
+}
+
+// The bf16 scale at `p` as a float.
+__device__ __forceinline__ float load_scale(const bf16* p) {
+  return __uint_as_float(static_cast<std::uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(p))) << 16);
+}
+
+// One expert matrix as the kernel reads it: rows of `row_bytes` bytes from `rows`, and (quantized) the bf16
+// scales [N][groups] from `scales`.
+struct PackedMatrix {
+  const unsigned char* rows;
+  std::int64_t row_bytes;
+  const bf16* scales;
+  int groups;
+};
+
+template <class P>
+__device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long long n, long long k) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(base);
+  if constexpr (P::kQuantized) {
+    const quant::MatrixLayout L{static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(k), P::kBits};
+    return {bytes, static_cast<std::int64_t>(L.row_bytes()),
+            reinterpret_cast<const bf16*>(bytes + L.scale_offset()), static_cast<int>(L.groups_per_row())};
+  } else {
+    return {bytes, 2 * static_cast<std::int64_t>(k), nullptr, 0};
+  }
+}
+
+template <class Addressing, class P = Bf16>
+__global__ void __launch_bounds__(kThreads, Geometry<P>::kMinBlocks)
+    kernel(const __grid_constant__ Params<Addressing> sp) {
+  using G = Geometry<P>;
+  constexpr int kBlockFeatures = G::kFeatures / kCluster;
+  constexpr int kVpl = G::kValuesPerLoad;
   namespace cg = cooperative_groups;
   const MoeParams<Addressing>& p = sp.moe;
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ __align__(16) bf16 h[kFeatures];
+  __shared__ __align__(16) bf16 h[G::kFeatures];
   const int H = p.hidden, F = p.intermediate;
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int chunk = blockIdx.x / kCluster, j = blockIdx.y, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rows = H / kCluster, row0 = rank * rows, f0 = chunk * kFeatures;
+  const int rows = H / kCluster, row0 = rank * rows, f0 = chunk * G::kFeatures;
   bf16* xs = reinterpret_cast<bf16*>(smem);
   float* sums = reinterpret_cast<float*>(smem + 2 * H);
 
@@ -99,120 +213,165 @@ __global__ void __launch_bounds__(kThreads) kernel(const __grid_constant__ Param
   ptx::launch_dependents();       // the combine's blocks may take their SMs and wait
   const int e = slot_expert_of(p, j, slot_id(p, t, j));
   if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
-  const bf16* w1 = Addressing::matrix_base(p.addr, e, 0);
-  const bf16* w3 = Addressing::matrix_base(p.addr, e, 1);
-  const bf16* w2 = Addressing::matrix_base(p.addr, e, 2) + static_cast<std::int64_t>(row0) * F + f0;
+  const PackedMatrix w1 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 0), F, H);
+  const PackedMatrix w3 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 1), F, H);
+  const PackedMatrix w2m = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 2), H, F);
+  const unsigned char* w2 = w2m.rows + row0 * w2m.row_bytes + f0 * G::kBits / 8;
 
-  // W2's 64 columns of the block's rows (one 128-byte line per row) asked of the L2 before the W1 / W3
+  // W2's columns of the block's rows (one line or half of one per row) asked of the L2 before the W1 / W3
   // loads, so that they stream with them; the down step below reads them from the L2.
-  for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + static_cast<std::int64_t>(r) * F);
+  for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
   const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
   for (int i = threadIdx.x; i < H / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
   __syncthreads();
 
-  // Gate/up: the warp's features' W1 and W3 rows, lane l reading values [s + 8l, +8) of each step s of 256
-  // values, kU steps of loads in flight (kUnroll, then 1 for the last H % (kUnroll·256) values).
-  const int fw = f0 + rank * kBlockFeatures + warp * kWarpFeatures;
-  const bf16* w13[2] = {w1 + static_cast<std::int64_t>(fw) * H + lane * 8,
-                        w3 + static_cast<std::int64_t>(fw) * H + lane * 8};
-  float acc[2][kWarpFeatures] = {};
-  auto steps = [&]<int kU>(int s) {
-    uint4 wv[kU][2][kWarpFeatures];
+  // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
+  // [s + kVpl·l, +kVpl) of each step s of kStep values, kU steps of loads in flight (kUnroll, then 1 for the
+  // rest; quantized experts' last step may be partial: its lanes past H load nothing).
+  const int fw = f0 + rank * kBlockFeatures + warp * G::kWarpFeatures;
+  float acc[2][G::kWarpFeatures] = {};
 #pragma unroll
-    for (int u = 0; u < kU; ++u)
+  for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
+    const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
+                                   w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
+    auto steps = [&]<int kU, bool kTail>(int s) {
+      uint4 wv[kU][2][kFeatureGroup];
+      [[maybe_unused]] float sc[kU][2][kFeatureGroup];
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
 #pragma unroll
-        for (int i = 0; i < kWarpFeatures; ++i)
-          wv[u][m][i] = ptx::ld_stream_16(w13[m] + static_cast<std::int64_t>(i) * H + s + u * kStep);
+        for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + s + u * kStep + lane * 8));
+          for (int i = 0; i < kFeatureGroup; ++i) {
+            wv[u][m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + (s + u * G::kStep) * G::kBits / 8);
+            if constexpr (P::kQuantized) {
+              const PackedMatrix& w = m == 0 ? w1 : w3;
+              sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
+            }
+          }
+      }
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
+        if constexpr (P::kQuantized) {
+          float xf[kVpl];
+          shared_floats(xs + k, xf);
 #pragma unroll
-        for (int i = 0; i < kWarpFeatures; ++i) acc[m][i] = dot8(wv[u][m][i], xv, acc[m][i]);
-    }
-  };
-  int s = 0;
-  for (; s + kUnroll * kStep <= H; s += kUnroll * kStep) steps.template operator()<kUnroll>(s);
-  for (; s < H; s += kStep) steps.template operator()<1>(s);  // H % 256 == 0 (can_implement)
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i)
+              acc[m][fg + i] = fmaf(sc[u][m][i], dot_packed<P::kBits>(wv[u][m][i], xf), acc[m][fg + i]);
+        } else {
+          const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(wv[u][m][i], xv, acc[m][fg + i]);
+        }
+      }
+    };
+    int s = 0;
+    for (; s + kUnroll * G::kStep <= H; s += kUnroll * G::kStep) steps.template operator()<kUnroll, false>(s);
+    for (; s + G::kStep <= H; s += G::kStep) steps.template operator()<1, false>(s);
+    if (s < H) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
+  }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int i = 0; i < kWarpFeatures; ++i)
+    for (int i = 0; i < G::kWarpFeatures; ++i)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
 
-  // Down: row r of the block's W2 columns · the 64 activations, 8 lanes per row (lane l: columns
-  // [8(l % 8), +8)), 4 rows per warp step, kRowBatch steps of loads in flight and the next batch loaded
-  // before the current one is reduced; the first batch is loaded before the activations are exchanged.
-  // Rows past the warp's end are clamped to its last row (loaded, not stored).
+  // Down: row r of the block's W2 columns · the kFeatures activations, kRowLanes lanes per row (lane l:
+  // values [kVpl·(l % kRowLanes), +kVpl)), kRowsPerStep rows per warp step, kRowBatch steps of loads in
+  // flight and the next batch loaded before the current one is reduced; the first batch is loaded before
+  // the activations are exchanged. Rows past the warp's end are clamped to its last rows (loaded, not
+  // stored).
+  constexpr int kR = G::kRowsPerStep;
   const int end = (warp + 1) * (rows / kWarps);
-  int r0 = warp * (rows / kWarps) + lane / 8;
+  const int sub = lane % G::kRowLanes;
+  int r0 = warp * (rows / kWarps) + lane / G::kRowLanes;
   uint4 next[kRowBatch];
+  float next_scale[kRowBatch];
   auto load_batch = [&](int first) {
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
-      const int r = min(first + 4 * i, end - 4 + lane / 8);
-      next[i] = ptx::ld_stream_16(w2 + static_cast<std::int64_t>(r) * F + (lane % 8) * 8);
+      const int r = min(first + kR * i, end - kR + lane / G::kRowLanes);
+      next[i] = ptx::ld_stream_16(w2 + r * w2m.row_bytes + sub * 16);
+      if constexpr (P::kQuantized)
+        next_scale[i] =
+            load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
     }
   };
   load_batch(r0);
 
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
   ptx::cluster_wait();  // every block of the cluster has started
-  if (lane < kWarpFeatures) {
+  if (lane < G::kWarpFeatures) {
     float g = acc[0][0], u = acc[1][0];
 #pragma unroll
-    for (int i = 1; i < kWarpFeatures; ++i)
+    for (int i = 1; i < G::kWarpFeatures; ++i)
       if (lane == i) g = acc[0][i], u = acc[1][i];
     const bf16 v = __float2bfloat16_rn(silu(g) * u);
-    const int idx = rank * kBlockFeatures + warp * kWarpFeatures + lane;
+    const int idx = rank * kBlockFeatures + warp * G::kWarpFeatures + lane;
 #pragma unroll
     for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(h, q)[idx] = v;
   }
   cluster.sync();  // every block's activations written (release / acquire at cluster scope)
 
-  const uint4 hv = ptx::ld_shared_16(ptx::smem_u32(h + (lane % 8) * 8));
-  for (; r0 < end; r0 += 4 * kRowBatch) {
+  [[maybe_unused]] uint4 hv;
+  [[maybe_unused]] float hf[P::kQuantized ? kVpl : 1];
+  if constexpr (P::kQuantized)
+    shared_floats(h + sub * kVpl, hf);
+  else
+    hv = ptx::ld_shared_16(ptx::smem_u32(h + sub * kVpl));
+  for (; r0 < end; r0 += kR * kRowBatch) {
     uint4 wv[kRowBatch];
+    [[maybe_unused]] float scale[kRowBatch];
 #pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) wv[i] = next[i];
-    if (r0 + 4 * kRowBatch < end) load_batch(r0 + 4 * kRowBatch);
+    for (int i = 0; i < kRowBatch; ++i) {
+      wv[i] = next[i];
+      if constexpr (P::kQuantized) scale[i] = next_scale[i];
+    }
+    if (r0 + kR * kRowBatch < end) load_batch(r0 + kR * kRowBatch);
     float v[kRowBatch];
 #pragma unroll
     for (int i = 0; i < kRowBatch; ++i) {
-      v[i] = dot8(wv[i], hv, 0.f);
-      v[i] += __shfl_xor_sync(0xffffffffu, v[i], 1);
-      v[i] += __shfl_xor_sync(0xffffffffu, v[i], 2);
-      v[i] += __shfl_xor_sync(0xffffffffu, v[i], 4);
+      if constexpr (P::kQuantized)
+        v[i] = scale[i] * dot_packed<P::kBits>(wv[i], hf);
+      else
+        v[i] = dot8(wv[i], hv, 0.f);
+#pragma unroll
+      for (int o = 1; o < G::kRowLanes; o <<= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
     }
-    if (lane % 8 == 0) {
+    if (sub == 0) {
 #pragma unroll
       for (int i = 0; i < kRowBatch; ++i)
-        if (r0 + 4 * i < end) sums[r0 + 4 * i] = v[i];
+        if (r0 + kR * i < end) sums[r0 + kR * i] = v[i];
     }
   }
   __syncthreads();
-  const int slots = p.slots_per_token, chunks = F / kFeatures;
+  const int slots = p.slots_per_token, chunks = F / G::kFeatures;
   float* out = sp.partials + ((static_cast<std::int64_t>(t) * slots + j) * chunks + chunk) * H + row0;
   for (int i = threadIdx.x; i < rows / 4; i += kThreads)
     reinterpret_cast<float4*>(out)[i] = reinterpret_cast<const float4*>(sums)[i];
 }
 
 // Block (columns [128·blockIdx.x, +128), token blockIdx.y), 32 threads per slot: thread (j, c) sums slot j's
-// F / 64 partials of its 4 columns in order and rounds them to bf16; then the first 32 threads sum the slots
-// in slot order with their weights.
-template <class Addressing>
+// F / kFeatures partials of its 4 columns in order and rounds them to bf16; then the first 32 threads sum
+// the slots in slot order with their weights.
+template <class Addressing, int kFeaturesT = kFeatures>
 __global__ void __launch_bounds__(32 * kMaxSlots)
     combine_kernel(const __grid_constant__ Params<Addressing> sp) {
   const MoeParams<Addressing>& p = sp.moe;
   __shared__ __align__(16) float ys[kMaxSlots][kCombineColumns];
   __shared__ float weight[kMaxSlots];
   __shared__ bool used[kMaxSlots];
-  const int H = p.hidden, slots = p.slots_per_token, chunks = p.intermediate / kFeatures;
+  const int H = p.hidden, slots = p.slots_per_token, chunks = p.intermediate / kFeaturesT;
   const int c = threadIdx.x % 32, j = threadIdx.x / 32, t = blockIdx.y;
   const int col = blockIdx.x * kCombineColumns + c * 4;
   ptx::grid_dependency_wait();  // the partial sums

@@ -46,9 +46,10 @@ struct MoeConfig {
   int decode_down_warps = 0;   // decode: warps splitting K in the down stage's blocks (0: decode_warps), so
                                // that a short K (F) is dealt evenly: Qwen3's F = 768 is 6 int4 k-steps,
                                // 2/2/1/1 over 4 warps
-  bool decode_splitk = false;  // decode, bf16: the split-K decode instead of the decode tiles
+  bool decode_splitk = false;  // decode: the split-K decode instead of the decode tiles
                                // (moe/decode_splitk.cuh: no routing; a cluster of 4 blocks per slot and 64
-                               // features of F runs them through gate/up and W2, and a second launch sums
+                               // features of F (128 quantized) runs them through gate/up and W2, and a
+                               // second launch sums
                                // the fp32 partials); for one token, where the top-k experts are distinct. A
                                // call whose clusters do not all fit the device at once takes the decode tiles
                                // instead (PagedMoe::decode_splits)

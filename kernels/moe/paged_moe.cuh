@@ -394,13 +394,12 @@ class PagedMoe {
                                  std::to_string(ptx::kMaxBlockSmemBytes) + " (sm_90)");
     }
     if (c.decode_splitk) {
-      if (Precision::kQuantized || c.path != MoePath::kDecode)
-        return Status::error("config.decode_splitk", 1,
-                             "applies to bf16 experts on the decode path (kDecode) only");
-      if (s.hidden % splitk::kStep != 0)
+      if (c.path != MoePath::kDecode)
+        return Status::error("config.decode_splitk", 1, "applies to the decode path (kDecode) only");
+      if (!Precision::kQuantized && s.hidden % splitk::kStep != 0)
         return Status::error("shape.hidden", s.hidden,
                              "must be a multiple of " + std::to_string(splitk::kStep) +
-                                 " with config.decode_splitk (a warp's loads along H)");
+                                 " with config.decode_splitk on bf16 experts (a warp's loads along H)");
       if (s.slots_per_token() > splitk::kMaxSlots)
         return Status::error(
             "shape.top_k + shape.num_shared_chunks", s.slots_per_token(),
@@ -521,7 +520,7 @@ class PagedMoe {
     } else if constexpr (Precision::kQuantized) {  // select()'s bf16 choice, on 128×128 grouped blocks
       MoeConfig c = Config::select(a.shape, a.path == MoePath::kAuto ? MoePath::kDecode : a.path);
       c.grouped_rows = grouped::kBlockN;
-      c.decode_splitk = false;  // a bf16 path (select() asks for it at one token)
+      c.decode_splitk = false;  // select() asks for it by its bf16 measurements; select_quantized decides
       return c.path != MoePath::kDecode ? with_grouped_tile(c, grouped::kBlockM) : c;
     } else {
       MoeConfig c = Config::select(a.shape, a.path);
@@ -641,9 +640,7 @@ class PagedMoe {
 
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
-    if constexpr (!Precision::kQuantized) {
-      if (choice.decode_splitk) return run_splitk(p, s, static_cast<float*>(at(lay.partials)), dev, stream);
-    }
+    if (choice.decode_splitk) return run_splitk(p, s, static_cast<float*>(at(lay.partials)), dev, stream);
 
     // 1. Routing preparation.
     if (Status st = route(r, stream); !st) return st;
@@ -730,9 +727,10 @@ class PagedMoe {
                          ? static_cast<std::size_t>(experts) * 3 * static_cast<std::size_t>(s.intermediate) *
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
-    // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / 64][H].
+    // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / features][H].
     l.partials = take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
-                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden)) *
+                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden,
+                                            SplitkGeometry::kFeatures)) *
                                             sizeof(float)
                                       : 0);
     l.total = off;
@@ -891,31 +889,34 @@ class PagedMoe {
                                                    s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
   }
 
-  // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, 64 features of F),
-  // then the combine of the partial sums; no routing.
+  // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, 64 features of F;
+  // 128 on quantized experts), then the combine of the partial sums; no routing.
+  using SplitkGeometry = splitk::Geometry<Precision>;
+  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision>;
   static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
+    constexpr int kFeatures = SplitkGeometry::kFeatures;
     const splitk::Params<Addressing> sp{p, partials};
     const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
-    constexpr auto kernel = splitk::kernel<Addressing>;
-    if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures)); !st)
+    if (Status st = detail::set_smem<kSplitkKernel>(dev.device, smem, static_cast<int>(2 * kFeatures)); !st)
       return st;
     if (Status st = launch_clustered(
-            kernel,
-            dim3(splitk::kCluster * (s.intermediate / splitk::kFeatures), s.slots_per_token(), s.num_tokens),
+            kSplitkKernel,
+            dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
             splitk::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
         !st)
       return st;
-    return launch(splitk::combine_kernel<Addressing>, dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
+    return launch(splitk::combine_kernel<Addressing, kFeatures>,
+                  dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
                   static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
   }
 
-  // Whether every cluster of a split-K call fits the device at once (clusters: T·(k+m)·F/64): on sm_90 and
-  // later, cudaOccupancyMaxActiveClusters of its kernel at its shared memory, remembered per device for the
-  // last H asked. Two waves of clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
+  // Whether every cluster of a split-K call fits the device at once (clusters: T·(k+m)·F/features): on sm_90
+  // and later, cudaOccupancyMaxActiveClusters of its kernel at its shared memory, remembered per device for
+  // the last H asked. Two waves of clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
   static bool splitk_fits(const MoeShape& s, const detail::DeviceInfo& dev) {
-    const long long need =
-        static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / splitk::kFeatures);
+    const long long need = static_cast<long long>(s.num_tokens) * s.slots_per_token() *
+                           (s.intermediate / SplitkGeometry::kFeatures);
     return need <= splitk_capacity(s.hidden, dev);
   }
   static int splitk_capacity(int hidden, const detail::DeviceInfo& dev) {
@@ -926,13 +927,13 @@ class PagedMoe {
       const long long v = cache[dev.device].load(std::memory_order_relaxed);
       if (v != 0 && (v >> 32) == hidden) return static_cast<int>(v & 0xffffffffLL);
     }
-    constexpr auto kernel = splitk::kernel<Addressing>;
     const int smem = static_cast<int>(splitk::smem_bytes(hidden));
-    if (!detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * splitk::kFeatures))) return 0;
+    if (!detail::set_smem<kSplitkKernel>(dev.device, smem, static_cast<int>(2 * SplitkGeometry::kFeatures)))
+      return 0;
     const LaunchConfig probe(dim3(splitk::kCluster), splitk::kThreads, static_cast<std::size_t>(smem),
                              nullptr, splitk::kCluster, false);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel, &probe.config) != cudaSuccess) {
       cudaGetLastError();  // not an error of the layer: the decode tiles run instead
       return 0;
     }

@@ -157,8 +157,9 @@ struct NoPreloadConfig {
   }
 };
 
-// DefaultMoeConfig's choice (held to kPath, or by shape with kAuto) with the split-K decode
-// (MoeConfig::decode_splitk) wherever it decodes at most kMaxTokens tokens (the default: at one token).
+// DefaultMoeConfig's choice (held to kPath, or by shape with kAuto; bf16 and quantized experts alike) with
+// the split-K decode (MoeConfig::decode_splitk) wherever it decodes at most kMaxTokens tokens (the default:
+// at one token).
 template <int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct SplitkConfig {
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
@@ -169,7 +170,10 @@ struct SplitkConfig {
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
                                                        kernels::quant::Bits bits) {
-    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(
+        s, kPath == kernels::MoePath::kAuto ? requested : kPath, bits);
+    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens;
+    return c;
   }
 };
 
@@ -183,7 +187,9 @@ struct NoSplitkConfig {
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
                                                        kernels::quant::Bits bits) {
-    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    c.decode_splitk = false;
+    return c;
   }
 };
 

@@ -443,7 +443,7 @@ struct SplitkRuleConfig {  // the split-K decode asked for on kPath, for bf16 an
   }
 };
 // A configuration with bf16 choices only (no select_quantized): quantized layers take select()'s choice
-// without its bf16-only split-K decode.
+// without its split-K decode (whose rule select() measured on bf16 experts).
 struct Bf16OnlyConfig {
   static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath requested) {
     return kernels::DefaultMoeConfig::select(s, requested);
@@ -613,17 +613,17 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sph.field == "config.decode_preload");
   CHECK(sph.message.find("intermediate = 14336") != std::string::npos);
   CHECK(sph.message.find("shared memory") != std::string::npos);
-  // The split-K decode: bf16 experts on the decode path, H a multiple of 256, at most 32 slots per token,
+  // The split-K decode: the decode path, H a multiple of 256 on bf16 experts, at most 32 slots per token,
   // its blocks' shared memory (the input row and its W2 rows' sums) within 227 KB.
   using Splitk = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>>;
   REQUIRE(Splitk::can_implement(small).ok);  // T = 4, H = 2048
   CHECK(Splitk::config(small).decode_splitk);
   CHECK(Splitk::workspace_size(small) >= 4ull * 8 * (1408 / 64) * 2048 * sizeof(float));
   CHECK(Splitk::workspace_size(small) > P::workspace_size(small));
-  const kernels::Status skq =
-      PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int8>::can_implement(small);
-  CHECK(skq.field == "config.decode_splitk");
-  CHECK(skq.message.find("bf16 experts") != std::string::npos);
+  CHECK(PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int8>::can_implement(small).ok);
+  CHECK(PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int8>::config(small).decode_splitk);
+  CHECK(PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int4>::workspace_size(small) >=
+        4ull * 8 * (1408 / 128) * 2048 * sizeof(float));  // quantized: 128 features per cluster
   const kernels::Status skg =
       PagedMoe<kernels::Paged, SplitkRuleConfig<MoePath::kGrouped>>::can_implement(small);
   CHECK(skg.field == "config.decode_splitk");
@@ -634,6 +634,8 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(skh.field == "shape.hidden");
   CHECK(skh.message.find("2176") != std::string::npos);
   CHECK(skh.message.find("multiple of 256") != std::string::npos);
+  // Quantized experts run a partial last step along H instead.
+  CHECK(PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int4>::can_implement(odd_h).ok);
   Splitk::Arguments many = small;
   many.shape.num_experts = 64;
   many.shape.top_k = 30;  // 30 + 4 chunks = 34 slots

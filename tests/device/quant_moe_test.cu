@@ -578,6 +578,59 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
   }
 }
 
+// The split-K decode (MoeConfig::decode_splitk) on quantized experts at `tokens`: checked that the call takes
+// it, then check_quant_case (paged = contiguous bit for bit, the double reference).
+template <class Precision>
+void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed) {
+  using Config = SplitkConfig<4, MoePath::kDecode>;
+  const MoeShape shape = shape_of(store.spec, tokens);
+  INFO(store.spec.name << " T=" << tokens << " split-K");
+  REQUIRE(PagedMoe<kernels::Paged, Config, Precision>::decode_splits({.shape = shape}));
+  check_quant_case<Precision, Config>(store, tokens, seed, MoePath::kDecode);
+}
+
+TEST_CASE("quantized experts: split-K decode against the reference, paged = contiguous",
+          "[gpu][small][quant]") {
+  // H of whole and partial steps along H (a warp's step: 512 int8, 1024 int4 values; 768 and 1280 end on a
+  // partial one), F of 1, 2 and 3 chunks of 128 features, routed experts alone and with shared chunks, 1 to
+  // 4 tokens, padded pages.
+  for (const ModelSpec& spec :
+       {ModelSpec{"tiny H1024 F256 m1", 8, 2, 1024, 256, 1}, ModelSpec{"tiny H768 F128", 8, 2, 768, 128, 0},
+        ModelSpec{"tiny H1280 F384 k6 m4", 16, 6, 1280, 384, 4},
+        ModelSpec{"tiny H256 F256 m1", 8, 2, 256, 256, 1}}) {
+    const QuantStore s8(spec, Bits::kInt8, 31), s4(spec, Bits::kInt4, 32);
+    for (int tokens : {1, 2, 4}) {
+      check_quant_splitk<kernels::Int8>(s8, tokens, 2100 + tokens);
+      check_quant_splitk<kernels::Int4>(s4, tokens, 2200 + tokens);
+    }
+  }
+  const QuantStore p8(kSmall, Bits::kInt8, 33, 48), p4(kSmall, Bits::kInt4, 34, 4096);
+  check_quant_splitk<kernels::Int8>(p8, 1, 2301);
+  check_quant_splitk<kernels::Int4>(p4, 1, 2302);
+}
+
+TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][quant]") {
+  for (const ModelSpec& m : {kQwen3, kQwen15, kQwen3Next}) {
+    const QuantStore s8(m, Bits::kInt8, 35), s4(m, Bits::kInt4, 36);
+    check_quant_splitk<kernels::Int8>(s8, 1, 2401);
+    check_quant_splitk<kernels::Int4>(s4, 1, 2402);
+  }
+  // Where it does not fit the device at once (Mixtral int8: 224 clusters) the call runs the decode tiles:
+  // equal to the configuration without split-K bit for bit.
+  using Split = PagedMoe<kernels::Contiguous, SplitkConfig<>, kernels::Int8>;
+  REQUIRE_FALSE(Split::decode_splits({.shape = shape_of(kMixtral, 1)}));
+  const QuantStore mix(kMixtral, Bits::kInt8, 37);
+  const RoutingSet r = make_routing(kMixtral, 1, 2410);
+  const auto with = run_layer<kernels::Contiguous, kernels::Int8, SplitkConfig<>>(
+      r, shape_of(kMixtral, 1), mix.contiguous_args(), mix.stride(), MoePath::kDecode);
+  const auto without = run_layer<kernels::Contiguous, kernels::Int8, NoSplitkConfig>(
+      r, shape_of(kMixtral, 1), mix.contiguous_args(), mix.stride(), MoePath::kDecode);
+  CHECK(std::memcmp(with.data(), without.data(), with.size() * 2) == 0);
+  std::printf("  quantized split-K clusters at once on this device: int8 %d, int4 %d at H = 2048\n",
+              PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int8>::splitk_clusters_at_once(2048),
+              PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int4>::splitk_clusters_at_once(2048));
+}
+
 // A model past 8 slots per token (Qwen2-57B-A14B: k = 8 and 8 shared chunks, 16 slots, F = 2560) on the
 // decode tiles the table gives it.
 TEST_CASE("quantized experts: a model with 16 slots per token", "[gpu][models][quant]") {

@@ -6,8 +6,9 @@
 // becomes products (Geometry below).
 //
 //  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, kFeatures features
-//     [f0, f0 + kFeatures) of F): 64 for bf16, 128 (one scale group of W2's rows) for int8 and int4, so that
-//     a block's W2 row slice is one 128-byte line (bf16, int8) or half of one (int4). Block r of the cluster
+//     [f0, f0 + kFeatures) of F): 64 for bf16 and int4, 128 (one scale group of W2's rows) for int8, so that
+//     a block's W2 row slice is one 128-byte line (bf16, int8) or a quarter of one (int4). Block r of the
+//     cluster
 //       - asks the L2 for W2's columns [f0, f0 + kFeatures) of its H / 4 rows before anything else, so that
 //         they stream with W1 and W3;
 //       - computes SiLU(gate)·up of its kFeatures / 4 features (each warp: 4 features' W1 and W3 rows at a
@@ -66,19 +67,22 @@ constexpr int bits_of() {
 }
 
 // What the precision decides: values per 16-byte load, features per cluster, lanes per W2 row slice.
+// int8 clusters take 128 features (one scale group of W2's rows, a 128-byte slice): half of bf16's clusters.
+// int4 clusters take 64 (a 32-byte slice, half a group), so that a warp's products (~108 instructions per
+// 16-byte load against bf16's ~24) are dealt over as many blocks as bf16's.
 template <class P>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
   static constexpr int kStep = 32 * kValuesPerLoad;   // values of H a warp reads per row per load
-  static constexpr int kFeatures = P::kQuantized ? static_cast<int>(quant::kGroup) : 64;
-  static constexpr int kRowLanes = kFeatures * kBits / 128;              // lanes per W2 row slice: 8, 8, 4
+  static constexpr int kFeatures = kBits == 8 ? static_cast<int>(quant::kGroup) : 64;
+  static constexpr int kRowLanes = kFeatures * kBits / 128;              // lanes per W2 row slice: 8, 8, 2
   static constexpr int kRowsPerStep = 32 / kRowLanes;                    // W2 rows a warp reads per load
-  static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8, 8
-  // Blocks per SM the registers must leave room for: quantized experts' products and the W2 slice's floats
-  // take up to 254 registers unbounded (2 blocks per SM: fewer clusters at once than Qwen1.5's 88 with its
-  // shared chunks); 3 blocks cap them at 168 without spills. bf16: unbounded (110).
-  static constexpr int kMinBlocks = P::kQuantized ? 3 : 1;
+  static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8, 4
+  // Blocks per SM the registers must leave room for: unbounded, the int8 products and W2 slice floats take
+  // up to 254 registers (2 blocks per SM); 3 blocks cap them at 168 and int4's 4 at 128, without spills.
+  // bf16: unbounded (110 registers).
+  static constexpr int kMinBlocks = kBits == 16 ? 1 : kBits == 8 ? 3 : 4;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
 };
 // bf16's 256-value step is a rule (H a multiple of it: PagedMoe::can_implement); quantized experts run a

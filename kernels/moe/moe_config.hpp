@@ -392,6 +392,7 @@ struct DefaultMoeConfig {
                     kGroupedTile,
                     int8 ? r.int8_stages : r.int4_stages};
         c.decode_down_warps = int8 ? r.int8_down_warps : r.int4_down_warps;
+        c.decode_splitk = int8 && takes_splitk(s);
         return c;
       }
     return fallback(MoePath::kDecode);
@@ -577,11 +578,26 @@ static_assert([] {
       {{16, 2048, 768, 128, 8, 0}, {MoePath::kDecode, 8, 4, 1, 128, 128, 2, false, false, false, 2}},
       {{33, 4096, 14336, 8, 2, 0}, {MoePath::kDecode, 16, 4, 1, 128, 128, 2}},
   };
-  for (const Example& e : kStaged)
-    if (DefaultMoeConfig::select_quantized(e.shape, MoePath::kAuto, quant::Bits::kInt8) != e.int8)
-      return false;
+  for (const Example& e : kStaged) {
+    MoeConfig c = DefaultMoeConfig::select_quantized(e.shape, MoePath::kAuto, quant::Bits::kInt8);
+    c.decode_splitk = false;  // the tile the call runs where the split-K clusters do not fit (below)
+    if (c != e.int8) return false;
+  }
   return true;
 }());
+// The split-K decode on quantized experts: int8 at one token (takes_splitk), never int4, never at 2 tokens.
+static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt8)
+                  .decode_splitk);
+static_assert(DefaultMoeConfig::select_quantized({1, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt8)
+                  .decode_splitk);
+static_assert(!DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                  quant::Bits::kInt4)
+                   .decode_splitk);
+static_assert(!DefaultMoeConfig::select_quantized({2, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                  quant::Bits::kInt8)
+                   .decode_splitk);
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kQuantDecodeRows) {
     // At most two tiles per expected batch; four on the int4 row (8-token tiles on experts below F = 8192),

@@ -128,7 +128,8 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
           CHECK_FALSE(grouped_seen);
           CHECK(quant_tile_instantiated(c));
           CHECK_FALSE(c.decode_preload);  // bf16 only
-          CHECK_FALSE(c.decode_splitk);   // bf16 only
+          // The split-K decode: int8 at one token (where H % 256 == 0, as bf16's rule), never int4.
+          CHECK(c.decode_splitk == (bits == Bits::kInt8 && t == 1 && s.hidden % 256 == 0));
           // Staged: int8 on every decode tile, 2-4 k-steps in flight, more where fewer slots are routed (3
           // only on 8-token tiles: Mixtral's 16-token tiles from 17 tokens take 2).
           if (bits == Bits::kInt8) {
@@ -155,6 +156,7 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
           } else {
             other.decode_stages = c.decode_stages;
             other.decode_down_warps = c.decode_down_warps;
+            other.decode_splitk = c.decode_splitk;
             CHECK(other == c);
           }
           last_decoded = t;

@@ -6,9 +6,8 @@
 // becomes products (Geometry below).
 //
 //  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, kFeatures features
-//     [f0, f0 + kFeatures) of F): 64 for bf16 and int4, 128 (one scale group of W2's rows) for int8, so that
-//     a block's W2 row slice is one 128-byte line (bf16, int8) or a quarter of one (int4). Block r of the
-//     cluster
+//     [f0, f0 + kFeatures) of F): 64, or 128 for int8 experts where 64 would need more clusters than the
+//     device holds at once (feature_choices). Block r of the cluster
 //       - asks the L2 for W2's columns [f0, f0 + kFeatures) of its H / 4 rows before anything else, so that
 //         they stream with W1 and W3;
 //       - computes SiLU(gate)·up of its kFeatures / 4 features (each warp: 4 features' W1 and W3 rows at a
@@ -40,6 +39,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 #include "moe/moe_params.cuh"
@@ -66,24 +66,37 @@ constexpr int bits_of() {
     return 16;
 }
 
-// What the precision decides: values per 16-byte load, features per cluster, lanes per W2 row slice.
-// int8 clusters take 128 features (one scale group of W2's rows, a 128-byte slice): half of bf16's clusters.
-// int4 clusters take 64 (a 32-byte slice, half a group), so that a warp's products (~108 instructions per
-// 16-byte load against bf16's ~24) are dealt over as many blocks as bf16's.
+// The features of F per cluster a precision may take, the first where its clusters fit the device at once
+// (PagedMoe::splitk_features): 64 (bf16 and int4: a 128- or 32-byte W2 row slice), and for int8 64, then
+// 128 (one scale group of W2's rows, a 128-byte slice: half the clusters, so that Qwen1.5-MoE with its
+// shared chunks fits, 88 clusters where 64 features need 176). int4 on 128 features took 1.08-1.18x the
+// decode tiles' time (docs/results/quantized_h200.md, "Split-K decode on quantized experts").
 template <class P>
+constexpr std::array<int, 2> feature_choices() {
+  if constexpr (P::kQuantized)
+    if (P::kBits == quant::Bits::kInt8) return {64, 128};
+  return {64, 0};
+}
+
+// What the precision and the features per cluster decide: values per 16-byte load, lanes per W2 row
+// slice, registers.
+template <class P, int kFeaturesT = feature_choices<P>()[0]>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
   static constexpr int kStep = 32 * kValuesPerLoad;   // values of H a warp reads per row per load
-  static constexpr int kFeatures = kBits == 8 ? static_cast<int>(quant::kGroup) : 64;
-  static constexpr int kRowLanes = kFeatures * kBits / 128;              // lanes per W2 row slice: 8, 8, 2
-  static constexpr int kRowsPerStep = 32 / kRowLanes;                    // W2 rows a warp reads per load
-  static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8, 4
-  // Blocks per SM the registers must leave room for: unbounded, the int8 products and W2 slice floats take
-  // up to 254 registers (2 blocks per SM); 3 blocks cap them at 168 and int4's 4 at 128, without spills.
-  // bf16: unbounded (110 registers).
-  static constexpr int kMinBlocks = kBits == 16 ? 1 : kBits == 8 ? 3 : 4;
+  static constexpr int kFeatures = kFeaturesT;
+  static constexpr int kRowLanes =
+      kFeatures * kBits / 128;                         // lanes per W2 row slice: 8 bf16, 4 / 8 int8, 2 int4
+  static constexpr int kRowsPerStep = 32 / kRowLanes;  // W2 rows a warp reads per load
+  static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8 (int8 on 128)
+  // Blocks per SM the registers must leave room for. Unbounded, int8's products and W2 slice floats on 128
+  // features take up to 254 registers (2 blocks per SM); 3 blocks cap them at 168, and 4 blocks the
+  // 64-feature quantized kernels at 128, without spills. bf16: unbounded (110 registers, 4 blocks).
+  static constexpr int kMinBlocks = kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
+  static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
+                "a cluster's W2 row slice must lie inside one scale group");
 };
 // bf16's 256-value step is a rule (H a multiple of it: PagedMoe::can_implement); quantized experts run a
 // last partial step instead.
@@ -193,10 +206,10 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
   }
 }
 
-template <class Addressing, class P = Bf16>
-__global__ void __launch_bounds__(kThreads, Geometry<P>::kMinBlocks)
+template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures>
+__global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
-  using G = Geometry<P>;
+  using G = Geometry<P, kFeaturesT>;
   constexpr int kBlockFeatures = G::kFeatures / kCluster;
   constexpr int kVpl = G::kValuesPerLoad;
   namespace cg = cooperative_groups;

@@ -486,20 +486,23 @@ class PagedMoe {
   }
 
   // Whether a call runs the split-K decode on the current device: its configuration asks for it
-  // (MoeConfig::decode_splitk) and all its clusters fit the device at once (splitk_fits).
-  static bool decode_splits(const Arguments& a) {
-    const MoeConfig c = config(a);
-    if (!c.decode_splitk) return false;
-    detail::DeviceInfo dev;
-    if (!detail::current_device(dev)) return false;
-    return splitk_fits(a.shape, dev);
-  }
-  // How many split-K clusters (one per token, slot and 64 features of F) the current device holds at once at
-  // hidden size H: cudaOccupancyMaxActiveClusters of the kernel; 0 before sm_90.
-  static int splitk_clusters_at_once(int hidden) {
+  // (MoeConfig::decode_splitk) and all its clusters fit the device at once (splitk_features).
+  static bool decode_splits(const Arguments& a) { return decode_split_features(a) != 0; }
+  // The features of F per split-K cluster the call takes on the current device (64, or 128 for int8 experts
+  // where 64 do not fit at once), 0 where it runs the decode tiles.
+  static int decode_split_features(const Arguments& a) {
+    if (!config(a).decode_splitk) return 0;
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return 0;
-    return splitk_capacity(hidden, dev);
+    return splitk_features(a.shape, dev);
+  }
+  // How many split-K clusters of `features` features of F (one per token and slot) the current device holds
+  // at once at hidden size H: cudaOccupancyMaxActiveClusters of the kernel; 0 before sm_90 or for features
+  // the precision does not take (64 always; 128 for int8).
+  static int splitk_clusters_at_once(int hidden, int features = kSplitkFeatures[0]) {
+    detail::DeviceInfo dev;
+    if (!detail::current_device(dev)) return 0;
+    return splitk_capacity(features, hidden, dev);
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
@@ -574,7 +577,8 @@ class PagedMoe {
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
     // The split-K decode where all its clusters fit the device at once (sm_90 and later), else the decode
     // tiles.
-    if (choice.decode_splitk && !splitk_fits(s, dev)) choice.decode_splitk = false;
+    const int splitk_feats = choice.decode_splitk ? splitk_features(s, dev) : 0;
+    if (splitk_feats == 0) choice.decode_splitk = false;
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
@@ -640,7 +644,8 @@ class PagedMoe {
 
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
-    if (choice.decode_splitk) return run_splitk(p, s, static_cast<float*>(at(lay.partials)), dev, stream);
+    if (choice.decode_splitk)
+      return run_splitk(splitk_feats, p, s, static_cast<float*>(at(lay.partials)), dev, stream);
 
     // 1. Routing preparation.
     if (Status st = route(r, stream); !st) return st;
@@ -727,12 +732,14 @@ class PagedMoe {
                          ? static_cast<std::size_t>(experts) * 3 * static_cast<std::size_t>(s.intermediate) *
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
-    // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / features][H].
-    l.partials = take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
-                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden,
-                                            SplitkGeometry::kFeatures)) *
-                                            sizeof(float)
-                                      : 0);
+    // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / features][H], for the fewest features
+    // per cluster the call may take (kSplitkFeatures[0]).
+    l.partials =
+        take(c.decode_splitk
+                 ? static_cast<std::size_t>(splitk::partial_floats(
+                       s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden, kSplitkFeatures[0])) *
+                       sizeof(float)
+                 : 0);
     l.total = off;
     return l;
   }
@@ -889,20 +896,21 @@ class PagedMoe {
                                                    s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
   }
 
-  // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, 64 features of F;
-  // 128 on quantized experts), then the combine of the partial sums; no routing.
-  using SplitkGeometry = splitk::Geometry<Precision>;
-  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision>;
+  // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, kFeatures features
+  // of F), then the combine of the partial sums; no routing.
+  static constexpr std::array<int, 2> kSplitkFeatures = splitk::feature_choices<Precision>();
+  template <int kFeatures>
+  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures>;
+  template <int kFeatures>
   static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
-    constexpr int kFeatures = SplitkGeometry::kFeatures;
     const splitk::Params<Addressing> sp{p, partials};
     const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
-    if (Status st = detail::set_smem<kSplitkKernel>(dev.device, smem, static_cast<int>(2 * kFeatures)); !st)
+    constexpr auto kernel = kSplitkKernel<kFeatures>;
+    if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * kFeatures)); !st)
       return st;
     if (Status st = launch_clustered(
-            kSplitkKernel,
-            dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
+            kernel, dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
             splitk::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
         !st)
       return st;
@@ -910,15 +918,33 @@ class PagedMoe {
                   dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
                   static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
   }
-
-  // Whether every cluster of a split-K call fits the device at once (clusters: T·(k+m)·F/features): on sm_90
-  // and later, cudaOccupancyMaxActiveClusters of its kernel at its shared memory, remembered per device for
-  // the last H asked. Two waves of clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
-  static bool splitk_fits(const MoeShape& s, const detail::DeviceInfo& dev) {
-    const long long need = static_cast<long long>(s.num_tokens) * s.slots_per_token() *
-                           (s.intermediate / SplitkGeometry::kFeatures);
-    return need <= splitk_capacity(s.hidden, dev);
+  static Status run_splitk(int features, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
+                           const detail::DeviceInfo& dev, cudaStream_t stream) {
+    if constexpr (kSplitkFeatures[1] != 0)
+      if (features == kSplitkFeatures[1]) return run_splitk<kSplitkFeatures[1]>(p, s, partials, dev, stream);
+    return run_splitk<kSplitkFeatures[0]>(p, s, partials, dev, stream);
   }
+
+  // The features per cluster a split-K call takes: the first of kSplitkFeatures whose clusters
+  // (T·(k+m)·F/features) all fit the device at once, 0 where none does (the decode tiles run). Two waves of
+  // clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
+  static int splitk_features(const MoeShape& s, const detail::DeviceInfo& dev) {
+    for (const int features : kSplitkFeatures) {
+      if (features == 0 || s.intermediate % features != 0) continue;
+      const long long need =
+          static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / features);
+      if (need <= splitk_capacity(features, s.hidden, dev)) return features;
+    }
+    return 0;
+  }
+  static int splitk_capacity(int features, int hidden, const detail::DeviceInfo& dev) {
+    if constexpr (kSplitkFeatures[1] != 0)
+      if (features == kSplitkFeatures[1]) return splitk_capacity<kSplitkFeatures[1]>(hidden, dev);
+    return features == kSplitkFeatures[0] ? splitk_capacity<kSplitkFeatures[0]>(hidden, dev) : 0;
+  }
+  // cudaOccupancyMaxActiveClusters of the kernel at its shared memory, remembered per device for the last H
+  // asked; 0 before sm_90.
+  template <int kFeatures>
   static int splitk_capacity(int hidden, const detail::DeviceInfo& dev) {
     if (dev.major < 9) return 0;
     static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
@@ -927,13 +953,13 @@ class PagedMoe {
       const long long v = cache[dev.device].load(std::memory_order_relaxed);
       if (v != 0 && (v >> 32) == hidden) return static_cast<int>(v & 0xffffffffLL);
     }
+    constexpr auto kernel = kSplitkKernel<kFeatures>;
     const int smem = static_cast<int>(splitk::smem_bytes(hidden));
-    if (!detail::set_smem<kSplitkKernel>(dev.device, smem, static_cast<int>(2 * SplitkGeometry::kFeatures)))
-      return 0;
+    if (!detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * kFeatures))) return 0;
     const LaunchConfig probe(dim3(splitk::kCluster), splitk::kThreads, static_cast<std::size_t>(smem),
                              nullptr, splitk::kCluster, false);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel, &probe.config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.config) != cudaSuccess) {
       cudaGetLastError();  // not an error of the layer: the decode tiles run instead
       return 0;
     }

@@ -584,8 +584,10 @@ template <class Precision>
 void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed) {
   using Config = SplitkConfig<4, MoePath::kDecode>;
   const MoeShape shape = shape_of(store.spec, tokens);
-  const long long clusters = static_cast<long long>(tokens) * shape.slots_per_token() *
-                             (shape.intermediate / kernels::splitk::Geometry<Precision>::kFeatures);
+  constexpr auto kChoices = kernels::splitk::feature_choices<Precision>();
+  const int widest = kChoices[1] != 0 && shape.intermediate % kChoices[1] == 0 ? kChoices[1] : kChoices[0];
+  const long long clusters =
+      static_cast<long long>(tokens) * shape.slots_per_token() * (shape.intermediate / widest);
   if (clusters > 90) return;  // more than an H100 holds at once: the decode tiles would run
   INFO(store.spec.name << " T=" << tokens << " split-K");
   REQUIRE(PagedMoe<kernels::Paged, Config, Precision>::decode_splits({.shape = shape}));
@@ -613,7 +615,7 @@ TEST_CASE("quantized experts: split-K decode against the reference, paged = cont
 }
 
 TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][quant]") {
-  for (const ModelSpec& m : {kQwen3, kQwen15, kQwen3Next}) {
+  for (const ModelSpec& m : {kQwen3, kQwen15, kQwen3Next}) {  // int8 on Qwen1.5 + shared: 128 features
     const QuantStore s8(m, Bits::kInt8, 35), s4(m, Bits::kInt4, 36);
     check_quant_splitk<kernels::Int8>(s8, 1, 2401);
     check_quant_splitk<kernels::Int4>(s4, 1, 2402);
@@ -629,9 +631,22 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   const auto without = run_layer<kernels::Contiguous, kernels::Int8, NoSplitkConfig>(
       r, shape_of(kMixtral, 1), mix.contiguous_args(), mix.stride(), MoePath::kDecode);
   CHECK(std::memcmp(with.data(), without.data(), with.size() * 2) == 0);
-  std::printf("  quantized split-K clusters at once on this device: int8 %d, int4 %d at H = 2048\n",
-              PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int8>::splitk_clusters_at_once(2048),
-              PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int4>::splitk_clusters_at_once(2048));
+  using Split8 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int8>;
+  using Split4 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int4>;
+  std::printf(
+      "  quantized split-K clusters at once on this device at H = 2048: int8 %d (64 features), %d (128), "
+      "int4 %d (64)\n",
+      Split8::splitk_clusters_at_once(2048, 64), Split8::splitk_clusters_at_once(2048, 128),
+      Split4::splitk_clusters_at_once(2048, 64));
+  CHECK(Split4::splitk_clusters_at_once(2048, 128) == 0);  // int4 takes 64 features only
+  // int8: 64 features where they fit, else 128 (Qwen1.5 with its shared chunks: 176 clusters of 64, 88 of
+  // 128), on a device that holds at least 96 clusters of 64 and 88 of 128 (an H100 or H200).
+  if (Split8::splitk_clusters_at_once(2048, 64) >= 96 && Split8::splitk_clusters_at_once(2048, 128) >= 88 &&
+      Split8::splitk_clusters_at_once(2048, 64) < 176) {
+    CHECK(Split8::decode_split_features({.shape = shape_of(kQwen3, 1)}) == 64);
+    CHECK(Split8::decode_split_features({.shape = shape_of(kQwen15, 1)}) == 128);
+    CHECK(Split4::decode_split_features({.shape = shape_of(kQwen15, 1)}) == 0);
+  }
 }
 
 // A model past 8 slots per token (Qwen2-57B-A14B: k = 8 and 8 shared chunks, 16 slots, F = 2560) on the

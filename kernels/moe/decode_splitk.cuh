@@ -94,8 +94,6 @@ struct Geometry {
   // features take up to 254 registers (2 blocks per SM); 3 blocks cap them at 168, and 4 blocks the
   // 64-feature quantized kernels at 128, without spills. bf16: unbounded (110 registers, 4 blocks).
   static constexpr int kMinBlocks = kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
-  // int4 gate/up on tensor cores (gate_up_int4_mma: a warp's 4 features' 8 rows are mma's 8 columns).
-  static constexpr bool kMmaGateUp = kBits == 4 && kWarpFeatures == 4;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
@@ -108,12 +106,6 @@ inline constexpr int kFeatures = Geometry<Bf16>::kFeatures;
 // Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
 constexpr long long smem_bytes(int hidden) {
   return 2LL * hidden + 4LL * (hidden / kCluster);
-}
-
-// Static shared memory of a block: the cluster's activations (bf16) and A's zero rows of the int4 mma.
-template <class P, int kFeatures>
-constexpr int static_smem_bytes() {
-  return 2 * kFeatures + (Geometry<P, kFeatures>::kMmaGateUp ? 64 : 4);
 }
 
 // The partial sums' workspace: [T][k + m][F / features][H] fp32.
@@ -214,66 +206,6 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
   }
 }
 
-// int4 gate/up on tensor cores (Geometry::kMmaGateUp): a warp's 4 features' W1 and W3 rows are the 8
-// columns (n) of B in mma.m16n8k16, the token row x is row 0 of A (rows 1-15 zero: lanes 4-31 read a zeroed
-// shared word), so each step of 128 values of H (one scale group) is 8 mma per lane instead of ~430 CUDA-core
-// instructions for the same bytes (dequant + fp32 fma: the CUDA-core loop is instruction-bound on int4).
-// Lane (n = lane / 4, q = lane % 4) loads 16 bytes (32 values) of row n at [s + 32q, +32) per step: B's
-// k-slots {2q, 2q+1, 2q+8, 2q+9} of mma i hold its values 4i .. 4i+3 (dequant::int4x8's bf16 pairs, exact),
-// and A's (lanes 0-3) the token's values at the same places, so each mma sums q·x over 16 of the step's
-// values for the 8 rows. D's row 0 lands in lanes 0-3 (rows 2q, 2q+1 of B), which scale each step's sums by
-// their rows' group scales. Returns, in lane f < 4, feature f's gate (W1) and up (W3) sums.
-template <int kSteps>
-__device__ __forceinline__ void gate_up_int4_mma(const PackedMatrix& w1, const PackedMatrix& w3, int fw,
-                                                 const bf16* xs, const std::uint32_t* zeros, int H, int lane,
-                                                 float& gate, float& up) {
-  constexpr int kStepValues = 128;  // 4 lanes × 32 values: one scale group
-  const int n = lane / 4, q = lane % 4;
-  // W1 and W3 share their layout (row_bytes, groups): only the bases differ.
-  const unsigned char* row = (n < 4 ? w1.rows : w3.rows) + (fw + n % 4) * w1.row_bytes + q * 16;
-  // Lanes 0-3 keep D's rows 2q and 2q + 1: matrix q / 2, features 2(q % 2) and 2(q % 2) + 1.
-  const int groups = w1.groups;
-  const bf16* scales = (q < 2 ? w1.scales : w3.scales) + (fw + 2 * (q % 2)) * groups;
-  const bool token_lane = lane < 4;
-  float acc0 = 0.f, acc1 = 0.f;
-  for (int s0 = 0; s0 < H; s0 += kSteps * kStepValues) {
-    uint4 w[kSteps];
-    float sc0[kSteps], sc1[kSteps];
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      const int s = min(s0 + u * kStepValues, H - kStepValues);  // past H: the last step again, unused
-      w[u] = ptx::ld_stream_16(row + s / 2);
-      sc0[u] = load_scale(scales + s / kStepValues);
-      sc1[u] = load_scale(scales + groups + s / kStepValues);
-    }
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      const int s = s0 + u * kStepValues;
-      if (s >= H) continue;
-      const std::uint32_t src =
-          token_lane ? ptx::smem_u32(xs + s + 32 * q) : ptx::smem_u32(zeros);  // lanes 4-31: A's zero rows
-      const std::uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const uint4 xw = ptx::ld_shared_16(token_lane ? src + 16 * c : src);
-        std::uint32_t pairs[4];
-        dequant::int4x8(words[c], pairs);
-        ptx::mma_bf16_16816(d, xw.x, 0u, xw.y, 0u, pairs[0], pairs[1]);  // values 8c .. 8c + 3
-        ptx::mma_bf16_16816(d, xw.z, 0u, xw.w, 0u, pairs[2], pairs[3]);  // values 8c + 4 .. 8c + 7
-      }
-      acc0 = fmaf(sc0[u], d[0], acc0);
-      acc1 = fmaf(sc1[u], d[1], acc1);
-    }
-  }
-  // Feature f's gate is row f (lane f / 2, element f % 2), its up row 4 + f (lane 2 + f / 2).
-  const int from = (lane % 4) / 2;
-  const float g0 = __shfl_sync(0xffffffffu, acc0, from), g1 = __shfl_sync(0xffffffffu, acc1, from);
-  const float u0 = __shfl_sync(0xffffffffu, acc0, 2 + from), u1 = __shfl_sync(0xffffffffu, acc1, 2 + from);
-  gate = lane % 2 ? g1 : g0;
-  up = lane % 2 ? u1 : u0;
-}
-
 template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures>
 __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
@@ -284,7 +216,6 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   const MoeParams<Addressing>& p = sp.moe;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) bf16 h[G::kFeatures];
-  __shared__ __align__(16) std::uint32_t zeros[G::kMmaGateUp ? 16 : 1];  // A's zero rows (gate_up_int4_mma)
   const int H = p.hidden, F = p.intermediate;
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -310,7 +241,6 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
   for (int i = threadIdx.x; i < H / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
-  if (G::kMmaGateUp && threadIdx.x < 16) zeros[threadIdx.x] = 0u;
   __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
@@ -318,68 +248,60 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   // rest; quantized experts' last step may be partial: its lanes past H load nothing).
   const int fw = f0 + rank * kBlockFeatures + warp * G::kWarpFeatures;
   float acc[2][G::kWarpFeatures] = {};
-  if constexpr (G::kMmaGateUp) {
-    float gate, up;
-    gate_up_int4_mma<8>(w1, w3, fw, xs, zeros, H, lane, gate, up);
 #pragma unroll
-    for (int i = 0; i < G::kWarpFeatures; ++i) acc[0][i] = gate, acc[1][i] = up;  // lane i keeps feature i's
-  } else {
+  for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
+    const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
+                                   w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
+    auto steps = [&]<int kU, bool kTail>(int s) {
+      uint4 wv[kU][2][kFeatureGroup];
+      [[maybe_unused]] float sc[kU][2][kFeatureGroup];
 #pragma unroll
-    for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
-      const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
-                                     w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
-      auto steps = [&]<int kU, bool kTail>(int s) {
-        uint4 wv[kU][2][kFeatureGroup];
-        [[maybe_unused]] float sc[kU][2][kFeatureGroup];
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int k = s + u * G::kStep + lane * kVpl;
-          if (kTail && k >= H) continue;
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int i = 0; i < kFeatureGroup; ++i) {
+            wv[u][m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + (s + u * G::kStep) * G::kBits / 8);
+            if constexpr (P::kQuantized) {
+              const PackedMatrix& w = m == 0 ? w1 : w3;
+              sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
+            }
+          }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
+        if constexpr (P::kQuantized) {
+          float xf[kVpl];
+          shared_floats(xs + k, xf);
 #pragma unroll
           for (int m = 0; m < 2; ++m)
 #pragma unroll
-            for (int i = 0; i < kFeatureGroup; ++i) {
-              wv[u][m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + (s + u * G::kStep) * G::kBits / 8);
-              if constexpr (P::kQuantized) {
-                const PackedMatrix& w = m == 0 ? w1 : w3;
-                sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
-              }
-            }
+            for (int i = 0; i < kFeatureGroup; ++i)
+              acc[m][fg + i] = fmaf(sc[u][m][i], dot_packed<P::kBits>(wv[u][m][i], xf), acc[m][fg + i]);
+        } else {
+          const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(wv[u][m][i], xv, acc[m][fg + i]);
         }
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int k = s + u * G::kStep + lane * kVpl;
-          if (kTail && k >= H) continue;
-          if constexpr (P::kQuantized) {
-            float xf[kVpl];
-            shared_floats(xs + k, xf);
-#pragma unroll
-            for (int m = 0; m < 2; ++m)
-#pragma unroll
-              for (int i = 0; i < kFeatureGroup; ++i)
-                acc[m][fg + i] = fmaf(sc[u][m][i], dot_packed<P::kBits>(wv[u][m][i], xf), acc[m][fg + i]);
-          } else {
-            const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
-#pragma unroll
-            for (int m = 0; m < 2; ++m)
-#pragma unroll
-              for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(wv[u][m][i], xv, acc[m][fg + i]);
-          }
-        }
-      };
-      int s = 0;
-      for (; s + kUnroll * G::kStep <= H; s += kUnroll * G::kStep)
-        steps.template operator()<kUnroll, false>(s);
-      for (; s + G::kStep <= H; s += G::kStep) steps.template operator()<1, false>(s);
-      if (s < H) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
-    }
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int i = 0; i < G::kWarpFeatures; ++i)
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
+      }
+    };
+    int s = 0;
+    for (; s + kUnroll * G::kStep <= H; s += kUnroll * G::kStep) steps.template operator()<kUnroll, false>(s);
+    for (; s + G::kStep <= H; s += G::kStep) steps.template operator()<1, false>(s);
+    if (s < H) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
   }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int i = 0; i < G::kWarpFeatures; ++i)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
 
   // Down: row r of the block's W2 columns · the kFeatures activations, kRowLanes lanes per row (lane l:
   // values [kVpl·(l % kRowLanes), +kVpl)), kRowsPerStep rows per warp step, kRowBatch steps of loads in

@@ -907,9 +907,7 @@ class PagedMoe {
     const splitk::Params<Addressing> sp{p, partials};
     const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
     constexpr auto kernel = kSplitkKernel<kFeatures>;
-    if (Status st =
-            detail::set_smem<kernel>(dev.device, smem, splitk::static_smem_bytes<Precision, kFeatures>());
-        !st)
+    if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * kFeatures)); !st)
       return st;
     if (Status st = launch_clustered(
             kernel, dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
@@ -957,8 +955,7 @@ class PagedMoe {
     }
     constexpr auto kernel = kSplitkKernel<kFeatures>;
     const int smem = static_cast<int>(splitk::smem_bytes(hidden));
-    if (!detail::set_smem<kernel>(dev.device, smem, splitk::static_smem_bytes<Precision, kFeatures>()))
-      return 0;
+    if (!detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * kFeatures))) return 0;
     const LaunchConfig probe(dim3(splitk::kCluster), splitk::kThreads, static_cast<std::size_t>(smem),
                              nullptr, splitk::kCluster, false);
     int clusters = 0;

@@ -3,8 +3,10 @@
 token count, each configuration's contiguous median as mean ± sd over the files (one process per seed), and
 `other` / `base` taken process by process, as mean ± sd.
 
-  python3 benchmarks/device/compare.py [--paged] BASE OTHER bench_1.json bench_2.json ...
+  python3 benchmarks/device/compare.py [--paged] [--floor] BASE OTHER bench_1.json bench_2.json ...
 --paged adds each configuration's paged views over its contiguous median, mean ± sd over files × views (%).
+--floor adds each configuration's contiguous median over the read floor of its own expert bytes (the bytes at
+the process's measured read rate, quant_report.read_floor_us), mean over the files.
   e.g. compare.py narrow wide grouped_seed*.json   (benchmarks/device/grouped_run.sh)
        compare.py bf16-decode bf16-grouped cross_*.json
 """
@@ -12,7 +14,7 @@ import json
 import statistics
 import sys
 
-from quant_report import mean_sd  # 'm ± sd' over the files, or the one value
+from quant_report import mean_sd, read_floor_us  # 'm ± sd' over the files, or the one value
 from report import tile  # a configuration's path/tile label
 
 
@@ -21,20 +23,24 @@ def signed(v):
     return f"{statistics.mean(v):+.2f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.2f}%"
 
 
-def main(base, other, files, paged=False):
-    rows, tiles, views = {}, {}, {}
+def main(base, other, files, paged=False, floor=False):
+    rows, tiles, views, floors = {}, {}, {}, {}
     for f in files:
-        for c in json.load(open(f))["cases"]:
+        data = json.load(open(f))
+        for c in data["cases"]:
             key = (c["model"], c["tokens"])
             r = rows.setdefault(key, {})
             for x in c["configs"]:
                 r.setdefault(x["config"], []).append(x["contiguous_us"])
+                floors.setdefault(key, {}).setdefault(x["config"], []).append(
+                    x["contiguous_us"] / read_floor_us(x, data["read_gbs"]))
                 tiles.setdefault(key, {})[x["config"]] = tile(x)
                 views.setdefault(key, {}).setdefault(x["config"], []).extend(
                     100.0 * (v["us"] - x["contiguous_us"]) / x["contiguous_us"] for v in x.get("paged", []))
     extra = f" {base} paged vs contig | {other} paged vs contig |" if paged else ""
+    extra += f" {base} × floor | {other} × floor |" if floor else ""
     print(f"| model | T | {base} µs | {other} µs | {other} / {base} | tiles ({base}, {other}) |{extra}")
-    print("|---|---:|---:|---:|---:|---|" + ("---:|---:|" if paged else ""))
+    print("|---|---:|---:|---:|---:|---|" + ("---:|---:|" if paged else "") + ("---:|---:|" if floor else ""))
     for (model, tokens), r in rows.items():
         a, b = r.get(other), r.get(base)
         if a and b:
@@ -44,13 +50,15 @@ def main(base, other, files, paged=False):
             if paged:
                 v = views[(model, tokens)]
                 line += "".join(f" {signed(v[n])} |" if v.get(n) else " – |" for n in (base, other))
+            if floor:
+                line += "".join(f" {statistics.mean(floors[(model, tokens)][n]):.2f} |" for n in (base, other))
             print(line)
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    paged = bool(args) and args[0] == "--paged"
-    args = args[1:] if paged else args
+    flags = {a for a in args if a in ("--paged", "--floor")}
+    args = [a for a in args if a not in flags]
     if len(args) < 3:
         sys.exit(__doc__)
-    main(args[0], args[1], args[2:], paged)
+    main(args[0], args[1], args[2:], "--paged" in flags, "--floor" in flags)

@@ -48,11 +48,10 @@ struct MoeConfig {
                                // 2/2/1/1 over 4 warps
   bool decode_splitk = false;  // decode: the split-K decode instead of the decode tiles
                                // (moe/decode_splitk.cuh: no routing; a cluster of 4 blocks per slot and 64
-                               // features of F (128 quantized) runs them through gate/up and W2, and a
-                               // second launch sums
-                               // the fp32 partials); for one token, where the top-k experts are distinct. A
-                               // call whose clusters do not all fit the device at once takes the decode tiles
-                               // instead (PagedMoe::decode_splits)
+                               // features of F, 128 for int8 where 64 do not fit, runs them through gate/up
+                               // and W2, and a second launch sums the fp32 partials); for one token, where
+                               // the top-k experts are distinct. A call whose clusters do not all fit the
+                               // device at once takes the decode tiles instead (PagedMoe::decode_splits)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -361,7 +360,10 @@ struct DefaultMoeConfig {
 
   // The configuration for quantized experts of `bits` (PagedMoe<..., Int8|Int4>): kAuto picks the path by
   // kQuantDecodeTile and kQuantSharedDecodeTokens; on the decode path the first row of kQuantDecodeRows the
-  // shape satisfies (staged for int8 where the row says so), else 32-token tiles.
+  // shape satisfies (staged for int8 where the row says so), else 32-token tiles. int8 asks for the split-K
+  // decode at one token (takes_splitk): 0.85-0.98x the decode tiles' layer time on the Qwen shapes on an
+  // H100; int4 does not (0.91-1.07x: Qwen3-30B-A3B loses) (docs/results/quantized_h200.md, "Split-K decode
+  // on quantized experts").
   static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested, quant::Bits bits) {
     MoePath path = requested;
     const bool small_units = takes_small_tma_units(s);

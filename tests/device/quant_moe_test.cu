@@ -597,7 +597,7 @@ void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed)
 TEST_CASE("quantized experts: split-K decode against the reference, paged = contiguous",
           "[gpu][small][quant]") {
   // H of whole and partial steps along H (a warp's step: 512 int8, 1024 int4 values; 768 and 1280 end on a
-  // partial one), F of 1, 2 and 3 chunks of 128 features, routed experts alone and with shared chunks, 1 to
+  // partial one), F of 2, 4 and 6 chunks of 64 features, routed experts alone and with shared chunks, 1 to
   // 4 tokens, padded pages.
   for (const ModelSpec& spec :
        {ModelSpec{"tiny H1024 F256 m1", 8, 2, 1024, 256, 1}, ModelSpec{"tiny H768 F128", 8, 2, 768, 128, 0},

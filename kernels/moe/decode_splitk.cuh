@@ -90,9 +90,9 @@ struct Geometry {
       kFeatures * kBits / 128;                         // lanes per W2 row slice: 8 bf16, 4 / 8 int8, 2 int4
   static constexpr int kRowsPerStep = 32 / kRowLanes;  // W2 rows a warp reads per load
   static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8 (int8 on 128)
-  // Blocks per SM the registers must leave room for. Unbounded, int8's products and W2 slice floats on 128
-  // features take up to 254 registers (2 blocks per SM); 3 blocks cap them at 168, and 4 blocks the
-  // 64-feature quantized kernels at 128, without spills. bf16: unbounded (110 registers, 4 blocks).
+  // Blocks per SM the registers must leave room for (ptxas -v, no spills): int8 on 128 features at 3 (167
+  // registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4 (capped at 128: their
+  // clusters are as many as bf16's). bf16: unbounded (110 registers, 4 blocks).
   static constexpr int kMinBlocks = kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),

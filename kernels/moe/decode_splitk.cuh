@@ -101,11 +101,14 @@ struct Geometry {
 // bf16's 256-value step is a rule (H a multiple of it: PagedMoe::can_implement); quantized experts run a
 // last partial step instead.
 inline constexpr int kStep = Geometry<Bf16>::kStep;
-inline constexpr int kFeatures = Geometry<Bf16>::kFeatures;
 
 // Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
 constexpr long long smem_bytes(int hidden) {
   return 2LL * hidden + 4LL * (hidden / kCluster);
+}
+// Static shared memory of a block: the cluster's bf16 activations.
+constexpr int static_smem_bytes(int features) {
+  return 2 * features;
 }
 
 // The partial sums' workspace: [T][k + m][F / features][H] fp32.
@@ -116,7 +119,7 @@ constexpr long long partial_floats(long long tokens, int slots, int intermediate
 template <class Addressing>
 struct Params {
   MoeParams<Addressing> moe;
-  float* partials;  // [T][k + m][F / kFeatures][H]
+  float* partials;  // [T][k + m][F / features per cluster][H]
 };
 
 // acc + Σ_i w_i·x_i over 8 bf16 pairs, in order.
@@ -381,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
 // Block (columns [128·blockIdx.x, +128), token blockIdx.y), 32 threads per slot: thread (j, c) sums slot j's
 // F / kFeatures partials of its 4 columns in order and rounds them to bf16; then the first 32 threads sum
 // the slots in slot order with their weights.
-template <class Addressing, int kFeaturesT = kFeatures>
+template <class Addressing, int kFeaturesT>
 __global__ void __launch_bounds__(32 * kMaxSlots)
     combine_kernel(const __grid_constant__ Params<Addressing> sp) {
   const MoeParams<Addressing>& p = sp.moe;

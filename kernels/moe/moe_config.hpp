@@ -625,9 +625,6 @@ static_assert(DefaultMoeConfig::select({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto
 static_assert(!DefaultMoeConfig::select({2, 2048, 768, 128, 8, 0}, MoePath::kAuto).decode_splitk);
 static_assert(!DefaultMoeConfig::select({1, 2176, 768, 128, 8, 0}, MoePath::kAuto).decode_splitk);
 static_assert(!DefaultMoeConfig::select({1, 2048, 768, 128, 8, 0}, MoePath::kGrouped).decode_splitk);
-static_assert(!DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                  quant::Bits::kInt4)
-                   .decode_splitk);
 // W2 preloaded where every down block's rows fit at once: Qwen3 and Qwen1.5's routed experts at 1 token
 // (25 and 23 MB); not with Qwen1.5's shared chunks (46 MB), from 2 tokens on Qwen3 (51 MB), on Mixtral
 // (28 KB rows), nor off the 8-token tiles.

@@ -901,28 +901,42 @@ class PagedMoe {
   static constexpr std::array<int, 2> kSplitkFeatures = splitk::feature_choices<Precision>();
   template <int kFeatures>
   static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures>;
-  template <int kFeatures>
-  static Status run_splitk(const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
-                           const detail::DeviceInfo& dev, cudaStream_t stream) {
-    const splitk::Params<Addressing> sp{p, partials};
-    const int smem = static_cast<int>(splitk::smem_bytes(s.hidden));
-    constexpr auto kernel = kSplitkKernel<kFeatures>;
-    if (Status st = detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * kFeatures)); !st)
-      return st;
-    if (Status st = launch_clustered(
-            kernel, dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
-            splitk::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
-        !st)
-      return st;
-    return launch(splitk::combine_kernel<Addressing, kFeatures>,
-                  dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
-                  static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
+
+  // Calls f.template operator()<kFeatures>() where `features` is one of the precision's kSplitkFeatures.
+  template <class F>
+  static void on_splitk_features(int features, F&& f) {
+    auto one = [&]<std::size_t kI>() {
+      if constexpr (kSplitkFeatures[kI] != 0)
+        if (features == kSplitkFeatures[kI]) f.template operator()<kSplitkFeatures[kI]>();
+    };
+    one.template operator()<0>();
+    one.template operator()<1>();
   }
+  // The kernel's shared memory at hidden size H, set on the device where it passes the default.
+  template <int kFeatures>
+  static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
+    smem = static_cast<int>(splitk::smem_bytes(hidden));
+    return detail::set_smem<kSplitkKernel<kFeatures>>(dev.device, smem, splitk::static_smem_bytes(kFeatures));
+  }
+
   static Status run_splitk(int features, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
-    if constexpr (kSplitkFeatures[1] != 0)
-      if (features == kSplitkFeatures[1]) return run_splitk<kSplitkFeatures[1]>(p, s, partials, dev, stream);
-    return run_splitk<kSplitkFeatures[0]>(p, s, partials, dev, stream);
+    Status st = Status::error("config.decode_splitk", features, "features per cluster not instantiated");
+    on_splitk_features(features, [&]<int kFeatures>() {
+      const splitk::Params<Addressing> sp{p, partials};
+      int smem = 0;
+      if (st = splitk_smem<kFeatures>(s.hidden, dev, smem); !st) return;
+      if (st = launch_clustered(
+              kSplitkKernel<kFeatures>,
+              dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
+              splitk::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
+          !st)
+        return;
+      st = launch(splitk::combine_kernel<Addressing, kFeatures>,
+                  dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
+                  static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
+    });
+    return st;
   }
 
   // The features per cluster a split-K call takes: the first of kSplitkFeatures whose clusters
@@ -937,29 +951,29 @@ class PagedMoe {
     }
     return 0;
   }
+  // cudaOccupancyMaxActiveClusters of the kernel of `features` at its shared memory, remembered per device
+  // for the last H asked; 0 before sm_90 and for features the precision does not take.
   static int splitk_capacity(int features, int hidden, const detail::DeviceInfo& dev) {
-    if constexpr (kSplitkFeatures[1] != 0)
-      if (features == kSplitkFeatures[1]) return splitk_capacity<kSplitkFeatures[1]>(hidden, dev);
-    return features == kSplitkFeatures[0] ? splitk_capacity<kSplitkFeatures[0]>(hidden, dev) : 0;
+    int clusters = 0;
+    if (dev.major >= 9)
+      on_splitk_features(features,
+                         [&]<int kFeatures>() { clusters = splitk_capacity<kFeatures>(hidden, dev); });
+    return clusters;
   }
-  // cudaOccupancyMaxActiveClusters of the kernel at its shared memory, remembered per device for the last H
-  // asked; 0 before sm_90.
   template <int kFeatures>
   static int splitk_capacity(int hidden, const detail::DeviceInfo& dev) {
-    if (dev.major < 9) return 0;
     static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
     const bool cached = dev.device < detail::kMaxDevices;
     if (cached) {
       const long long v = cache[dev.device].load(std::memory_order_relaxed);
       if (v != 0 && (v >> 32) == hidden) return static_cast<int>(v & 0xffffffffLL);
     }
-    constexpr auto kernel = kSplitkKernel<kFeatures>;
-    const int smem = static_cast<int>(splitk::smem_bytes(hidden));
-    if (!detail::set_smem<kernel>(dev.device, smem, static_cast<int>(2 * kFeatures))) return 0;
+    int smem = 0;
+    if (!splitk_smem<kFeatures>(hidden, dev, smem)) return 0;
     const LaunchConfig probe(dim3(splitk::kCluster), splitk::kThreads, static_cast<std::size_t>(smem),
                              nullptr, splitk::kCluster, false);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &probe.config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kFeatures>, &probe.config) != cudaSuccess) {
       cudaGetLastError();  // not an error of the layer: the decode tiles run instead
       return 0;
     }

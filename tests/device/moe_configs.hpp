@@ -144,53 +144,55 @@ struct PreloadConfig {
   }
 };
 
-// DefaultMoeConfig's choice with no W2 preloading (MoeConfig::decode_preload off where the default sets it).
-struct NoPreloadConfig {
+// DefaultMoeConfig's choices, bf16 (select) and quantized (select_quantized) alike, held to kPath (kAuto: the
+// call's path) and then passed through Tweak::apply(shape, config): a configuration that changes one field
+// of the default for both precisions.
+template <class Tweak, kernels::MoePath kPath = kernels::MoePath::kAuto>
+struct DefaultWith {
+  static constexpr kernels::MoePath held(kernels::MoePath requested) {
+    return kPath == kernels::MoePath::kAuto ? requested : kPath;
+  }
   static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.decode_preload = false;
-    return c;
+    return Tweak::apply(s, kernels::DefaultMoeConfig::select(s, held(requested)));
   }
   static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
                                                        kernels::quant::Bits bits) {
-    return kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+    return Tweak::apply(s, kernels::DefaultMoeConfig::select_quantized(s, held(requested), bits));
+  }
+};
+
+// DefaultMoeConfig's choice with no W2 preloading (MoeConfig::decode_preload off where the default sets it).
+struct NoPreload {
+  static constexpr kernels::MoeConfig apply(const kernels::MoeShape&, kernels::MoeConfig c) {
+    c.decode_preload = false;
+    return c;
+  }
+};
+using NoPreloadConfig = DefaultWith<NoPreload>;
+
+// The split-K decode (MoeConfig::decode_splitk) asked for wherever the choice decodes at most kMaxTokens
+// tokens.
+template <int kMaxTokens>
+struct SplitkUpTo {
+  static constexpr kernels::MoeConfig apply(const kernels::MoeShape& s, kernels::MoeConfig c) {
+    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens;
+    return c;
   }
 };
 
 // DefaultMoeConfig's choice (held to kPath, or by shape with kAuto; bf16 and quantized experts alike) with
-// the split-K decode (MoeConfig::decode_splitk) wherever it decodes at most kMaxTokens tokens (the default:
-// at one token).
+// the split-K decode wherever it decodes at most kMaxTokens tokens (the default: at one token).
 template <int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
-struct SplitkConfig {
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c =
-        kernels::DefaultMoeConfig::select(s, kPath == kernels::MoePath::kAuto ? requested : kPath);
-    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens;
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(
-        s, kPath == kernels::MoePath::kAuto ? requested : kPath, bits);
-    c.decode_splitk = c.path == kernels::MoePath::kDecode && s.num_tokens <= kMaxTokens;
-    return c;
-  }
-};
+using SplitkConfig = DefaultWith<SplitkUpTo<kMaxTokens>, kPath>;
 
 // DefaultMoeConfig's choice without the split-K decode (MoeConfig::decode_splitk off): the decode tiles at
 // one token, as before the default took it.
-struct NoSplitkConfig {
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.decode_splitk = false;
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
+struct NoSplitk {
+  static constexpr kernels::MoeConfig apply(const kernels::MoeShape&, kernels::MoeConfig c) {
     c.decode_splitk = false;
     return c;
   }
 };
+using NoSplitkConfig = DefaultWith<NoSplitk>;
 
 }  // namespace amoeba::testing

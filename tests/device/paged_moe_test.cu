@@ -428,20 +428,15 @@ struct PreloadRuleConfig {  // W2 preloading asked for on a kTile-token decode t
     return c;
   }
 };
-template <MoePath kPath = MoePath::kDecode>
-struct SplitkRuleConfig {  // the split-K decode asked for on kPath, for bf16 and for quantized experts
-  static constexpr kernels::MoeConfig select(const MoeShape& s, MoePath) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, kPath);
-    c.decode_splitk = true;
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const MoeShape& s, MoePath,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, kPath, bits);
+struct AlwaysSplitk {  // the split-K decode asked for whatever the path
+  static constexpr kernels::MoeConfig apply(const MoeShape&, kernels::MoeConfig c) {
     c.decode_splitk = true;
     return c;
   }
 };
+// The split-K decode asked for on kPath, for bf16 and for quantized experts.
+template <MoePath kPath = MoePath::kDecode>
+using SplitkRuleConfig = DefaultWith<AlwaysSplitk, kPath>;
 // A configuration with bf16 choices only (no select_quantized): quantized layers take select()'s choice
 // without its split-K decode (whose rule select() measured on bf16 experts).
 struct Bf16OnlyConfig {

@@ -52,6 +52,7 @@ inline constexpr int kCluster = 4;  // blocks per cluster
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kFeatureGroup = 4;  // features whose W1 / W3 rows a warp reads at once
+inline constexpr int kUnroll = 2;        // steps of each W1 / W3 row's loads in flight per lane (4: 1.01x)
 inline constexpr int kRowBatch = 8;      // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
 inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
@@ -101,27 +102,9 @@ struct Geometry {
 // last partial step instead.
 inline constexpr int kStep = Geometry<Bf16>::kStep;
 
-// A warp's W1 / W3 ring (shared memory): kRing stages of one load step of its kFeatureGroup features' W1 and
-// W3 rows, each lane copying (cp.async) and later reading its own 16 bytes of each row, so the bytes in
-// flight take no registers and need no synchronisation between lanes.
-inline constexpr int kRing = 3;
-inline constexpr int kRingStageBytes = 2 * kFeatureGroup * 32 * 16;  // 4 KB
-
-// The bf16 scales a warp keeps for its features' W1 and W3 rows (quantized experts): [2][kWarpFeatures][groups].
-template <class P, int kFeaturesT>
-constexpr long long warp_scales(int hidden) {
-  if constexpr (P::kQuantized)
-    return 2LL * Geometry<P, kFeaturesT>::kWarpFeatures * ((hidden + quant::kGroup - 1) / quant::kGroup);
-  else
-    return 0;
-}
-
-// Dynamic shared memory of a block: the token's input row (2H bytes), its W2 rows' fp32 sums (H bytes), the
-// warps' rings, then (quantized) their scales.
-template <class P, int kFeaturesT>
+// Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
 constexpr long long smem_bytes(int hidden) {
-  return 2LL * hidden + 4LL * (hidden / kCluster) + 1LL * kWarps * kRing * kRingStageBytes +
-         2LL * kWarps * warp_scales<P, kFeaturesT>(hidden);
+  return 2LL * hidden + 4LL * (hidden / kCluster);
 }
 // Static shared memory of a block: the cluster's bf16 activations.
 constexpr int static_smem_bytes(int features) {
@@ -264,67 +247,57 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
-  // [s + kVpl·l, +kVpl) of each step s of kStep values through the warp's ring: stage q (feature group
-  // q / steps, step q % steps) is copied kRing - 1 stages ahead of its products (quantized experts' last step
-  // may be partial: its lanes past H copy and multiply nothing).
+  // [s + kVpl·l, +kVpl) of each step s of kStep values, kU steps of loads in flight (kUnroll, then 1 for the
+  // rest; quantized experts' last step may be partial: its lanes past H load nothing).
   const int fw = f0 + rank * kBlockFeatures + warp * G::kWarpFeatures;
-  const int steps = (H + G::kStep - 1) / G::kStep, stages = (G::kWarpFeatures / kFeatureGroup) * steps;
-  unsigned char* ring = smem + 3 * H + warp * (kRing * kRingStageBytes) + lane * 16;
-  auto issue = [&](int q) {
-    const int fg = q / steps, s = (q % steps) * G::kStep;
-    if (q < stages && s + lane * kVpl < H) {
-      const std::uint32_t to = ptx::smem_u32(ring + (q % kRing) * kRingStageBytes);
-      const std::int64_t at = (fw + fg * kFeatureGroup) * w1.row_bytes + lane * 16 + s * G::kBits / 8;
-#pragma unroll
-      for (int i = 0; i < kFeatureGroup; ++i) {
-        ptx::cp_async_stream_16(to + 512 * i, w1.rows + at + i * w1.row_bytes);
-        ptx::cp_async_stream_16(to + 512 * (kFeatureGroup + i), w3.rows + at + i * w3.row_bytes);
-      }
-    }
-    ptx::cp_async_commit();
-  };
-#pragma unroll
-  for (int q = 0; q < kRing - 1; ++q) issue(q);
-  [[maybe_unused]] unsigned short* scales =
-      reinterpret_cast<unsigned short*>(smem + 3 * H + kWarps * kRing * kRingStageBytes) +
-      warp * warp_scales<P, kFeaturesT>(H);
-  if constexpr (P::kQuantized) {  // the warp's rows' scales: [m][feature][group]
-    const int groups = w1.groups, n = G::kWarpFeatures * groups;
-    for (int i = lane; i < 2 * n; i += 32) {
-      const PackedMatrix& w = i < n ? w1 : w3;
-      scales[i] = __ldg(reinterpret_cast<const unsigned short*>(w.scales + fw * w.groups) + i % n);
-    }
-    __syncwarp();
-  }
   float acc[2][G::kWarpFeatures] = {};
 #pragma unroll
   for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
-    for (int st = 0; st < steps; ++st) {
-      const int q = (fg / kFeatureGroup) * steps + st, k = st * G::kStep + lane * kVpl;
-      ptx::cp_async_wait<kRing - 2>();  // stage q has landed (this lane's copies)
-      issue(q + kRing - 1);             // into the slot stage q - 1 was read from
-      if (k >= H) continue;
-      const std::uint32_t from = ptx::smem_u32(ring + (q % kRing) * kRingStageBytes);
-      auto row = [&](int m, int i) { return ptx::ld_shared_16(from + 512 * (kFeatureGroup * m + i)); };
-      if constexpr (P::kQuantized) {
-        float xf[kVpl];
-        shared_floats(xs + k, xf);
-        const unsigned short* sc = scales + k / static_cast<int>(quant::kGroup);
+    const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
+                                   w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
+    auto steps = [&]<int kU, bool kTail>(int s) {
+      uint4 wv[kU][2][kFeatureGroup];
+      [[maybe_unused]] float sc[kU][2][kFeatureGroup];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
 #pragma unroll
         for (int m = 0; m < 2; ++m)
 #pragma unroll
-          for (int i = 0; i < kFeatureGroup; ++i)
-            acc[m][fg + i] = fmaf(__uint_as_float(static_cast<std::uint32_t>(
-                                      sc[(m * G::kWarpFeatures + fg + i) * w1.groups]) << 16),
-                                  dot_packed<P::kBits>(row(m, i), xf), acc[m][fg + i]);
-      } else {
-        const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(row(m, i), xv, acc[m][fg + i]);
+          for (int i = 0; i < kFeatureGroup; ++i) {
+            wv[u][m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + (s + u * G::kStep) * G::kBits / 8);
+            if constexpr (P::kQuantized) {
+              const PackedMatrix& w = m == 0 ? w1 : w3;
+              sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
+            }
+          }
       }
-    }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
+        if constexpr (P::kQuantized) {
+          float xf[kVpl];
+          shared_floats(xs + k, xf);
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i)
+              acc[m][fg + i] = fmaf(sc[u][m][i], dot_packed<P::kBits>(wv[u][m][i], xf), acc[m][fg + i]);
+        } else {
+          const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(wv[u][m][i], xv, acc[m][fg + i]);
+        }
+      }
+    };
+    int s = 0;
+    for (; s + kUnroll * G::kStep <= H; s += kUnroll * G::kStep) steps.template operator()<kUnroll, false>(s);
+    for (; s + G::kStep <= H; s += G::kStep) steps.template operator()<1, false>(s);
+    if (s < H) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)

@@ -406,7 +406,7 @@ class PagedMoe {
             "must be <= " + std::to_string(splitk::kMaxSlots) + " with config.decode_splitk");
       if (s.num_tokens > 65535)
         return Status::error("shape.num_tokens", s.num_tokens, "must be <= 65535 with config.decode_splitk");
-      const long long bytes = splitk::smem_bytes<Precision, kSplitkFeatures[0]>(s.hidden);
+      const long long bytes = splitk::smem_bytes(s.hidden);
       if (bytes > ptx::kMaxBlockSmemBytes)
         return Status::error("shape.hidden", s.hidden,
                              "needs " + std::to_string(bytes) +
@@ -915,7 +915,7 @@ class PagedMoe {
   // The kernel's shared memory at hidden size H, set on the device where it passes the default.
   template <int kFeatures>
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
-    smem = static_cast<int>(splitk::smem_bytes<Precision, kFeatures>(hidden));
+    smem = static_cast<int>(splitk::smem_bytes(hidden));
     return detail::set_smem<kSplitkKernel<kFeatures>>(dev.device, smem, splitk::static_smem_bytes(kFeatures));
   }
 

@@ -585,7 +585,9 @@ void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed)
   using Config = SplitkConfig<4, MoePath::kDecode>;
   const MoeShape shape = shape_of(store.spec, tokens);
   constexpr auto kChoices = kernels::splitk::feature_choices<Precision>();
-  const int widest = kChoices[1] != 0 && shape.intermediate % kChoices[1] == 0 ? kChoices[1] : kChoices[0];
+  int widest = kChoices[0];
+  if constexpr (kChoices[1] != 0)  // (no `% 0` for the precisions with one choice)
+    if (shape.intermediate % kChoices[1] == 0) widest = kChoices[1];
   const long long clusters =
       static_cast<long long>(tokens) * shape.slots_per_token() * (shape.intermediate / widest);
   if (clusters > 90) return;  // more than an H100 holds at once: the decode tiles would run

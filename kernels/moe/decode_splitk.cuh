@@ -93,7 +93,7 @@ struct Geometry {
   // Blocks per SM the registers must leave room for (ptxas -v, no spills): int8 on 128 features at 3 (167
   // registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4 (capped at 128: their
   // clusters are as many as bf16's). bf16: unbounded (110 registers, 4 blocks).
-  static constexpr int kMinBlocks = kBits == 16 ? 4 : kFeatures == 64 ? 4 : 3;
+  static constexpr int kMinBlocks = kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
@@ -231,17 +231,8 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   ptx::cluster_arrive_relaxed();  // this block runs (the others wait for it before writing into it)
   ptx::grid_dependency_wait();    // topk_ids, topk_weights and the input: the previous kernels' output
   ptx::launch_dependents();       // the combine's blocks may take their SMs and wait
-  // The token's input row into shared memory, asynchronously: the first W1 / W3 loads below go out before
-  // the block waits for it (x_ready).
-  const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
-  for (int i = threadIdx.x; i < H / 8; i += kThreads) ptx::cp_async_16(ptx::smem_u32(xs + i * 8), x + i * 8, 16);
-  ptx::cp_async_commit();
-  bool x_ready = false;
   const int e = slot_expert_of(p, j, slot_id(p, t, j));
-  if (e < 0) {  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
-    ptx::cp_async_wait<0>();
-    return;
-  }
+  if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
   const PackedMatrix w1 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 0), F, H);
   const PackedMatrix w3 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 1), F, H);
   const PackedMatrix w2m = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 2), H, F);
@@ -250,6 +241,10 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   // W2's columns of the block's rows (one line or half of one per row) asked of the L2 before the W1 / W3
   // loads, so that they stream with them; the down step below reads them from the L2.
   for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
+  const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
+  for (int i = threadIdx.x; i < H / 8; i += kThreads)
+    reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
+  __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
   // [s + kVpl·l, +kVpl) of each step s of kStep values, kU steps of loads in flight (kUnroll, then 1 for the
@@ -277,11 +272,6 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
               sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
             }
           }
-      }
-      if (!x_ready) {  // (uniform over the block) the input row has landed, for every thread
-        ptx::cp_async_wait<0>();
-        __syncthreads();
-        x_ready = true;
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {

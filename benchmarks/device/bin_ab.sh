@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two builds of paged_moe_bench against each other in one device call: for each seed a process of build A
 # then one of build B (the same configurations, models, token counts), merged pair by pair (merge_ab.py: B's
-# configurations read as `<config>-new`), then compare.py for each configuration. For a change that moves
+# configurations read as `<config>-new`), then compare.py --paged-ratio for each configuration (contiguous and paged B / A). For a change that moves
 # the default table or a kernel, where one binary cannot hold both sides.
 #   A=.gpu/old B=.gpu/new OUT=$OUT [SEEDS=3] [MODELS=qwen15_shared,qwen3,mixtral] [TOKENS=16,64,256]
 #   [CONFIGS=int8,int4] bash benchmarks/device/bin_ab.sh
@@ -28,7 +28,7 @@ for seed in $(seq 1 "${SEEDS:-3}"); do
   python3 "$here/merge_ab.py" "$OUT/a_$seed.json" "$OUT/b_$seed.json" "$OUT/ab_$seed.json" || status=1
 done
 for c in ${configs//,/ }; do
-  python3 "$here/compare.py" "$c" "$c-new" "$OUT"/ab_*.json | tee -a "$OUT/bin_ab.md" || status=1
+  python3 "$here/compare.py" --paged-ratio "$c" "$c-new" "$OUT"/ab_*.json | tee -a "$OUT/bin_ab.md" || status=1
 done
 echo "(A: $A as <config>; B: $B as <config>-new)" | tee -a "$OUT/bin_ab.md"
 # Few files come back from a device call: everything travels as one archive.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Two builds of paged_moe_bench against each other in one device call: for each seed a process of build A
 # then one of build B (the same configurations, models, token counts), merged pair by pair (merge_ab.py: B's
-# configurations read as `<config>-new`), then compare.py --paged-ratio for each configuration (contiguous and paged B / A). For a change that moves
-# the default table or a kernel, where one binary cannot hold both sides.
+# configurations read as `<config>-new`), then compare.py --paged-ratio for each configuration (B / A on
+# contiguous and on paged experts). For a change that moves the default table or a kernel, where one binary
+# cannot hold both sides.
 #   A=.gpu/old B=.gpu/new OUT=$OUT [SEEDS=3] [MODELS=qwen15_shared,qwen3,mixtral] [TOKENS=16,64,256]
 #   [CONFIGS=int8,int4] bash benchmarks/device/bin_ab.sh
 # Writes $OUT/bin_ab.tgz: a_<s>.json, b_<s>.json, ab_<s>.json and bin_ab.md.

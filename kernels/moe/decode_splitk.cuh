@@ -56,13 +56,6 @@ inline constexpr int kUnroll = 2;        // steps of each W1 / W3 row's loads in
 inline constexpr int kRowBatch = 8;      // W2 rows a lane loads before it reduces them
 inline constexpr int kCombineColumns = 128;  // columns of H per combine block (32 threads × 4)
 inline constexpr int kMaxSlots = 32;         // slots per token at most (the combine block: 32 per slot)
-#ifndef AMOEBA_SPLITK_BF16_MIN_BLOCKS
-#define AMOEBA_SPLITK_BF16_MIN_BLOCKS 4
-#endif
-#ifndef AMOEBA_SPLITK_EARLY_W2
-#define AMOEBA_SPLITK_EARLY_W2 0
-#endif
-inline constexpr bool kEarlyW2 = AMOEBA_SPLITK_EARLY_W2;  // experiment switch (not for commit)
 
 // Bits per stored weight.
 template <class P>
@@ -100,7 +93,7 @@ struct Geometry {
   // Blocks per SM the registers must leave room for (ptxas -v, no spills): int8 on 128 features at 3 (167
   // registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4 (capped at 128: their
   // clusters are as many as bf16's). bf16: unbounded (110 registers, 4 blocks).
-  static constexpr int kMinBlocks = kBits == 16 ? AMOEBA_SPLITK_BF16_MIN_BLOCKS : kFeatures == 64 ? 4 : 3;
+  static constexpr int kMinBlocks = kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
@@ -253,7 +246,66 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
     reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
   __syncthreads();
 
-  // Down's first batch of W2 loads (below) is issued before the last gate/up step's products.
+  // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
+  // [s + kVpl·l, +kVpl) of each step s of kStep values, kU steps of loads in flight (kUnroll, then 1 for the
+  // rest; quantized experts' last step may be partial: its lanes past H load nothing).
+  const int fw = f0 + rank * kBlockFeatures + warp * G::kWarpFeatures;
+  float acc[2][G::kWarpFeatures] = {};
+#pragma unroll
+  for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
+    const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
+                                   w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
+    auto steps = [&]<int kU, bool kTail>(int s) {
+      uint4 wv[kU][2][kFeatureGroup];
+      [[maybe_unused]] float sc[kU][2][kFeatureGroup];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int i = 0; i < kFeatureGroup; ++i) {
+            wv[u][m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + (s + u * G::kStep) * G::kBits / 8);
+            if constexpr (P::kQuantized) {
+              const PackedMatrix& w = m == 0 ? w1 : w3;
+              sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
+            }
+          }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int k = s + u * G::kStep + lane * kVpl;
+        if (kTail && k >= H) continue;
+        if constexpr (P::kQuantized) {
+          float xf[kVpl];
+          shared_floats(xs + k, xf);
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i)
+              acc[m][fg + i] = fmaf(sc[u][m][i], dot_packed<P::kBits>(wv[u][m][i], xf), acc[m][fg + i]);
+        } else {
+          const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(wv[u][m][i], xv, acc[m][fg + i]);
+        }
+      }
+    };
+    int s = 0;
+    for (; s + kUnroll * G::kStep <= H; s += kUnroll * G::kStep) steps.template operator()<kUnroll, false>(s);
+    for (; s + G::kStep <= H; s += G::kStep) steps.template operator()<1, false>(s);
+    if (s < H) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int i = 0; i < G::kWarpFeatures; ++i)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
+
   // Down: row r of the block's W2 columns · the kFeatures activations, kRowLanes lanes per row (lane l:
   // values [kVpl·(l % kRowLanes), +kVpl)), kRowsPerStep rows per warp step, kRowBatch steps of loads in
   // flight and the next batch loaded before the current one is reduced; the first batch is loaded before
@@ -275,83 +327,7 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
             load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
     }
   };
-
-  // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
-  // [s + kVpl·l, +kVpl) of each step s of kStep values. Two steps' registers: the next step's loads are issued
-  // before the current step's products, so each lane always has a step of loads in flight (quantized
-  // experts' last step may be partial: its lanes past H load nothing).
-  const int fw = f0 + rank * kBlockFeatures + warp * G::kWarpFeatures;
-  const int n_steps = (H + G::kStep - 1) / G::kStep;
-  float acc[2][G::kWarpFeatures] = {};
-#pragma unroll
-  for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
-    const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
-                                   w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
-    struct Step {
-      uint4 w[2][kFeatureGroup];
-      [[maybe_unused]] float sc[2][kFeatureGroup];
-    };
-    auto load = [&](int step, Step& b) {
-      const int s = step * G::kStep;
-      const int k = s + lane * kVpl;
-      if (P::kQuantized && k >= H) return;
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int i = 0; i < kFeatureGroup; ++i) {
-          b.w[m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + s * G::kBits / 8);
-          if constexpr (P::kQuantized) {
-            const PackedMatrix& w = m == 0 ? w1 : w3;
-            b.sc[m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
-          }
-        }
-    };
-    auto products = [&](int step, const Step& b) {
-      const int k = step * G::kStep + lane * kVpl;
-      if (P::kQuantized && k >= H) return;
-      if constexpr (P::kQuantized) {
-        float xf[kVpl];
-        shared_floats(xs + k, xf);
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int i = 0; i < kFeatureGroup; ++i)
-            acc[m][fg + i] = fmaf(b.sc[m][i], dot_packed<P::kBits>(b.w[m][i], xf), acc[m][fg + i]);
-      } else {
-        const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(b.w[m][i], xv, acc[m][fg + i]);
-      }
-    };
-    const bool early_w2 = kEarlyW2 && fg + kFeatureGroup >= G::kWarpFeatures;  // the last group
-    Step a, b;
-    load(0, a);
-    int i = 0;
-#pragma unroll 1
-    for (; i + 1 < n_steps; i += 2) {
-      load(i + 1, b);
-      products(i, a);
-      if (i + 2 < n_steps)
-        load(i + 2, a);
-      else if (early_w2)
-        load_batch(r0);
-      products(i + 1, b);
-    }
-    if (i < n_steps) {
-      if (early_w2) load_batch(r0);
-      products(i, a);
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int i = 0; i < G::kWarpFeatures; ++i)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
-  if constexpr (!kEarlyW2) load_batch(r0);
-
+  load_batch(r0);
 
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
   ptx::cluster_wait();  // every block of the cluster has started

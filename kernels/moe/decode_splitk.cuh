@@ -59,9 +59,6 @@ inline constexpr int kFeatureWarps = 4;  // warps holding distinct features of a
 #ifndef AMOEBA_SPLITK_HSPLIT_W2BATCH
 #define AMOEBA_SPLITK_HSPLIT_W2BATCH 4
 #endif
-#ifndef AMOEBA_SPLITK_HSPLIT_INT8_128
-#define AMOEBA_SPLITK_HSPLIT_INT8_128 AMOEBA_SPLITK_HSPLIT_INT8
-#endif
 #ifndef AMOEBA_SPLITK_INT8_PREFER128
 #define AMOEBA_SPLITK_INT8_PREFER128 0
 #endif
@@ -108,8 +105,8 @@ struct Geometry {
   static constexpr int kRowsPerStep = 32 / kRowLanes;  // W2 rows a warp reads per load
   static constexpr int kWarpFeatures = kFeatures / (kCluster * kFeatureWarps);  // 4, 8 (int8 on 128)
   // Warps per feature group, each reading its share of H (the block's warps: kFeatureWarps of them).
-  static constexpr int kHSplit = kBits == 16  ? AMOEBA_SPLITK_HSPLIT_BF16
-                                 : kBits == 8 ? (kFeaturesT == 128 ? AMOEBA_SPLITK_HSPLIT_INT8_128 : AMOEBA_SPLITK_HSPLIT_INT8)
+  static constexpr int kHSplit = kBits == 16 ? AMOEBA_SPLITK_HSPLIT_BF16
+                                 : kBits == 8 ? AMOEBA_SPLITK_HSPLIT_INT8
                                               : AMOEBA_SPLITK_HSPLIT_INT4;
   static constexpr int kWarps = kFeatureWarps * kHSplit;
   static constexpr int kThreads = 32 * kWarps;

@@ -49,22 +49,8 @@
 namespace amoeba::kernels::splitk {
 
 inline constexpr int kCluster = 4;  // blocks per cluster
-inline constexpr int kFeatureWarps = 4;  // warps holding distinct features of a block
-#ifndef AMOEBA_SPLITK_HSPLIT_BF16
-#define AMOEBA_SPLITK_HSPLIT_BF16 2
-#endif
-#ifndef AMOEBA_SPLITK_HSPLIT_INT8
-#define AMOEBA_SPLITK_HSPLIT_INT8 2
-#endif
-#ifndef AMOEBA_SPLITK_HSPLIT_W2BATCH
-#define AMOEBA_SPLITK_HSPLIT_W2BATCH 4
-#endif
-#ifndef AMOEBA_SPLITK_INT8_PREFER128
-#define AMOEBA_SPLITK_INT8_PREFER128 0
-#endif
-#ifndef AMOEBA_SPLITK_HSPLIT_INT4
-#define AMOEBA_SPLITK_HSPLIT_INT4 1
-#endif
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kFeatureGroup = 4;  // features whose W1 / W3 rows a warp reads at once
 inline constexpr int kUnroll = 2;        // steps of each W1 / W3 row's loads in flight per lane (4: 1.01x)
 inline constexpr int kRowBatch = 8;      // W2 rows a lane loads before it reduces them
@@ -88,7 +74,7 @@ constexpr int bits_of() {
 template <class P>
 constexpr std::array<int, 2> feature_choices() {
   if constexpr (P::kQuantized)
-    if (P::kBits == quant::Bits::kInt8) return AMOEBA_SPLITK_INT8_PREFER128 ? std::array<int, 2>{128, 64} : std::array<int, 2>{64, 128};
+    if (P::kBits == quant::Bits::kInt8) return {64, 128};
   return {64, 0};
 }
 
@@ -103,19 +89,11 @@ struct Geometry {
   static constexpr int kRowLanes =
       kFeatures * kBits / 128;                         // lanes per W2 row slice: 8 bf16, 4 / 8 int8, 2 int4
   static constexpr int kRowsPerStep = 32 / kRowLanes;  // W2 rows a warp reads per load
-  static constexpr int kWarpFeatures = kFeatures / (kCluster * kFeatureWarps);  // 4, 8 (int8 on 128)
-  // Warps per feature group, each reading its share of H (the block's warps: kFeatureWarps of them).
-  static constexpr int kHSplit = kBits == 16 ? AMOEBA_SPLITK_HSPLIT_BF16
-                                 : kBits == 8 ? AMOEBA_SPLITK_HSPLIT_INT8
-                                              : AMOEBA_SPLITK_HSPLIT_INT4;
-  static constexpr int kWarps = kFeatureWarps * kHSplit;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kStepsInFlight = kHSplit > 1 ? 1 : kUnroll;
-  static constexpr int kW2Batch = kHSplit > 1 ? AMOEBA_SPLITK_HSPLIT_W2BATCH : kRowBatch;
+  static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8 (int8 on 128)
   // Blocks per SM the registers must leave room for (ptxas -v, no spills): int8 on 128 features at 3 (167
   // registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4 (capped at 128: their
   // clusters are as many as bf16's). bf16: unbounded (110 registers, 4 blocks).
-  static constexpr int kMinBlocks = kHSplit > 1 ? 3 : kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
+  static constexpr int kMinBlocks = kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
@@ -232,17 +210,15 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
 }
 
 template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures>
-__global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
+__global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
   using G = Geometry<P, kFeaturesT>;
   constexpr int kBlockFeatures = G::kFeatures / kCluster;
   constexpr int kVpl = G::kValuesPerLoad;
-  constexpr int kWarps = G::kWarps, kThreads = G::kThreads;
   namespace cg = cooperative_groups;
   const MoeParams<Addressing>& p = sp.moe;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(16) bf16 h[G::kFeatures];
-  __shared__ float half_sums[G::kHSplit > 1 ? kFeatureWarps : 1][2][G::kWarpFeatures];
   const int H = p.hidden, F = p.intermediate;
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -273,10 +249,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P,
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
   // [s + kVpl·l, +kVpl) of each step s of kStep values, kU steps of loads in flight (kUnroll, then 1 for the
   // rest; quantized experts' last step may be partial: its lanes past H load nothing).
-  const int fwarp = warp % kFeatureWarps, part = warp / kFeatureWarps;
-  const int fw = f0 + rank * kBlockFeatures + fwarp * G::kWarpFeatures;
-  const int n_steps = (H + G::kStep - 1) / G::kStep, part_steps = (n_steps + G::kHSplit - 1) / G::kHSplit;
-  const int s_begin = min(H, part * part_steps * G::kStep), s_end = min(H, (part + 1) * part_steps * G::kStep);
+  const int fw = f0 + rank * kBlockFeatures + warp * G::kWarpFeatures;
   float acc[2][G::kWarpFeatures] = {};
 #pragma unroll
   for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
@@ -321,12 +294,10 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P,
         }
       }
     };
-    constexpr int kU = G::kStepsInFlight;
-    int s = s_begin;
-    if constexpr (kU > 1)
-      for (; s + kU * G::kStep <= s_end; s += kU * G::kStep) steps.template operator()<kU, false>(s);
-    for (; s + G::kStep <= s_end; s += G::kStep) steps.template operator()<1, false>(s);
-    if (s < s_end) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
+    int s = 0;
+    for (; s + kUnroll * G::kStep <= H; s += kUnroll * G::kStep) steps.template operator()<kUnroll, false>(s);
+    for (; s + G::kStep <= H; s += G::kStep) steps.template operator()<1, false>(s);
+    if (s < H) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -334,22 +305,9 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P,
     for (int i = 0; i < G::kWarpFeatures; ++i)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
-  if constexpr (G::kHSplit > 1) {  // (two parts) the second part's sums added to the first's
-    static_assert(G::kHSplit == 2);
-    if (part == 1 && lane == 0)
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int i = 0; i < G::kWarpFeatures; ++i) half_sums[fwarp][m][i] = acc[m][i];
-    __syncthreads();
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int i = 0; i < G::kWarpFeatures; ++i) acc[m][i] += half_sums[fwarp][m][i];
-  }
 
   // Down: row r of the block's W2 columns · the kFeatures activations, kRowLanes lanes per row (lane l:
-  // values [kVpl·(l % kRowLanes), +kVpl)), kRowsPerStep rows per warp step, G::kW2Batch steps of loads in
+  // values [kVpl·(l % kRowLanes), +kVpl)), kRowsPerStep rows per warp step, kRowBatch steps of loads in
   // flight and the next batch loaded before the current one is reduced; the first batch is loaded before
   // the activations are exchanged. Rows past the warp's end are clamped to its last rows (loaded, not
   // stored).
@@ -357,11 +315,11 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P,
   const int end = (warp + 1) * (rows / kWarps);
   const int sub = lane % G::kRowLanes;
   int r0 = warp * (rows / kWarps) + lane / G::kRowLanes;
-  uint4 next[G::kW2Batch];
-  float next_scale[G::kW2Batch];
+  uint4 next[kRowBatch];
+  float next_scale[kRowBatch];
   auto load_batch = [&](int first) {
 #pragma unroll
-    for (int i = 0; i < G::kW2Batch; ++i) {
+    for (int i = 0; i < kRowBatch; ++i) {
       const int r = min(first + kR * i, end - kR + lane / G::kRowLanes);
       next[i] = ptx::ld_stream_16(w2 + r * w2m.row_bytes + sub * 16);
       if constexpr (P::kQuantized)
@@ -373,13 +331,13 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P,
 
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
   ptx::cluster_wait();  // every block of the cluster has started
-  if (part == 0 && lane < G::kWarpFeatures) {
+  if (lane < G::kWarpFeatures) {
     float g = acc[0][0], u = acc[1][0];
 #pragma unroll
     for (int i = 1; i < G::kWarpFeatures; ++i)
       if (lane == i) g = acc[0][i], u = acc[1][i];
     const bf16 v = __float2bfloat16_rn(silu(g) * u);
-    const int idx = rank * kBlockFeatures + fwarp * G::kWarpFeatures + lane;
+    const int idx = rank * kBlockFeatures + warp * G::kWarpFeatures + lane;
 #pragma unroll
     for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(h, q)[idx] = v;
   }
@@ -391,18 +349,18 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P,
     shared_floats(h + sub * kVpl, hf);
   else
     hv = ptx::ld_shared_16(ptx::smem_u32(h + sub * kVpl));
-  for (; r0 < end; r0 += kR * G::kW2Batch) {
-    uint4 wv[G::kW2Batch];
-    [[maybe_unused]] float scale[G::kW2Batch];
+  for (; r0 < end; r0 += kR * kRowBatch) {
+    uint4 wv[kRowBatch];
+    [[maybe_unused]] float scale[kRowBatch];
 #pragma unroll
-    for (int i = 0; i < G::kW2Batch; ++i) {
+    for (int i = 0; i < kRowBatch; ++i) {
       wv[i] = next[i];
       if constexpr (P::kQuantized) scale[i] = next_scale[i];
     }
-    if (r0 + kR * G::kW2Batch < end) load_batch(r0 + kR * G::kW2Batch);
-    float v[G::kW2Batch];
+    if (r0 + kR * kRowBatch < end) load_batch(r0 + kR * kRowBatch);
+    float v[kRowBatch];
 #pragma unroll
-    for (int i = 0; i < G::kW2Batch; ++i) {
+    for (int i = 0; i < kRowBatch; ++i) {
       if constexpr (P::kQuantized)
         v[i] = scale[i] * dot_packed<P::kBits>(wv[i], hf);
       else
@@ -412,7 +370,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT>::kThreads, Geometry<P,
     }
     if (sub == 0) {
 #pragma unroll
-      for (int i = 0; i < G::kW2Batch; ++i)
+      for (int i = 0; i < kRowBatch; ++i)
         if (r0 + kR * i < end) sums[r0 + kR * i] = v[i];
     }
   }

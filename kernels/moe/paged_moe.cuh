@@ -929,7 +929,7 @@ class PagedMoe {
       if (st = launch_clustered(
               kSplitkKernel<kFeatures>,
               dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
-              splitk::Geometry<Precision, kFeatures>::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
+              splitk::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
           !st)
         return;
       st = launch(splitk::combine_kernel<Addressing, kFeatures>,
@@ -970,7 +970,7 @@ class PagedMoe {
     }
     int smem = 0;
     if (!splitk_smem<kFeatures>(hidden, dev, smem)) return 0;
-    const LaunchConfig probe(dim3(splitk::kCluster), splitk::Geometry<Precision, kFeatures>::kThreads, static_cast<std::size_t>(smem),
+    const LaunchConfig probe(dim3(splitk::kCluster), splitk::kThreads, static_cast<std::size_t>(smem),
                              nullptr, splitk::kCluster, false);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kFeatures>, &probe.config) != cudaSuccess) {

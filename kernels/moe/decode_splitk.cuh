@@ -110,6 +110,14 @@ constexpr long long smem_bytes(int hidden) {
 constexpr int static_smem_bytes(int features) {
   return 2 * features;
 }
+// The smallest H the kernel of kFeatures serves: each warp's share of its block's H / 4 rows of W2 must hold
+// one warp step of rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the
+// block's (out of the matrix in block 0) and its lanes part around the W2 loop's shuffles. 64 for bf16 and
+// int8 on 128 features, 128 for int8 on 64, 256 for int4.
+template <class P, int kFeatures>
+constexpr int min_hidden() {
+  return kCluster * kWarps * Geometry<P, kFeatures>::kRowsPerStep;
+}
 
 // The partial sums' workspace: [T][k + m][F / features][H] fp32.
 constexpr long long partial_floats(long long tokens, int slots, int intermediate, int hidden, int features) {

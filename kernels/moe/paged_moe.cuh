@@ -939,12 +939,17 @@ class PagedMoe {
     return st;
   }
 
-  // The features per cluster a split-K call takes: the first of kSplitkFeatures whose clusters
-  // (T·(k+m)·F/features) all fit the device at once, 0 where none does (the decode tiles run). Two waves of
-  // clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
+  // The features per cluster a split-K call takes: the first of kSplitkFeatures that serves H
+  // (splitk::min_hidden) and whose clusters (T·(k+m)·F/features) all fit the device at once, 0 where none
+  // does (the decode tiles run). Two waves of clusters ran 1.02-1.17x the decode tiles' time
+  // (MoeConfig::decode_splitk).
   static int splitk_features(const MoeShape& s, const detail::DeviceInfo& dev) {
     for (const int features : kSplitkFeatures) {
       if (features == 0 || s.intermediate % features != 0) continue;
+      int min_hidden = 0;
+      on_splitk_features(features,
+                         [&]<int kFeatures>() { min_hidden = splitk::min_hidden<Precision, kFeatures>(); });
+      if (s.hidden < min_hidden) continue;  // too few W2 rows per warp (splitk::min_hidden)
       const long long need =
           static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / features);
       if (need <= splitk_capacity(features, s.hidden, dev)) return features;

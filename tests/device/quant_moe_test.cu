@@ -614,6 +614,16 @@ TEST_CASE("quantized experts: split-K decode against the reference, paged = cont
   const QuantStore p8(kSmall, Bits::kInt8, 33, 48), p4(kSmall, Bits::kInt4, 34, 4096);
   check_quant_splitk<kernels::Int8>(p8, 1, 2301);
   check_quant_splitk<kernels::Int4>(p4, 1, 2302);
+  // Below splitk::min_hidden (a warp's W2 rows fewer than one step of its loads) the call takes the decode
+  // tiles: int4 on 64 features needs H >= 256, int8 on 64 H >= 128.
+  using Split4 = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>, kernels::Int4>;
+  using Split8 = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>, kernels::Int8>;
+  CHECK_FALSE(Split4::decode_splits({.shape = shape_of(ModelSpec{"tiny H128 F128", 8, 2, 128, 128, 0}, 1)}));
+  CHECK(
+      Split4::decode_split_features({.shape = shape_of(ModelSpec{"tiny H256 F128", 8, 2, 256, 128, 0}, 1)}) ==
+      (Split4::splitk_clusters_at_once(256) >= 4 ? 64 : 0));
+  CHECK(Split8::decode_split_features({.shape = shape_of(ModelSpec{"tiny H64 F128", 8, 2, 64, 128, 0}, 1)}) ==
+        (Split8::splitk_clusters_at_once(64, 128) >= 2 ? 128 : 0));
 }
 
 TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][quant]") {

@@ -60,7 +60,7 @@
 // quantized choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
 // int8-splitk / int4-splitk: the default's quantized choice with the split-K decode asked for at one token
-// (128 features of F per cluster), int8-nosplitk / int4-nosplitk: at none;
+// (the first form of splitk::shape_choices that fits the device), int8-nosplitk / int4-nosplitk: at none;
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>

@@ -7,15 +7,16 @@
 //
 //  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, kFeatures features
 //     [f0, f0 + kFeatures) of F): 64, or 128 for int8 experts where 64 would need more clusters than the
-//     device holds at once (feature_choices). Block r of the cluster
+//     device holds at once (shape_choices). Block r of the cluster
 //       - asks the L2 for W2's columns [f0, f0 + kFeatures) of its H / 4 rows before anything else, so that
 //         they stream with W1 and W3;
-//       - computes SiLU(gate)·up of its kFeatures / 4 features (each warp: 4 features' W1 and W3 rows at a
-//         time over all of H, 16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the
-//         decode kernels store `act`) and writes them into every block of the cluster (distributed shared
-//         memory);
-//       - after the cluster barrier, multiplies its W2 rows by the kFeatures values and writes the fp32
-//         partial sums of its rows to partials[t][j][f0 / kFeatures][·].
+//       - computes SiLU(gate)·up of its kFeatures / 4 features (each of its 4 feature warps: 4 features' W1
+//         and W3 rows at a time over all of H, or, where the form pairs its warps (int8), each warp of a
+//         pair over its half of H, the second half's sums then added to the first's through shared memory;
+//         16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the decode kernels store
+//         `act`) and writes them into every block of the cluster (distributed shared memory);
+//       - after the cluster barrier, multiplies its W2 rows (shared by all its warps) by the kFeatures
+//         values and writes the fp32 partial sums of its rows to partials[t][j][f0 / kFeatures][·].
 //     So no block waits for any block outside its cluster. Copying the W2 columns into shared memory
 //     instead (64 KB per block at H = 2048) left room for 92 clusters on an H100, fewer than Qwen3's 96 at
 //     one token, and asking the L2 for the W1 / W3 rows at once (bulk prefetch) was slower on every shape
@@ -48,9 +49,8 @@
 
 namespace amoeba::kernels::splitk {
 
-inline constexpr int kCluster = 4;  // blocks per cluster
-inline constexpr int kWarps = 4;
-inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kCluster = 4;       // blocks per cluster
+inline constexpr int kFeatureWarps = 4;  // warps of a block holding distinct features
 inline constexpr int kFeatureGroup = 4;  // features whose W1 / W3 rows a warp reads at once
 inline constexpr int kUnroll = 2;        // steps of each W1 / W3 row's loads in flight per lane (4: 1.01x)
 inline constexpr int kRowBatch = 8;      // W2 rows a lane loads before it reduces them
@@ -66,21 +66,41 @@ constexpr int bits_of() {
     return 16;
 }
 
-// The features of F per cluster a precision may take, the first where its clusters fit the device at once
-// (PagedMoe::splitk_features): 64 (bf16 and int4: a 128- or 32-byte W2 row slice), and for int8 64, then
-// 128 (one scale group of W2's rows, a 128-byte slice: half the clusters, so that Qwen1.5-MoE with its
-// shared chunks fits, 88 clusters where 64 features need 176). int4 on 128 features took 1.08-1.18x the
-// decode tiles' time (docs/results/quantized_h200.md, "Split-K decode on quantized experts").
+// One form of the kernel: kFeatures features of F per cluster, and the warps that read each feature group's
+// W1 / W3 rows (h_split of them, each over its share of H: a block of 4·h_split warps).
+struct Shape {
+  int features = 0;  // 0: no such form
+  int h_split = 1;
+};
+
+// The forms a precision may take, in order: PagedMoe takes the first whose clusters all fit the device at
+// once (PagedMoe::splitk_choice).
+//  - bf16 and int4: 64 features (a 128- or 32-byte W2 row slice), 4 warps. int4 on 128 features took
+//    1.08-1.18x the decode tiles' time (docs/results/quantized_h200.md, "Split-K decode on quantized
+//    experts"); bf16 with warp pairs splitting H gained on Qwen1.5-MoE (0.985x) but lost on Qwen3-Next
+//    (1.008x) and fits fewer clusters than Qwen3-30B-A3B's 96 (docs/results/paged_moe_h200.md, "Warp pairs
+//    that split H").
+//  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
+//    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
+//    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters) with
+//    warp pairs, at 2 blocks per SM; then 128 features on 4 warps, 3 blocks per SM. On an H100, against the
+//    4-warp 64/128 forms: Qwen1.5-MoE's routed experts (88 clusters of 64) 0.942x, Qwen3-Next 0.973-0.975x;
+//    Qwen3-30B-A3B, whose 96 clusters of 64 outnumber the 92 the pairs fit, 0.914-0.926x on 128 features with
+//    pairs (48 of the 62 clusters they fit); Qwen1.5-MoE with its shared chunks (88 clusters of 128) lost
+//    with pairs at 3 blocks per SM (1.045-1.051x) and takes the 4-warp form, the third choice, where the
+//    pairs' 2 blocks per SM hold fewer clusters (docs/results/paged_moe_h200.md, "Warp pairs that split H",
+//    "int8's warp pairs landed").
 template <class P>
-constexpr std::array<int, 2> feature_choices() {
+constexpr std::array<Shape, 3> shape_choices() {
   if constexpr (P::kQuantized)
-    if (P::kBits == quant::Bits::kInt8) return {64, 128};
-  return {64, 0};
+    if (P::kBits == quant::Bits::kInt8) return {Shape{64, 2}, Shape{128, 2}, Shape{128, 1}};
+  return {Shape{64, 1}, Shape{}, Shape{}};
 }
 
-// What the precision and the features per cluster decide: values per 16-byte load, lanes per W2 row
-// slice, registers.
-template <class P, int kFeaturesT = feature_choices<P>()[0]>
+// What the precision and the kernel's form decide: values per 16-byte load, lanes per W2 row slice, warps,
+// registers.
+template <class P, int kFeaturesT = shape_choices<P>()[0].features,
+          int kHSplitT = shape_choices<P>()[0].h_split>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
@@ -89,12 +109,24 @@ struct Geometry {
   static constexpr int kRowLanes =
       kFeatures * kBits / 128;                         // lanes per W2 row slice: 8 bf16, 4 / 8 int8, 2 int4
   static constexpr int kRowsPerStep = 32 / kRowLanes;  // W2 rows a warp reads per load
-  static constexpr int kWarpFeatures = kFeatures / (kCluster * kWarps);  // 4, 8 (int8 on 128)
-  // Blocks per SM the registers must leave room for (ptxas -v, no spills): int8 on 128 features at 3 (167
-  // registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4 (capped at 128: their
-  // clusters are as many as bf16's). bf16: unbounded (110 registers, 4 blocks).
-  static constexpr int kMinBlocks = kBits == 16 ? 1 : kFeatures == 64 ? 4 : 3;
+  static constexpr int kWarpFeatures = kFeatures / (kCluster * kFeatureWarps);  // 4, 8 (int8 on 128)
+  static constexpr int kHSplit = kHSplitT;  // warps per feature group, each over its share of H
+  static constexpr int kWarps = kFeatureWarps * kHSplit;
+  static constexpr int kThreads = 32 * kWarps;
+  // W1 / W3 steps and W2 rows of loads in flight per lane: fewer with warp pairs, whose registers hold two
+  // warps per feature group.
+  static constexpr int kStepsInFlight = kHSplit > 1 ? 1 : kUnroll;
+  static constexpr int kW2Batch = kHSplit > 1 ? 4 : kRowBatch;
+  // Blocks per SM the registers must leave room for (ptxas -v, no spills): 4-warp blocks: int8 on 128
+  // features at 3 (167 registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4
+  // (capped at 128: their clusters are as many as bf16's), bf16 unbounded (110 registers, 4 blocks); warp
+  // pairs: 64 features at 3 (80 registers), 128 at 2 (at 3 they spilled).
+  static constexpr int kMinBlocks = kHSplit > 1       ? (kFeatures == 64 ? 3 : 2)
+                                    : kBits == 16     ? 1
+                                    : kFeatures == 64 ? 4
+                                                      : 3;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
+  static_assert(kHSplit == 1 || kHSplit == 2, "one warp or a warp pair per feature group");
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
 };
@@ -110,13 +142,14 @@ constexpr long long smem_bytes(int hidden) {
 constexpr int static_smem_bytes(int features) {
   return 2 * features;
 }
-// The smallest H the kernel of kFeatures serves: each warp's share of its block's H / 4 rows of W2 must hold
-// one warp step of rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the
-// block's (out of the matrix in block 0) and its lanes part around the W2 loop's shuffles. 64 for bf16 and
-// int8 on 128 features, 128 for int8 on 64, 256 for int4.
-template <class P, int kFeatures>
+// The smallest H a form serves: each warp's share of its block's H / 4 rows of W2 must hold one warp step of
+// rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the block's (out of
+// the matrix in block 0) and its lanes part around the W2 loop's shuffles. 4 warps: 64 for bf16 and int8 on
+// 128 features, 128 for int8 on 64, 256 for int4; warp pairs: 128 for int8 on 128, 256 for int8 on 64.
+template <class P, int kFeatures, int kHSplit>
 constexpr int min_hidden() {
-  return kCluster * kWarps * Geometry<P, kFeatures>::kRowsPerStep;
+  using G = Geometry<P, kFeatures, kHSplit>;
+  return kCluster * G::kWarps * G::kRowsPerStep;
 }
 
 // The partial sums' workspace: [T][k + m][F / features][H] fp32.
@@ -217,12 +250,15 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
   }
 }
 
-template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures>
-__global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
+template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures,
+          int kHSplitT = Geometry<P>::kHSplit>
+__global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT>::kThreads,
+                                  Geometry<P, kFeaturesT, kHSplitT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
-  using G = Geometry<P, kFeaturesT>;
+  using G = Geometry<P, kFeaturesT, kHSplitT>;
   constexpr int kBlockFeatures = G::kFeatures / kCluster;
   constexpr int kVpl = G::kValuesPerLoad;
+  constexpr int kWarps = G::kWarps, kThreads = G::kThreads;
   namespace cg = cooperative_groups;
   const MoeParams<Addressing>& p = sp.moe;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -257,7 +293,14 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
   // [s + kVpl·l, +kVpl) of each step s of kStep values, kU steps of loads in flight (kUnroll, then 1 for the
   // rest; quantized experts' last step may be partial: its lanes past H load nothing).
-  const int fw = f0 + rank * kBlockFeatures + warp * G::kWarpFeatures;
+  // (Warp pairs: warp w and w + kFeatureWarps share feature warp w's features, each over its part of H's
+  // steps.)
+  const int fwarp = G::kHSplit == 1 ? warp : warp % kFeatureWarps;
+  const int part = G::kHSplit == 1 ? 0 : warp / kFeatureWarps;
+  const int fw = f0 + rank * kBlockFeatures + fwarp * G::kWarpFeatures;
+  const int part_steps = ((H + G::kStep - 1) / G::kStep + G::kHSplit - 1) / G::kHSplit;
+  const int s_begin = G::kHSplit == 1 ? 0 : min(H, part * part_steps * G::kStep);
+  const int s_end = G::kHSplit == 1 ? H : min(H, (part + 1) * part_steps * G::kStep);
   float acc[2][G::kWarpFeatures] = {};
 #pragma unroll
   for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
@@ -302,10 +345,13 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
         }
       }
     };
-    int s = 0;
-    for (; s + kUnroll * G::kStep <= H; s += kUnroll * G::kStep) steps.template operator()<kUnroll, false>(s);
-    for (; s + G::kStep <= H; s += G::kStep) steps.template operator()<1, false>(s);
-    if (s < H) steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
+    constexpr int kU = G::kStepsInFlight;
+    int s = s_begin;
+    if constexpr (kU > 1)
+      for (; s + kU * G::kStep <= s_end; s += kU * G::kStep) steps.template operator()<kU, false>(s);
+    for (; s + G::kStep <= s_end; s += G::kStep) steps.template operator()<1, false>(s);
+    if (s < s_end)
+      steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -313,9 +359,22 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
     for (int i = 0; i < G::kWarpFeatures; ++i)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
+  if constexpr (G::kHSplit > 1) {  // warp pairs: the second part's sums added to the first's
+    __shared__ float half_sums[kFeatureWarps][2][G::kWarpFeatures];
+    if (part == 1 && lane == 0)
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int i = 0; i < G::kWarpFeatures; ++i) half_sums[fwarp][m][i] = acc[m][i];
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < G::kWarpFeatures; ++i) acc[m][i] += half_sums[fwarp][m][i];
+  }
 
   // Down: row r of the block's W2 columns · the kFeatures activations, kRowLanes lanes per row (lane l:
-  // values [kVpl·(l % kRowLanes), +kVpl)), kRowsPerStep rows per warp step, kRowBatch steps of loads in
+  // values [kVpl·(l % kRowLanes), +kVpl)), kRowsPerStep rows per warp step, G::kW2Batch steps of loads in
   // flight and the next batch loaded before the current one is reduced; the first batch is loaded before
   // the activations are exchanged. Rows past the warp's end are clamped to its last rows (loaded, not
   // stored).
@@ -323,11 +382,11 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
   const int end = (warp + 1) * (rows / kWarps);
   const int sub = lane % G::kRowLanes;
   int r0 = warp * (rows / kWarps) + lane / G::kRowLanes;
-  uint4 next[kRowBatch];
-  float next_scale[kRowBatch];
+  uint4 next[G::kW2Batch];
+  float next_scale[G::kW2Batch];
   auto load_batch = [&](int first) {
 #pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) {
+    for (int i = 0; i < G::kW2Batch; ++i) {
       const int r = min(first + kR * i, end - kR + lane / G::kRowLanes);
       next[i] = ptx::ld_stream_16(w2 + r * w2m.row_bytes + sub * 16);
       if constexpr (P::kQuantized)
@@ -339,13 +398,13 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
 
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
   ptx::cluster_wait();  // every block of the cluster has started
-  if (lane < G::kWarpFeatures) {
+  if (part == 0 && lane < G::kWarpFeatures) {
     float g = acc[0][0], u = acc[1][0];
 #pragma unroll
     for (int i = 1; i < G::kWarpFeatures; ++i)
       if (lane == i) g = acc[0][i], u = acc[1][i];
     const bf16 v = __float2bfloat16_rn(silu(g) * u);
-    const int idx = rank * kBlockFeatures + warp * G::kWarpFeatures + lane;
+    const int idx = rank * kBlockFeatures + fwarp * G::kWarpFeatures + lane;
 #pragma unroll
     for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(h, q)[idx] = v;
   }
@@ -357,18 +416,18 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
     shared_floats(h + sub * kVpl, hf);
   else
     hv = ptx::ld_shared_16(ptx::smem_u32(h + sub * kVpl));
-  for (; r0 < end; r0 += kR * kRowBatch) {
-    uint4 wv[kRowBatch];
-    [[maybe_unused]] float scale[kRowBatch];
+  for (; r0 < end; r0 += kR * G::kW2Batch) {
+    uint4 wv[G::kW2Batch];
+    [[maybe_unused]] float scale[G::kW2Batch];
 #pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) {
+    for (int i = 0; i < G::kW2Batch; ++i) {
       wv[i] = next[i];
       if constexpr (P::kQuantized) scale[i] = next_scale[i];
     }
-    if (r0 + kR * kRowBatch < end) load_batch(r0 + kR * kRowBatch);
-    float v[kRowBatch];
+    if (r0 + kR * G::kW2Batch < end) load_batch(r0 + kR * G::kW2Batch);
+    float v[G::kW2Batch];
 #pragma unroll
-    for (int i = 0; i < kRowBatch; ++i) {
+    for (int i = 0; i < G::kW2Batch; ++i) {
       if constexpr (P::kQuantized)
         v[i] = scale[i] * dot_packed<P::kBits>(wv[i], hf);
       else
@@ -378,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, Geometry<P, kFeaturesT>::kMinBlocks)
     }
     if (sub == 0) {
 #pragma unroll
-      for (int i = 0; i < kRowBatch; ++i)
+      for (int i = 0; i < G::kW2Batch; ++i)
         if (r0 + kR * i < end) sums[r0 + kR * i] = v[i];
     }
   }

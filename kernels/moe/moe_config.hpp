@@ -48,8 +48,9 @@ struct MoeConfig {
                                // 2/2/1/1 over 4 warps
   bool decode_splitk = false;  // decode: the split-K decode instead of the decode tiles
                                // (moe/decode_splitk.cuh: no routing; a cluster of 4 blocks per slot and 64
-                               // features of F, 128 for int8 where 64 do not fit, runs them through gate/up
-                               // and W2, and a second launch sums the fp32 partials); for one token, where
+                               // features of F (int8: the first of its forms that fits, splitk::
+                               // shape_choices) runs them through gate/up and W2, and a second launch sums
+                               // the fp32 partials); for one token, where
                                // the top-k experts are distinct. A call whose clusters do not all fit the
                                // device at once takes the decode tiles instead (PagedMoe::decode_splits)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;

@@ -486,23 +486,28 @@ class PagedMoe {
   }
 
   // Whether a call runs the split-K decode on the current device: its configuration asks for it
-  // (MoeConfig::decode_splitk) and all its clusters fit the device at once (splitk_features).
-  static bool decode_splits(const Arguments& a) { return decode_split_features(a) != 0; }
-  // The features of F per split-K cluster the call takes on the current device (64, or 128 for int8 experts
-  // where 64 do not fit at once), 0 where it runs the decode tiles.
-  static int decode_split_features(const Arguments& a) {
-    if (!config(a).decode_splitk) return 0;
+  // (MoeConfig::decode_splitk) and all its clusters fit the device at once (splitk_choice).
+  static bool decode_splits(const Arguments& a) { return decode_split_shape(a).features != 0; }
+  // The form of the split-K kernel the call takes on the current device (splitk::shape_choices: features of
+  // F per cluster and warps per feature group), features = 0 where it runs the decode tiles.
+  static splitk::Shape decode_split_shape(const Arguments& a) {
+    if (!config(a).decode_splitk) return {};
     detail::DeviceInfo dev;
-    if (!detail::current_device(dev)) return 0;
-    return splitk_features(a.shape, dev);
+    if (!detail::current_device(dev)) return {};
+    const int choice = splitk_choice(a.shape, dev);
+    return choice < 0 ? splitk::Shape{} : kSplitkShapes[static_cast<std::size_t>(choice)];
   }
-  // How many split-K clusters of `features` features of F (one per token and slot) the current device holds
-  // at once at hidden size H: cudaOccupancyMaxActiveClusters of the kernel; 0 before sm_90 or for features
-  // the precision does not take (64 always; 128 for int8).
-  static int splitk_clusters_at_once(int hidden, int features = kSplitkFeatures[0]) {
+  // How many split-K clusters of the form `shape` (one per token, slot and its features of F) the current
+  // device holds at once at hidden size H: cudaOccupancyMaxActiveClusters of the kernel; 0 before sm_90 or
+  // for a form the precision does not take (kSplitkShapes).
+  static int splitk_clusters_at_once(int hidden, splitk::Shape shape = kSplitkShapes[0]) {
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return 0;
-    return splitk_capacity(features, hidden, dev);
+    for (std::size_t i = 0; i < kSplitkShapes.size(); ++i)
+      if (kSplitkShapes[i].features != 0 && kSplitkShapes[i].features == shape.features &&
+          kSplitkShapes[i].h_split == shape.h_split)
+        return splitk_capacity(static_cast<int>(i), hidden, dev);
+    return 0;
   }
 
   // The configuration the call will use: path and tokens per work tile (8, 16 or 32 decode, 64 or 128
@@ -577,8 +582,8 @@ class PagedMoe {
     if (Precision::kQuantized && choice.path == MoePath::kGrouped && dev.major != 9) choice = kQuantFallback;
     // The split-K decode where all its clusters fit the device at once (sm_90 and later), else the decode
     // tiles.
-    const int splitk_feats = choice.decode_splitk ? splitk_features(s, dev) : 0;
-    if (splitk_feats == 0) choice.decode_splitk = false;
+    const int splitk_form = choice.decode_splitk ? splitk_choice(s, dev) : -1;
+    if (splitk_form < 0) choice.decode_splitk = false;
     if (choice.path == MoePath::kGrouped && choice.tile_tokens == grouped::kSmallM && dev.major != 9)
       choice = with_grouped_tile(choice, grouped::kBlockM);  // the mma.sync grouped GEMM's tiles
 
@@ -645,7 +650,7 @@ class PagedMoe {
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
     if (choice.decode_splitk)
-      return run_splitk(splitk_feats, p, s, static_cast<float*>(at(lay.partials)), dev, stream);
+      return run_splitk(splitk_form, p, s, static_cast<float*>(at(lay.partials)), dev, stream);
 
     // 1. Routing preparation.
     if (Status st = route(r, stream); !st) return st;
@@ -733,13 +738,12 @@ class PagedMoe {
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
     // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / features][H], for the fewest features
-    // per cluster the call may take (kSplitkFeatures[0]).
-    l.partials =
-        take(c.decode_splitk
-                 ? static_cast<std::size_t>(splitk::partial_floats(
-                       s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden, kSplitkFeatures[0])) *
-                       sizeof(float)
-                 : 0);
+    // per cluster the call may take (kSplitkShapes[0]).
+    l.partials = take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
+                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden,
+                                            kSplitkShapes[0].features)) *
+                                            sizeof(float)
+                                      : 0);
     l.total = off;
     return l;
   }
@@ -897,39 +901,45 @@ class PagedMoe {
   }
 
   // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, kFeatures features
-  // of F), then the combine of the partial sums; no routing.
-  static constexpr std::array<int, 2> kSplitkFeatures = splitk::feature_choices<Precision>();
-  template <int kFeatures>
-  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures>;
+  // of F), then the combine of the partial sums; no routing. Its forms, in the order a call tries them.
+  static constexpr std::array<splitk::Shape, 3> kSplitkShapes = splitk::shape_choices<Precision>();
+  template <int kFeatures, int kHSplit>
+  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures, kHSplit>;
 
-  // Calls f.template operator()<kFeatures>() where `features` is one of the precision's kSplitkFeatures.
+  // Calls f.template operator()<kFeatures, kHSplit>() for the form kSplitkShapes[choice] (none where it
+  // names no form).
   template <class F>
-  static void on_splitk_features(int features, F&& f) {
+  static void on_splitk_shape(int choice, F&& f) {
     auto one = [&]<std::size_t kI>() {
-      if constexpr (kSplitkFeatures[kI] != 0)
-        if (features == kSplitkFeatures[kI]) f.template operator()<kSplitkFeatures[kI]>();
+      constexpr splitk::Shape kS = kSplitkShapes[kI];
+      if constexpr (kS.features != 0)
+        if (choice == static_cast<int>(kI)) f.template operator()<kS.features, kS.h_split>();
     };
-    one.template operator()<0>();
-    one.template operator()<1>();
+    [&]<std::size_t... kI>(std::index_sequence<kI...>) {
+      (one.template operator()<kI>(), ...);
+    }
+    (std::make_index_sequence<kSplitkShapes.size()>{});
   }
   // The kernel's shared memory at hidden size H, set on the device where it passes the default.
-  template <int kFeatures>
+  template <int kFeatures, int kHSplit>
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
     smem = static_cast<int>(splitk::smem_bytes(hidden));
-    return detail::set_smem<kSplitkKernel<kFeatures>>(dev.device, smem, splitk::static_smem_bytes(kFeatures));
+    return detail::set_smem<kSplitkKernel<kFeatures, kHSplit>>(dev.device, smem,
+                                                               splitk::static_smem_bytes(kFeatures));
   }
 
-  static Status run_splitk(int features, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
+  static Status run_splitk(int choice, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
-    Status st = Status::error("config.decode_splitk", features, "features per cluster not instantiated");
-    on_splitk_features(features, [&]<int kFeatures>() {
+    Status st = Status::error("config.decode_splitk", choice, "split-K form not instantiated");
+    on_splitk_shape(choice, [&]<int kFeatures, int kHSplit>() {
       const splitk::Params<Addressing> sp{p, partials};
       int smem = 0;
-      if (st = splitk_smem<kFeatures>(s.hidden, dev, smem); !st) return;
+      if (st = splitk_smem<kFeatures, kHSplit>(s.hidden, dev, smem); !st) return;
       if (st = launch_clustered(
-              kSplitkKernel<kFeatures>,
+              kSplitkKernel<kFeatures, kHSplit>,
               dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
-              splitk::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
+              splitk::Geometry<Precision, kFeatures, kHSplit>::kThreads, smem, splitk::kCluster, stream,
+              "splitk::kernel", sp);
           !st)
         return;
       st = launch(splitk::combine_kernel<Addressing, kFeatures>,
@@ -939,33 +949,36 @@ class PagedMoe {
     return st;
   }
 
-  // The features per cluster a split-K call takes: the first of kSplitkFeatures that serves H
-  // (splitk::min_hidden) and whose clusters (T·(k+m)·F/features) all fit the device at once, 0 where none
-  // does (the decode tiles run). Two waves of clusters ran 1.02-1.17x the decode tiles' time
-  // (MoeConfig::decode_splitk).
-  static int splitk_features(const MoeShape& s, const detail::DeviceInfo& dev) {
-    for (const int features : kSplitkFeatures) {
+  // The form a split-K call takes: the index of the first of kSplitkShapes that serves H (splitk::min_hidden)
+  // and whose clusters (T·(k+m)·F/features) all fit the device at once, -1 where none does (the decode tiles
+  // run). Two waves of
+  // clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
+  static int splitk_choice(const MoeShape& s, const detail::DeviceInfo& dev) {
+    for (std::size_t i = 0; i < kSplitkShapes.size(); ++i) {
+      const int features = kSplitkShapes[i].features;
       if (features == 0 || s.intermediate % features != 0) continue;
       int min_hidden = 0;
-      on_splitk_features(features,
-                         [&]<int kFeatures>() { min_hidden = splitk::min_hidden<Precision, kFeatures>(); });
+      on_splitk_shape(static_cast<int>(i), [&]<int kFeatures, int kHSplit>() {
+        min_hidden = splitk::min_hidden<Precision, kFeatures, kHSplit>();
+      });
       if (s.hidden < min_hidden) continue;  // too few W2 rows per warp (splitk::min_hidden)
       const long long need =
           static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / features);
-      if (need <= splitk_capacity(features, s.hidden, dev)) return features;
+      if (need <= splitk_capacity(static_cast<int>(i), s.hidden, dev)) return static_cast<int>(i);
     }
-    return 0;
+    return -1;
   }
-  // cudaOccupancyMaxActiveClusters of the kernel of `features` at its shared memory, remembered per device
-  // for the last H asked; 0 before sm_90 and for features the precision does not take.
-  static int splitk_capacity(int features, int hidden, const detail::DeviceInfo& dev) {
+  // cudaOccupancyMaxActiveClusters of the form kSplitkShapes[choice] at its shared memory, remembered per
+  // device for the last H asked; 0 before sm_90 and for a choice that names no form.
+  static int splitk_capacity(int choice, int hidden, const detail::DeviceInfo& dev) {
     int clusters = 0;
     if (dev.major >= 9)
-      on_splitk_features(features,
-                         [&]<int kFeatures>() { clusters = splitk_capacity<kFeatures>(hidden, dev); });
+      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit>() {
+        clusters = splitk_capacity<kFeatures, kHSplit>(hidden, dev);
+      });
     return clusters;
   }
-  template <int kFeatures>
+  template <int kFeatures, int kHSplit>
   static int splitk_capacity(int hidden, const detail::DeviceInfo& dev) {
     static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
     const bool cached = dev.device < detail::kMaxDevices;
@@ -974,11 +987,13 @@ class PagedMoe {
       if (v != 0 && (v >> 32) == hidden) return static_cast<int>(v & 0xffffffffLL);
     }
     int smem = 0;
-    if (!splitk_smem<kFeatures>(hidden, dev, smem)) return 0;
-    const LaunchConfig probe(dim3(splitk::kCluster), splitk::kThreads, static_cast<std::size_t>(smem),
-                             nullptr, splitk::kCluster, false);
+    if (!splitk_smem<kFeatures, kHSplit>(hidden, dev, smem)) return 0;
+    const LaunchConfig probe(dim3(splitk::kCluster),
+                             splitk::Geometry<Precision, kFeatures, kHSplit>::kThreads,
+                             static_cast<std::size_t>(smem), nullptr, splitk::kCluster, false);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kFeatures>, &probe.config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kFeatures, kHSplit>, &probe.config) !=
+        cudaSuccess) {
       cudaGetLastError();  // not an error of the layer: the decode tiles run instead
       return 0;
     }

@@ -583,16 +583,19 @@ TEST_CASE("quantized experts: model shapes", "[gpu][models][quant]") {
 template <class Precision>
 void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed) {
   using Config = SplitkConfig<4, MoePath::kDecode>;
+  using Layer = PagedMoe<kernels::Paged, Config, Precision>;
   const MoeShape shape = shape_of(store.spec, tokens);
-  constexpr auto kChoices = kernels::splitk::feature_choices<Precision>();
-  int widest = kChoices[0];
-  if constexpr (kChoices[1] != 0)  // (no `% 0` for the precisions with one choice)
-    if (shape.intermediate % kChoices[1] == 0) widest = kChoices[1];
-  const long long clusters =
-      static_cast<long long>(tokens) * shape.slots_per_token() * (shape.intermediate / widest);
-  if (clusters > 90) return;  // more than an H100 holds at once: the decode tiles would run
+  // The call takes split-K where some form's clusters all fit this device at once (asked of the device
+  // here, independently of the layer's own choice): else the decode tiles would run.
+  bool fits = false;
+  for (const kernels::splitk::Shape& form : kernels::splitk::shape_choices<Precision>())
+    if (form.features != 0 && shape.intermediate % form.features == 0)
+      fits = fits || static_cast<long long>(tokens) * shape.slots_per_token() *
+                             (shape.intermediate / form.features) <=
+                         Layer::splitk_clusters_at_once(shape.hidden, form);
+  if (!fits) return;
   INFO(store.spec.name << " T=" << tokens << " split-K");
-  REQUIRE(PagedMoe<kernels::Paged, Config, Precision>::decode_splits({.shape = shape}));
+  REQUIRE(Layer::decode_splits({.shape = shape}));
   check_quant_case<Precision, Config>(store, tokens, seed, MoePath::kDecode);
 }
 
@@ -614,16 +617,20 @@ TEST_CASE("quantized experts: split-K decode against the reference, paged = cont
   const QuantStore p8(kSmall, Bits::kInt8, 33, 48), p4(kSmall, Bits::kInt4, 34, 4096);
   check_quant_splitk<kernels::Int8>(p8, 1, 2301);
   check_quant_splitk<kernels::Int4>(p4, 1, 2302);
-  // Below splitk::min_hidden (a warp's W2 rows fewer than one step of its loads) the call takes the decode
-  // tiles: int4 on 64 features needs H >= 256, int8 on 64 H >= 128.
+  // Below splitk::min_hidden (a warp's W2 rows fewer than one step of its loads) a form is skipped: int4 on
+  // 64 features needs H >= 256; int8 in warp pairs 256 on 64 features, 128 on 128; int8 on 4 warps 64 on 128.
   using Split4 = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>, kernels::Int4>;
   using Split8 = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>, kernels::Int8>;
+  using kernels::splitk::Shape;
   CHECK_FALSE(Split4::decode_splits({.shape = shape_of(ModelSpec{"tiny H128 F128", 8, 2, 128, 128, 0}, 1)}));
+  const Shape h128 =
+      Split8::decode_split_shape({.shape = shape_of(ModelSpec{"tiny H128 F128", 8, 2, 128, 128, 0}, 1)});
+  CHECK((Split8::splitk_clusters_at_once(128, Shape{128, 2}) < 2 ||
+         (h128.features == 128 && h128.h_split == 2)));
+  const Shape h64 =
+      Split8::decode_split_shape({.shape = shape_of(ModelSpec{"tiny H64 F128", 8, 2, 64, 128, 0}, 1)});
   CHECK(
-      Split4::decode_split_features({.shape = shape_of(ModelSpec{"tiny H256 F128", 8, 2, 256, 128, 0}, 1)}) ==
-      (Split4::splitk_clusters_at_once(256) >= 4 ? 64 : 0));
-  CHECK(Split8::decode_split_features({.shape = shape_of(ModelSpec{"tiny H64 F128", 8, 2, 64, 128, 0}, 1)}) ==
-        (Split8::splitk_clusters_at_once(64, 128) >= 2 ? 128 : 0));
+      (Split8::splitk_clusters_at_once(64, Shape{128, 1}) < 2 || (h64.features == 128 && h64.h_split == 1)));
 }
 
 TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][quant]") {
@@ -645,20 +652,36 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   CHECK(std::memcmp(with.data(), without.data(), with.size() * 2) == 0);
   using Split8 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int8>;
   using Split4 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int4>;
+  using kernels::splitk::Shape;
+  const int pairs64 = Split8::splitk_clusters_at_once(2048, Shape{64, 2}),
+            pairs128 = Split8::splitk_clusters_at_once(2048, Shape{128, 2}),
+            quads128 = Split8::splitk_clusters_at_once(2048, Shape{128, 1});
   std::printf(
-      "  quantized split-K clusters at once on this device at H = 2048: int8 %d (64 features), %d (128), "
-      "int4 %d (64)\n",
-      Split8::splitk_clusters_at_once(2048, 64), Split8::splitk_clusters_at_once(2048, 128),
-      Split4::splitk_clusters_at_once(2048, 64));
-  CHECK(Split4::splitk_clusters_at_once(2048, 128) == 0);  // int4 takes 64 features only
-  // int8: 64 features where they fit, else 128 (Qwen1.5 with its shared chunks: 176 clusters of 64, 88 of
-  // 128), on a device that holds at least 96 clusters of 64 and 88 of 128 (an H100 or H200).
-  if (Split8::splitk_clusters_at_once(2048, 64) >= 96 && Split8::splitk_clusters_at_once(2048, 128) >= 88 &&
-      Split8::splitk_clusters_at_once(2048, 64) < 176) {
-    CHECK(Split8::decode_split_features({.shape = shape_of(kQwen3, 1)}) == 64);
-    CHECK(Split8::decode_split_features({.shape = shape_of(kQwen15, 1)}) == 128);
-    CHECK(Split4::decode_split_features({.shape = shape_of(kQwen15, 1)}) == 0);
-  }
+      "  quantized split-K clusters at once on this device at H = 2048: int8 %d (64 features, warp pairs), "
+      "%d "
+      "(128, warp pairs), %d (128, 4 warps); int4 %d (64)\n",
+      pairs64, pairs128, quads128, Split4::splitk_clusters_at_once(2048, Shape{64, 1}));
+  CHECK(Split4::splitk_clusters_at_once(2048, Shape{128, 1}) == 0);  // int4 takes 64 features only
+  CHECK(Split8::splitk_clusters_at_once(2048, Shape{64, 1}) == 0);   // int8's 64 features: warp pairs only
+  // int8 takes the first form whose clusters fit: Qwen3-30B-A3B's 96 clusters of 64 or 48 of 128, Qwen1.5-MoE
+  // with its shared chunks' 176 of 64 or 88 of 128 (both forms of 128).
+  auto expect = [&](const ModelSpec& m, int clusters64) {
+    const Shape got = Split8::decode_split_shape({.shape = shape_of(m, 1)});
+    INFO(m.name << ": 64 features need " << clusters64 << " clusters");
+    if (clusters64 <= pairs64) {
+      CHECK((got.features == 64 && got.h_split == 2));
+    } else if (clusters64 / 2 <= pairs128) {
+      CHECK((got.features == 128 && got.h_split == 2));
+    } else if (clusters64 / 2 <= quads128) {
+      CHECK((got.features == 128 && got.h_split == 1));
+    } else {
+      CHECK(got.features == 0);
+    }
+  };
+  expect(kQwen3, 96);
+  expect(kQwen15, 176);
+  expect(kQwen3Next, 88);
+  CHECK(Split4::decode_split_shape({.shape = shape_of(kQwen15, 1)}).features == 0);
 }
 
 // A model past 8 slots per token (Qwen2-57B-A14B: k = 8 and 8 shared chunks, 16 slots, F = 2560) on the

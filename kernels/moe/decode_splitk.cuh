@@ -116,6 +116,9 @@ struct Geometry {
   // W1 / W3 steps and W2 rows of loads in flight per lane: fewer with warp pairs, whose registers hold two
   // warps per feature group.
   static constexpr int kStepsInFlight = kHSplit > 1 ? 1 : kUnroll;
+  // Static shared memory: the cluster's bf16 activations, and with warp pairs the second warps' fp32 sums.
+  static constexpr int kPairSumFloats = kHSplit > 1 ? kFeatureWarps * 2 * kWarpFeatures : 0;
+  static constexpr int kStaticSmemBytes = 2 * kFeatures + 4 * kPairSumFloats;
   static constexpr int kW2Batch = kHSplit > 1 ? 4 : kRowBatch;
   // Blocks per SM the registers must leave room for (ptxas -v, no spills): 4-warp blocks: int8 on 128
   // features at 3 (167 registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4
@@ -138,9 +141,11 @@ inline constexpr int kStep = Geometry<Bf16>::kStep;
 constexpr long long smem_bytes(int hidden) {
   return 2LL * hidden + 4LL * (hidden / kCluster);
 }
-// Static shared memory of a block: the cluster's bf16 activations.
-constexpr int static_smem_bytes(int features) {
-  return 2 * features;
+// Static shared memory of a block (Geometry::kStaticSmemBytes), which the dynamic part's attribute must
+// leave room for.
+template <class P, int kFeatures, int kHSplit>
+constexpr int static_smem_bytes() {
+  return Geometry<P, kFeatures, kHSplit>::kStaticSmemBytes;
 }
 // The smallest H a form serves: each warp's share of its block's H / 4 rows of W2 must hold one warp step of
 // rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the block's (out of
@@ -361,6 +366,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT>::kThreads,
       for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
   if constexpr (G::kHSplit > 1) {  // warp pairs: the second part's sums added to the first's
     __shared__ float half_sums[kFeatureWarps][2][G::kWarpFeatures];
+    static_assert(sizeof(half_sums) == 4 * G::kPairSumFloats, "Geometry::kStaticSmemBytes counts these sums");
     if (part == 1 && lane == 0)
 #pragma unroll
       for (int m = 0; m < 2; ++m)

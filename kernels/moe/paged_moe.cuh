@@ -924,8 +924,8 @@ class PagedMoe {
   template <int kFeatures, int kHSplit>
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
     smem = static_cast<int>(splitk::smem_bytes(hidden));
-    return detail::set_smem<kSplitkKernel<kFeatures, kHSplit>>(dev.device, smem,
-                                                               splitk::static_smem_bytes(kFeatures));
+    return detail::set_smem<kSplitkKernel<kFeatures, kHSplit>>(
+        dev.device, smem, splitk::static_smem_bytes<Precision, kFeatures, kHSplit>());
   }
 
   static Status run_splitk(int choice, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,

@@ -618,7 +618,7 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int8>::can_implement(small).ok);
   CHECK(PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int8>::config(small).decode_splitk);
   CHECK(PagedMoe<kernels::Paged, SplitkRuleConfig<>, kernels::Int4>::workspace_size(small) >=
-        4ull * 8 * (1408 / 128) * 2048 * sizeof(float));  // quantized: 128 features per cluster
+        4ull * 8 * (1408 / 128) * 2048 * sizeof(float));  // at least 128 features' partials
   const kernels::Status skg =
       PagedMoe<kernels::Paged, SplitkRuleConfig<MoePath::kGrouped>>::can_implement(small);
   CHECK(skg.field == "config.decode_splitk");

@@ -71,6 +71,7 @@ constexpr int bits_of() {
 struct Shape {
   int features = 0;  // 0: no such form
   int h_split = 1;
+  friend constexpr bool operator==(const Shape&, const Shape&) = default;
 };
 
 // The forms a precision may take, in order: PagedMoe takes the first whose clusters all fit the device at
@@ -116,7 +117,8 @@ struct Geometry {
   // W1 / W3 steps and W2 rows of loads in flight per lane: fewer with warp pairs, whose registers hold two
   // warps per feature group.
   static constexpr int kStepsInFlight = kHSplit > 1 ? 1 : kUnroll;
-  // Static shared memory: the cluster's bf16 activations, and with warp pairs the second warps' fp32 sums.
+  // Static shared memory: the cluster's bf16 activations, and with warp pairs the second warps' fp32 sums
+  // (the dynamic part's attribute must leave room for it: PagedMoe::splitk_smem).
   static constexpr int kPairSumFloats = kHSplit > 1 ? kFeatureWarps * 2 * kWarpFeatures : 0;
   static constexpr int kStaticSmemBytes = 2 * kFeatures + 4 * kPairSumFloats;
   static constexpr int kW2Batch = kHSplit > 1 ? 4 : kRowBatch;
@@ -140,12 +142,6 @@ inline constexpr int kStep = Geometry<Bf16>::kStep;
 // Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
 constexpr long long smem_bytes(int hidden) {
   return 2LL * hidden + 4LL * (hidden / kCluster);
-}
-// Static shared memory of a block (Geometry::kStaticSmemBytes), which the dynamic part's attribute must
-// leave room for.
-template <class P, int kFeatures, int kHSplit>
-constexpr int static_smem_bytes() {
-  return Geometry<P, kFeatures, kHSplit>::kStaticSmemBytes;
 }
 // The smallest H a form serves: each warp's share of its block's H / 4 rows of W2 must hold one warp step of
 // rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the block's (out of

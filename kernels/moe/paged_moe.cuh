@@ -504,8 +504,7 @@ class PagedMoe {
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return 0;
     for (std::size_t i = 0; i < kSplitkShapes.size(); ++i)
-      if (kSplitkShapes[i].features != 0 && kSplitkShapes[i].features == shape.features &&
-          kSplitkShapes[i].h_split == shape.h_split)
+      if (kSplitkShapes[i].features != 0 && kSplitkShapes[i] == shape)
         return splitk_capacity(static_cast<int>(i), hidden, dev);
     return 0;
   }
@@ -925,7 +924,7 @@ class PagedMoe {
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
     smem = static_cast<int>(splitk::smem_bytes(hidden));
     return detail::set_smem<kSplitkKernel<kFeatures, kHSplit>>(
-        dev.device, smem, splitk::static_smem_bytes<Precision, kFeatures, kHSplit>());
+        dev.device, smem, splitk::Geometry<Precision, kFeatures, kHSplit>::kStaticSmemBytes);
   }
 
   static Status run_splitk(int choice, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,

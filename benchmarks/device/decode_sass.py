@@ -76,6 +76,34 @@ def find_nvdisasm(args):
     return exe
 
 
+def sass_functions(sass):
+    """nvdisasm's text per function: {mangled name: {"ins": [(address, instruction)], "labels": {label: address}}}."""
+    funcs, name = {}, None
+    for line in sass.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", line) or re.match(r"^(_Z\S+):", line)
+        if m:
+            name = m.group(1)
+            funcs[name] = {"ins": [], "labels": {}, "pending": []}
+            continue
+        if name is None:
+            continue
+        f = funcs[name]
+        m = re.match(r"^(\.L_x_\d+):", line)
+        if m:
+            f["pending"].append(m.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            for label in f["pending"]:
+                f["labels"][label] = addr
+            f["pending"] = []
+            f["ins"].append((addr, m.group(2).strip()))
+    for f in funcs.values():
+        del f["pending"]
+    return funcs
+
+
 def demangled(name):
     out = subprocess.run(["c++filt", name], capture_output=True, text=True).stdout.strip()
     out = out.replace("amoeba::kernels::", "").replace("void decode::gemv_kernel<Contiguous, ", "")
@@ -118,28 +146,7 @@ def main():
                     print(f"| {demangled(name)} | {regs[name]} |")
             return
         sass = subprocess.run([nvdisasm, cubin], capture_output=True, text=True, check=True).stdout
-    # Per function: its instructions (address, text) and labels (name -> address).
-    funcs, name = {}, None
-    for line in sass.splitlines():
-        m = re.match(r"\s*\.text\.(\S+):", line) or re.match(r"^(_Z\S+):", line)
-        if m:
-            name = m.group(1)
-            funcs[name] = {"ins": [], "labels": {}, "pending": []}
-            continue
-        if name is None:
-            continue
-        f = funcs[name]
-        m = re.match(r"^(\.L_x_\d+):", line)
-        if m:
-            f["pending"].append(m.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            addr = int(m.group(1), 16)
-            for label in f["pending"]:
-                f["labels"][label] = addr
-            f["pending"] = []
-            f["ins"].append((addr, m.group(2).strip()))
+    funcs = sass_functions(sass)
     print("| kernel | registers | largest loop: instructions | LOP3 | PRMT | HADD2 | HMMA/HGMMA "
           "| global loads (after the first MMA) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

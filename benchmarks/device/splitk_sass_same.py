@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whether two source trees compile the split-K decode kernels (moe/decode_splitk.cuh) to the same SASS, form
 by form (no GPU needed): compiles the instantiations below in each tree for sm_90a, disassembles them with
-nvdisasm (found as decode_sass.py finds it) and compares the instruction text per kernel.
+nvdisasm (found and read as decode_sass.py does) and compares the instruction text per kernel.
 
   python3 benchmarks/device/splitk_sass_same.py OLD_ROOT [NEW_ROOT] [--old-args ""] [--new-args ", 1"]
                                                [--nvcc /usr/local/cuda/bin/nvcc] [--nvdisasm PATH]
@@ -12,13 +12,12 @@ warp-pair form's ", 1"). Prints one line per form and exits 1 if any differs.
 """
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_sass import ROOT, find_nvdisasm  # noqa: E402
+from decode_sass import ROOT, find_nvdisasm, sass_functions  # noqa: E402
 
 # (addressing, precision, features): the forms both trees instantiate.
 FORMS = [("Paged", "Bf16", 64), ("Contiguous", "Bf16", 64), ("Paged", "Int4", 64), ("Paged", "Int8", 128)]
@@ -35,16 +34,7 @@ def instructions(root, extra, args, nvdisasm, tmp, tag):
     subprocess.run([args.nvcc, *inc, "-O3", "-DNDEBUG", "-std=c++20", "--expt-relaxed-constexpr",
                     "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", src, "-o", cubin], check=True)
     text = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
-    out, cur = {}, None
-    for line in text.splitlines():
-        m = re.match(r"\s*\.text\.(\S+):", line)
-        if m:
-            cur = m.group(1)
-            out[cur] = []
-        elif cur:
-            m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-            if m:
-                out[cur].append(m.group(1))
+    out = {name: [ins for _, ins in f["ins"]] for name, f in sass_functions(text).items()}
     # Name each kernel by its form (the mangled names differ where the template's parameters do).
     named = {}
     for name, code in out.items():

@@ -6,8 +6,8 @@
 // becomes products (Geometry below).
 //
 //  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, kFeatures features
-//     [f0, f0 + kFeatures) of F): 64, or 128 for int8 experts where 64 would need more clusters than the
-//     device holds at once (shape_choices). Block r of the cluster
+//     [f0, f0 + kFeatures) of F): 64, or 128 where the configuration's forms say so and 64 would need more
+//     clusters than the device holds at once (DefaultMoeConfig::splitk_shapes: int8). Block r of the cluster
 //       - asks the L2 for W2's columns [f0, f0 + kFeatures) of its H / 4 rows before anything else, so that
 //         they stream with W1 and W3;
 //       - computes SiLU(gate)·up of its kFeatures / 4 features (each of its 4 feature warps: 4 features' W1
@@ -43,6 +43,7 @@
 #include <array>
 #include <cstdint>
 
+#include "moe/moe_config.hpp"
 #include "moe/moe_params.cuh"
 #include "moe/precision.cuh"
 #include "moe/ptx.cuh"
@@ -66,36 +67,16 @@ constexpr int bits_of() {
     return 16;
 }
 
-// One form of the kernel: kFeatures features of F per cluster, and the warps that read each feature group's
-// W1 / W3 rows (h_split of them, each over its share of H: a block of 4·h_split warps).
-struct Shape {
-  int features = 0;  // 0: no such form
-  int h_split = 1;
-  friend constexpr bool operator==(const Shape&, const Shape&) = default;
-};
+// One form of the kernel (MoeConfig's SplitkShape): kFeatures features of F per cluster, and the warps that
+// read each feature group's W1 / W3 rows (h_split of them, each over its share of H: a block of 4·h_split
+// warps).
+using Shape = SplitkShape;
 
-// The forms a precision may take, in order: PagedMoe takes the first whose clusters all fit the device at
-// once (PagedMoe::splitk_choice).
-//  - bf16 and int4: 64 features (a 128- or 32-byte W2 row slice), 4 warps. int4 on 128 features took
-//    1.08-1.18x the decode tiles' time (docs/results/quantized_h200.md, "Split-K decode on quantized
-//    experts"); bf16 with warp pairs splitting H gained on Qwen1.5-MoE (0.985x) but lost on Qwen3-Next
-//    (1.008x) and fits fewer clusters than Qwen3-30B-A3B's 96 (docs/results/paged_moe_h200.md, "Warp pairs
-//    that split H").
-//  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
-//    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
-//    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters) with
-//    warp pairs, at 2 blocks per SM; then 128 features on 4 warps, 3 blocks per SM. On an H100, against the
-//    4-warp 64/128 forms: Qwen1.5-MoE's routed experts (88 clusters of 64) 0.942x, Qwen3-Next 0.973-0.975x;
-//    Qwen3-30B-A3B, whose 96 clusters of 64 outnumber the 92 the pairs fit, 0.914-0.926x on 128 features with
-//    pairs (48 of the 62 clusters they fit); Qwen1.5-MoE with its shared chunks (88 clusters of 128) lost
-//    with pairs at 3 blocks per SM (1.045-1.051x) and takes the 4-warp form, the third choice, where the
-//    pairs' 2 blocks per SM hold fewer clusters (docs/results/paged_moe_h200.md, "Warp pairs that split H",
-//    "int8's warp pairs landed").
+// DefaultMoeConfig's forms for a precision, in order (DefaultMoeConfig::splitk_shapes has them and their
+// measurements; a configuration may name others: PagedMoe::kSplitkShapes).
 template <class P>
-constexpr std::array<Shape, 3> shape_choices() {
-  if constexpr (P::kQuantized)
-    if (P::kBits == quant::Bits::kInt8) return {Shape{64, 2}, Shape{128, 2}, Shape{128, 1}};
-  return {Shape{64, 1}, Shape{}, Shape{}};
+constexpr SplitkShapes shape_choices() {
+  return DefaultMoeConfig::splitk_shapes(bits_of<P>());
 }
 
 // What the precision and the kernel's form decide: values per 16-byte load, lanes per W2 row slice, warps,

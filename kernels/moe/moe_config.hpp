@@ -5,6 +5,7 @@
 // Host-only (no CUDA header): the table and its examples are checked at compile time on any machine.
 #pragma once
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 
@@ -48,13 +49,25 @@ struct MoeConfig {
                                // 2/2/1/1 over 4 warps
   bool decode_splitk = false;  // decode: the split-K decode instead of the decode tiles
                                // (moe/decode_splitk.cuh: no routing; a cluster of 4 blocks per slot and 64
-                               // features of F (int8: the first of its forms that fits, splitk::
-                               // shape_choices) runs them through gate/up and W2, and a second launch sums
-                               // the fp32 partials); for one token, where
+                               // or 128 features of F (the first of the configuration's forms that fits,
+                               // splitk_shapes below) runs them through gate/up and W2, and a second launch
+                               // sums the fp32 partials); for one token, where
                                // the top-k experts are distinct. A call whose clusters do not all fit the
                                // device at once takes the decode tiles instead (PagedMoe::decode_splits)
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
+
+// One form of the split-K decode kernel (MoeConfig::decode_splitk, moe/decode_splitk.cuh): `features` of F
+// per cluster of 4 blocks (64 or 128: a W2 row slice inside one scale group of 128) and `h_split` warps per
+// feature group (1, or a pair, each over its half of H: a block of 4·h_split warps).
+struct SplitkShape {
+  int features = 0;  // 0: no such form
+  int h_split = 1;
+  friend constexpr bool operator==(const SplitkShape&, const SplitkShape&) = default;
+};
+// A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H and whose
+// clusters all fit the device at once (PagedMoe::splitk_choice), the decode tiles where none does.
+using SplitkShapes = std::array<SplitkShape, 3>;
 
 // The decode tile of the down stage: `c` with its down stage's warps.
 constexpr MoeConfig down_tile_config(MoeConfig c) {
@@ -352,6 +365,26 @@ struct DefaultMoeConfig {
     return s.num_tokens == 1 && s.hidden % kSplitkHiddenMultiple == 0 &&
            s.top_k + s.num_shared_chunks <= kSplitkMaxSlots;
   }
+  // The split-K kernel's forms for experts of `bits` bits per weight (16: bf16, 8, 4), in order (a
+  // configuration may name its own: PagedMoe asks Config::splitk_shapes where it has one).
+  //  - bf16 and int4: 64 features, 4 warps. int4 on 128 features took 1.08-1.18x the decode tiles' time
+  //    (docs/results/quantized_h200.md, "Split-K decode on quantized experts"); bf16 with warp pairs
+  //    splitting H gained on Qwen1.5-MoE (0.985x) but lost on Qwen3-Next (1.008x) and fits fewer clusters
+  //    than Qwen3-30B-A3B's 96 (docs/results/paged_moe_h200.md, "Warp pairs that split H"; H100).
+  //  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
+  //    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
+  //    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters)
+  //    with warp pairs, at 2 blocks per SM; then 128 features on 4 warps, 3 blocks per SM. On an H100,
+  //    against the 4-warp 64/128 forms: Qwen1.5-MoE's routed experts (88 clusters of 64) 0.942x, Qwen3-Next
+  //    0.973-0.975x; Qwen3-30B-A3B, whose 96 clusters of 64 outnumber the 92 the pairs fit, 0.914-0.926x on
+  //    128 features with pairs (48 of the 62 clusters they fit); Qwen1.5-MoE with its shared chunks (88
+  //    clusters of 128) lost with pairs at 3 blocks per SM (1.045-1.051x) and takes the 4-warp form, the
+  //    third choice, where the pairs' 2 blocks per SM hold fewer clusters (docs/results/paged_moe_h200.md,
+  //    "Warp pairs that split H", "int8's warp pairs landed").
+  static constexpr SplitkShapes splitk_shapes(int bits) {
+    if (bits == 8) return {SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}};
+    return {SplitkShape{64, 1}, SplitkShape{}, SplitkShape{}};
+  }
 
   // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) where no expert
   // has more than 8 tokens (as on the 8-token rows): whole_batch_tiles × H rows at decode::preload_pitch.
@@ -440,6 +473,20 @@ concept quantized_moe_config = requires(const MoeShape& s, MoePath requested, qu
   { C::select_quantized(s, requested, bits) } -> std::same_as<MoeConfig>;
 };
 static_assert(quantized_moe_config<DefaultMoeConfig>);
+// A configuration that names the split-K kernel's forms (PagedMoe asks DefaultMoeConfig otherwise).
+template <class C>
+concept splitk_shapes_config = requires(int bits) {
+  { C::splitk_shapes(bits) } -> std::same_as<SplitkShapes>;
+};
+static_assert(splitk_shapes_config<DefaultMoeConfig>);
+// The forms `C` names for experts of `bits` bits, or DefaultMoeConfig's.
+template <class C>
+constexpr SplitkShapes splitk_shapes_of(int bits) {
+  if constexpr (splitk_shapes_config<C>)
+    return C::splitk_shapes(bits);
+  else
+    return DefaultMoeConfig::splitk_shapes(bits);
+}
 // Quantized examples (T, H, F, E, k, m): Qwen1.5 and Qwen3 on 8-token tiles (4 warps, int4 on 2 past 64
 // routed slots), Mixtral at 1 token with 8 warps, at 33 and 64 tokens on 16-token tiles; many tokens per
 // expert: the grouped GEMM (or 32-token decode tiles when asked for the decode path).

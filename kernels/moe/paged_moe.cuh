@@ -488,7 +488,7 @@ class PagedMoe {
   // Whether a call runs the split-K decode on the current device: its configuration asks for it
   // (MoeConfig::decode_splitk) and all its clusters fit the device at once (splitk_choice).
   static bool decode_splits(const Arguments& a) { return decode_split_shape(a).features != 0; }
-  // The form of the split-K kernel the call takes on the current device (splitk::shape_choices: features of
+  // The form of the split-K kernel the call takes on the current device (kSplitkShapes: features of
   // F per cluster and warps per feature group), features = 0 where it runs the decode tiles.
   static splitk::Shape decode_split_shape(const Arguments& a) {
     if (!config(a).decode_splitk) return {};
@@ -737,12 +737,13 @@ class PagedMoe {
                                static_cast<std::size_t>(s.hidden) * sizeof(bf16)
                          : 0);
     // MoeConfig::decode_splitk: the fp32 partial sums [T][k + m][F / features][H], for the fewest features
-    // per cluster the call may take (kSplitkShapes[0]).
-    l.partials = take(c.decode_splitk ? static_cast<std::size_t>(splitk::partial_floats(
-                                            s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden,
-                                            kSplitkShapes[0].features)) *
-                                            sizeof(float)
-                                      : 0);
+    // per cluster the call may take (kSplitkMinFeatures).
+    l.partials =
+        take(c.decode_splitk && kSplitkMinFeatures != 0
+                 ? static_cast<std::size_t>(splitk::partial_floats(
+                       s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden, kSplitkMinFeatures)) *
+                       sizeof(float)
+                 : 0);
     l.total = off;
     return l;
   }
@@ -900,8 +901,16 @@ class PagedMoe {
   }
 
   // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, kFeatures features
-  // of F), then the combine of the partial sums; no routing. Its forms, in the order a call tries them.
-  static constexpr std::array<splitk::Shape, 3> kSplitkShapes = splitk::shape_choices<Precision>();
+  // of F), then the combine of the partial sums; no routing. Its forms, in the order a call tries them: the
+  // configuration's (Config::splitk_shapes) where it names them, else DefaultMoeConfig's.
+  static constexpr SplitkShapes kSplitkShapes = splitk_shapes_of<Config>(splitk::bits_of<Precision>());
+  // The fewest features per cluster among the forms (the partials' workspace holds that many), 0 for none.
+  static constexpr int kSplitkMinFeatures = [] {
+    int fewest = 0;
+    for (const splitk::Shape& form : kSplitkShapes)
+      if (form.features != 0 && (fewest == 0 || form.features < fewest)) fewest = form.features;
+    return fewest;
+  }();
   template <int kFeatures, int kHSplit>
   static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures, kHSplit>;
 

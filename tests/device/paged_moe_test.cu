@@ -642,6 +642,20 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   const kernels::Status skm = Splitk::can_implement(wide_h);
   CHECK(skm.field == "shape.hidden");
   CHECK(skm.message.find("shared memory") != std::string::npos);
+  // The partials' combine takes one grid row per token: at most 65535 tokens (one slot each, so that the
+  // work-tile limit, checked first, holds).
+  using SplitkMany = PagedMoe<kernels::Paged, SplitkConfig<1 << 20, MoePath::kDecode>>;
+  SplitkMany::Arguments tall = small;
+  tall.shape.top_k = 1;
+  tall.shape.num_shared_chunks = 0;
+  tall.shape.num_tokens = 65535;
+  REQUIRE(SplitkMany::can_implement(tall).ok);
+  CHECK(SplitkMany::config(tall).decode_splitk);
+  tall.shape.num_tokens = 65536;
+  const kernels::Status skt = SplitkMany::can_implement(tall);
+  CHECK(skt.field == "shape.num_tokens");
+  CHECK(skt.message.find("65536") != std::string::npos);
+  CHECK(skt.message.find("<= 65535 with config.decode_splitk") != std::string::npos);
   using DeepDecode = PagedMoe<kernels::Paged, DeepDecodeConfig>;
   const kernels::Status sdd = DeepDecode::can_implement(small);
   CHECK(sdd.field == "config.small_deep");
@@ -838,8 +852,8 @@ TEST_CASE("decode tiles preloading the down weights on model shapes", "[gpu][sma
 
 // The split-K decode (MoeConfig::decode_splitk) at `tokens`, whether or not its clusters fit the device at
 // once: check_case's references and paged = contiguous bit for bit.
+template <class Config = SplitkConfig<4, MoePath::kDecode>>
 void check_splitk_case(ExpertStore& store, int tokens, std::uint64_t seed, bool cpu, int samples = 32) {
-  using Config = SplitkConfig<4, MoePath::kDecode>;
   const MoeShape shape = shape_of(store.spec(), tokens);
   INFO(store.spec().name << " T=" << tokens << " split-K");
   REQUIRE(PagedMoe<kernels::Paged, Config>::config({.shape = shape, .path = MoePath::kDecode}).decode_splitk);
@@ -882,6 +896,47 @@ TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][sm
     CHECK(worst_element(out_s, {0}, ref, spec.hidden) <= 1.0);
     CHECK(rel_error_all(out_s, ref) <= 1e-2);
   }
+}
+
+// A configuration that names its own split-K forms (Config::splitk_shapes) on bf16 experts: the call takes
+// the first that fits, and every form meets the references with paged = contiguous bit for bit.
+template <int kFeatures, int kHSplit>
+void check_splitk_form() {
+  using Config = SplitkFormsConfig<kFeatures, kHSplit, 0, 1, 4, MoePath::kDecode>;
+  using Layer = PagedMoe<kernels::Paged, Config>;
+  const kernels::SplitkShape form{kFeatures, kHSplit};
+  INFO("form: " << kFeatures << " features, " << kHSplit << " warps per feature group");
+  // F a multiple of 128 (both widths), H of 1, 3 and 5 steps of 256 (warp pairs: 1 / 0, 2 / 1, 3 / 2 steps),
+  // shared chunks or none, 1 to 4 tokens; every form's clusters (at most 80) fit an H100 or H200 at once.
+  for (const ModelSpec& spec :
+       {ModelSpec{"tiny-shared", 8, 2, 256, 256, 1}, ModelSpec{"tiny", 8, 2, 768, 128, 0},
+        ModelSpec{"tiny-k6-m4", 16, 6, 1280, 128, 4}}) {
+    ExpertStore store(spec, 75, 3);
+    for (int tokens : {1, 2, 4}) {
+      const MoeShape shape = shape_of(spec, tokens);
+      const long long clusters =
+          static_cast<long long>(tokens) * shape.slots_per_token() * (shape.intermediate / kFeatures);
+      INFO(spec.name << " T=" << tokens << ": " << clusters << " clusters");
+      REQUIRE(clusters <= Layer::splitk_clusters_at_once(shape.hidden, form));
+      CHECK(Layer::decode_split_shape({.shape = shape, .path = MoePath::kDecode}) == form);
+      check_splitk_case<Config>(store, tokens, 3300 + tokens, true, 64);
+    }
+  }
+  // Qwen3-30B-A3B at one token: the form where its clusters fit, the decode tiles where they do not.
+  ExpertStore qwen3(kQwen3, 45);
+  const MoeShape shape = shape_of(kQwen3, 1);
+  const bool fits = 8LL * (shape.intermediate / kFeatures) <= Layer::splitk_clusters_at_once(2048, form);
+  CHECK(Layer::decode_split_shape({.shape = shape, .path = MoePath::kDecode}) ==
+        (fits ? form : kernels::SplitkShape{}));
+  check_splitk_case<Config>(qwen3, 1, 3310, false);
+  // A form the layer does not name has no clusters.
+  CHECK(Layer::splitk_clusters_at_once(2048, kernels::SplitkShape{kFeatures == 64 ? 128 : 64, kHSplit}) == 0);
+}
+
+TEST_CASE("split-K decode in the forms a configuration names", "[gpu][small]") {
+  check_splitk_form<64, 2>();
+  check_splitk_form<128, 2>();
+  check_splitk_form<128, 1>();
 }
 
 TEST_CASE("split-K decode on model shapes", "[gpu][small]") {

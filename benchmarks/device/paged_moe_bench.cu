@@ -39,11 +39,12 @@
 // 8-token tile whose block's rows fit its shared memory (the call streams where not every block's rows fit
 // the device at once; at 55e4020-8032f12 it preloaded there too), nopreload: on none (the default preloads at
 // 1 token on Qwen3 and Qwen1.5's routed experts); splitk: the default's choice with the split-K decode
-// (MoeConfig::decode_splitk: no routing, a cluster of 4 blocks per slot and 64 features of F) asked for at
-// 1–3 tokens (taken where its clusters fit the device at once), nosplitk: at none (the default asks at 1
-// token), sk-p64 / sk-p128 / sk-q128: split-K at one token in one form only (SplitkFormsConfig: 64 features
-// on warp pairs, 128 on warp pairs, 128 on 4 warps; the default's form is 64 on 4 warps; the decode tiles
-// where the form's clusters do not fit) (these, like t8 … t8w8u4, where the default decodes);
+// (MoeConfig::decode_splitk: no routing, a cluster of 4 blocks per slot and 64 or 128 features of F) asked
+// for at 1–3 tokens (taken where its clusters fit the device at once), nosplitk: at none (the default asks at
+// 1 token), sk-q64 / sk-p64 / sk-p128 / sk-q128: split-K at one token in one form only (SplitkFormsConfig: 64
+// features on 4 warps, 64 on warp pairs, 128 on warp pairs, 128 on 4 warps; the default's forms are
+// DefaultMoeConfig::splitk_shapes; the decode tiles where the form's clusters do not fit) (these, like t8 …
+// t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
@@ -324,6 +325,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"nopreload", {&make_graphs<NoPreloadConfig>, Where::kDecode}},
           {"splitk", {&make_graphs<SplitkConfig<3>>, Where::kDecode}},
           {"nosplitk", {&make_graphs<NoSplitkConfig>, Where::kDecode}},
+          {"sk-q64", {&make_graphs<SplitkFormsConfig<64, 1>>, Where::kDecode}},
           {"sk-p64", {&make_graphs<SplitkFormsConfig<64, 2>>, Where::kDecode}},
           {"sk-p128", {&make_graphs<SplitkFormsConfig<128, 2>>, Where::kDecode}},
           {"sk-q128", {&make_graphs<SplitkFormsConfig<128, 1>>, Where::kDecode}},

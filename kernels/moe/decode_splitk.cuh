@@ -6,12 +6,13 @@
 // becomes products (Geometry below).
 //
 //  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, kFeatures features
-//     [f0, f0 + kFeatures) of F): 64, or 128 where the configuration's forms say so and 64 would need more
-//     clusters than the device holds at once (DefaultMoeConfig::splitk_shapes: int8). Block r of the cluster
+//     [f0, f0 + kFeatures) of F): 64 or 128, the first of the configuration's forms that fits the call
+//     (DefaultMoeConfig::splitk_shapes: bf16 128 in warp pairs where the call has 32 such clusters or more,
+//     else 64; int8 64 in pairs, else 128; int4 64). Block r of the cluster
 //       - asks the L2 for W2's columns [f0, f0 + kFeatures) of its H / 4 rows before anything else, so that
 //         they stream with W1 and W3;
 //       - computes SiLU(gate)·up of its kFeatures / 4 features (each of its 4 feature warps: 4 features' W1
-//         and W3 rows at a time over all of H, or, where the form pairs its warps (int8), each warp of a
+//         and W3 rows at a time over all of H, or, where the form pairs its warps, each warp of a
 //         pair over its half of H, the second half's sums then added to the first's through shared memory;
 //         16-byte loads, fp32 sums, a fixed shuffle reduction; rounded to bf16 as the decode kernels store
 //         `act`) and writes them into every block of the cluster (distributed shared memory);

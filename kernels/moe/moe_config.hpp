@@ -59,14 +59,17 @@ struct MoeConfig {
 
 // One form of the split-K decode kernel (MoeConfig::decode_splitk, moe/decode_splitk.cuh): `features` of F
 // per cluster of 4 blocks (64 or 128: a W2 row slice inside one scale group of 128) and `h_split` warps per
-// feature group (1, or a pair, each over its half of H: a block of 4·h_split warps).
+// feature group (1, or a pair, each over its half of H: a block of 4·h_split warps), taken only by calls of
+// at least `min_clusters` of its clusters.
 struct SplitkShape {
   int features = 0;  // 0: no such form
   int h_split = 1;
+  int min_clusters = 0;
   friend constexpr bool operator==(const SplitkShape&, const SplitkShape&) = default;
 };
-// A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H and whose
-// clusters all fit the device at once (PagedMoe::splitk_choice), the decode tiles where none does.
+// A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H, whose
+// min_clusters the call reaches and whose clusters all fit the device at once (PagedMoe::splitk_choice), the
+// decode tiles where none does.
 using SplitkShapes = std::array<SplitkShape, 3>;
 
 // The decode tile of the down stage: `c` with its down stage's warps.
@@ -367,10 +370,16 @@ struct DefaultMoeConfig {
   }
   // The split-K kernel's forms for experts of `bits` bits per weight (16: bf16, 8, 4), in order (a
   // configuration may name its own: PagedMoe asks Config::splitk_shapes where it has one).
-  //  - bf16 and int4: 64 features, 4 warps. int4 on 128 features took 1.08-1.18x the decode tiles' time
-  //    (docs/results/quantized_h200.md, "Split-K decode on quantized experts"); bf16 with warp pairs
-  //    splitting H gained on Qwen1.5-MoE (0.985x) but lost on Qwen3-Next (1.008x) and fits fewer clusters
-  //    than Qwen3-30B-A3B's 96 (docs/results/paged_moe_h200.md, "Warp pairs that split H"; H100).
+  //  - bf16: 128 features with warp pairs splitting H at 2 blocks per SM, where the call has at least 32 such
+  //    clusters (a block per SM, about); else 64 features on 4 warps. On an H100, against 64 on 4 warps:
+  //    Qwen3-30B-A3B (48 clusters of 128) 0.953x, Qwen1.5-MoE's routed experts (44) 0.950x, Qwen3-Next
+  //    (44) 0.976x, the paged views a further 1-1.5% faster; Qwen's routing on tiny experts (8 clusters:
+  //    the layer a chain of latencies) 1.130x, hence min_clusters. 64 features in pairs: 0.982x on Qwen1.5
+  //    and 1.007x on Qwen3-Next, and Qwen3's 96 clusters do not fit the 92 the pairs hold; 128 on 4 warps
+  //    0.984-1.018x (docs/results/paged_moe_h200.md, "Split-K forms as a policy: bf16 on 128-feature warp
+  //    pairs").
+  //  - int4: 64 features, 4 warps. On 128 features it took 1.08-1.18x the decode tiles' time
+  //    (docs/results/quantized_h200.md, "Split-K decode on quantized experts").
   //  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
   //    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
   //    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters)
@@ -383,6 +392,7 @@ struct DefaultMoeConfig {
   //    "Warp pairs that split H", "int8's warp pairs landed").
   static constexpr SplitkShapes splitk_shapes(int bits) {
     if (bits == 8) return {SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}};
+    if (bits == 16) return {SplitkShape{128, 2, 32}, SplitkShape{64, 1}, SplitkShape{}};
     return {SplitkShape{64, 1}, SplitkShape{}, SplitkShape{}};
   }
 

@@ -504,7 +504,8 @@ class PagedMoe {
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return 0;
     for (std::size_t i = 0; i < kSplitkShapes.size(); ++i)
-      if (kSplitkShapes[i].features != 0 && kSplitkShapes[i] == shape)
+      if (kSplitkShapes[i].features != 0 && kSplitkShapes[i].features == shape.features &&
+          kSplitkShapes[i].h_split == shape.h_split)
         return splitk_capacity(static_cast<int>(i), hidden, dev);
     return 0;
   }
@@ -958,9 +959,9 @@ class PagedMoe {
   }
 
   // The form a split-K call takes: the index of the first of kSplitkShapes that serves H (splitk::min_hidden)
-  // and whose clusters (T·(k+m)·F/features) all fit the device at once, -1 where none does (the decode tiles
-  // run). Two waves of
-  // clusters ran 1.02-1.17x the decode tiles' time (MoeConfig::decode_splitk).
+  // and whose clusters (T·(k+m)·F/features) number at least its min_clusters and all fit the device at once,
+  // -1 where none does (the decode tiles run). Two waves of clusters ran 1.02-1.17x the decode tiles' time
+  // (MoeConfig::decode_splitk).
   static int splitk_choice(const MoeShape& s, const detail::DeviceInfo& dev) {
     for (std::size_t i = 0; i < kSplitkShapes.size(); ++i) {
       const int features = kSplitkShapes[i].features;
@@ -972,6 +973,7 @@ class PagedMoe {
       if (s.hidden < min_hidden) continue;  // too few W2 rows per warp (splitk::min_hidden)
       const long long need =
           static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / features);
+      if (need < kSplitkShapes[i].min_clusters) continue;
       if (need <= splitk_capacity(static_cast<int>(i), s.hidden, dev)) return static_cast<int>(i);
     }
     return -1;

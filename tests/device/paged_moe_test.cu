@@ -946,20 +946,31 @@ TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
   check_splitk_case(qwen15, 1, 3203, false);
   check_splitk_case(mixtral, 1, 3206, false);
   check_splitk_case(qwen3, 3, 3207, false);
-  // The default takes it at one token where its clusters fit the device at once: Qwen3's 96 and Qwen1.5's
-  // 88 on a device of 132 SMs (124 fit an H100), not Mixtral's 448; never at 2 tokens.
+  // The default takes it at one token where its clusters fit the device at once, on 128 features in warp
+  // pairs where the call has 32 such clusters or more (Qwen3's 48, Qwen1.5's 44; the pairs' 2 blocks per SM
+  // hold 62 on an H100), else on 64 features (a tiny shape's 8), not Mixtral's 224 / 448; never at 2 tokens.
   int device = 0, sms = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
   using Default = PagedMoe<kernels::Paged>;
-  const int at_once_2048 = Default::splitk_clusters_at_once(2048),
-            at_once_4096 = Default::splitk_clusters_at_once(4096);
-  std::printf("  split-K clusters at once on this device: %d at H = 2048, %d at H = 4096\n", at_once_2048,
-              at_once_4096);
+  const kernels::SplitkShape pairs128{128, 2}, quads64{64, 1};
+  const int pairs_2048 = Default::splitk_clusters_at_once(2048, pairs128),
+            at_once_2048 = Default::splitk_clusters_at_once(2048, quads64),
+            at_once_4096 = Default::splitk_clusters_at_once(4096, quads64);
+  std::printf(
+      "  split-K clusters at once on this device: %d at H = 2048, %d at H = 4096 (64 features, 4 warps); %d "
+      "at "
+      "H = 2048 (128 features, warp pairs)\n",
+      at_once_2048, at_once_4096, pairs_2048);
   if (sms >= 132) {
-    CHECK(Default::decode_splits({.shape = shape_of(kQwen3, 1)}));
-    CHECK(Default::decode_splits({.shape = shape_of(kQwen15Routed, 1)}));
+    const kernels::SplitkShape q3 = Default::decode_split_shape({.shape = shape_of(kQwen3, 1)});
+    const kernels::SplitkShape q15 = Default::decode_split_shape({.shape = shape_of(kQwen15Routed, 1)});
+    CHECK((q3.features == 128 && q3.h_split == 2));
+    CHECK((q15.features == 128 && q15.h_split == 2));
   }
+  const kernels::SplitkShape tiny =
+      Default::decode_split_shape({.shape = shape_of(ModelSpec{"tiny", 128, 8, 256, 128, 0}, 1)});
+  CHECK((tiny.features == 64 && tiny.h_split == 1));  // 8 clusters of 128: below min_clusters
   CHECK_FALSE(Default::decode_splits({.shape = shape_of(kMixtral, 1)}));
   CHECK_FALSE(Default::decode_splits({.shape = shape_of(kQwen3, 2)}));
   // Where it is turned away the call runs the decode tiles: equal to the layer without split-K bit for bit.

@@ -41,8 +41,9 @@
 // 1 token on Qwen3 and Qwen1.5's routed experts); splitk: the default's choice with the split-K decode
 // (MoeConfig::decode_splitk: no routing, a cluster of 4 blocks per slot and 64 or 128 features of F) asked
 // for at 1–3 tokens (taken where its clusters fit the device at once), nosplitk: at none (the default asks at
-// 1 token), sk-q64 / sk-p64 / sk-p128 / sk-q128: split-K at one token in one form only (SplitkFormsConfig: 64
-// features on 4 warps, 64 on warp pairs, 128 on warp pairs, 128 on 4 warps; the default's forms are
+// 1 token), sk-q64 / sk-p64 / sk-p128 / sk-q128 / sk-p256: split-K at one token in one form only
+// (SplitkFormsConfig: 64 features on 4 warps, 64 on warp pairs, 128 on warp pairs, 128 on 4 warps, 256 on
+// warp pairs; the default's forms are
 // DefaultMoeConfig::splitk_shapes; the decode tiles where the form's clusters do not fit) (these, like t8 …
 // t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
@@ -64,8 +65,8 @@
 // (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
 // int8-splitk / int4-splitk: the default's quantized choice with the split-K decode asked for at one token
 // (the first of DefaultMoeConfig::splitk_shapes that fits the device), int8-nosplitk / int4-nosplitk: at
-// none; int8-sk-q64 / -p64 / -p128 / -q128: split-K at one token in that one form only (q: 4 warps, p:
-// warp pairs; 64 or 128 features);
+// none; int8-sk-q64 / -p64 / -p128 / -q128, int4-sk-q64 / -p128: split-K at one token in that one form only
+// (q: 4 warps, p: warp pairs; 64 or 128 features);
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -329,6 +330,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
           {"sk-p64", {&make_graphs<SplitkFormsConfig<64, 2>>, Where::kDecode}},
           {"sk-p128", {&make_graphs<SplitkFormsConfig<128, 2>>, Where::kDecode}},
           {"sk-q128", {&make_graphs<SplitkFormsConfig<128, 1>>, Where::kDecode}},
+          {"sk-p256", {&make_graphs<SplitkFormsConfig<256, 2>>, Where::kDecode}},
           {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
           {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
           {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
@@ -472,6 +474,8 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-sk-p64", &make_quant_graph<kernels::Int8, SplitkFormsConfig<64, 2>>},
       {"int8-sk-p128", &make_quant_graph<kernels::Int8, SplitkFormsConfig<128, 2>>},
       {"int8-sk-q128", &make_quant_graph<kernels::Int8, SplitkFormsConfig<128, 1>>},
+      {"int4-sk-q64", &make_quant_graph<kernels::Int4, SplitkFormsConfig<64, 1>>},
+      {"int4-sk-p128", &make_quant_graph<kernels::Int4, SplitkFormsConfig<128, 2>>},
       {"int8-down0", &make_quant_graph<kernels::Int8, DownWarpsConfig<0>>},
       {"int4-down0", &make_quant_graph<kernels::Int4, DownWarpsConfig<0>>},
       {"int8-down2", &make_quant_graph<kernels::Int8, DownWarpsConfig<2>>},

@@ -58,9 +58,10 @@ struct MoeConfig {
 };
 
 // One form of the split-K decode kernel (MoeConfig::decode_splitk, moe/decode_splitk.cuh): `features` of F
-// per cluster of 4 blocks (64 or 128: a W2 row slice inside one scale group of 128) and `h_split` warps per
-// feature group (1, or a pair, each over its half of H: a block of 4·h_split warps), taken only by calls of
-// at least `min_clusters` of its clusters.
+// per cluster of 4 blocks (64 or 128, and 256 on bf16 experts: a W2 row slice of whole 16-byte loads that
+// divide a warp, inside one scale group on quantized experts) and `h_split` warps per feature group (1, or a
+// pair, each over its half of H: a block of 4·h_split warps), taken only by calls of at least `min_clusters`
+// of its clusters.
 struct SplitkShape {
   int features = 0;  // 0: no such form
   int h_split = 1;

@@ -7,8 +7,8 @@
 //
 //  1. splitk::kernel: a cluster of kCluster (4) blocks per (token t, slot j, kFeatures features
 //     [f0, f0 + kFeatures) of F): 64 or 128, the first of the configuration's forms that fits the call
-//     (DefaultMoeConfig::splitk_shapes: bf16 128 in warp pairs where the call has 32 such clusters or more,
-//     else 64; int8 64 in pairs, else 128; int4 64). Block r of the cluster
+//     (DefaultMoeConfig::splitk_shapes: bf16 and int4 128 in warp pairs where the call has 32 such clusters
+//     or more, else 64; int8 64 in pairs, else 128). Block r of the cluster
 //       - asks the L2 for W2's columns [f0, f0 + kFeatures) of its H / 4 rows before anything else, so that
 //         they stream with W1 and W3;
 //       - computes SiLU(gate)·up of its kFeatures / 4 features (each of its 4 feature warps: 4 features' W1
@@ -128,7 +128,8 @@ constexpr long long smem_bytes(int hidden) {
 // The smallest H a form serves: each warp's share of its block's H / 4 rows of W2 must hold one warp step of
 // rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the block's (out of
 // the matrix in block 0) and its lanes part around the W2 loop's shuffles. 4 warps: 64 for bf16 and int8 on
-// 128 features, 128 for int8 on 64, 256 for int4; warp pairs: 128 for int8 on 128, 256 for int8 on 64.
+// 128 features, 128 for int8 on 64, 256 for int4 on 64; warp pairs: 64 for bf16 on 128, 128 for int8 on 128,
+// 256 for int8 on 64 and int4 on 128.
 template <class P, int kFeatures, int kHSplit>
 constexpr int min_hidden() {
   using G = Geometry<P, kFeatures, kHSplit>;

@@ -379,8 +379,11 @@ struct DefaultMoeConfig {
   //    and 1.007x on Qwen3-Next, and Qwen3's 96 clusters do not fit the 92 the pairs hold; 128 on 4 warps
   //    0.984-1.018x (docs/results/paged_moe_h200.md, "Split-K forms as a policy: bf16 on 128-feature warp
   //    pairs").
-  //  - int4: 64 features, 4 warps. On 128 features it took 1.08-1.18x the decode tiles' time
-  //    (docs/results/quantized_h200.md, "Split-K decode on quantized experts").
+  //  - int4: as bf16, 128 features with warp pairs at 2 blocks per SM (128 registers) where the call has at
+  //    least 32 such clusters, else 64 on 4 warps. On an H100, against 64 on 4 warps: Qwen3-30B-A3B 0.916x,
+  //    Qwen1.5-MoE's routed experts 0.971x, Qwen3-Next 0.988x; the tiny shape's 8 clusters 1.075x
+  //    (docs/results/quantized_h200.md, "int4's split-K on 128-feature warp pairs"). 128 features on 4
+  //    warps took 1.08-1.18x the decode tiles' time ("Split-K decode on quantized experts").
   //  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
   //    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
   //    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters)
@@ -393,8 +396,7 @@ struct DefaultMoeConfig {
   //    "Warp pairs that split H", "int8's warp pairs landed").
   static constexpr SplitkShapes splitk_shapes(int bits) {
     if (bits == 8) return {SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}};
-    if (bits == 16) return {SplitkShape{128, 2, 32}, SplitkShape{64, 1}, SplitkShape{}};
-    return {SplitkShape{64, 1}, SplitkShape{}, SplitkShape{}};
+    return {SplitkShape{128, 2, 32}, SplitkShape{64, 1}, SplitkShape{}};  // bf16, int4
   }
 
   // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) where no expert
@@ -405,10 +407,11 @@ struct DefaultMoeConfig {
 
   // The configuration for quantized experts of `bits` (PagedMoe<..., Int8|Int4>): kAuto picks the path by
   // kQuantDecodeTile and kQuantSharedDecodeTokens; on the decode path the first row of kQuantDecodeRows the
-  // shape satisfies (staged for int8 where the row says so), else 32-token tiles. int8 asks for the split-K
-  // decode at one token (takes_splitk): 0.85-0.98x the decode tiles' layer time on the Qwen shapes on an
-  // H100; int4 does not (0.91-1.07x: Qwen3-30B-A3B loses) (docs/results/quantized_h200.md, "Split-K decode
-  // on quantized experts").
+  // shape satisfies (staged for int8 where the row says so), else 32-token tiles. Both ask for the split-K
+  // decode at one token (takes_splitk): int8 0.85-0.98x the decode tiles' layer time on the Qwen shapes on an
+  // H100 (docs/results/quantized_h200.md, "Split-K decode on quantized experts"); int4 on its 128-feature
+  // warp pairs 0.905-0.978x (on 64 features on 4 warps, its only form before, 0.91-1.07x: Qwen3-30B-A3B
+  // lost) (quantized_h200.md, "int4's split-K on 128-feature warp pairs").
   static constexpr MoeConfig select_quantized(const MoeShape& s, MoePath requested, quant::Bits bits) {
     MoePath path = requested;
     const bool small_units = takes_small_tma_units(s);
@@ -439,7 +442,7 @@ struct DefaultMoeConfig {
                     kGroupedTile,
                     int8 ? r.int8_stages : r.int4_stages};
         c.decode_down_warps = int8 ? r.int8_down_warps : r.int4_down_warps;
-        c.decode_splitk = int8 && takes_splitk(s);
+        c.decode_splitk = takes_splitk(s);
         return c;
       }
     return fallback(MoePath::kDecode);
@@ -577,9 +580,13 @@ static_assert([] {
   }
   return true;
 }());
-static_assert(DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
-                                                 quant::Bits::kInt4) ==
-              MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, 2});
+static_assert([] {
+  MoeConfig c =
+      DefaultMoeConfig::select_quantized({1, 4096, 14336, 8, 2, 0}, MoePath::kAuto, quant::Bits::kInt4);
+  const bool splitk = c.decode_splitk;  // asked for at one token; Mixtral's 224 clusters of 128 fit no device
+  c.decode_splitk = false;              // at once, so this tile runs
+  return splitk && c == MoeConfig{MoePath::kDecode, 8, 8, 1, 128, 128, 2};
+}());
 static_assert(DefaultMoeConfig::select_quantized({16, 4096, 14336, 8, 2, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt4) ==
               MoeConfig{MoePath::kDecode, 8, 4, 1, 128, 128, 2});
@@ -646,16 +653,16 @@ static_assert([] {
   }
   return true;
 }());
-// The split-K decode on quantized experts: int8 at one token (takes_splitk), never int4, never at 2 tokens.
+// The split-K decode on quantized experts: int8 and int4 at one token (takes_splitk), never at 2 tokens.
 static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                  quant::Bits::kInt8)
                   .decode_splitk);
 static_assert(DefaultMoeConfig::select_quantized({1, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
                                                  quant::Bits::kInt8)
                   .decode_splitk);
-static_assert(!DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
-                                                  quant::Bits::kInt4)
-                   .decode_splitk);
+static_assert(DefaultMoeConfig::select_quantized({1, 2048, 768, 128, 8, 0}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .decode_splitk);
 static_assert(!DefaultMoeConfig::select_quantized({2, 2048, 768, 128, 8, 0}, MoePath::kAuto,
                                                   quant::Bits::kInt8)
                    .decode_splitk);

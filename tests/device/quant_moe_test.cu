@@ -585,14 +585,17 @@ void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed)
   using Config = SplitkConfig<4, MoePath::kDecode>;
   using Layer = PagedMoe<kernels::Paged, Config, Precision>;
   const MoeShape shape = shape_of(store.spec, tokens);
-  // The call takes split-K where some form's clusters all fit this device at once (asked of the device
-  // here, independently of the layer's own choice): else the decode tiles would run.
+  // The call takes split-K where some form has at least its min_clusters and they all fit this device at
+  // once (asked of the device here, independently of the layer's own choice): else the decode tiles would
+  // run.
   bool fits = false;
   for (const kernels::splitk::Shape& form : kernels::splitk::shape_choices<Precision>())
-    if (form.features != 0 && shape.intermediate % form.features == 0)
-      fits = fits || static_cast<long long>(tokens) * shape.slots_per_token() *
-                             (shape.intermediate / form.features) <=
-                         Layer::splitk_clusters_at_once(shape.hidden, form);
+    if (form.features != 0 && shape.intermediate % form.features == 0) {
+      const long long clusters =
+          static_cast<long long>(tokens) * shape.slots_per_token() * (shape.intermediate / form.features);
+      fits = fits || (clusters >= form.min_clusters &&
+                      clusters <= Layer::splitk_clusters_at_once(shape.hidden, form));
+    }
   if (!fits) return;
   INFO(store.spec.name << " T=" << tokens << " split-K");
   REQUIRE(Layer::decode_splits({.shape = shape}));
@@ -659,9 +662,10 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   std::printf(
       "  quantized split-K clusters at once on this device at H = 2048: int8 %d (64 features, warp pairs), "
       "%d "
-      "(128, warp pairs), %d (128, 4 warps); int4 %d (64)\n",
-      pairs64, pairs128, quads128, Split4::splitk_clusters_at_once(2048, Shape{64, 1}));
-  CHECK(Split4::splitk_clusters_at_once(2048, Shape{128, 1}) == 0);  // int4 takes 64 features only
+      "(128, warp pairs), %d (128, 4 warps); int4 %d (128, warp pairs), %d (64, 4 warps)\n",
+      pairs64, pairs128, quads128, Split4::splitk_clusters_at_once(2048, Shape{128, 2}),
+      Split4::splitk_clusters_at_once(2048, Shape{64, 1}));
+  CHECK(Split4::splitk_clusters_at_once(2048, Shape{128, 1}) == 0);  // not one of int4's forms
   CHECK(Split8::splitk_clusters_at_once(2048, Shape{64, 1}) == 0);   // int8's 64 features: warp pairs only
   // int8 takes the first form whose clusters fit: Qwen3-30B-A3B's 96 clusters of 64 or 48 of 128, Qwen1.5-MoE
   // with its shared chunks' 176 of 64 or 88 of 128 (both forms of 128).
@@ -682,6 +686,13 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   expect(kQwen15, 176);
   expect(kQwen3Next, 88);
   CHECK(Split4::decode_split_shape({.shape = shape_of(kQwen15, 1)}).features == 0);
+  // int4 takes 128 features in pairs where 32 or more such clusters fit (Qwen3's 48), else 64 on 4 warps.
+  const Shape q3_int4 = Split4::decode_split_shape({.shape = shape_of(kQwen3, 1)});
+  if (48 <= Split4::splitk_clusters_at_once(2048, Shape{128, 2})) {
+    CHECK((q3_int4.features == 128 && q3_int4.h_split == 2));
+  } else if (96 <= Split4::splitk_clusters_at_once(2048, Shape{64, 1})) {
+    CHECK((q3_int4.features == 64 && q3_int4.h_split == 1));
+  }
 }
 
 // A model past 8 slots per token (Qwen2-57B-A14B: k = 8 and 8 shared chunks, 16 slots, F = 2560) on the

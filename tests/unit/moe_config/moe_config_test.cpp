@@ -128,8 +128,8 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
           CHECK_FALSE(grouped_seen);
           CHECK(quant_tile_instantiated(c));
           CHECK_FALSE(c.decode_preload);  // bf16 only
-          // The split-K decode: int8 at one token (where H % 256 == 0, as bf16's rule), never int4.
-          CHECK(c.decode_splitk == (bits == Bits::kInt8 && t == 1 && s.hidden % 256 == 0));
+          // The split-K decode: int8 and int4 at one token (where H % 256 == 0, as bf16's rule).
+          CHECK(c.decode_splitk == (t == 1 && s.hidden % 256 == 0));
           // Staged: int8 on every decode tile, 2-4 k-steps in flight, more where fewer slots are routed (3
           // only on 8-token tiles: Mixtral's 16-token tiles from 17 tokens take 2).
           if (bits == Bits::kInt8) {
@@ -219,4 +219,43 @@ TEST_CASE("DequantPrefillMoeConfig: the default's choice, on a bf16 copy only fo
         // The decode path when asked for stays the decode path.
         CHECK_FALSE(DequantPrefillMoeConfig::select_quantized(s, MoePath::kDecode, bits).grouped_dequant);
       }
+}
+
+// A configuration that names its own split-K forms, and one that names none (DefaultMoeConfig's then).
+struct OneSplitkForm {
+  static constexpr amoeba::kernels::SplitkShapes splitk_shapes(int bits) {
+    return {amoeba::kernels::SplitkShape{bits == 16 ? 64 : 128, 2, 7}, {}, {}};
+  }
+};
+struct NoSplitkForms {};
+
+TEST_CASE("split-K forms: the configuration's where it names them, else the default's", "[moe_config]") {
+  using amoeba::kernels::splitk_shapes_of;
+  using amoeba::kernels::SplitkShape;
+  STATIC_REQUIRE(amoeba::kernels::splitk_shapes_config<OneSplitkForm>);
+  STATIC_REQUIRE_FALSE(amoeba::kernels::splitk_shapes_config<NoSplitkForms>);
+  CHECK(splitk_shapes_of<OneSplitkForm>(16)[0] == SplitkShape{64, 2, 7});
+  CHECK(splitk_shapes_of<OneSplitkForm>(4)[0] == SplitkShape{128, 2, 7});
+  CHECK(splitk_shapes_of<OneSplitkForm>(8)[1].features == 0);
+  for (int bits : {16, 8, 4}) {
+    INFO("bits " << bits);
+    CHECK(splitk_shapes_of<NoSplitkForms>(bits) == DefaultMoeConfig::splitk_shapes(bits));
+    // Every default form is one the kernel has: 64 or 128 features (0: none), one warp or a pair per
+    // feature group.
+    const auto forms = DefaultMoeConfig::splitk_shapes(bits);
+    CHECK(forms[0].features != 0);
+    for (const SplitkShape& f : forms) {
+      CHECK((f.features == 0 || f.features == 64 || f.features == 128));
+      CHECK((f.h_split == 1 || f.h_split == 2));
+      CHECK(f.min_clusters >= 0);
+    }
+  }
+  // bf16 and int4: 128 features in pairs from 32 clusters, else 64 on 4 warps; int8: 64 in pairs, 128 in
+  // pairs, 128 on 4 warps.
+  for (int bits : {16, 4}) {
+    CHECK(DefaultMoeConfig::splitk_shapes(bits)[0] == SplitkShape{128, 2, 32});
+    CHECK(DefaultMoeConfig::splitk_shapes(bits)[1] == SplitkShape{64, 1, 0});
+  }
+  CHECK(DefaultMoeConfig::splitk_shapes(8) ==
+        amoeba::kernels::SplitkShapes{SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}});
 }

@@ -109,7 +109,7 @@ struct Geometry {
   // (capped at 128: their clusters are as many as bf16's), bf16 unbounded (110 registers, 4 blocks); warp
   // pairs: 64 features at 3 (int8 80 registers, bf16 76; int4 spills 40 bytes there), 128 at 2 (at 3 int8
   // spilled; int8 and int4 128 registers, bf16 105).
-  static constexpr int kMinBlocks = kHSplit > 1       ? (kFeatures == 64 || kBits == 16 ? 3 : 2)
+  static constexpr int kMinBlocks = kHSplit > 1       ? (kFeatures == 64 ? 3 : 2)
                                     : kBits == 16     ? 1
                                     : kFeatures == 64 ? 4
                                                       : 3;

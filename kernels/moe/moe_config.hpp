@@ -493,6 +493,26 @@ concept splitk_shapes_config = requires(int bits) {
   { C::splitk_shapes(bits) } -> std::same_as<SplitkShapes>;
 };
 static_assert(splitk_shapes_config<DefaultMoeConfig>);
+// The form a split-K call takes: the index of the first of `forms` whose features divide F, that serves H
+// (min_hidden(i) <= H: splitk::min_hidden), whose clusters T·(k+m)·F/features number at least its
+// min_clusters and at most capacity(i) (the clusters the device holds at once, asked only of a form that
+// passes the rest), -1 where none does (the decode tiles run). PagedMoe::splitk_choice passes the kernel's
+// min_hidden and cudaOccupancyMaxActiveClusters.
+template <class MinHidden, class Capacity>
+constexpr int splitk_form_for(const SplitkShapes& forms, const MoeShape& s, MinHidden&& min_hidden,
+                              Capacity&& capacity) {
+  for (std::size_t i = 0; i < forms.size(); ++i) {
+    const int features = forms[i].features;
+    if (features == 0 || s.intermediate % features != 0) continue;
+    if (s.hidden < min_hidden(static_cast<int>(i))) continue;
+    const long long need =
+        static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / features);
+    if (need < forms[i].min_clusters) continue;
+    if (need <= capacity(static_cast<int>(i))) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 // The forms `C` names for experts of `bits` bits, or DefaultMoeConfig's.
 template <class C>
 constexpr SplitkShapes splitk_shapes_of(int bits) {

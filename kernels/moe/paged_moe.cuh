@@ -958,25 +958,22 @@ class PagedMoe {
     return st;
   }
 
-  // The form a split-K call takes: the index of the first of kSplitkShapes that serves H (splitk::min_hidden)
-  // and whose clusters (T·(k+m)·F/features) number at least its min_clusters and all fit the device at once,
-  // -1 where none does (the decode tiles run). Two waves of clusters ran 1.02-1.17x the decode tiles' time
+  // The form a split-K call takes (splitk_form_for over kSplitkShapes: the first whose features divide F,
+  // that serves H, reaches its min_clusters and whose clusters all fit the device at once), -1 where none
+  // does (the decode tiles run). Two waves of clusters ran 1.02-1.17x the decode tiles' time
   // (MoeConfig::decode_splitk).
   static int splitk_choice(const MoeShape& s, const detail::DeviceInfo& dev) {
-    for (std::size_t i = 0; i < kSplitkShapes.size(); ++i) {
-      const int features = kSplitkShapes[i].features;
-      if (features == 0 || s.intermediate % features != 0) continue;
-      int min_hidden = 0;
-      on_splitk_shape(static_cast<int>(i), [&]<int kFeatures, int kHSplit>() {
-        min_hidden = splitk::min_hidden<Precision, kFeatures, kHSplit>();
+    auto min_hidden = [](int choice) {
+      int h = 0;
+      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit>() {
+        h = splitk::min_hidden<Precision, kFeatures, kHSplit>();
       });
-      if (s.hidden < min_hidden) continue;  // too few W2 rows per warp (splitk::min_hidden)
-      const long long need =
-          static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / features);
-      if (need < kSplitkShapes[i].min_clusters) continue;
-      if (need <= splitk_capacity(static_cast<int>(i), s.hidden, dev)) return static_cast<int>(i);
-    }
-    return -1;
+      return h;
+    };
+    auto capacity = [&](int choice) {
+      return static_cast<long long>(splitk_capacity(choice, s.hidden, dev));
+    };
+    return splitk_form_for(kSplitkShapes, s, min_hidden, capacity);
   }
   // cudaOccupancyMaxActiveClusters of the form kSplitkShapes[choice] at its shared memory, remembered per
   // device for the last H asked; 0 before sm_90 and for a choice that names no form.

@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace {
@@ -258,4 +260,69 @@ TEST_CASE("split-K forms: the configuration's where it names them, else the defa
   }
   CHECK(DefaultMoeConfig::splitk_shapes(8) ==
         amoeba::kernels::SplitkShapes{SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}});
+}
+
+TEST_CASE("split-K forms: a call takes the first that divides F, serves H, reaches min_clusters and fits",
+          "[moe_config]") {
+  using amoeba::kernels::splitk_form_for;
+  using amoeba::kernels::SplitkShape;
+  using amoeba::kernels::SplitkShapes;
+  const SplitkShapes bf16 = DefaultMoeConfig::splitk_shapes(16);  // {128, 2, 32}, {64, 1}
+  auto hidden_of = [](int) { return 64; };
+  std::vector<int> asked;  // the forms whose capacity was asked, in order
+  auto at_once = [&](long long c0, long long c1) {
+    return [&asked, c0, c1](int i) {
+      asked.push_back(i);
+      return i == 0 ? c0 : c1;
+    };
+  };
+  const MoeShape qwen3{1, 2048, 768, 128, 8, 0};  // 48 clusters of 128, 96 of 64
+  CHECK(splitk_form_for(bf16, qwen3, hidden_of, at_once(62, 124)) == 0);
+  CHECK(splitk_form_for(bf16, qwen3, hidden_of, at_once(47, 124)) == 1);  // 48 of 128 do not fit
+  CHECK(splitk_form_for(bf16, qwen3, hidden_of, at_once(47, 95)) == -1);  // nor 96 of 64: decode tiles
+  asked.clear();
+  const MoeShape tiny{1, 256, 128, 128, 8, 0};  // 8 clusters of 128: below min_clusters, 16 of 64
+  CHECK(splitk_form_for(bf16, tiny, hidden_of, at_once(62, 124)) == 1);
+  CHECK(asked == std::vector<int>{1});  // the device is asked only about a form that passes the rest
+  asked.clear();
+  const MoeShape f192{1, 2048, 192, 128, 8, 0};  // 192 is no multiple of 128
+  CHECK(splitk_form_for(bf16, f192, hidden_of, at_once(1000, 1000)) == 1);
+  CHECK(asked == std::vector<int>{1});
+  // A form whose min_hidden H does not reach is skipped (int8 on 64 features in pairs needs 256).
+  const SplitkShapes int8 = DefaultMoeConfig::splitk_shapes(8);
+  auto int8_hidden = [](int i) { return i == 0 ? 256 : 128; };
+  CHECK(splitk_form_for(int8, MoeShape{1, 128, 128, 8, 2, 0}, int8_hidden, at_once(100, 100)) == 1);
+  CHECK(splitk_form_for(int8, MoeShape{1, 64, 128, 8, 2, 0}, int8_hidden, at_once(100, 100)) == -1);
+
+  // Randomized: the form returned meets every condition, and every earlier form fails one.
+  std::uint64_t x = 0x9e3779b97f4a7c15ULL;
+  auto next = [&x](int n) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return static_cast<int>(x % static_cast<std::uint64_t>(n));
+  };
+  for (int trial = 0; trial < 2000; ++trial) {
+    SplitkShapes forms{};
+    for (SplitkShape& f : forms)
+      f = {next(4) == 0 ? 0 : 64 << next(3), 1 + next(2), next(3) == 0 ? 0 : next(64)};
+    const std::array<int, 3> min_h{64 << next(3), 64 << next(3), 64 << next(3)};
+    const std::array<long long, 3> cap{next(200), next(200), next(200)};
+    const MoeShape s{1 + next(3), 128 * (1 + next(8)), 64 * (1 + next(24)), 64, 1 + next(8), next(3)};
+    auto conditions = [&](int i) {
+      const SplitkShape& f = forms[static_cast<std::size_t>(i)];
+      if (f.features == 0 || s.intermediate % f.features != 0 ||
+          s.hidden < min_h[static_cast<std::size_t>(i)])
+        return false;
+      const long long need =
+          static_cast<long long>(s.num_tokens) * s.slots_per_token() * (s.intermediate / f.features);
+      return need >= f.min_clusters && need <= cap[static_cast<std::size_t>(i)];
+    };
+    const int got = splitk_form_for(
+        forms, s, [&](int i) { return min_h[static_cast<std::size_t>(i)]; },
+        [&](int i) { return cap[static_cast<std::size_t>(i)]; });
+    INFO("trial " << trial);
+    REQUIRE(got >= -1);
+    REQUIRE(got < 3);
+    for (int i = 0; i < (got < 0 ? 3 : got); ++i) CHECK_FALSE(conditions(i));
+    if (got >= 0) CHECK(conditions(got));
+  }
 }

@@ -68,11 +68,6 @@ constexpr int bits_of() {
     return 16;
 }
 
-// One form of the kernel (MoeConfig's SplitkShape): kFeatures features of F per cluster, and the warps that
-// read each feature group's W1 / W3 rows (h_split of them, each over its share of H: a block of 4·h_split
-// warps).
-using Shape = SplitkShape;
-
 // DefaultMoeConfig's forms for a precision, in order (DefaultMoeConfig::splitk_shapes has them and their
 // measurements; a configuration may name others: PagedMoe::kSplitkShapes).
 template <class P>

@@ -490,17 +490,17 @@ class PagedMoe {
   static bool decode_splits(const Arguments& a) { return decode_split_shape(a).features != 0; }
   // The form of the split-K kernel the call takes on the current device (kSplitkShapes: features of
   // F per cluster and warps per feature group), features = 0 where it runs the decode tiles.
-  static splitk::Shape decode_split_shape(const Arguments& a) {
+  static SplitkShape decode_split_shape(const Arguments& a) {
     if (!config(a).decode_splitk) return {};
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return {};
     const int choice = splitk_choice(a.shape, dev);
-    return choice < 0 ? splitk::Shape{} : kSplitkShapes[static_cast<std::size_t>(choice)];
+    return choice < 0 ? SplitkShape{} : kSplitkShapes[static_cast<std::size_t>(choice)];
   }
   // How many split-K clusters of the form `shape` (one per token, slot and its features of F) the current
   // device holds at once at hidden size H: cudaOccupancyMaxActiveClusters of the kernel; 0 before sm_90 or
   // for a form the precision does not take (kSplitkShapes).
-  static int splitk_clusters_at_once(int hidden, splitk::Shape shape = kSplitkShapes[0]) {
+  static int splitk_clusters_at_once(int hidden, SplitkShape shape = kSplitkShapes[0]) {
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return 0;
     for (std::size_t i = 0; i < kSplitkShapes.size(); ++i)
@@ -908,7 +908,7 @@ class PagedMoe {
   // The fewest features per cluster among the forms (the partials' workspace holds that many), 0 for none.
   static constexpr int kSplitkMinFeatures = [] {
     int fewest = 0;
-    for (const splitk::Shape& form : kSplitkShapes)
+    for (const SplitkShape& form : kSplitkShapes)
       if (form.features != 0 && (fewest == 0 || form.features < fewest)) fewest = form.features;
     return fewest;
   }();
@@ -920,7 +920,7 @@ class PagedMoe {
   template <class F>
   static void on_splitk_shape(int choice, F&& f) {
     auto one = [&]<std::size_t kI>() {
-      constexpr splitk::Shape kS = kSplitkShapes[kI];
+      constexpr SplitkShape kS = kSplitkShapes[kI];
       if constexpr (kS.features != 0)
         if (choice == static_cast<int>(kI)) f.template operator()<kS.features, kS.h_split>();
     };

@@ -589,7 +589,7 @@ void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed)
   // once (asked of the device here, independently of the layer's own choice): else the decode tiles would
   // run.
   bool fits = false;
-  for (const kernels::splitk::Shape& form : kernels::splitk::shape_choices<Precision>())
+  for (const kernels::SplitkShape& form : kernels::splitk::shape_choices<Precision>())
     if (form.features != 0 && shape.intermediate % form.features == 0) {
       const long long clusters =
           static_cast<long long>(tokens) * shape.slots_per_token() * (shape.intermediate / form.features);
@@ -624,16 +624,16 @@ TEST_CASE("quantized experts: split-K decode against the reference, paged = cont
   // 64 features needs H >= 256; int8 in warp pairs 256 on 64 features, 128 on 128; int8 on 4 warps 64 on 128.
   using Split4 = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>, kernels::Int4>;
   using Split8 = PagedMoe<kernels::Paged, SplitkConfig<4, MoePath::kDecode>, kernels::Int8>;
-  using kernels::splitk::Shape;
+  using kernels::SplitkShape;
   CHECK_FALSE(Split4::decode_splits({.shape = shape_of(ModelSpec{"tiny H128 F128", 8, 2, 128, 128, 0}, 1)}));
-  const Shape h128 =
+  const SplitkShape h128 =
       Split8::decode_split_shape({.shape = shape_of(ModelSpec{"tiny H128 F128", 8, 2, 128, 128, 0}, 1)});
-  CHECK((Split8::splitk_clusters_at_once(128, Shape{128, 2}) < 2 ||
+  CHECK((Split8::splitk_clusters_at_once(128, SplitkShape{128, 2}) < 2 ||
          (h128.features == 128 && h128.h_split == 2)));
-  const Shape h64 =
+  const SplitkShape h64 =
       Split8::decode_split_shape({.shape = shape_of(ModelSpec{"tiny H64 F128", 8, 2, 64, 128, 0}, 1)});
-  CHECK(
-      (Split8::splitk_clusters_at_once(64, Shape{128, 1}) < 2 || (h64.features == 128 && h64.h_split == 1)));
+  CHECK((Split8::splitk_clusters_at_once(64, SplitkShape{128, 1}) < 2 ||
+         (h64.features == 128 && h64.h_split == 1)));
 }
 
 TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][quant]") {
@@ -655,22 +655,23 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   CHECK(std::memcmp(with.data(), without.data(), with.size() * 2) == 0);
   using Split8 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int8>;
   using Split4 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int4>;
-  using kernels::splitk::Shape;
-  const int pairs64 = Split8::splitk_clusters_at_once(2048, Shape{64, 2}),
-            pairs128 = Split8::splitk_clusters_at_once(2048, Shape{128, 2}),
-            quads128 = Split8::splitk_clusters_at_once(2048, Shape{128, 1});
+  using kernels::SplitkShape;
+  const int pairs64 = Split8::splitk_clusters_at_once(2048, SplitkShape{64, 2}),
+            pairs128 = Split8::splitk_clusters_at_once(2048, SplitkShape{128, 2}),
+            quads128 = Split8::splitk_clusters_at_once(2048, SplitkShape{128, 1});
   std::printf(
       "  quantized split-K clusters at once on this device at H = 2048: int8 %d (64 features, warp pairs), "
       "%d "
       "(128, warp pairs), %d (128, 4 warps); int4 %d (128, warp pairs), %d (64, 4 warps)\n",
-      pairs64, pairs128, quads128, Split4::splitk_clusters_at_once(2048, Shape{128, 2}),
-      Split4::splitk_clusters_at_once(2048, Shape{64, 1}));
-  CHECK(Split4::splitk_clusters_at_once(2048, Shape{128, 1}) == 0);  // not one of int4's forms
-  CHECK(Split8::splitk_clusters_at_once(2048, Shape{64, 1}) == 0);   // int8's 64 features: warp pairs only
+      pairs64, pairs128, quads128, Split4::splitk_clusters_at_once(2048, SplitkShape{128, 2}),
+      Split4::splitk_clusters_at_once(2048, SplitkShape{64, 1}));
+  CHECK(Split4::splitk_clusters_at_once(2048, SplitkShape{128, 1}) == 0);  // not one of int4's forms
+  CHECK(Split8::splitk_clusters_at_once(2048, SplitkShape{64, 1}) ==
+        0);  // int8's 64 features: warp pairs only
   // int8 takes the first form whose clusters fit: Qwen3-30B-A3B's 96 clusters of 64 or 48 of 128, Qwen1.5-MoE
   // with its shared chunks' 176 of 64 or 88 of 128 (both forms of 128).
   auto expect = [&](const ModelSpec& m, int clusters64) {
-    const Shape got = Split8::decode_split_shape({.shape = shape_of(m, 1)});
+    const SplitkShape got = Split8::decode_split_shape({.shape = shape_of(m, 1)});
     INFO(m.name << ": 64 features need " << clusters64 << " clusters");
     if (clusters64 <= pairs64) {
       CHECK((got.features == 64 && got.h_split == 2));
@@ -687,10 +688,10 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   expect(kQwen3Next, 88);
   CHECK(Split4::decode_split_shape({.shape = shape_of(kQwen15, 1)}).features == 0);
   // int4 takes 128 features in pairs where 32 or more such clusters fit (Qwen3's 48), else 64 on 4 warps.
-  const Shape q3_int4 = Split4::decode_split_shape({.shape = shape_of(kQwen3, 1)});
-  if (48 <= Split4::splitk_clusters_at_once(2048, Shape{128, 2})) {
+  const SplitkShape q3_int4 = Split4::decode_split_shape({.shape = shape_of(kQwen3, 1)});
+  if (48 <= Split4::splitk_clusters_at_once(2048, SplitkShape{128, 2})) {
     CHECK((q3_int4.features == 128 && q3_int4.h_split == 2));
-  } else if (96 <= Split4::splitk_clusters_at_once(2048, Shape{64, 1})) {
+  } else if (96 <= Split4::splitk_clusters_at_once(2048, SplitkShape{64, 1})) {
     CHECK((q3_int4.features == 64 && q3_int4.h_split == 1));
   }
 }

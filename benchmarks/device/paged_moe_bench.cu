@@ -43,7 +43,8 @@
 // for at 1–3 tokens (taken where its clusters fit the device at once), nosplitk: at none (the default asks at
 // 1 token), sk-q64 / sk-p64 / sk-p128 / sk-q128 / sk-p256: split-K at one token in one form only
 // (SplitkFormsConfig: 64 features on 4 warps, 64 on warp pairs, 128 on warp pairs, 128 on 4 warps, 256 on
-// warp pairs; the default's forms are
+// warp pairs), sk-p128s2: 128 on warp pairs with two W1 / W3 steps of loads in flight per lane (the kernel's
+// own: one with pairs) (the default's forms are
 // DefaultMoeConfig::splitk_shapes; the decode tiles where the form's clusters do not fit) (these, like t8 …
 // t8w8u4, where the default decodes);
 // bf16-decode / bf16-grouped: the default's choice held to one path at every size; wide / narrow: the
@@ -313,32 +314,34 @@ struct Bf16Config {
   Where where;
 };
 std::map<std::string, Bf16Config> bf16_configs() {
-  return {{"default", {&make_graphs<kernels::DefaultMoeConfig>, Where::kDecode}},
-          {"t8", {&make_graphs<DecodeTileConfig<8, 4, 2>>, Where::kDecode}},
-          {"t32", {&make_graphs<DecodeTileConfig<32, 4, 1>>, Where::kDecode}},
-          {"w8", {&make_graphs<DecodeTileConfig<32, 8, 2>>, Where::kDecode}},
-          {"t8w4u3", {&make_graphs<DecodeTileConfig<8, 4, 3>>, Where::kDecode}},
-          {"t8w4u4", {&make_graphs<DecodeTileConfig<8, 4, 4>>, Where::kDecode}},
-          {"t8w8u2", {&make_graphs<DecodeTileConfig<8, 8, 2>>, Where::kDecode}},
-          {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
-          {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
-          {"preload", {&make_graphs<PreloadConfig<>>, Where::kDecode}},
-          {"nopreload", {&make_graphs<NoPreloadConfig>, Where::kDecode}},
-          {"splitk", {&make_graphs<SplitkConfig<3>>, Where::kDecode}},
-          {"nosplitk", {&make_graphs<NoSplitkConfig>, Where::kDecode}},
-          {"sk-q64", {&make_graphs<SplitkFormsConfig<64, 1>>, Where::kDecode}},
-          {"sk-p64", {&make_graphs<SplitkFormsConfig<64, 2>>, Where::kDecode}},
-          {"sk-p128", {&make_graphs<SplitkFormsConfig<128, 2>>, Where::kDecode}},
-          {"sk-q128", {&make_graphs<SplitkFormsConfig<128, 1>>, Where::kDecode}},
-          {"sk-p256", {&make_graphs<SplitkFormsConfig<256, 2>>, Where::kDecode}},
-          {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
-          {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
-          {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
-          {"tile128", {&make_graphs<GroupedTileConfig<128>>, Where::kGrouped}},
-          {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
-          {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
-          {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
-          {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
+  return {
+      {"default", {&make_graphs<kernels::DefaultMoeConfig>, Where::kDecode}},
+      {"t8", {&make_graphs<DecodeTileConfig<8, 4, 2>>, Where::kDecode}},
+      {"t32", {&make_graphs<DecodeTileConfig<32, 4, 1>>, Where::kDecode}},
+      {"w8", {&make_graphs<DecodeTileConfig<32, 8, 2>>, Where::kDecode}},
+      {"t8w4u3", {&make_graphs<DecodeTileConfig<8, 4, 3>>, Where::kDecode}},
+      {"t8w4u4", {&make_graphs<DecodeTileConfig<8, 4, 4>>, Where::kDecode}},
+      {"t8w8u2", {&make_graphs<DecodeTileConfig<8, 8, 2>>, Where::kDecode}},
+      {"t8w8u4", {&make_graphs<DecodeTileConfig<8, 8, 4>>, Where::kDecode}},
+      {"p256", {&make_graphs<PrefetchConfig<256>>, Where::kDecode}},
+      {"preload", {&make_graphs<PreloadConfig<>>, Where::kDecode}},
+      {"nopreload", {&make_graphs<NoPreloadConfig>, Where::kDecode}},
+      {"splitk", {&make_graphs<SplitkConfig<3>>, Where::kDecode}},
+      {"nosplitk", {&make_graphs<NoSplitkConfig>, Where::kDecode}},
+      {"sk-q64", {&make_graphs<SplitkFormsConfig<64, 1>>, Where::kDecode}},
+      {"sk-p64", {&make_graphs<SplitkFormsConfig<64, 2>>, Where::kDecode}},
+      {"sk-p128", {&make_graphs<SplitkFormsConfig<128, 2>>, Where::kDecode}},
+      {"sk-q128", {&make_graphs<SplitkFormsConfig<128, 1>>, Where::kDecode}},
+      {"sk-p256", {&make_graphs<SplitkFormsConfig<256, 2>>, Where::kDecode}},
+      {"sk-p128s2", {&make_graphs<SplitkFormsConfig<128, 2, 0, 1, 1, MoePath::kAuto, 2>>, Where::kDecode}},
+      {"bf16-decode", {&make_graphs<PathConfig<MoePath::kDecode>>, Where::kEvery}},
+      {"bf16-grouped", {&make_graphs<PathConfig<MoePath::kGrouped>>, Where::kEvery}},
+      {"wide", {&make_graphs<GroupedRowsConfig<256>>, Where::kGrouped}},
+      {"tile128", {&make_graphs<GroupedTileConfig<128>>, Where::kGrouped}},
+      {"small4", {&make_graphs<SmallGroupedConfig<4, 2>>, Where::kGrouped}},
+      {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
+      {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
+      {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}}};
 }
 
 // Writes `value` into n bf16 scales.

@@ -78,7 +78,7 @@ constexpr SplitkShapes shape_choices() {
 // What the precision and the kernel's form decide: values per 16-byte load, lanes per W2 row slice, warps,
 // registers.
 template <class P, int kFeaturesT = shape_choices<P>()[0].features,
-          int kHSplitT = shape_choices<P>()[0].h_split>
+          int kHSplitT = shape_choices<P>()[0].h_split, int kStepsT = shape_choices<P>()[0].steps>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
@@ -89,11 +89,12 @@ struct Geometry {
   static constexpr int kRowsPerStep = 32 / kRowLanes;  // W2 rows a warp reads per load
   static constexpr int kWarpFeatures = kFeatures / (kCluster * kFeatureWarps);  // 4, 8 (int8 on 128)
   static constexpr int kHSplit = kHSplitT;  // warps per feature group, each over its share of H
+  static constexpr int kSteps = kStepsT;    // the form's SplitkShape::steps (0: kStepsInFlight's rule)
   static constexpr int kWarps = kFeatureWarps * kHSplit;
   static constexpr int kThreads = 32 * kWarps;
-  // W1 / W3 steps and W2 rows of loads in flight per lane: fewer with warp pairs, whose registers hold two
-  // warps per feature group.
-  static constexpr int kStepsInFlight = kHSplit > 1 ? 1 : kUnroll;
+  // W1 / W3 steps of loads in flight per lane (the form's, SplitkShape::steps, else fewer with warp pairs,
+  // whose registers hold two warps per feature group).
+  static constexpr int kStepsInFlight = kStepsT != 0 ? kStepsT : kHSplit > 1 ? 1 : kUnroll;
   // Static shared memory: the cluster's bf16 activations, and with warp pairs the second warps' fp32 sums
   // (the dynamic part's attribute must leave room for it: PagedMoe::splitk_smem).
   static constexpr int kPairSumFloats = kHSplit > 1 ? kFeatureWarps * 2 * kWarpFeatures : 0;
@@ -110,6 +111,7 @@ struct Geometry {
                                                       : 3;
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(kHSplit == 1 || kHSplit == 2, "one warp or a warp pair per feature group");
+  static_assert(kStepsInFlight >= 1 && kStepsInFlight <= 4, "1 to 4 steps of W1 / W3 loads in flight");
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
 };
@@ -126,9 +128,9 @@ constexpr long long smem_bytes(int hidden) {
 // the matrix in block 0) and its lanes part around the W2 loop's shuffles. 4 warps: 64 for bf16 and int8 on
 // 128 features, 128 for int8 on 64, 256 for int4 on 64; warp pairs: 64 for bf16 on 128, 128 for int8 on 128,
 // 256 for int8 on 64 and int4 on 128.
-template <class P, int kFeatures, int kHSplit>
+template <class P, int kFeatures, int kHSplit, int kSteps = 0>
 constexpr int min_hidden() {
-  using G = Geometry<P, kFeatures, kHSplit>;
+  using G = Geometry<P, kFeatures, kHSplit, kSteps>;
   return kCluster * G::kWarps * G::kRowsPerStep;
 }
 
@@ -231,11 +233,11 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
 }
 
 template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures,
-          int kHSplitT = Geometry<P>::kHSplit>
-__global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT>::kThreads,
-                                  Geometry<P, kFeaturesT, kHSplitT>::kMinBlocks)
+          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps>
+__global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kThreads,
+                                  Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
-  using G = Geometry<P, kFeaturesT, kHSplitT>;
+  using G = Geometry<P, kFeaturesT, kHSplitT, kStepsT>;
   constexpr int kBlockFeatures = G::kFeatures / kCluster;
   constexpr int kVpl = G::kValuesPerLoad;
   constexpr int kWarps = G::kWarps, kThreads = G::kThreads;

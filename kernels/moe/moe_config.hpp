@@ -61,11 +61,13 @@ struct MoeConfig {
 // per cluster of 4 blocks (64 or 128, and 256 on bf16 experts: a W2 row slice of whole 16-byte loads that
 // divide a warp, inside one scale group on quantized experts) and `h_split` warps per feature group (1, or a
 // pair, each over its half of H: a block of 4·h_split warps), taken only by calls of at least `min_clusters`
-// of its clusters.
+// of its clusters; `steps`: the W1 / W3 loads each lane keeps in flight, in steps of a warp's 16-byte loads
+// along H (0: the kernel's own, splitk::Geometry: 2 on 4 warps, 1 with warp pairs).
 struct SplitkShape {
   int features = 0;  // 0: no such form
   int h_split = 1;
   int min_clusters = 0;
+  int steps = 0;
   friend constexpr bool operator==(const SplitkShape&, const SplitkShape&) = default;
 };
 // A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H, whose

@@ -505,7 +505,7 @@ class PagedMoe {
     if (!detail::current_device(dev)) return 0;
     for (std::size_t i = 0; i < kSplitkShapes.size(); ++i)
       if (kSplitkShapes[i].features != 0 && kSplitkShapes[i].features == shape.features &&
-          kSplitkShapes[i].h_split == shape.h_split)
+          kSplitkShapes[i].h_split == shape.h_split && kSplitkShapes[i].steps == shape.steps)
         return splitk_capacity(static_cast<int>(i), hidden, dev);
     return 0;
   }
@@ -912,17 +912,17 @@ class PagedMoe {
       if (form.features != 0 && (fewest == 0 || form.features < fewest)) fewest = form.features;
     return fewest;
   }();
-  template <int kFeatures, int kHSplit>
-  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures, kHSplit>;
+  template <int kFeatures, int kHSplit, int kSteps>
+  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures, kHSplit, kSteps>;
 
-  // Calls f.template operator()<kFeatures, kHSplit>() for the form kSplitkShapes[choice] (none where it
-  // names no form).
+  // Calls f.template operator()<kFeatures, kHSplit, kSteps>() for the form kSplitkShapes[choice] (none where
+  // it names no form).
   template <class F>
   static void on_splitk_shape(int choice, F&& f) {
     auto one = [&]<std::size_t kI>() {
       constexpr SplitkShape kS = kSplitkShapes[kI];
       if constexpr (kS.features != 0)
-        if (choice == static_cast<int>(kI)) f.template operator()<kS.features, kS.h_split>();
+        if (choice == static_cast<int>(kI)) f.template operator()<kS.features, kS.h_split, kS.steps>();
     };
     [&]<std::size_t... kI>(std::index_sequence<kI...>) {
       (one.template operator()<kI>(), ...);
@@ -930,25 +930,25 @@ class PagedMoe {
     (std::make_index_sequence<kSplitkShapes.size()>{});
   }
   // The kernel's shared memory at hidden size H, set on the device where it passes the default.
-  template <int kFeatures, int kHSplit>
+  template <int kFeatures, int kHSplit, int kSteps>
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
     smem = static_cast<int>(splitk::smem_bytes(hidden));
-    return detail::set_smem<kSplitkKernel<kFeatures, kHSplit>>(
-        dev.device, smem, splitk::Geometry<Precision, kFeatures, kHSplit>::kStaticSmemBytes);
+    return detail::set_smem<kSplitkKernel<kFeatures, kHSplit, kSteps>>(
+        dev.device, smem, splitk::Geometry<Precision, kFeatures, kHSplit, kSteps>::kStaticSmemBytes);
   }
 
   static Status run_splitk(int choice, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
     Status st = Status::error("config.decode_splitk", choice, "split-K form not instantiated");
-    on_splitk_shape(choice, [&]<int kFeatures, int kHSplit>() {
+    on_splitk_shape(choice, [&]<int kFeatures, int kHSplit, int kSteps>() {
       const splitk::Params<Addressing> sp{p, partials};
       int smem = 0;
-      if (st = splitk_smem<kFeatures, kHSplit>(s.hidden, dev, smem); !st) return;
+      if (st = splitk_smem<kFeatures, kHSplit, kSteps>(s.hidden, dev, smem); !st) return;
       if (st = launch_clustered(
-              kSplitkKernel<kFeatures, kHSplit>,
+              kSplitkKernel<kFeatures, kHSplit, kSteps>,
               dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
-              splitk::Geometry<Precision, kFeatures, kHSplit>::kThreads, smem, splitk::kCluster, stream,
-              "splitk::kernel", sp);
+              splitk::Geometry<Precision, kFeatures, kHSplit, kSteps>::kThreads, smem, splitk::kCluster,
+              stream, "splitk::kernel", sp);
           !st)
         return;
       st = launch(splitk::combine_kernel<Addressing, kFeatures>,
@@ -965,8 +965,8 @@ class PagedMoe {
   static int splitk_choice(const MoeShape& s, const detail::DeviceInfo& dev) {
     auto min_hidden = [](int choice) {
       int h = 0;
-      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit>() {
-        h = splitk::min_hidden<Precision, kFeatures, kHSplit>();
+      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit, int kSteps>() {
+        h = splitk::min_hidden<Precision, kFeatures, kHSplit, kSteps>();
       });
       return h;
     };
@@ -980,12 +980,12 @@ class PagedMoe {
   static int splitk_capacity(int choice, int hidden, const detail::DeviceInfo& dev) {
     int clusters = 0;
     if (dev.major >= 9)
-      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit>() {
-        clusters = splitk_capacity<kFeatures, kHSplit>(hidden, dev);
+      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit, int kSteps>() {
+        clusters = splitk_capacity<kFeatures, kHSplit, kSteps>(hidden, dev);
       });
     return clusters;
   }
-  template <int kFeatures, int kHSplit>
+  template <int kFeatures, int kHSplit, int kSteps>
   static int splitk_capacity(int hidden, const detail::DeviceInfo& dev) {
     static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
     const bool cached = dev.device < detail::kMaxDevices;
@@ -994,12 +994,12 @@ class PagedMoe {
       if (v != 0 && (v >> 32) == hidden) return static_cast<int>(v & 0xffffffffLL);
     }
     int smem = 0;
-    if (!splitk_smem<kFeatures, kHSplit>(hidden, dev, smem)) return 0;
+    if (!splitk_smem<kFeatures, kHSplit, kSteps>(hidden, dev, smem)) return 0;
     const LaunchConfig probe(dim3(splitk::kCluster),
-                             splitk::Geometry<Precision, kFeatures, kHSplit>::kThreads,
+                             splitk::Geometry<Precision, kFeatures, kHSplit, kSteps>::kThreads,
                              static_cast<std::size_t>(smem), nullptr, splitk::kCluster, false);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kFeatures, kHSplit>, &probe.config) !=
+    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kFeatures, kHSplit, kSteps>, &probe.config) !=
         cudaSuccess) {
       cudaGetLastError();  // not an error of the layer: the decode tiles run instead
       return 0;

@@ -900,12 +900,13 @@ TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][sm
 
 // A configuration that names its own split-K forms (Config::splitk_shapes) on bf16 experts: the call takes
 // the first that fits, and every form meets the references with paged = contiguous bit for bit.
-template <int kFeatures, int kHSplit>
+template <int kFeatures, int kHSplit, int kSteps = 0>
 void check_splitk_form() {
-  using Config = SplitkFormsConfig<kFeatures, kHSplit, 0, 1, 4, MoePath::kDecode>;
+  using Config = SplitkFormsConfig<kFeatures, kHSplit, 0, 1, 4, MoePath::kDecode, kSteps>;
   using Layer = PagedMoe<kernels::Paged, Config>;
-  const kernels::SplitkShape form{kFeatures, kHSplit};
-  INFO("form: " << kFeatures << " features, " << kHSplit << " warps per feature group");
+  const kernels::SplitkShape form{kFeatures, kHSplit, 0, kSteps};
+  INFO("form: " << kFeatures << " features, " << kHSplit << " warps per feature group, " << kSteps
+                << " steps in flight (0: the kernel's own)");
   // F a multiple of 128 (both widths), H of 1, 3 and 5 steps of 256 (warp pairs: 1 / 0, 2 / 1, 3 / 2 steps),
   // shared chunks or none, 1 to 4 tokens; every form's clusters (at most 80) fit an H100 or H200 at once.
   for (const ModelSpec& spec :
@@ -934,12 +935,15 @@ void check_splitk_form() {
   check_splitk_case<Config>(qwen3, 1, 3310, false);
   // A form the layer does not name has no clusters.
   CHECK(Layer::splitk_clusters_at_once(2048, kernels::SplitkShape{kFeatures == 64 ? 128 : 64, kHSplit}) == 0);
+  CHECK(Layer::splitk_clusters_at_once(
+            2048, kernels::SplitkShape{kFeatures, kHSplit, 0, kSteps == 0 ? 2 : 0}) == 0);
 }
 
 TEST_CASE("split-K decode in the forms a configuration names", "[gpu][small]") {
   check_splitk_form<64, 2>();
   check_splitk_form<128, 2>();
   check_splitk_form<128, 1>();
+  check_splitk_form<128, 2, 2>();  // two W1 / W3 steps in flight per lane of a pair (H = 1280: 2, then 1)
 }
 
 TEST_CASE("split-K decode on model shapes", "[gpu][small]") {

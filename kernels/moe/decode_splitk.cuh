@@ -103,9 +103,13 @@ struct Geometry {
   // Blocks per SM the registers must leave room for (ptxas -v, no spills): 4-warp blocks: int8 on 128
   // features at 3 (167 registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4
   // (capped at 128: their clusters are as many as bf16's), bf16 unbounded (110 registers, 4 blocks); warp
-  // pairs: 64 features at 3 (int8 80 registers, bf16 76; int4 spills 40 bytes there), 128 at 2 (at 3 int8
-  // spilled; int8 and int4 128 registers, bf16 105).
-  static constexpr int kMinBlocks = kHSplit > 1       ? (kFeatures == 64 ? 3 : 2)
+  // pairs: 64 features at 3 (int8 80 registers, bf16 76; int4 spills 40 bytes there), 128 at 3 for bf16 with
+  // one step in flight (74 registers, 105 at 2: room for the 88 clusters of Qwen1.5-MoE with its shared
+  // chunks, which then takes 0.85x the decode tiles' time on an H100: docs/results/paged_moe_h200.md,
+  // "Three blocks per SM"), else at 2 (at 3 int8 and int4 spill 136 / 228 bytes; int8 and int4 128
+  // registers; bf16 with two steps 127).
+  static constexpr int kMinBlocks = kHSplit > 1
+                                        ? (kFeatures == 64 || (kBits == 16 && kStepsInFlight == 1) ? 3 : 2)
                                     : kBits == 16     ? 1
                                     : kFeatures == 64 ? 4
                                                       : 3;

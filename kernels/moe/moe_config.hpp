@@ -373,11 +373,14 @@ struct DefaultMoeConfig {
   }
   // The split-K kernel's forms for experts of `bits` bits per weight (16: bf16, 8, 4), in order (a
   // configuration may name its own: PagedMoe asks Config::splitk_shapes where it has one).
-  //  - bf16: 128 features with warp pairs splitting H at 2 blocks per SM, where the call has at least 32 such
-  //    clusters (a block per SM, about); else 64 features on 4 warps. On an H100, against 64 on 4 warps:
-  //    Qwen3-30B-A3B (48 clusters of 128) 0.953x, Qwen1.5-MoE's routed experts (44) 0.950x, Qwen3-Next
-  //    (44) 0.976x, the paged views a further 1-1.5% faster; Qwen's routing on tiny experts (8 clusters:
-  //    the layer a chain of latencies) 1.130x, hence min_clusters. 64 features in pairs: 0.982x on Qwen1.5
+  //  - bf16: 128 features with warp pairs splitting H at 3 blocks per SM (2 until the 3-blocks build: 62
+  //    clusters on an H100, 92 since), where the call has at least 32 such clusters (a block per SM, about);
+  //    else 64 features on 4 warps. On an H100, against 64 on 4 warps: Qwen3-30B-A3B (48 clusters of 128)
+  //    0.953x, Qwen1.5-MoE's routed experts (44) 0.950x, Qwen3-Next (44) 0.976x, the paged views a further
+  //    1-1.5% faster; Qwen's routing on tiny experts (8 clusters: the layer a chain of latencies) 1.130x,
+  //    hence min_clusters. At 3 blocks per SM Qwen1.5-MoE with its shared chunks (88 clusters) fits too:
+  //    0.850x the decode tiles it ran before, the other shapes 0.997-0.998x at 2 blocks per SM
+  //    (docs/results/paged_moe_h200.md, "Three blocks per SM"). 64 features in pairs: 0.982x on Qwen1.5
   //    and 1.007x on Qwen3-Next, and Qwen3's 96 clusters do not fit the 92 the pairs hold; 128 on 4 warps
   //    0.984-1.018x (docs/results/paged_moe_h200.md, "Split-K forms as a policy: bf16 on 128-feature warp
   //    pairs").

@@ -954,8 +954,9 @@ TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
   check_splitk_case(mixtral, 1, 3206, false);
   check_splitk_case(qwen3, 3, 3207, false);
   // The default takes it at one token where its clusters fit the device at once, on 128 features in warp
-  // pairs where the call has 32 such clusters or more (Qwen3's 48, Qwen1.5's 44; the pairs' 2 blocks per SM
-  // hold 62 on an H100), else on 64 features (a tiny shape's 8), not Mixtral's 224 / 448; never at 2 tokens.
+  // pairs where the call has 32 such clusters or more (Qwen3's 48, Qwen1.5's 44, and its 88 with the shared
+  // chunks; the pairs' 3 blocks per SM hold 92 on an H100), else on 64 features (a tiny shape's 8), not
+  // Mixtral's 224 / 448; never at 2 tokens.
   int device = 0, sms = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
@@ -974,6 +975,9 @@ TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
     const kernels::SplitkShape q15 = Default::decode_split_shape({.shape = shape_of(kQwen15Routed, 1)});
     CHECK((q3.features == 128 && q3.h_split == 2));
     CHECK((q15.features == 128 && q15.h_split == 2));
+    const kernels::SplitkShape q15_shared = Default::decode_split_shape({.shape = shape_of(kQwen15, 1)});
+    CHECK((q15_shared.features == (pairs_2048 >= 88 ? 128 : 0) &&
+           q15_shared.h_split == (pairs_2048 >= 88 ? 2 : 1)));
   }
   const kernels::SplitkShape tiny =
       Default::decode_split_shape({.shape = shape_of(ModelSpec{"tiny", 128, 8, 256, 128, 0}, 1)});

@@ -6,7 +6,8 @@
 #   PART=1: the split-K device tests, run.sh's bf16 table with shuffled views (3 processes, sustained matmul
 #           rate), the split-K decode at one token against the decode tiles and, for bf16 and int4, against
 #           their former form of 64 features on 4 warps (sk-q64, int4-sk-q64; int8 interleaved; 3
-#           processes), quant_run.sh's bf16 / int8 / int4 table (3 processes, no sweep).
+#           processes), bf16's pairs with two W1 / W3 steps in flight (sk-p128s2) against the default,
+#           quant_run.sh's bf16 / int8 / int4 table (3 processes, no sweep).
 #   PART=2: run.sh's table again with adjacent views (3 processes), precision_alone.sh (2 seeds), and, where
 #           .peer/ exists (benchmarks/device/vllm_peer_fetch.sh), peer_run.sh (vLLM on the same lease).
 #   BIN=.gpu/… OUT=$OUT PART=1|2 [COMMIT=…] [ANY_GPU=0] bash benchmarks/device/h200_refresh.sh
@@ -41,10 +42,11 @@ if [[ $PART == 1 ]]; then
   mkdir -p "$OUT/splitk"
   for i in 1 2 3; do
     timeout 60 "$BIN/paged_moe_bench" --models qwen3,qwen15,qwen15_shared,qwen3_next,mixtral,chain_qwen3 --tokens 1 \
-      --config default,nosplitk,sk-q64,int8,int8-nosplitk,int4,int4-nosplitk,int4-sk-q64 --seed "$i" --placement shuffled \
-      --seconds 0.1 --json "$OUT/splitk/s_$i.json" >"$OUT/splitk/s_$i.log" 2>&1 || status=1
+      --config default,nosplitk,sk-q64,sk-p128s2,int8,int8-nosplitk,int4,int4-nosplitk,int4-sk-q64 --seed "$i" \
+      --placement shuffled --seconds 0.1 --json "$OUT/splitk/s_$i.json" >"$OUT/splitk/s_$i.log" 2>&1 || status=1
   done
-  for pair in "nosplitk default" "sk-q64 default" "int8-nosplitk int8" "int4-nosplitk int4" "int4-sk-q64 int4"; do
+  for pair in "nosplitk default" "sk-q64 default" "default sk-p128s2" "int8-nosplitk int8" "int4-nosplitk int4" \
+    "int4-sk-q64 int4"; do
     # shellcheck disable=SC2086  # two configuration names
     python3 $here/compare.py --floor $pair "$OUT"/splitk/s_*.json
   done | tee "$OUT/splitk/splitk.md"

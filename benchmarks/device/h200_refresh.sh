@@ -52,8 +52,8 @@ if [[ $PART == 1 ]]; then
   done | tee "$OUT/splitk/splitk.md"
   stamp "split-K at one token"
   mkdir -p "$OUT/q"
-  BIN=$BIN OUT=$OUT/q SWEEP=0 PROCESSES=3 timeout 300 bash $here/quant_run.sh >"$OUT/q/quant_run.log" 2>&1 || status=1
-  stamp "quantized table: $(tr '\n' ' ' <"$OUT/q/quant_run.log")"
+  BIN=$BIN OUT=$OUT/q SWEEP=0 PROCESSES=3 timeout 300 bash $here/quant_run.sh >"$OUT/quant_run.log" 2>&1 || status=1
+  stamp "quantized table: $(tr '\n' ' ' <"$OUT/quant_run.log")"
 elif [[ $PART == 2 ]]; then
   OUT=$OUT/adj BIN=$BIN COMMIT=$commit SKIP_TESTS=1 SKIP_SANITIZER=1 SUSTAINED=0 PLACEMENTS=adjacent \
     timeout 200 bash $here/run.sh | tail -4 || status=1

@@ -108,11 +108,11 @@ struct Geometry {
   // chunks, which then takes 0.85x the decode tiles' time on an H100: docs/results/paged_moe_h200.md,
   // "Three blocks per SM"), else at 2 (at 3 int8 and int4 spill 136 / 228 bytes; int8 and int4 128
   // registers; bf16 with two steps 127).
-  static constexpr int kMinBlocks = kHSplit > 1
-                                        ? (kFeatures == 64 || (kBits == 16 && kStepsInFlight == 1) ? 3 : 2)
-                                    : kBits == 16     ? 1
-                                    : kFeatures == 64 ? 4
-                                                      : 3;
+  static constexpr int kMinBlocks = [] {
+    if (kHSplit > 1) return kFeatures == 64 || (kBits == 16 && kStepsInFlight == 1) ? 3 : 2;
+    if (kBits == 16) return 1;
+    return kFeatures == 64 ? 4 : 3;
+  }();
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(kHSplit == 1 || kHSplit == 2, "one warp or a warp pair per feature group");
   static_assert(kStepsInFlight >= 1 && kStepsInFlight <= 4, "1 to 4 steps of W1 / W3 loads in flight");

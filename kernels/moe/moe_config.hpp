@@ -68,6 +68,9 @@ struct SplitkShape {
   int h_split = 1;
   int min_clusters = 0;
   int steps = 0;
+  // The kernel the form runs: the form without its call rule (min_clusters). Two forms with the same
+  // kernel_form() instantiate the same kernel.
+  constexpr SplitkShape kernel_form() const { return {features, h_split, 0, steps}; }
   friend constexpr bool operator==(const SplitkShape&, const SplitkShape&) = default;
 };
 // A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H, whose
@@ -374,18 +377,18 @@ struct DefaultMoeConfig {
   // The split-K kernel's forms for experts of `bits` bits per weight (16: bf16, 8, 4), in order (a
   // configuration may name its own: PagedMoe asks Config::splitk_shapes where it has one).
   //  - bf16: 128 features with warp pairs splitting H at 3 blocks per SM (2 before b30b08a: 62 clusters at
-  //    once on an H100 or H200, 92 since), where the call has at least 32 such clusters (a block per SM,
-  //    about); else 64 features on 4 warps. Against 64 on 4 warps, on an H100: Qwen3-30B-A3B (48 clusters of
-  //    128) 0.953x, Qwen1.5-MoE's routed experts (44) 0.950x, Qwen3-Next (44) 0.976x, the paged views a
-  //    further 1-1.5% faster; on an H200 0.925x, 0.936x, 0.972x (docs/results/paged_moe_h200.md, "On an H200
-  //    at b30b08a"); Qwen's routing on tiny experts (8 clusters: the layer a chain of latencies) 1.130x,
-  //    hence min_clusters. At 3 blocks per SM Qwen1.5-MoE with its shared chunks (88 clusters) fits too:
-  //    0.850x (H100) and 0.863x (H200) the decode tiles' time it ran before, while the shapes that fitted at
-  //    2 blocks per SM took 0.994-0.998x their time there (docs/results/paged_moe_h200.md, "Three blocks per
-  //    SM"). Two W1 / W3 steps in flight per lane (SplitkShape::steps) lost 0-1.7% on both cards. 64 features
-  //    in pairs: 0.982x on Qwen1.5 and 1.007x on Qwen3-Next, and Qwen3's 96 clusters do not fit the 92 the
-  //    pairs hold; 128 on 4 warps 0.984-1.018x (docs/results/paged_moe_h200.md, "Split-K forms as a policy:
-  //    bf16 on 128-feature warp pairs").
+  //    once on an H100; 92 since on an H200), where the call has at least 32 such clusters (a
+  //    block per SM, about); else 64 features on 4 warps. Against 64 on 4 warps, on an H100: Qwen3-30B-A3B
+  //    (48 clusters of 128) 0.953x, Qwen1.5-MoE's routed experts (44) 0.950x, Qwen3-Next (44) 0.976x, the
+  //    paged views a further 1-1.5% faster; on an H200 0.925x, 0.936x, 0.972x
+  //    (docs/results/paged_moe_h200.md, "On an H200 at b30b08a"); Qwen's routing on tiny experts (8 clusters:
+  //    the layer a chain of latencies) 1.130x, hence min_clusters. At 3 blocks per SM Qwen1.5-MoE with its
+  //    shared chunks (88 clusters) fits too: 0.850x (H100) and 0.863x (H200) the decode tiles' time it ran
+  //    before, while the shapes that fitted at 2 blocks per SM took 0.994-0.998x their time there
+  //    (docs/results/paged_moe_h200.md, "Three blocks per SM"). Two W1 / W3 steps in flight per lane
+  //    (SplitkShape::steps) lost 0-1.7% on both cards. 64 features in pairs: 0.982x on Qwen1.5 and 1.007x on
+  //    Qwen3-Next, and Qwen3's 96 clusters do not fit the 92 the pairs hold; 128 on 4 warps 0.984-1.018x
+  //    (docs/results/paged_moe_h200.md, "Split-K forms as a policy: bf16 on 128-feature warp pairs").
   //  - int4: as bf16, 128 features with warp pairs at 2 blocks per SM (128 registers) where the call has at
   //    least 32 such clusters, else 64 on 4 warps. On an H100, against 64 on 4 warps: Qwen3-30B-A3B 0.916x,
   //    Qwen1.5-MoE's routed experts 0.971x, Qwen3-Next 0.988x; the tiny shape's 8 clusters 1.075x

@@ -504,8 +504,7 @@ class PagedMoe {
     detail::DeviceInfo dev;
     if (!detail::current_device(dev)) return 0;
     for (std::size_t i = 0; i < kSplitkShapes.size(); ++i)
-      if (kSplitkShapes[i].features != 0 && kSplitkShapes[i].features == shape.features &&
-          kSplitkShapes[i].h_split == shape.h_split && kSplitkShapes[i].steps == shape.steps)
+      if (kSplitkShapes[i].features != 0 && kSplitkShapes[i].kernel_form() == shape.kernel_form())
         return splitk_capacity(static_cast<int>(i), hidden, dev);
     return 0;
   }
@@ -901,7 +900,7 @@ class PagedMoe {
                                                    s.hidden / (2 * grouped::kBlockN), Gemm::kDownName);
   }
 
-  // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, kFeatures features
+  // The split-K decode (moe/decode_splitk.cuh): a cluster of 4 blocks per (token, slot, the form's features
   // of F), then the combine of the partial sums; no routing. Its forms, in the order a call tries them: the
   // configuration's (Config::splitk_shapes) where it names them, else DefaultMoeConfig's.
   static constexpr SplitkShapes kSplitkShapes = splitk_shapes_of<Config>(splitk::bits_of<Precision>());
@@ -912,17 +911,21 @@ class PagedMoe {
       if (form.features != 0 && (fewest == 0 || form.features < fewest)) fewest = form.features;
     return fewest;
   }();
-  template <int kFeatures, int kHSplit, int kSteps>
-  static constexpr auto kSplitkKernel = splitk::kernel<Addressing, Precision, kFeatures, kHSplit, kSteps>;
+  // The kernel of a form (SplitkShape::kernel_form) and its geometry.
+  template <SplitkShape kS>
+  static constexpr auto kSplitkKernel =
+      splitk::kernel<Addressing, Precision, kS.features, kS.h_split, kS.steps>;
+  template <SplitkShape kS>
+  using SplitkGeometry = splitk::Geometry<Precision, kS.features, kS.h_split, kS.steps>;
 
-  // Calls f.template operator()<kFeatures, kHSplit, kSteps>() for the form kSplitkShapes[choice] (none where
-  // it names no form).
+  // Calls f.template operator()<kS>() with kS the kernel of the form kSplitkShapes[choice]
+  // (SplitkShape::kernel_form; none where it names no form).
   template <class F>
   static void on_splitk_shape(int choice, F&& f) {
     auto one = [&]<std::size_t kI>() {
-      constexpr SplitkShape kS = kSplitkShapes[kI];
+      constexpr SplitkShape kS = kSplitkShapes[kI].kernel_form();
       if constexpr (kS.features != 0)
-        if (choice == static_cast<int>(kI)) f.template operator()<kS.features, kS.h_split, kS.steps>();
+        if (choice == static_cast<int>(kI)) f.template operator()<kS>();
     };
     [&]<std::size_t... kI>(std::index_sequence<kI...>) {
       (one.template operator()<kI>(), ...);
@@ -930,28 +933,26 @@ class PagedMoe {
     (std::make_index_sequence<kSplitkShapes.size()>{});
   }
   // The kernel's shared memory at hidden size H, set on the device where it passes the default.
-  template <int kFeatures, int kHSplit, int kSteps>
+  template <SplitkShape kS>
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
     smem = static_cast<int>(splitk::smem_bytes(hidden));
-    return detail::set_smem<kSplitkKernel<kFeatures, kHSplit, kSteps>>(
-        dev.device, smem, splitk::Geometry<Precision, kFeatures, kHSplit, kSteps>::kStaticSmemBytes);
+    return detail::set_smem<kSplitkKernel<kS>>(dev.device, smem, SplitkGeometry<kS>::kStaticSmemBytes);
   }
 
   static Status run_splitk(int choice, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
                            const detail::DeviceInfo& dev, cudaStream_t stream) {
     Status st = Status::error("config.decode_splitk", choice, "split-K form not instantiated");
-    on_splitk_shape(choice, [&]<int kFeatures, int kHSplit, int kSteps>() {
+    on_splitk_shape(choice, [&]<SplitkShape kS>() {
       const splitk::Params<Addressing> sp{p, partials};
       int smem = 0;
-      if (st = splitk_smem<kFeatures, kHSplit, kSteps>(s.hidden, dev, smem); !st) return;
+      if (st = splitk_smem<kS>(s.hidden, dev, smem); !st) return;
       if (st = launch_clustered(
-              kSplitkKernel<kFeatures, kHSplit, kSteps>,
-              dim3(splitk::kCluster * (s.intermediate / kFeatures), s.slots_per_token(), s.num_tokens),
-              splitk::Geometry<Precision, kFeatures, kHSplit, kSteps>::kThreads, smem, splitk::kCluster,
-              stream, "splitk::kernel", sp);
+              kSplitkKernel<kS>,
+              dim3(splitk::kCluster * (s.intermediate / kS.features), s.slots_per_token(), s.num_tokens),
+              SplitkGeometry<kS>::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
           !st)
         return;
-      st = launch(splitk::combine_kernel<Addressing, kFeatures>,
+      st = launch(splitk::combine_kernel<Addressing, kS.features>,
                   dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
                   static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
     });
@@ -965,8 +966,8 @@ class PagedMoe {
   static int splitk_choice(const MoeShape& s, const detail::DeviceInfo& dev) {
     auto min_hidden = [](int choice) {
       int h = 0;
-      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit, int kSteps>() {
-        h = splitk::min_hidden<Precision, kFeatures, kHSplit, kSteps>();
+      on_splitk_shape(choice, [&]<SplitkShape kS>() {
+        h = splitk::min_hidden<Precision, kS.features, kS.h_split, kS.steps>();
       });
       return h;
     };
@@ -980,12 +981,10 @@ class PagedMoe {
   static int splitk_capacity(int choice, int hidden, const detail::DeviceInfo& dev) {
     int clusters = 0;
     if (dev.major >= 9)
-      on_splitk_shape(choice, [&]<int kFeatures, int kHSplit, int kSteps>() {
-        clusters = splitk_capacity<kFeatures, kHSplit, kSteps>(hidden, dev);
-      });
+      on_splitk_shape(choice, [&]<SplitkShape kS>() { clusters = splitk_capacity<kS>(hidden, dev); });
     return clusters;
   }
-  template <int kFeatures, int kHSplit, int kSteps>
+  template <SplitkShape kS>
   static int splitk_capacity(int hidden, const detail::DeviceInfo& dev) {
     static std::array<std::atomic<long long>, detail::kMaxDevices> cache{};  // (H << 32) | clusters
     const bool cached = dev.device < detail::kMaxDevices;
@@ -994,13 +993,11 @@ class PagedMoe {
       if (v != 0 && (v >> 32) == hidden) return static_cast<int>(v & 0xffffffffLL);
     }
     int smem = 0;
-    if (!splitk_smem<kFeatures, kHSplit, kSteps>(hidden, dev, smem)) return 0;
-    const LaunchConfig probe(dim3(splitk::kCluster),
-                             splitk::Geometry<Precision, kFeatures, kHSplit, kSteps>::kThreads,
+    if (!splitk_smem<kS>(hidden, dev, smem)) return 0;
+    const LaunchConfig probe(dim3(splitk::kCluster), SplitkGeometry<kS>::kThreads,
                              static_cast<std::size_t>(smem), nullptr, splitk::kCluster, false);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kFeatures, kHSplit, kSteps>, &probe.config) !=
-        cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kSplitkKernel<kS>, &probe.config) != cudaSuccess) {
       cudaGetLastError();  // not an error of the layer: the decode tiles run instead
       return 0;
     }

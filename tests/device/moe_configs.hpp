@@ -185,16 +185,14 @@ struct SplitkUpTo {
 template <int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
 using SplitkConfig = DefaultWith<SplitkUpTo<kMaxTokens>, kPath>;
 
-// SplitkConfig<kMaxTokens, kPath> with the split-K kernel's forms held to (kFeatures0, kHSplit0, kSteps0
-// W1 / W3 steps in flight, 0: the kernel's own), then (kFeatures1, kHSplit1) (0 features: none), for every
-// precision (Config::splitk_shapes; the default's are DefaultMoeConfig::splitk_shapes). A call none of whose
-// forms fits the device at once runs the decode tiles.
-template <int kFeatures0, int kHSplit0, int kFeatures1 = 0, int kHSplit1 = 1, int kMaxTokens = 1,
-          kernels::MoePath kPath = kernels::MoePath::kAuto, int kSteps0 = 0>
+// SplitkConfig<kMaxTokens, kPath> with the split-K kernel's forms held to kForm0, then kForm1 (0 features:
+// none), for every precision (Config::splitk_shapes; the default's are DefaultMoeConfig::splitk_shapes). A
+// call none of whose forms fits the device at once runs the decode tiles.
+template <kernels::SplitkShape kForm0, kernels::SplitkShape kForm1 = kernels::SplitkShape{},
+          int kMaxTokens = 1, kernels::MoePath kPath = kernels::MoePath::kAuto>
 struct SplitkFormsConfig : SplitkConfig<kMaxTokens, kPath> {
   static constexpr kernels::SplitkShapes splitk_shapes(int) {
-    return {kernels::SplitkShape{kFeatures0, kHSplit0, 0, kSteps0},
-            kernels::SplitkShape{kFeatures1, kHSplit1}, kernels::SplitkShape{}};
+    return {kForm0, kForm1, kernels::SplitkShape{}};
   }
 };
 

@@ -902,9 +902,9 @@ TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][sm
 // the first that fits, and every form meets the references with paged = contiguous bit for bit.
 template <int kFeatures, int kHSplit, int kSteps = 0>
 void check_splitk_form() {
-  using Config = SplitkFormsConfig<kFeatures, kHSplit, 0, 1, 4, MoePath::kDecode, kSteps>;
+  constexpr kernels::SplitkShape form{kFeatures, kHSplit, 0, kSteps};
+  using Config = SplitkFormsConfig<form, kernels::SplitkShape{}, 4, MoePath::kDecode>;
   using Layer = PagedMoe<kernels::Paged, Config>;
-  const kernels::SplitkShape form{kFeatures, kHSplit, 0, kSteps};
   INFO("form: " << kFeatures << " features, " << kHSplit << " warps per feature group, " << kSteps
                 << " steps in flight (0: the kernel's own)");
   // F a multiple of 128 (both widths), H of 1, 3 and 5 steps of 256 (warp pairs: 1 / 0, 2 / 1, 3 / 2 steps),
@@ -955,7 +955,7 @@ TEST_CASE("split-K decode on model shapes", "[gpu][small]") {
   check_splitk_case(qwen3, 3, 3207, false);
   // The default takes it at one token where its clusters fit the device at once, on 128 features in warp
   // pairs where the call has 32 such clusters or more (Qwen3's 48, Qwen1.5's 44, and its 88 with the shared
-  // chunks; the pairs' 3 blocks per SM hold 92 on an H100), else on 64 features (a tiny shape's 8), not
+  // chunks; the pairs' 3 blocks per SM hold 92 on an H200), else on 64 features (a tiny shape's 8), not
   // Mixtral's 224 / 448; never at 2 tokens.
   int device = 0, sms = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);

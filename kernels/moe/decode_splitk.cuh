@@ -123,16 +123,9 @@ struct Geometry {
 // last partial step instead.
 inline constexpr int kStep = Geometry<Bf16>::kStep;
 
-// Slots per token at most where the last block sums the partials (SplitkShape::combine): its shared memory
-// holds each slot's bf16 rows.
-inline constexpr int kFoldSlots = 16;
-
-// Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums; where the
-// last block sums the partials (fold), at least kFoldSlots slots' bf16 rows of H / 4 and their weights.
-constexpr long long smem_bytes(int hidden, bool fold = false) {
-  const long long main = 2LL * hidden + 4LL * (hidden / kCluster);
-  const long long combine = 2LL * kFoldSlots * (hidden / kCluster) + 8LL * kFoldSlots;
-  return fold && combine > main ? combine : main;
+// Dynamic shared memory of a block: the token's input row (2H bytes), then its W2 rows' fp32 sums.
+constexpr long long smem_bytes(int hidden) {
+  return 2LL * hidden + 4LL * (hidden / kCluster);
 }
 // The smallest H a form serves: each warp's share of its block's H / 4 rows of W2 must hold one warp step of
 // rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the block's (out of
@@ -153,8 +146,7 @@ constexpr long long partial_floats(long long tokens, int slots, int intermediate
 template <class Addressing>
 struct Params {
   MoeParams<Addressing> moe;
-  float* partials;     // [T][k + m][F / features per cluster][H]
-  unsigned* counters;  // [T][kCluster]: blocks done of each token's rows (fold; zero between calls)
+  float* partials;  // [T][k + m][F / features per cluster][H]
 };
 
 // acc + Σ_i w_i·x_i over 8 bf16 pairs, in order.
@@ -244,81 +236,8 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
   }
 }
 
-// Where the last block sums the partials (SplitkShape::combine): block `rank` of every cluster of token t
-// counts itself done in counters[t][rank] once its rows' partials are written; the last of them (slots ×
-// chunks in all) sums rows [rank·H / 4, +H / 4) of the token as combine_kernel does (each slot's chunks in
-// order, rounded to bf16; the live slots' weighted sum in slot order) and zeroes its counter for the next
-// call.
-template <class Addressing, int kThreads>
-__device__ __forceinline__ void fold_combine(const Params<Addressing>& sp, int t, int rank, int chunks,
-                                             unsigned char* smem) {
-  const MoeParams<Addressing>& p = sp.moe;
-  const int H = p.hidden, rows = H / kCluster, row0 = rank * rows, g4 = rows / 4, slots = p.slots_per_token;
-  __syncthreads();  // the block's partials are written
-  int last = 0;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(sp.counters + t * kCluster + rank, 1u) == static_cast<unsigned>(slots * chunks - 1);
-  }
-  if (!__syncthreads_or(last)) return;
-  __threadfence();
-  bf16* ys = reinterpret_cast<bf16*>(smem);  // [slots][rows]
-  float* weight = reinterpret_cast<float*>(smem + 2LL * kFoldSlots * rows);
-  int* used = reinterpret_cast<int*>(weight + kFoldSlots);
-  for (int j = threadIdx.x; j < slots; j += kThreads) {
-    used[j] = slot_expert_of(p, j, slot_id(p, t, j)) >= 0;
-    weight[j] = slot_weight(p, t, j);
-  }
-  __syncthreads();
-  const float* base = sp.partials + static_cast<std::int64_t>(t) * slots * chunks * H + row0;
-  for (int it = threadIdx.x; it < slots * g4; it += kThreads) {
-    const int j = it / g4, g = it % g4;
-    float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (used[j]) {
-      const float* src = base + static_cast<std::int64_t>(j) * chunks * H + 4 * g;
-      constexpr int kBatch = 8;
-      for (int q0 = 0; q0 < chunks; q0 += kBatch) {
-        float4 v[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i)
-          v[i] = q0 + i < chunks
-                     ? __ldcg(reinterpret_cast<const float4*>(src + static_cast<std::int64_t>(q0 + i) * H))
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          if (q0 + i >= chunks) break;
-          y.x += v[i].x, y.y += v[i].y, y.z += v[i].z, y.w += v[i].w;
-        }
-      }
-    }
-    uint2 o;
-    o.x = ptx::pack_bf16x2(y.x, y.y);
-    o.y = ptx::pack_bf16x2(y.z, y.w);
-    *reinterpret_cast<uint2*>(ys + j * rows + 4 * g) = o;
-  }
-  __syncthreads();
-  bf16* out = p.output + static_cast<std::int64_t>(t) * H + row0;
-  for (int g = threadIdx.x; g < g4; g += kThreads) {
-    float acc[4] = {};
-    for (int s = 0; s < slots; ++s) {
-      if (!used[s]) continue;
-      const float w = weight[s];
-      const uint2 v = *reinterpret_cast<const uint2*>(ys + s * rows + 4 * g);
-      acc[0] += w * bf16_lo(v.x);
-      acc[1] += w * bf16_hi(v.x);
-      acc[2] += w * bf16_lo(v.y);
-      acc[3] += w * bf16_hi(v.y);
-    }
-    uint2 o;
-    o.x = ptx::pack_bf16x2(acc[0], acc[1]);
-    o.y = ptx::pack_bf16x2(acc[2], acc[3]);
-    *reinterpret_cast<uint2*>(out + 4 * g) = o;
-  }
-  if (threadIdx.x == 0) sp.counters[t * kCluster + rank] = 0;
-}
-
 template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures,
-          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps, int kCombineT = 0>
+          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps>
 __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kThreads,
                                   Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
@@ -343,10 +262,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kT
   ptx::grid_dependency_wait();    // topk_ids, topk_weights and the input: the previous kernels' output
   ptx::launch_dependents();       // the combine's blocks may take their SMs and wait
   const int e = slot_expert_of(p, j, slot_id(p, t, j));
-  if (e < 0) {  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
-    if constexpr (kCombineT != 0) fold_combine<Addressing, kThreads>(sp, t, rank, F / G::kFeatures, smem);
-    return;
-  }
+  if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
   const PackedMatrix w1 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 0), F, H);
   const PackedMatrix w3 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 1), F, H);
   const PackedMatrix w2m = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 2), H, F);
@@ -517,7 +433,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kT
   float* out = sp.partials + ((static_cast<std::int64_t>(t) * slots + j) * chunks + chunk) * H + row0;
   for (int i = threadIdx.x; i < rows / 4; i += kThreads)
     reinterpret_cast<float4*>(out)[i] = reinterpret_cast<const float4*>(sums)[i];
-  if constexpr (kCombineT != 0) fold_combine<Addressing, kThreads>(sp, t, rank, chunks, smem);
 }
 
 // Block (columns [128·blockIdx.x, +128), token blockIdx.y), 32 threads per slot: thread (j, c) sums slot j's

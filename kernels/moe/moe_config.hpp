@@ -68,13 +68,9 @@ struct SplitkShape {
   int h_split = 1;
   int min_clusters = 0;
   int steps = 0;
-  // Who sums the partials: 0 a second kernel (splitk::combine_kernel); 1 the last block to finish a token's
-  // rows, its counters zeroed by each call (a memset); 2 the same, the counters kept zero by the kernel after
-  // the workspace was zeroed once (EXPERIMENT).
-  int combine = 0;
   // The kernel the form runs: the form without its call rule (min_clusters). Two forms with the same
   // kernel_form() instantiate the same kernel.
-  constexpr SplitkShape kernel_form() const { return {features, h_split, 0, steps, combine}; }
+  constexpr SplitkShape kernel_form() const { return {features, h_split, 0, steps}; }
   friend constexpr bool operator==(const SplitkShape&, const SplitkShape&) = default;
 };
 // A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H, whose

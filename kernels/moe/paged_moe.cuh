@@ -649,8 +649,7 @@ class PagedMoe {
     const auto r = params.template operator()<Addressing>(addr);
     const MoeParams<Addressing>& p = r.moe;
     if (choice.decode_splitk)
-      return run_splitk(splitk_form, p, s, static_cast<float*>(at(lay.partials)),
-                        static_cast<unsigned*>(at(lay.splitk_counters)), dev, stream);
+      return run_splitk(splitk_form, p, s, static_cast<float*>(at(lay.partials)), dev, stream);
 
     // 1. Routing preparation.
     if (Status st = route(r, stream); !st) return st;
@@ -696,7 +695,7 @@ class PagedMoe {
  private:
   struct Layout {
     std::size_t expert_offset, num_tiles, unit_counters, tiles, sorted_slot, keys, vals, act, y,
-        permuted_input, dequant, partials, splitk_counters;
+        permuted_input, dequant, partials;
     std::size_t total;
   };
 
@@ -745,7 +744,6 @@ class PagedMoe {
                        s.num_tokens, s.slots_per_token(), s.intermediate, s.hidden, kSplitkMinFeatures)) *
                        sizeof(float)
                  : 0);
-    l.splitk_counters = take(c.decode_splitk ? sizeof(unsigned) * splitk::kCluster * s.num_tokens : 0);
     l.total = off;
     return l;
   }
@@ -916,7 +914,7 @@ class PagedMoe {
   // The kernel of a form (SplitkShape::kernel_form) and its geometry.
   template <SplitkShape kS>
   static constexpr auto kSplitkKernel =
-      splitk::kernel<Addressing, Precision, kS.features, kS.h_split, kS.steps, kS.combine>;
+      splitk::kernel<Addressing, Precision, kS.features, kS.h_split, kS.steps>;
   template <SplitkShape kS>
   using SplitkGeometry = splitk::Geometry<Precision, kS.features, kS.h_split, kS.steps>;
 
@@ -937,31 +935,15 @@ class PagedMoe {
   // The kernel's shared memory at hidden size H, set on the device where it passes the default.
   template <SplitkShape kS>
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
-    smem = static_cast<int>(splitk::smem_bytes(hidden, kS.combine != 0));
+    smem = static_cast<int>(splitk::smem_bytes(hidden));
     return detail::set_smem<kSplitkKernel<kS>>(dev.device, smem, SplitkGeometry<kS>::kStaticSmemBytes);
   }
 
   static Status run_splitk(int choice, const MoeParams<Addressing>& p, const MoeShape& s, float* partials,
-                           unsigned* counters, const detail::DeviceInfo& dev, cudaStream_t stream) {
+                           const detail::DeviceInfo& dev, cudaStream_t stream) {
     Status st = Status::error("config.decode_splitk", choice, "split-K form not instantiated");
     on_splitk_shape(choice, [&]<SplitkShape kS>() {
-      const splitk::Params<Addressing> sp{p, partials, counters};
-      if constexpr (kS.combine != 0) {
-        if (s.slots_per_token() > splitk::kFoldSlots) {
-          st = Status::error(
-              "shape.slots_per_token", s.slots_per_token(),
-              "must be <= " + std::to_string(splitk::kFoldSlots) + " with SplitkShape::combine");
-          return;
-        }
-        if (kS.combine == 1) {
-          if (cudaError_t e =
-                  cudaMemsetAsync(counters, 0, sizeof(unsigned) * splitk::kCluster * s.num_tokens, stream);
-              e != cudaSuccess) {
-            st = Status::error("cudaMemsetAsync", cudaGetErrorString(e));
-            return;
-          }
-        }
-      }
+      const splitk::Params<Addressing> sp{p, partials};
       int smem = 0;
       if (st = splitk_smem<kS>(s.hidden, dev, smem); !st) return;
       if (st = launch_clustered(
@@ -970,10 +952,9 @@ class PagedMoe {
               SplitkGeometry<kS>::kThreads, smem, splitk::kCluster, stream, "splitk::kernel", sp);
           !st)
         return;
-      if constexpr (kS.combine == 0)
-        st = launch(splitk::combine_kernel<Addressing, kS.features>,
-                    dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
-                    static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
+      st = launch(splitk::combine_kernel<Addressing, kS.features>,
+                  dim3(s.hidden / splitk::kCombineColumns, s.num_tokens),
+                  static_cast<unsigned>(32 * s.slots_per_token()), 0, stream, sp, "splitk::combine_kernel");
     });
     return st;
   }

@@ -295,19 +295,12 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2
   // spw of each warp's rows copied into shared memory instead, each lane copying what it reads.)
   [[maybe_unused]] const int spw = w2_smem_rows_per_warp<G>(H);
   [[maybe_unused]] const std::uint32_t w2s = ptx::smem_u32(smem + 3 * H);
-  // (The copies are issued with the warp's second half of features, behind its first W1 / W3 loads: issued
-  // at the block's start they held back the input row and the first loads, 1.06x.)
-  auto copy_w2 = [&] {
-    if constexpr (G::kW2SmemKB != 0) {
-      const int warp_rows = rows / kWarps, wbegin = warp * warp_rows;
-      for (int r = wbegin + lane / G::kRowLanes; r < wbegin + spw; r += G::kRowsPerStep)
-        ptx::cp_async_stream_16(w2s + ((warp * spw + r - wbegin) * G::kRowLanes + lane % G::kRowLanes) * 16,
-                                w2 + r * w2m.row_bytes + (lane % G::kRowLanes) * 16);
-      ptx::cp_async_commit();
-    }
-  };
   if constexpr (G::kW2SmemKB != 0) {
-    const int warp_rows = rows / kWarps;
+    const int warp_rows = rows / kWarps, wbegin = warp * warp_rows;
+    for (int r = wbegin + lane / G::kRowLanes; r < wbegin + spw; r += G::kRowsPerStep)
+      ptx::cp_async_stream_16(w2s + ((warp * spw + r - wbegin) * G::kRowLanes + lane % G::kRowLanes) * 16,
+                              w2 + r * w2m.row_bytes + (lane % G::kRowLanes) * 16);
+    ptx::cp_async_commit();
     for (int r = threadIdx.x; r < rows; r += kThreads)
       if (r % warp_rows >= spw) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
   } else {
@@ -332,8 +325,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2
   float acc[2][G::kWarpFeatures] = {};
 #pragma unroll
   for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
-    if constexpr (G::kW2SmemKB != 0)
-      if (fg == G::kWarpFeatures / 2 / kFeatureGroup * kFeatureGroup) copy_w2();
     const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
                                    w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
     auto steps = [&]<int kU, bool kTail>(int s) {

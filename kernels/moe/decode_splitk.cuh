@@ -78,8 +78,7 @@ constexpr SplitkShapes shape_choices() {
 // What the precision and the kernel's form decide: values per 16-byte load, lanes per W2 row slice, warps,
 // registers.
 template <class P, int kFeaturesT = shape_choices<P>()[0].features,
-          int kHSplitT = shape_choices<P>()[0].h_split, int kStepsT = shape_choices<P>()[0].steps,
-          int kW2SmemKBT = 0>
+          int kHSplitT = shape_choices<P>()[0].h_split, int kStepsT = shape_choices<P>()[0].steps>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
@@ -101,7 +100,6 @@ struct Geometry {
   static constexpr int kPairSumFloats = kHSplit > 1 ? kFeatureWarps * 2 * kWarpFeatures : 0;
   static constexpr int kStaticSmemBytes = 2 * kFeatures + 4 * kPairSumFloats;
   static constexpr int kW2Batch = kHSplit > 1 ? 4 : kRowBatch;
-  static constexpr int kW2SmemKB = kW2SmemKBT;  // SplitkShape::w2_smem
   // Blocks per SM the registers must leave room for (ptxas -v, no spills): 4-warp blocks: int8 on 128
   // features at 3 (167 registers; int4 on 128 took 254 unbounded), the 64-feature quantized kernels at 4
   // (capped at 128: their clusters are as many as bf16's), bf16 unbounded (110 registers, 4 blocks); warp
@@ -117,7 +115,6 @@ struct Geometry {
   }();
   static_assert(kWarpFeatures % kFeatureGroup == 0 && kRowLanes >= 1 && 32 % kRowLanes == 0);
   static_assert(kHSplit == 1 || kHSplit == 2, "one warp or a warp pair per feature group");
-  static_assert(kW2SmemKB == 0 || !P::kQuantized, "W2 rows in shared memory: bf16 only");
   static_assert(kStepsInFlight >= 1 && kStepsInFlight <= 4, "1 to 4 steps of W1 / W3 loads in flight");
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
@@ -130,25 +127,6 @@ inline constexpr int kStep = Geometry<Bf16>::kStep;
 constexpr long long smem_bytes(int hidden) {
   return 2LL * hidden + 4LL * (hidden / kCluster);
 }
-// W2 rows per warp held in shared memory (SplitkShape::w2_smem): the first of each warp's rows, whole batches
-// of its W2 loop, within kW2SmemKB KB per block.
-template <class G>
-constexpr int w2_smem_rows_per_warp(int hidden) {
-  if constexpr (G::kW2SmemKB == 0) {
-    return 0;
-  } else {
-    const int batch = G::kRowsPerStep * G::kW2Batch;
-    const int warp_rows = hidden / kCluster / G::kWarps / batch * batch;
-    const int budget = G::kW2SmemKB * 1024 / (16 * G::kRowLanes) / G::kWarps / batch * batch;
-    return budget < warp_rows ? budget : warp_rows;
-  }
-}
-// A form's dynamic shared memory: smem_bytes, then its W2 rows (w2_smem_rows_per_warp).
-template <class G>
-constexpr long long form_smem_bytes(int hidden) {
-  return smem_bytes(hidden) + 16LL * G::kRowLanes * G::kWarps * w2_smem_rows_per_warp<G>(hidden);
-}
-
 // The smallest H a form serves: each warp's share of its block's H / 4 rows of W2 must hold one warp step of
 // rows (kRowsPerStep), else its first rows, clamped to the warp's last ones, fall before the block's (out of
 // the matrix in block 0) and its lanes part around the W2 loop's shuffles. 4 warps: 64 for bf16 and int8 on
@@ -259,11 +237,11 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
 }
 
 template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures,
-          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps, int kW2SmemKBT = 0>
-__global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2SmemKBT>::kThreads,
-                                  Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2SmemKBT>::kMinBlocks)
+          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps>
+__global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kThreads,
+                                  Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
-  using G = Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2SmemKBT>;
+  using G = Geometry<P, kFeaturesT, kHSplitT, kStepsT>;
   constexpr int kBlockFeatures = G::kFeatures / kCluster;
   constexpr int kVpl = G::kValuesPerLoad;
   constexpr int kWarps = G::kWarps, kThreads = G::kThreads;
@@ -291,21 +269,8 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2
   const unsigned char* w2 = w2m.rows + row0 * w2m.row_bytes + f0 * G::kBits / 8;
 
   // W2's columns of the block's rows (one line or half of one per row) asked of the L2 before the W1 / W3
-  // loads, so that they stream with them; the down step below reads them from the L2. (w2_smem: the first
-  // spw of each warp's rows copied into shared memory instead, each lane copying what it reads.)
-  [[maybe_unused]] const int spw = w2_smem_rows_per_warp<G>(H);
-  [[maybe_unused]] const std::uint32_t w2s = ptx::smem_u32(smem + 3 * H);
-  if constexpr (G::kW2SmemKB != 0) {
-    const int warp_rows = rows / kWarps, wbegin = warp * warp_rows;
-    for (int r = wbegin + lane / G::kRowLanes; r < wbegin + spw; r += G::kRowsPerStep)
-      ptx::cp_async_stream_16(w2s + ((warp * spw + r - wbegin) * G::kRowLanes + lane % G::kRowLanes) * 16,
-                              w2 + r * w2m.row_bytes + (lane % G::kRowLanes) * 16);
-    ptx::cp_async_commit();
-    for (int r = threadIdx.x; r < rows; r += kThreads)
-      if (r % warp_rows >= spw) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
-  } else {
-    for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
-  }
+  // loads, so that they stream with them; the down step below reads them from the L2.
+  for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
   const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
   for (int i = threadIdx.x; i < H / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
@@ -407,16 +372,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2
   uint4 next[G::kW2Batch];
   float next_scale[G::kW2Batch];
   auto load_batch = [&](int first) {
-    if constexpr (G::kW2SmemKB != 0) {
-      const int wbegin = warp * (rows / kWarps);
-      if (first - wbegin < spw) {
-#pragma unroll
-        for (int i = 0; i < G::kW2Batch; ++i)
-          next[i] =
-              ptx::ld_shared_16(w2s + ((warp * spw + first + kR * i - wbegin) * G::kRowLanes + sub) * 16);
-        return;
-      }
-    }
 #pragma unroll
     for (int i = 0; i < G::kW2Batch; ++i) {
       const int r = min(first + kR * i, end - kR + lane / G::kRowLanes);
@@ -426,7 +381,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kW2
             load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
     }
   };
-  if constexpr (G::kW2SmemKB != 0) ptx::cp_async_wait<0>();  // this lane's W2 rows in shared memory
   load_batch(r0);
 
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.

@@ -68,12 +68,9 @@ struct SplitkShape {
   int h_split = 1;
   int min_clusters = 0;
   int steps = 0;
-  // KB of shared memory per block holding the first of each warp's W2 rows, copied at the block's start
-  // (bf16 only; 0: every W2 row read from the L2 after gate/up). EXPERIMENT.
-  int w2_smem = 0;
   // The kernel the form runs: the form without its call rule (min_clusters). Two forms with the same
   // kernel_form() instantiate the same kernel.
-  constexpr SplitkShape kernel_form() const { return {features, h_split, 0, steps, w2_smem}; }
+  constexpr SplitkShape kernel_form() const { return {features, h_split, 0, steps}; }
   friend constexpr bool operator==(const SplitkShape&, const SplitkShape&) = default;
 };
 // A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H, whose

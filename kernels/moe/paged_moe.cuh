@@ -914,9 +914,9 @@ class PagedMoe {
   // The kernel of a form (SplitkShape::kernel_form) and its geometry.
   template <SplitkShape kS>
   static constexpr auto kSplitkKernel =
-      splitk::kernel<Addressing, Precision, kS.features, kS.h_split, kS.steps, kS.w2_smem>;
+      splitk::kernel<Addressing, Precision, kS.features, kS.h_split, kS.steps>;
   template <SplitkShape kS>
-  using SplitkGeometry = splitk::Geometry<Precision, kS.features, kS.h_split, kS.steps, kS.w2_smem>;
+  using SplitkGeometry = splitk::Geometry<Precision, kS.features, kS.h_split, kS.steps>;
 
   // Calls f.template operator()<kS>() with kS the kernel of the form kSplitkShapes[choice]
   // (SplitkShape::kernel_form; none where it names no form).
@@ -935,7 +935,7 @@ class PagedMoe {
   // The kernel's shared memory at hidden size H, set on the device where it passes the default.
   template <SplitkShape kS>
   static Status splitk_smem(int hidden, const detail::DeviceInfo& dev, int& smem) {
-    smem = static_cast<int>(splitk::form_smem_bytes<SplitkGeometry<kS>>(hidden));
+    smem = static_cast<int>(splitk::smem_bytes(hidden));
     return detail::set_smem<kSplitkKernel<kS>>(dev.device, smem, SplitkGeometry<kS>::kStaticSmemBytes);
   }
 

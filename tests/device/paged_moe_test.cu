@@ -900,9 +900,9 @@ TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][sm
 
 // A configuration that names its own split-K forms (Config::splitk_shapes) on bf16 experts: the call takes
 // the first that fits, and every form meets the references with paged = contiguous bit for bit.
-template <int kFeatures, int kHSplit, int kSteps = 0, int kW2Smem = 0>
+template <int kFeatures, int kHSplit, int kSteps = 0>
 void check_splitk_form() {
-  constexpr kernels::SplitkShape form{kFeatures, kHSplit, 0, kSteps, kW2Smem};
+  constexpr kernels::SplitkShape form{kFeatures, kHSplit, 0, kSteps};
   using Config = SplitkFormsConfig<form, kernels::SplitkShape{}, 4, MoePath::kDecode>;
   using Layer = PagedMoe<kernels::Paged, Config>;
   INFO("form: " << kFeatures << " features, " << kHSplit << " warps per feature group, " << kSteps
@@ -944,26 +944,6 @@ TEST_CASE("split-K decode in the forms a configuration names", "[gpu][small]") {
   check_splitk_form<128, 2>();
   check_splitk_form<128, 1>();
   check_splitk_form<128, 2, 2>();  // two W1 / W3 steps in flight per lane of a pair (H = 1280: 2, then 1)
-  // The first of each warp's W2 rows in shared memory: 32 a warp (H = 1280: 32 of 40; 768 and 256: all),
-  // then 8 (of 40, 24 and 8).
-  check_splitk_form<128, 2, 0, 64>();
-  check_splitk_form<128, 2, 0, 16>();
-}
-
-TEST_CASE("split-K decode with W2 rows in shared memory equals the L2 form", "[gpu][small]") {
-  // The same products in the same order, whichever memory holds the rows: bit for bit.
-  for (const ModelSpec& spec : {ModelSpec{"tiny-k6-m4", 16, 6, 1280, 128, 4}, kQwen3}) {
-    ExpertStore store(spec, 79, 3);
-    const MoeShape shape = shape_of(spec, 1);
-    RoutingSet r = make_routing(spec, 1, 3160);
-    Runner<kernels::Paged, SplitkFormsConfig<kernels::SplitkShape{128, 2, 0, 0, 64}>> smem;
-    Runner<kernels::Paged, SplitkFormsConfig<kernels::SplitkShape{128, 2}>> l2;
-    const auto out_s = smem.run(r, shape, store.paged_args(), MoePath::kDecode, true);
-    const auto out_l = l2.run(r, shape, store.paged_args(), MoePath::kDecode, true);
-    INFO(spec.name);
-    CHECK(count_nonfinite(out_s) == 0);
-    CHECK(std::memcmp(out_s.data(), out_l.data(), out_s.size() * 2) == 0);
-  }
 }
 
 TEST_CASE("split-K decode on model shapes", "[gpu][small]") {

@@ -58,8 +58,6 @@ struct Contiguous {
   __device__ __forceinline__ static const bf16* matrix_base(const Params& p, int e, int j) {
     return p.weights + (3 * static_cast<std::int64_t>(e) + j) * p.matrix_elems;
   }
-  // What matrix_base reads besides its arguments: nothing.
-  __device__ __forceinline__ static const void* lookup_entry(const Params&, int) { return nullptr; }
   // The regions matrices live in, for kernels that copy by tensor map (grouped::gemm_tma_kernel).
   static std::array<const void*, 2> tma_regions(const Params& p) { return {p.weights, nullptr}; }
 };
@@ -101,10 +99,6 @@ struct Paged {
     return loc.buffer_slot >= 0
                ? p.args.load_buffer + (3 * static_cast<std::int64_t>(loc.buffer_slot) + j) * p.matrix_elems
                : p.args.pool_base + static_cast<std::int64_t>(loc.page[j]) * p.matrix_elems;
-  }
-  // What matrix_base reads for expert e: its location entry (a kernel may ask the L2 for it early).
-  __device__ __forceinline__ static const void* lookup_entry(const Params& p, int e) {
-    return p.args.locations + e;
   }
   static std::array<const void*, 2> tma_regions(const Params& p) {
     return {p.args.pool_base, p.args.load_buffer};

@@ -259,17 +259,8 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kT
   float* sums = reinterpret_cast<float*>(smem + 2 * H);
 
   ptx::cluster_arrive_relaxed();  // this block runs (the others wait for it before writing into it)
-  // The slot's routed id and the experts' location entries asked of the L2 while the previous kernel ends (a
-  // prefetch returns nothing, so it may come before the wait), one line of 8 entries per thread: they stand
-  // between the wait and the first weight load.
-  if (threadIdx.x == 0 && j < p.top_k)
-    ptx::prefetch_l2(p.topk_ids + static_cast<std::int64_t>(t) * p.top_k + j);
-  if (const int experts = p.num_experts + p.slots_per_token - p.top_k; threadIdx.x <= experts / 8)
-    if (const void* entry =
-            Addressing::lookup_entry(p.addr, min(8 * static_cast<int>(threadIdx.x), experts - 1)))
-      ptx::prefetch_l2(entry);
-  ptx::grid_dependency_wait();  // topk_ids, topk_weights and the input: the previous kernels' output
-  ptx::launch_dependents();     // the combine's blocks may take their SMs and wait
+  ptx::grid_dependency_wait();    // topk_ids, topk_weights and the input: the previous kernels' output
+  ptx::launch_dependents();       // the combine's blocks may take their SMs and wait
   const int e = slot_expert_of(p, j, slot_id(p, t, j));
   if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
   const PackedMatrix w1 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 0), F, H);

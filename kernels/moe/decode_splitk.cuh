@@ -132,9 +132,8 @@ constexpr long long smem_bytes(int hidden) {
 // the matrix in block 0) and its lanes part around the W2 loop's shuffles. 4 warps: 64 for bf16 and int8 on
 // 128 features, 128 for int8 on 64, 256 for int4 on 64; warp pairs: 64 for bf16 on 128, 128 for int8 on 128,
 // 256 for int8 on 64 and int4 on 128.
-template <class P, int kFeatures, int kHSplit, int kSteps = 0>
+template <class G>  // a Geometry
 constexpr int min_hidden() {
-  using G = Geometry<P, kFeatures, kHSplit, kSteps>;
   return kCluster * G::kWarps * G::kRowsPerStep;
 }
 

@@ -966,9 +966,7 @@ class PagedMoe {
   static int splitk_choice(const MoeShape& s, const detail::DeviceInfo& dev) {
     auto min_hidden = [](int choice) {
       int h = 0;
-      on_splitk_shape(choice, [&]<SplitkShape kS>() {
-        h = splitk::min_hidden<Precision, kS.features, kS.h_split, kS.steps>();
-      });
+      on_splitk_shape(choice, [&]<SplitkShape kS>() { h = splitk::min_hidden<SplitkGeometry<kS>>(); });
       return h;
     };
     auto capacity = [&](int choice) {

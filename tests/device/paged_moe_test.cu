@@ -900,11 +900,11 @@ TEST_CASE("split-K decode against the references, paged = contiguous", "[gpu][sm
 
 // A configuration that names its own split-K forms (Config::splitk_shapes) on bf16 experts: the call takes
 // the first that fits, and every form meets the references with paged = contiguous bit for bit.
-template <int kFeatures, int kHSplit, int kSteps = 0>
+template <kernels::SplitkShape form>
 void check_splitk_form() {
-  constexpr kernels::SplitkShape form{kFeatures, kHSplit, 0, kSteps};
   using Config = SplitkFormsConfig<form, kernels::SplitkShape{}, 4, MoePath::kDecode>;
   using Layer = PagedMoe<kernels::Paged, Config>;
+  constexpr int kFeatures = form.features, kHSplit = form.h_split, kSteps = form.steps;
   INFO("form: " << kFeatures << " features, " << kHSplit << " warps per feature group, " << kSteps
                 << " steps in flight (0: the kernel's own)");
   // F a multiple of 128 (both widths), H of 1, 3 and 5 steps of 256 (warp pairs: 1 / 0, 2 / 1, 3 / 2 steps),
@@ -940,10 +940,11 @@ void check_splitk_form() {
 }
 
 TEST_CASE("split-K decode in the forms a configuration names", "[gpu][small]") {
-  check_splitk_form<64, 2>();
-  check_splitk_form<128, 2>();
-  check_splitk_form<128, 1>();
-  check_splitk_form<128, 2, 2>();  // two W1 / W3 steps in flight per lane of a pair (H = 1280: 2, then 1)
+  check_splitk_form<kernels::SplitkShape{64, 2}>();
+  check_splitk_form<kernels::SplitkShape{128, 2}>();
+  check_splitk_form<kernels::SplitkShape{128, 1}>();
+  check_splitk_form<kernels::SplitkShape{
+      128, 2, 0, 2}>();  // two W1 / W3 steps in flight per lane of a pair (H = 1280: 2, then 1)
 }
 
 TEST_CASE("split-K decode on model shapes", "[gpu][small]") {

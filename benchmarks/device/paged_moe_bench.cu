@@ -67,7 +67,9 @@
 // int8-splitk / int4-splitk: the default's quantized choice with the split-K decode asked for at one token
 // (the first of DefaultMoeConfig::splitk_shapes that fits the device), int8-nosplitk / int4-nosplitk: at
 // none; int8-sk-q64 / -p64 / -p128 / -q128, int4-sk-q64 / -p128: split-K at one token in that one form only
-// (q: 4 warps, p: warp pairs; 64 or 128 features);
+// (q: 4 warps, p: warp pairs; 64 or 128 features); int4-sk-fma: int4's default forms with the first on
+// scalar fmas instead of mma.sync (SplitkShape::mma; int4-sk-p128 too), int8-sk-p128mma / -q128mma:
+// int8-sk-p128 / -q128 on mma.sync;
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -479,6 +481,13 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int8-sk-q128", &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 1}>>},
       {"int4-sk-q64", &make_quant_graph<kernels::Int4, SplitkFormsConfig<kernels::SplitkShape{64, 1}>>},
       {"int4-sk-p128", &make_quant_graph<kernels::Int4, SplitkFormsConfig<kernels::SplitkShape{128, 2}>>},
+      {"int4-sk-fma",
+       &make_quant_graph<kernels::Int4,
+                         SplitkFormsConfig<kernels::SplitkShape{128, 2, 32}, kernels::SplitkShape{64, 1}>>},
+      {"int8-sk-p128mma",
+       &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 2, 0, 0, true}>>},
+      {"int8-sk-q128mma",
+       &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 1, 0, 0, true}>>},
       {"int8-down0", &make_quant_graph<kernels::Int8, DownWarpsConfig<0>>},
       {"int4-down0", &make_quant_graph<kernels::Int4, DownWarpsConfig<0>>},
       {"int8-down2", &make_quant_graph<kernels::Int8, DownWarpsConfig<2>>},

@@ -25,7 +25,16 @@
 //     Quantized experts: each 16-byte load's integers become exact floats (int8 through 2^23 + q, int4
 //     through dequant::int4x8's bf16 pairs), are multiplied by the bf16 tokens in fp32, and the load's sum is
 //     scaled by its group's scale (Σ_groups scale·Σ q·x, as the quantized decode GEMV; activations stay
-//     bf16).
+//     bf16). On mma.sync instead (SplitkShape::mma; int4's default, 8 features per warp): lane (g, q) reads
+//     16 bytes of feature g's W1 and W3 rows at q·kValuesPerLoad of each quantized k-step (4 lanes a row,
+//     one scale group a step), dequantises them straight into the A fragment's rows g and g + 8 (exact bf16
+//     integers, moe/precision.cuh's chunk), and the token's values at the same offsets are B, so that every
+//     column of D holds the token's sums; each step's D is scaled by its rows' group scales. Where a lane's
+//     load holds a quarter of a W2 row slice (int4 on 128 features) the down step does the same on 16 W2
+//     rows at a time with the cluster's activations as B. Its products are exact in fp32 as the fmas', but
+//     summed in the tensor cores' order. int4 needs about half the instructions this way (Qwen3-30B-A3B:
+//     0.885x the scalar form's layer time on an H100; docs/results/quantized_h200.md, "int4's split-K on
+//     mma.sync"); int8, whose bytes become bf16 through floats, does not gain.
 //  2. splitk::combine_kernel: for each token and column, each slot's y = bf16(the sum of its F / kFeatures
 //     partials, in order), then out = bf16(Σ_j w_j·y_j) in slot order, skipping slots routed outside
 //     [0, E): the rounding steps of the four-kernel layer (y stored in bf16, then combine_kernel's sum).
@@ -78,7 +87,9 @@ constexpr SplitkShapes shape_choices() {
 // What the precision and the kernel's form decide: values per 16-byte load, lanes per W2 row slice, warps,
 // registers.
 template <class P, int kFeaturesT = shape_choices<P>()[0].features,
-          int kHSplitT = shape_choices<P>()[0].h_split, int kStepsT = shape_choices<P>()[0].steps>
+          int kHSplitT = shape_choices<P>()[0].h_split, int kStepsT = shape_choices<P>()[0].steps,
+          bool kMmaT = shape_choices<P>()[0].mma&& kFeaturesT == shape_choices<P>()[0].features&& kHSplitT ==
+                       shape_choices<P>()[0].h_split>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
@@ -118,6 +129,15 @@ struct Geometry {
   static_assert(kStepsInFlight >= 1 && kStepsInFlight <= 4, "1 to 4 steps of W1 / W3 loads in flight");
   static_assert(!P::kQuantized || kFeatures <= static_cast<int>(quant::kGroup),
                 "a cluster's W2 row slice must lie inside one scale group");
+  // gate/up on mma.sync (SplitkShape::mma): lane (g, q) reads W1 and W3 rows of feature g, 16 bytes at
+  // q·kValuesPerLoad of each step of kMmaStep values (one quantized k-step, inside one scale group).
+  static constexpr bool kMma = kMmaT;
+  static constexpr int kMmaStep = 4 * kValuesPerLoad;
+  // The down step on mma.sync too where one 16-byte load per lane holds a quarter of a W2 row slice (int4 on
+  // 128 features): lane (g, q) reads rows g and g + 8 of each 16 rows of its warp's.
+  static constexpr bool kMmaDown = kMma && kFeatures == 4 * kValuesPerLoad;
+  static_assert(!kMma || (P::kQuantized && kWarpFeatures == 8),
+                "the mma form: quantized experts, 8 features per warp (the A fragment's rows g and g + 8)");
 };
 // bf16's 256-value step is a rule (H a multiple of it: PagedMoe::can_implement); quantized experts run a
 // last partial step instead.
@@ -236,11 +256,12 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
 }
 
 template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures,
-          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps>
-__global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kThreads,
-                                  Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kMinBlocks)
+          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps,
+          bool kMmaT = Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kMma>
+__global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMmaT>::kThreads,
+                                  Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMmaT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
-  using G = Geometry<P, kFeaturesT, kHSplitT, kStepsT>;
+  using G = Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMmaT>;
   constexpr int kBlockFeatures = G::kFeatures / kCluster;
   constexpr int kVpl = G::kValuesPerLoad;
   constexpr int kWarps = G::kWarps, kThreads = G::kThreads;
@@ -287,63 +308,111 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kT
   const int s_begin = G::kHSplit == 1 ? 0 : min(H, part * part_steps * G::kStep);
   const int s_end = G::kHSplit == 1 ? H : min(H, (part + 1) * part_steps * G::kStep);
   float acc[2][G::kWarpFeatures] = {};
+  if constexpr (G::kMma) {
+    // Lane (g, q): W1 and W3 rows of feature fw + g as the A fragment's rows g and g + 8, 16 bytes at
+    // q·kVpl of each step, dequantised straight into bf16 pairs; the token's values at the same offsets as B
+    // (every column the same token, so every row of D holds the same sums); each step's D scaled by its
+    // rows' group scales. Then acc[m][i] = feature i's sums, from lane 4i.
+    const int g = lane / 4, q = lane % 4;
+    constexpr int kMS = G::kMmaStep, kBatch = 8;
+    const int n_steps = H / kMS, ps = (n_steps + G::kHSplit - 1) / G::kHSplit;
+    const int st_end = G::kHSplit == 1 ? n_steps : min(n_steps, (part + 1) * ps);
+    const unsigned char* rw[2] = {w1.rows + (fw + g) * w1.row_bytes + q * 16,
+                                  w3.rows + (fw + g) * w3.row_bytes + q * 16};
+    const bf16* rs[2] = {w1.scales + (fw + g) * w1.groups, w3.scales + (fw + g) * w3.groups};
+    float mine[2] = {0.f, 0.f};
+    auto steps = [&]<int kB>(int st) {
+      uint4 wv[kB][2];
+      float sc[kB][2];
 #pragma unroll
-  for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
-    const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
-                                   w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
-    auto steps = [&]<int kU, bool kTail>(int s) {
-      uint4 wv[kU][2][kFeatureGroup];
-      [[maybe_unused]] float sc[kU][2][kFeatureGroup];
+      for (int b = 0; b < kB; ++b)
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int k = s + u * G::kStep + lane * kVpl;
-        if (kTail && k >= H) continue;
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-          for (int i = 0; i < kFeatureGroup; ++i) {
-            wv[u][m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + (s + u * G::kStep) * G::kBits / 8);
-            if constexpr (P::kQuantized) {
-              const PackedMatrix& w = m == 0 ? w1 : w3;
-              sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
-            }
-          }
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int k = s + u * G::kStep + lane * kVpl;
-        if (kTail && k >= H) continue;
-        if constexpr (P::kQuantized) {
-          float xf[kVpl];
-          shared_floats(xs + k, xf);
-#pragma unroll
-          for (int m = 0; m < 2; ++m)
-#pragma unroll
-            for (int i = 0; i < kFeatureGroup; ++i)
-              acc[m][fg + i] = fmaf(sc[u][m][i], dot_packed<P::kBits>(wv[u][m][i], xf), acc[m][fg + i]);
-        } else {
-          const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
-#pragma unroll
-          for (int m = 0; m < 2; ++m)
-#pragma unroll
-            for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(wv[u][m][i], xv, acc[m][fg + i]);
+        for (int m = 0; m < 2; ++m) {
+          wv[b][m] = ptx::ld_stream_16(rw[m] + static_cast<std::int64_t>(st + b) * (kMS * G::kBits / 8));
+          sc[b][m] = load_scale(rs[m] + (st + b) * kMS / static_cast<int>(quant::kGroup));
         }
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        const bf16* xk = xs + (st + b) * kMS + q * kVpl;
+#pragma unroll
+        for (int c = 0; c < kVpl / 8; ++c) {
+          const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xk + 8 * c));
+          const uint4 a = dequant::chunk<P::kBits>(wv[b][0], c), u = dequant::chunk<P::kBits>(wv[b][1], c);
+          ptx::mma_bf16_16816(d, a.x, u.x, a.y, u.y, xv.x, xv.y);
+          ptx::mma_bf16_16816(d, a.z, u.z, a.w, u.w, xv.z, xv.w);
+        }
+        mine[0] = fmaf(sc[b][0], d[0], mine[0]);  // D[g][2q]: W1's row
+        mine[1] = fmaf(sc[b][1], d[2], mine[1]);  // D[g + 8][2q]: W3's row
       }
     };
-    constexpr int kU = G::kStepsInFlight;
-    int s = s_begin;
-    if constexpr (kU > 1)
-      for (; s + kU * G::kStep <= s_end; s += kU * G::kStep) steps.template operator()<kU, false>(s);
-    for (; s + G::kStep <= s_end; s += G::kStep) steps.template operator()<1, false>(s);
-    if (s < s_end)
-      steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
+    int st = G::kHSplit == 1 ? 0 : min(n_steps, part * ps);
+    for (; st + kBatch <= st_end; st += kBatch) steps.template operator()<kBatch>(st);
+    for (; st < st_end; ++st) steps.template operator()<1>(st);
+#pragma unroll
+    for (int i = 0; i < G::kWarpFeatures; ++i) {
+      acc[0][i] = __shfl_sync(0xffffffffu, mine[0], 4 * i);
+      acc[1][i] = __shfl_sync(0xffffffffu, mine[1], 4 * i);
+    }
+  } else {
+#pragma unroll
+    for (int fg = 0; fg < G::kWarpFeatures; fg += kFeatureGroup) {
+      const unsigned char* w13[2] = {w1.rows + (fw + fg) * w1.row_bytes + lane * 16,
+                                     w3.rows + (fw + fg) * w3.row_bytes + lane * 16};
+      auto steps = [&]<int kU, bool kTail>(int s) {
+        uint4 wv[kU][2][kFeatureGroup];
+        [[maybe_unused]] float sc[kU][2][kFeatureGroup];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int k = s + u * G::kStep + lane * kVpl;
+          if (kTail && k >= H) continue;
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int i = 0; i < kFeatureGroup; ++i) {
+              wv[u][m][i] = ptx::ld_stream_16(w13[m] + i * w1.row_bytes + (s + u * G::kStep) * G::kBits / 8);
+              if constexpr (P::kQuantized) {
+                const PackedMatrix& w = m == 0 ? w1 : w3;
+                sc[u][m][i] = load_scale(w.scales + (fw + fg + i) * w.groups + k / quant::kGroup);
+              }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int k = s + u * G::kStep + lane * kVpl;
+          if (kTail && k >= H) continue;
+          if constexpr (P::kQuantized) {
+            float xf[kVpl];
+            shared_floats(xs + k, xf);
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+              for (int i = 0; i < kFeatureGroup; ++i)
+                acc[m][fg + i] = fmaf(sc[u][m][i], dot_packed<P::kBits>(wv[u][m][i], xf), acc[m][fg + i]);
+          } else {
+            const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xs + k));
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+              for (int i = 0; i < kFeatureGroup; ++i) acc[m][fg + i] = dot8(wv[u][m][i], xv, acc[m][fg + i]);
+          }
+        }
+      };
+      constexpr int kU = G::kStepsInFlight;
+      int s = s_begin;
+      if constexpr (kU > 1)
+        for (; s + kU * G::kStep <= s_end; s += kU * G::kStep) steps.template operator()<kU, false>(s);
+      for (; s + G::kStep <= s_end; s += G::kStep) steps.template operator()<1, false>(s);
+      if (s < s_end)
+        steps.template operator()<1, true>(s);  // quantized only (bf16: H % 256 == 0, can_implement)
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < G::kWarpFeatures; ++i)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
   }
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int i = 0; i < G::kWarpFeatures; ++i)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[m][i] += __shfl_xor_sync(0xffffffffu, acc[m][i], o);
   if constexpr (G::kHSplit > 1) {  // warp pairs: the second part's sums added to the first's
     __shared__ float half_sums[kFeatureWarps][2][G::kWarpFeatures];
     static_assert(sizeof(half_sums) == 4 * G::kPairSumFloats, "Geometry::kStaticSmemBytes counts these sums");
@@ -380,7 +449,27 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kT
             load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
     }
   };
-  load_batch(r0);
+  // The mma down step: 16 rows of W2 per group (rows past the warp's end clamped to its last, loaded, not
+  // stored), kMmaGroups groups of loads in flight, the first before the activations are exchanged.
+  constexpr int kMmaGroups = 4;
+  const int mg = lane / 4, mq = lane % 4;
+  const int wr0 = warp * (rows / kWarps), wend = wr0 + rows / kWarps;
+  [[maybe_unused]] uint4 mw[kMmaGroups][2];
+  [[maybe_unused]] float msc[kMmaGroups][2];
+  auto mma_load = [&](int rg) {
+#pragma unroll
+    for (int b = 0; b < kMmaGroups; ++b)
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int r = min(rg + 16 * b + 8 * m + mg, wend - 1);
+        mw[b][m] = ptx::ld_stream_16(w2 + r * w2m.row_bytes + mq * 16);
+        msc[b][m] = load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
+      }
+  };
+  if constexpr (G::kMmaDown)
+    mma_load(wr0);
+  else
+    load_batch(r0);
 
   // Lane i < kWarpFeatures hands feature i's activation to every block of the cluster.
   ptx::cluster_wait();  // every block of the cluster has started
@@ -396,35 +485,66 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kT
   }
   cluster.sync();  // every block's activations written (release / acquire at cluster scope)
 
-  [[maybe_unused]] uint4 hv;
-  [[maybe_unused]] float hf[P::kQuantized ? kVpl : 1];
-  if constexpr (P::kQuantized)
-    shared_floats(h + sub * kVpl, hf);
-  else
-    hv = ptx::ld_shared_16(ptx::smem_u32(h + sub * kVpl));
-  for (; r0 < end; r0 += kR * G::kW2Batch) {
-    uint4 wv[G::kW2Batch];
-    [[maybe_unused]] float scale[G::kW2Batch];
+  if constexpr (G::kMmaDown) {
+    // B: the cluster's activations at lane q's quarter, the same for every row group.
+    uint4 hb[kVpl / 8];
 #pragma unroll
-    for (int i = 0; i < G::kW2Batch; ++i) {
-      wv[i] = next[i];
-      if constexpr (P::kQuantized) scale[i] = next_scale[i];
+    for (int c = 0; c < kVpl / 8; ++c) hb[c] = ptx::ld_shared_16(ptx::smem_u32(h + mq * kVpl + 8 * c));
+    for (int rg = wr0; rg < wend; rg += 16 * kMmaGroups) {
+      uint4 cw[kMmaGroups][2];
+      float cs[kMmaGroups][2];
+#pragma unroll
+      for (int b = 0; b < kMmaGroups; ++b)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) cw[b][m] = mw[b][m], cs[b][m] = msc[b][m];
+      if (rg + 16 * kMmaGroups < wend) mma_load(rg + 16 * kMmaGroups);
+#pragma unroll
+      for (int b = 0; b < kMmaGroups; ++b) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int c = 0; c < kVpl / 8; ++c) {
+          const uint4 a = dequant::chunk<P::kBits>(cw[b][0], c), u = dequant::chunk<P::kBits>(cw[b][1], c);
+          ptx::mma_bf16_16816(d, a.x, u.x, a.y, u.y, hb[c].x, hb[c].y);
+          ptx::mma_bf16_16816(d, a.z, u.z, a.w, u.w, hb[c].z, hb[c].w);
+        }
+        const int ra = rg + 16 * b + mg, rb = ra + 8;
+        if (mq == 0) {
+          if (ra < wend) sums[ra] = cs[b][0] * d[0];
+          if (rb < wend) sums[rb] = cs[b][1] * d[2];
+        }
+      }
     }
-    if (r0 + kR * G::kW2Batch < end) load_batch(r0 + kR * G::kW2Batch);
-    float v[G::kW2Batch];
+  } else {
+    [[maybe_unused]] uint4 hv;
+    [[maybe_unused]] float hf[P::kQuantized ? kVpl : 1];
+    if constexpr (P::kQuantized)
+      shared_floats(h + sub * kVpl, hf);
+    else
+      hv = ptx::ld_shared_16(ptx::smem_u32(h + sub * kVpl));
+    for (; r0 < end; r0 += kR * G::kW2Batch) {
+      uint4 wv[G::kW2Batch];
+      [[maybe_unused]] float scale[G::kW2Batch];
 #pragma unroll
-    for (int i = 0; i < G::kW2Batch; ++i) {
-      if constexpr (P::kQuantized)
-        v[i] = scale[i] * dot_packed<P::kBits>(wv[i], hf);
-      else
-        v[i] = dot8(wv[i], hv, 0.f);
+      for (int i = 0; i < G::kW2Batch; ++i) {
+        wv[i] = next[i];
+        if constexpr (P::kQuantized) scale[i] = next_scale[i];
+      }
+      if (r0 + kR * G::kW2Batch < end) load_batch(r0 + kR * G::kW2Batch);
+      float v[G::kW2Batch];
 #pragma unroll
-      for (int o = 1; o < G::kRowLanes; o <<= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
-    }
-    if (sub == 0) {
+      for (int i = 0; i < G::kW2Batch; ++i) {
+        if constexpr (P::kQuantized)
+          v[i] = scale[i] * dot_packed<P::kBits>(wv[i], hf);
+        else
+          v[i] = dot8(wv[i], hv, 0.f);
 #pragma unroll
-      for (int i = 0; i < G::kW2Batch; ++i)
-        if (r0 + kR * i < end) sums[r0 + kR * i] = v[i];
+        for (int o = 1; o < G::kRowLanes; o <<= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+      }
+      if (sub == 0) {
+#pragma unroll
+        for (int i = 0; i < G::kW2Batch; ++i)
+          if (r0 + kR * i < end) sums[r0 + kR * i] = v[i];
+      }
     }
   }
   __syncthreads();

@@ -68,9 +68,14 @@ struct SplitkShape {
   int h_split = 1;
   int min_clusters = 0;
   int steps = 0;
+  // Quantized experts on 8 features per warp (128 in warp pairs or on 4 warps): the products on mma.sync
+  // (each lane's 16-byte loads of two weight rows dequantised straight into A fragments, the token's values
+  // as B) instead of scalar fmas, in gate/up and, where a lane's load holds a quarter of a W2 row slice
+  // (int4), in the down step (splitk::Geometry::kMma, kMmaDown).
+  bool mma = false;
   // The kernel the form runs: the form without its call rule (min_clusters). Two forms with the same
   // kernel_form() instantiate the same kernel.
-  constexpr SplitkShape kernel_form() const { return {features, h_split, 0, steps}; }
+  constexpr SplitkShape kernel_form() const { return {features, h_split, 0, steps, mma}; }
   friend constexpr bool operator==(const SplitkShape&, const SplitkShape&) = default;
 };
 // A configuration's forms, in the order a call tries them: PagedMoe takes the first that serves H, whose
@@ -394,7 +399,11 @@ struct DefaultMoeConfig {
   //    Qwen1.5-MoE's routed experts 0.971x, Qwen3-Next 0.988x; the tiny shape's 8 clusters 1.075x
   //    (docs/results/quantized_h200.md, "int4's split-K on 128-feature warp pairs"); on an H200 0.926x,
   //    0.996x and 1.013x (quantized_h200.md, "The quantized layers on the H200 at b30b08a"). 128 features on
-  //    4 warps took 1.08-1.18x the decode tiles' time ("Split-K decode on quantized experts").
+  //    4 warps took 1.08-1.18x the decode tiles' time ("Split-K decode on quantized experts"). The pairs on
+  //    mma.sync (SplitkShape::mma), against the same pairs on scalar fmas, on an H100: 0.885-0.896x on
+  //    Qwen3-30B-A3B, Qwen1.5-MoE's routed experts and Qwen3-Next (quantized_h200.md, "int4's split-K on
+  //    mma.sync"); int8 on mma.sync lost (its bytes become bf16 through floats: 1.031-1.041x in pairs,
+  //    0.995-0.999x on 4 warps), so it keeps the fmas.
   //  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
   //    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
   //    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters)
@@ -407,7 +416,8 @@ struct DefaultMoeConfig {
   //    "Warp pairs that split H", "int8's warp pairs landed").
   static constexpr SplitkShapes splitk_shapes(int bits) {
     if (bits == 8) return {SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}};
-    return {SplitkShape{128, 2, 32}, SplitkShape{64, 1}, SplitkShape{}};  // bf16, int4
+    if (bits == 4) return {SplitkShape{128, 2, 32, 0, true}, SplitkShape{64, 1}, SplitkShape{}};
+    return {SplitkShape{128, 2, 32}, SplitkShape{64, 1}, SplitkShape{}};  // bf16
   }
 
   // The W2 rows the down blocks of an 8-token decode call preload (MoeConfig::decode_preload) where no expert

@@ -914,9 +914,9 @@ class PagedMoe {
   // The kernel of a form (SplitkShape::kernel_form) and its geometry.
   template <SplitkShape kS>
   static constexpr auto kSplitkKernel =
-      splitk::kernel<Addressing, Precision, kS.features, kS.h_split, kS.steps>;
+      splitk::kernel<Addressing, Precision, kS.features, kS.h_split, kS.steps, kS.mma>;
   template <SplitkShape kS>
-  using SplitkGeometry = splitk::Geometry<Precision, kS.features, kS.h_split, kS.steps>;
+  using SplitkGeometry = splitk::Geometry<Precision, kS.features, kS.h_split, kS.steps, kS.mma>;
 
   // Calls f.template operator()<kS>() with kS the kernel of the form kSplitkShapes[choice]
   // (SplitkShape::kernel_form; none where it names no form).

@@ -696,6 +696,48 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   }
 }
 
+// A split-K form on mma.sync (SplitkShape::mma: gate/up for int8 and int4, the down step for int4) against
+// the reference, paged = contiguous bit for bit, where the call takes it. Returns whether it did.
+template <class Precision, kernels::SplitkShape kForm>
+bool check_mma_form(const QuantStore& store, int tokens, std::uint64_t seed) {
+  using Config = SplitkFormsConfig<kForm, kernels::SplitkShape{}, 4, MoePath::kDecode>;
+  using Layer = PagedMoe<kernels::Paged, Config, Precision>;
+  if (!Layer::decode_splits({.shape = shape_of(store.spec, tokens)})) return false;
+  REQUIRE(Layer::decode_split_shape({.shape = shape_of(store.spec, tokens)}) == kForm);
+  check_quant_case<Precision, Config>(store, tokens, seed, MoePath::kDecode);
+  return true;
+}
+
+TEST_CASE("quantized experts: split-K on mma.sync against the reference, paged = contiguous",
+          "[gpu][small][quant]") {
+  // H of 2 to 10 k-steps of 128 (int4) or 64 (int8) values, 1 or 2 per warp of a pair and odd counts; warps
+  // of 8 to 40 W2 rows (the down step's 16-row groups clamped at the warp's end); F of 1 to 3 clusters of
+  // 128; routed experts alone and with shared chunks; 1 to 4 tokens; padded pages; then the model shapes.
+  constexpr kernels::SplitkShape kPairs{128, 2, 0, 0, true}, kQuads{128, 1, 0, 0, true};
+  int ran = 0;
+  for (const ModelSpec& spec :
+       {ModelSpec{"tiny H1024 F256 m1", 8, 2, 1024, 256, 1}, ModelSpec{"tiny H768 F128", 8, 2, 768, 128, 0},
+        ModelSpec{"tiny H1280 F384 k6 m4", 16, 6, 1280, 384, 4},
+        ModelSpec{"tiny H256 F256 m1", 8, 2, 256, 256, 1}}) {
+    const QuantStore s8(spec, Bits::kInt8, 41), s4(spec, Bits::kInt4, 42);
+    for (int tokens : {1, 2, 4}) {
+      ran += check_mma_form<kernels::Int8, kPairs>(s8, tokens, 2500 + tokens);
+      ran += check_mma_form<kernels::Int8, kQuads>(s8, tokens, 2510 + tokens);
+      ran += check_mma_form<kernels::Int4, kPairs>(s4, tokens, 2520 + tokens);
+    }
+  }
+  const QuantStore p8(kSmall, Bits::kInt8, 43, 48), p4(kSmall, Bits::kInt4, 44, 4096);
+  ran += check_mma_form<kernels::Int8, kPairs>(p8, 1, 2531);
+  ran += check_mma_form<kernels::Int4, kPairs>(p4, 1, 2532);
+  for (const ModelSpec& m : {kQwen3, kQwen3Next}) {
+    const QuantStore s8(m, Bits::kInt8, 45), s4(m, Bits::kInt4, 46);
+    ran += check_mma_form<kernels::Int8, kPairs>(s8, 1, 2541);
+    ran += check_mma_form<kernels::Int4, kPairs>(s4, 1, 2542);
+  }
+  std::printf("  split-K on mma.sync: %d calls took it\n", ran);
+  CHECK(ran >= 30);  // every tiny case at 1 and 2 tokens, the padded pages and the model shapes fit any sm_90
+}
+
 // A model past 8 slots per token (Qwen2-57B-A14B: k = 8 and 8 shared chunks, 16 slots, F = 2560) on the
 // decode tiles the table gives it.
 TEST_CASE("quantized experts: a model with 16 slots per token", "[gpu][models][quant]") {

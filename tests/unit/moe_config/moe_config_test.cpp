@@ -250,14 +250,16 @@ TEST_CASE("split-K forms: the configuration's where it names them, else the defa
       CHECK((f.features == 0 || f.features == 64 || f.features == 128));
       CHECK((f.h_split == 1 || f.h_split == 2));
       CHECK(f.min_clusters >= 0);
+      // mma.sync only for quantized experts on 8 features per warp (128 features).
+      CHECK((!f.mma || (bits != 16 && f.features == 128)));
     }
   }
-  // bf16 and int4: 128 features in pairs from 32 clusters, else 64 on 4 warps; int8: 64 in pairs, 128 in
-  // pairs, 128 on 4 warps.
-  for (int bits : {16, 4}) {
-    CHECK(DefaultMoeConfig::splitk_shapes(bits)[0] == SplitkShape{128, 2, 32});
-    CHECK(DefaultMoeConfig::splitk_shapes(bits)[1] == SplitkShape{64, 1, 0});
-  }
+  // bf16 and int4: 128 features in pairs from 32 clusters (int4's on mma.sync), else 64 on 4 warps; int8:
+  // 64 in pairs, 128 in pairs, 128 on 4 warps, all on fmas.
+  CHECK(DefaultMoeConfig::splitk_shapes(16)[0] == SplitkShape{128, 2, 32});
+  CHECK(DefaultMoeConfig::splitk_shapes(4)[0] == SplitkShape{128, 2, 32, 0, true});
+  CHECK(DefaultMoeConfig::splitk_shapes(4)[0].kernel_form() == SplitkShape{128, 2, 0, 0, true});
+  for (int bits : {16, 4}) CHECK(DefaultMoeConfig::splitk_shapes(bits)[1] == SplitkShape{64, 1, 0});
   CHECK(DefaultMoeConfig::splitk_shapes(8) ==
         amoeba::kernels::SplitkShapes{SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}});
 }

@@ -69,7 +69,7 @@
 // none; int8-sk-q64 / -p64 / -p128 / -q128, int4-sk-q64 / -p128: split-K at one token in that one form only
 // (q: 4 warps, p: warp pairs; 64 or 128 features); int4-sk-fma: int4's default forms with the first on
 // scalar fmas instead of mma.sync (SplitkShape::mma; int4-sk-p128 too), int8-sk-p128mma / -q128mma:
-// int8-sk-p128 / -q128 on mma.sync;
+// int8-sk-p128 / -q128 on mma.sync; int8-sk-p64s2 / -p128s2: int8's pairs with two W1 / W3 steps in flight;
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -484,6 +484,10 @@ std::map<std::string, QuantFactory> quant_configs() {
       {"int4-sk-fma",
        &make_quant_graph<kernels::Int4,
                          SplitkFormsConfig<kernels::SplitkShape{128, 2, 32}, kernels::SplitkShape{64, 1}>>},
+      {"int8-sk-p64s2",
+       &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{64, 2, 0, 2}>>},
+      {"int8-sk-p128s2",
+       &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 2, 0, 2}>>},
       {"int8-sk-p128mma",
        &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 2, 0, 0, true}>>},
       {"int8-sk-q128mma",

@@ -602,15 +602,19 @@ void check_quant_splitk(const QuantStore& store, int tokens, std::uint64_t seed)
   check_quant_case<Precision, Config>(store, tokens, seed, MoePath::kDecode);
 }
 
+// The split-K tests' tiny shapes: H of whole and partial steps, F of 1 to 6 chunks of 64 features, routed
+// experts alone and with shared chunks.
+constexpr ModelSpec kSplitkTiny[] = {{"tiny H1024 F256 m1", 8, 2, 1024, 256, 1},
+                                     {"tiny H768 F128", 8, 2, 768, 128, 0},
+                                     {"tiny H1280 F384 k6 m4", 16, 6, 1280, 384, 4},
+                                     {"tiny H256 F256 m1", 8, 2, 256, 256, 1}};
+
 TEST_CASE("quantized experts: split-K decode against the reference, paged = contiguous",
           "[gpu][small][quant]") {
   // H of whole and partial steps along H (a warp's step: 512 int8, 1024 int4 values; 768 and 1280 end on a
   // partial one), F of 2, 4 and 6 chunks of 64 features, routed experts alone and with shared chunks, 1 to
   // 4 tokens, padded pages.
-  for (const ModelSpec& spec :
-       {ModelSpec{"tiny H1024 F256 m1", 8, 2, 1024, 256, 1}, ModelSpec{"tiny H768 F128", 8, 2, 768, 128, 0},
-        ModelSpec{"tiny H1280 F384 k6 m4", 16, 6, 1280, 384, 4},
-        ModelSpec{"tiny H256 F256 m1", 8, 2, 256, 256, 1}}) {
+  for (const ModelSpec& spec : kSplitkTiny) {
     const QuantStore s8(spec, Bits::kInt8, 31), s4(spec, Bits::kInt4, 32);
     for (int tokens : {1, 2, 4}) {
       check_quant_splitk<kernels::Int8>(s8, tokens, 2100 + tokens);
@@ -715,10 +719,7 @@ TEST_CASE("quantized experts: split-K on mma.sync against the reference, paged =
   // 128; routed experts alone and with shared chunks; 1 to 4 tokens; padded pages; then the model shapes.
   constexpr kernels::SplitkShape kPairs{128, 2, 0, 0, true}, kQuads{128, 1, 0, 0, true};
   int ran = 0;
-  for (const ModelSpec& spec :
-       {ModelSpec{"tiny H1024 F256 m1", 8, 2, 1024, 256, 1}, ModelSpec{"tiny H768 F128", 8, 2, 768, 128, 0},
-        ModelSpec{"tiny H1280 F384 k6 m4", 16, 6, 1280, 384, 4},
-        ModelSpec{"tiny H256 F256 m1", 8, 2, 256, 256, 1}}) {
+  for (const ModelSpec& spec : kSplitkTiny) {
     const QuantStore s8(spec, Bits::kInt8, 41), s4(spec, Bits::kInt4, 42);
     for (int tokens : {1, 2, 4}) {
       ran += check_mma_form<kernels::Int8, kPairs>(s8, tokens, 2500 + tokens);

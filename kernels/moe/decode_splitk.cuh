@@ -32,7 +32,7 @@
 //     column of D holds the token's sums; each step's D is scaled by its rows' group scales. Where a lane's
 //     load holds a quarter of a W2 row slice (int4 on 128 features) the down step does the same on 16 W2
 //     rows at a time with the cluster's activations as B. Its products are exact in fp32 as the fmas', but
-//     summed in the tensor cores' order. int4 needs about half the instructions this way (Qwen3-30B-A3B:
+//     summed in the tensor cores' order. int4 issues about 0.58x the instructions this way (Qwen3-30B-A3B:
 //     0.885x the scalar form's layer time on an H100; docs/results/quantized_h200.md, "int4's split-K on
 //     mma.sync"); int8, whose bytes become bf16 through floats, does not gain.
 //  2. splitk::combine_kernel: for each token and column, each slot's y = bf16(the sum of its F / kFeatures
@@ -88,8 +88,8 @@ constexpr SplitkShapes shape_choices() {
 // registers.
 template <class P, int kFeaturesT = shape_choices<P>()[0].features,
           int kHSplitT = shape_choices<P>()[0].h_split, int kStepsT = shape_choices<P>()[0].steps,
-          bool kMmaT = shape_choices<P>()[0].mma&& kFeaturesT == shape_choices<P>()[0].features&& kHSplitT ==
-                       shape_choices<P>()[0].h_split>
+          bool kMmaT = (shape_choices<P>()[0].mma && kFeaturesT == shape_choices<P>()[0].features &&
+                        kHSplitT == shape_choices<P>()[0].h_split)>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4

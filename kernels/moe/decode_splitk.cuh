@@ -292,12 +292,9 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   // loads, so that they stream with them; the down step below reads them from the L2.
   for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
   const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
-  auto copy_input = [&] {
-    for (int i = threadIdx.x; i < H / 8; i += kThreads)
-      reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
-    __syncthreads();
-  };
-  if constexpr (!G::kMma) copy_input();  // the mma form copies it after its first weight loads
+  for (int i = threadIdx.x; i < H / 8; i += kThreads)
+    reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
+  __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
   // [s + kVpl·l, +kVpl) of each step s of kStep values, kU steps of loads in flight (kUnroll, then 1 for the
@@ -324,7 +321,9 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
                                   w3.rows + (fw + g) * w3.row_bytes + q * 16};
     const bf16* rs[2] = {w1.scales + (fw + g) * w1.groups, w3.scales + (fw + g) * w3.groups};
     float mine[2] = {0.f, 0.f};
-    auto load = [&]<int kB>(int st, uint4(&wv)[kB][2], float(&sc)[kB][2]) {
+    auto steps = [&]<int kB>(int st) {
+      uint4 wv[kB][2];
+      float sc[kB][2];
 #pragma unroll
       for (int b = 0; b < kB; ++b)
 #pragma unroll
@@ -332,8 +331,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
           wv[b][m] = ptx::ld_stream_16(rw[m] + static_cast<std::int64_t>(st + b) * (kMS * G::kBits / 8));
           sc[b][m] = load_scale(rs[m] + (st + b) * kMS / static_cast<int>(quant::kGroup));
         }
-    };
-    auto compute = [&]<int kB>(int st, const uint4(&wv)[kB][2], const float(&sc)[kB][2]) {
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -349,24 +346,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
         mine[1] = fmaf(sc[b][1], d[2], mine[1]);  // D[g + 8][2q]: W3's row
       }
     };
-    auto steps = [&]<int kB>(int st) {
-      uint4 wv[kB][2];
-      float sc[kB][2];
-      load.template operator()<kB>(st, wv, sc);
-      compute.template operator()<kB>(st, wv, sc);
-    };
     int st = G::kHSplit == 1 ? 0 : min(n_steps, part * ps);
-    {  // the first batch's weight loads in flight before the input row's copy and barrier
-      uint4 wv[kBatch][2];
-      float sc[kBatch][2];
-      const bool first = st + kBatch <= st_end;
-      if (first) load.template operator()<kBatch>(st, wv, sc);
-      copy_input();
-      if (first) {
-        compute.template operator()<kBatch>(st, wv, sc);
-        st += kBatch;
-      }
-    }
     for (; st + kBatch <= st_end; st += kBatch) steps.template operator()<kBatch>(st);
     for (; st < st_end; ++st) steps.template operator()<1>(st);
 #pragma unroll

@@ -403,7 +403,7 @@ struct DefaultMoeConfig {
   //    mma.sync (SplitkShape::mma), against the same pairs on scalar fmas, on an H100: 0.885-0.896x on
   //    Qwen3-30B-A3B, Qwen1.5-MoE's routed experts and Qwen3-Next (quantized_h200.md, "int4's split-K on
   //    mma.sync"); int8 on mma.sync lost (its bytes become bf16 through floats: 1.031-1.041x in pairs,
-  //    0.995-0.999x on 4 warps), so it keeps the fmas.
+  //    0.995-1.016x on 4 warps), so it keeps the fmas.
   //  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
   //    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
   //    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters)

@@ -214,6 +214,17 @@ __device__ __forceinline__ float dot_packed(const uint4& w, const float* x) {
   return acc;
 }
 
+// D += chunk c (8 values) of two rows' 16-byte quantized loads, dequantised into the A fragment's rows g and
+// g + 8, times the 8 bf16 values of B at the same offsets: the two m16n8k16 products of the fragment trick
+// (k = 2q, 2q + 1 and 2q + 8, 2q + 9 of each are the lane's values 0-1 and 2-3, then 4-5 and 6-7).
+template <quant::Bits kBits>
+__device__ __forceinline__ void mma_chunk(float (&d)[4], const uint4& row_g, const uint4& row_g8, int c,
+                                          const uint4& b) {
+  const uint4 a = dequant::chunk<kBits>(row_g, c), u = dequant::chunk<kBits>(row_g8, c);
+  ptx::mma_bf16_16816(d, a.x, u.x, a.y, u.y, b.x, b.y);
+  ptx::mma_bf16_16816(d, a.z, u.z, a.w, u.w, b.z, b.w);
+}
+
 // n bf16 values from shared memory as floats.
 template <int n>
 __device__ __forceinline__ void shared_floats(const bf16* src, float (&out)[n]) {
@@ -308,18 +319,18 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   const int s_begin = G::kHSplit == 1 ? 0 : min(H, part * part_steps * G::kStep);
   const int s_end = G::kHSplit == 1 ? H : min(H, (part + 1) * part_steps * G::kStep);
   float acc[2][G::kWarpFeatures] = {};
+  const int mg = lane / 4, mq = lane % 4;  // the mma form's fragment row (g) and column pair (q)
   if constexpr (G::kMma) {
     // Lane (g, q): W1 and W3 rows of feature fw + g as the A fragment's rows g and g + 8, 16 bytes at
     // q·kVpl of each step, dequantised straight into bf16 pairs; the token's values at the same offsets as B
     // (every column the same token, so every row of D holds the same sums); each step's D scaled by its
     // rows' group scales. Then acc[m][i] = feature i's sums, from lane 4i.
-    const int g = lane / 4, q = lane % 4;
     constexpr int kMS = G::kMmaStep, kBatch = 8;
     const int n_steps = H / kMS, ps = (n_steps + G::kHSplit - 1) / G::kHSplit;
     const int st_end = G::kHSplit == 1 ? n_steps : min(n_steps, (part + 1) * ps);
-    const unsigned char* rw[2] = {w1.rows + (fw + g) * w1.row_bytes + q * 16,
-                                  w3.rows + (fw + g) * w3.row_bytes + q * 16};
-    const bf16* rs[2] = {w1.scales + (fw + g) * w1.groups, w3.scales + (fw + g) * w3.groups};
+    const unsigned char* rw[2] = {w1.rows + (fw + mg) * w1.row_bytes + mq * 16,
+                                  w3.rows + (fw + mg) * w3.row_bytes + mq * 16};
+    const bf16* rs[2] = {w1.scales + (fw + mg) * w1.groups, w3.scales + (fw + mg) * w3.groups};
     float mine[2] = {0.f, 0.f};
     auto steps = [&]<int kB>(int st) {
       uint4 wv[kB][2];
@@ -334,14 +345,10 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
 #pragma unroll
       for (int b = 0; b < kB; ++b) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
-        const bf16* xk = xs + (st + b) * kMS + q * kVpl;
+        const bf16* xk = xs + (st + b) * kMS + mq * kVpl;
 #pragma unroll
-        for (int c = 0; c < kVpl / 8; ++c) {
-          const uint4 xv = ptx::ld_shared_16(ptx::smem_u32(xk + 8 * c));
-          const uint4 a = dequant::chunk<P::kBits>(wv[b][0], c), u = dequant::chunk<P::kBits>(wv[b][1], c);
-          ptx::mma_bf16_16816(d, a.x, u.x, a.y, u.y, xv.x, xv.y);
-          ptx::mma_bf16_16816(d, a.z, u.z, a.w, u.w, xv.z, xv.w);
-        }
+        for (int c = 0; c < kVpl / 8; ++c)
+          mma_chunk<P::kBits>(d, wv[b][0], wv[b][1], c, ptx::ld_shared_16(ptx::smem_u32(xk + 8 * c)));
         mine[0] = fmaf(sc[b][0], d[0], mine[0]);  // D[g][2q]: W1's row
         mine[1] = fmaf(sc[b][1], d[2], mine[1]);  // D[g + 8][2q]: W3's row
       }
@@ -452,7 +459,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   // The mma down step: 16 rows of W2 per group (rows past the warp's end clamped to its last, loaded, not
   // stored), kMmaGroups groups of loads in flight, the first before the activations are exchanged.
   constexpr int kMmaGroups = 4;
-  const int mg = lane / 4, mq = lane % 4;
   const int wr0 = warp * (rows / kWarps), wend = wr0 + rows / kWarps;
   [[maybe_unused]] uint4 mw[kMmaGroups][2];
   [[maybe_unused]] float msc[kMmaGroups][2];
@@ -502,11 +508,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
       for (int b = 0; b < kMmaGroups; ++b) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int c = 0; c < kVpl / 8; ++c) {
-          const uint4 a = dequant::chunk<P::kBits>(cw[b][0], c), u = dequant::chunk<P::kBits>(cw[b][1], c);
-          ptx::mma_bf16_16816(d, a.x, u.x, a.y, u.y, hb[c].x, hb[c].y);
-          ptx::mma_bf16_16816(d, a.z, u.z, a.w, u.w, hb[c].z, hb[c].w);
-        }
+        for (int c = 0; c < kVpl / 8; ++c) mma_chunk<P::kBits>(d, cw[b][0], cw[b][1], c, hb[c]);
         const int ra = rg + 16 * b + mg, rb = ra + 8;
         if (mq == 0) {
           if (ra < wend) sums[ra] = cs[b][0] * d[0];

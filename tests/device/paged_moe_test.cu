@@ -943,8 +943,8 @@ TEST_CASE("split-K decode in the forms a configuration names", "[gpu][small]") {
   check_splitk_form<kernels::SplitkShape{64, 2}>();
   check_splitk_form<kernels::SplitkShape{128, 2}>();
   check_splitk_form<kernels::SplitkShape{128, 1}>();
-  check_splitk_form<kernels::SplitkShape{
-      128, 2, 0, 2}>();  // two W1 / W3 steps in flight per lane of a pair (H = 1280: 2, then 1)
+  // Two W1 / W3 steps in flight per lane of a pair (H = 1280: 2, then 1).
+  check_splitk_form<kernels::SplitkShape{128, 2, 0, 2}>();
 }
 
 TEST_CASE("split-K decode on model shapes", "[gpu][small]") {

@@ -136,10 +136,6 @@ struct Geometry {
   // The down step on mma.sync too where one 16-byte load per lane holds a quarter of a W2 row slice (int4 on
   // 128 features): lane (g, q) reads rows g and g + 8 of each 16 rows of its warp's.
   static constexpr bool kMmaDown = kMma && kFeatures == 4 * kValuesPerLoad;
-  // int4 on mma.sync multiplies the biased values 136 + v (dequant::int4x8_biased: no subtraction) and takes
-  // 136 · Σx of each step's token values out of D (the step sums written with the input row's copy; the
-  // down step's Σ of the cluster's activations once per warp).
-  static constexpr bool kBiasFold = kMma && kBits == 4;
   static_assert(!kMma || (P::kQuantized && kWarpFeatures == 8),
                 "the mma form: quantized experts, 8 features per warp (the A fragment's rows g and g + 8)");
 };
@@ -221,10 +217,10 @@ __device__ __forceinline__ float dot_packed(const uint4& w, const float* x) {
 // D += chunk c (8 values) of two rows' 16-byte quantized loads, dequantised into the A fragment's rows g and
 // g + 8, times the 8 bf16 values of B at the same offsets: the two m16n8k16 products of the fragment trick
 // (k = 2q, 2q + 1 and 2q + 8, 2q + 9 of each are the lane's values 0-1 and 2-3, then 4-5 and 6-7).
-template <quant::Bits kBits, bool kBiased = false>
+template <quant::Bits kBits>
 __device__ __forceinline__ void mma_chunk(float (&d)[4], const uint4& row_g, const uint4& row_g8, int c,
                                           const uint4& b) {
-  const uint4 a = dequant::chunk<kBits, kBiased>(row_g, c), u = dequant::chunk<kBits, kBiased>(row_g8, c);
+  const uint4 a = dequant::chunk<kBits>(row_g, c), u = dequant::chunk<kBits>(row_g8, c);
   ptx::mma_bf16_16816(d, a.x, u.x, a.y, u.y, b.x, b.y);
   ptx::mma_bf16_16816(d, a.z, u.z, a.w, u.w, b.z, b.w);
 }
@@ -307,25 +303,8 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   // loads, so that they stream with them; the down step below reads them from the L2.
   for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
   const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
-  if constexpr (G::kBiasFold) {
-    // With each mma step's 136 · Σx (16 chunks of 8 values: a half warp; H / 8 is a multiple of 16) in
-    // `sums`, which the down step overwrites only after the cluster barrier.
-    for (int base = threadIdx.x - lane; base < H / 8; base += kThreads) {
-      const int i = base + lane;
-      const uint4 v = i < H / 8 ? ptx::ld_cached_16(x + i * 8) : make_uint4(0u, 0u, 0u, 0u);
-      if (i < H / 8) reinterpret_cast<uint4*>(xs)[i] = v;
-      const std::uint32_t ws[4] = {v.x, v.y, v.z, v.w};
-      float s = 0.f;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s += bf16_lo(ws[c]) + bf16_hi(ws[c]);
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane % 16 == 0 && i < H / 8) sums[i / 16] = dequant::kInt4Bias * s;
-    }
-  } else {
-    for (int i = threadIdx.x; i < H / 8; i += kThreads)
-      reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
-  }
+  for (int i = threadIdx.x; i < H / 8; i += kThreads)
+    reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
   __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values
@@ -369,12 +348,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
         const bf16* xk = xs + (st + b) * kMS + mq * kVpl;
 #pragma unroll
         for (int c = 0; c < kVpl / 8; ++c)
-          mma_chunk<P::kBits, G::kBiasFold>(d, wv[b][0], wv[b][1], c,
-                                            ptx::ld_shared_16(ptx::smem_u32(xk + 8 * c)));
-        if constexpr (G::kBiasFold) {
-          const float bias = sums[st + b];  // 136 · the step's Σx
-          d[0] -= bias, d[2] -= bias;
-        }
+          mma_chunk<P::kBits>(d, wv[b][0], wv[b][1], c, ptx::ld_shared_16(ptx::smem_u32(xk + 8 * c)));
         mine[0] = fmaf(sc[b][0], d[0], mine[0]);  // D[g][2q]: W1's row
         mine[1] = fmaf(sc[b][1], d[2], mine[1]);  // D[g + 8][2q]: W3's row
       }
@@ -522,18 +496,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
     uint4 hb[kVpl / 8];
 #pragma unroll
     for (int c = 0; c < kVpl / 8; ++c) hb[c] = ptx::ld_shared_16(ptx::smem_u32(h + mq * kVpl + 8 * c));
-    [[maybe_unused]] float hbias = 0.f;  // 136 · Σ of the kFeatures activations
-    if constexpr (G::kBiasFold) {
-#pragma unroll
-      for (int c = 0; c < kVpl / 8; ++c) {
-        const std::uint32_t ws[4] = {hb[c].x, hb[c].y, hb[c].z, hb[c].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) hbias += bf16_lo(ws[i]) + bf16_hi(ws[i]);
-      }
-      hbias += __shfl_xor_sync(0xffffffffu, hbias, 1);
-      hbias += __shfl_xor_sync(0xffffffffu, hbias, 2);
-      hbias *= dequant::kInt4Bias;
-    }
     for (int rg = wr0; rg < wend; rg += 16 * kMmaGroups) {
       uint4 cw[kMmaGroups][2];
       float cs[kMmaGroups][2];
@@ -546,8 +508,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
       for (int b = 0; b < kMmaGroups; ++b) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int c = 0; c < kVpl / 8; ++c) mma_chunk<P::kBits, G::kBiasFold>(d, cw[b][0], cw[b][1], c, hb[c]);
-        if constexpr (G::kBiasFold) d[0] -= hbias, d[2] -= hbias;
+        for (int c = 0; c < kVpl / 8; ++c) mma_chunk<P::kBits>(d, cw[b][0], cw[b][1], c, hb[c]);
         const int ra = rg + 16 * b + mg, rb = ra + 8;
         if (mq == 0) {
           if (ra < wend) sums[ra] = cs[b][0] * d[0];

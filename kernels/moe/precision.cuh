@@ -131,20 +131,10 @@ __device__ __forceinline__ void int4x8(std::uint32_t w, std::uint32_t (&out)[4])
   }
 }
 
-// int4x8 without the subtraction: the bf16 pairs of 136 + v (exact), for a product whose caller takes
-// 136 · Σx out of its sums (7 instructions for 8 values).
-__device__ __forceinline__ void int4x8_biased(std::uint32_t w, std::uint32_t (&out)[4]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) lop3_and_xor<0x000F000Fu, 0x43084308u>(w >> (4 * k), out[k]);
-}
-inline constexpr float kInt4Bias = 136.0f;  // int4x8_biased's values are v + kInt4Bias
-
 // Eight consecutive values (chunk c of a thread's 16-byte load) as the four bf16x2 words of one 8-value
 // operand chunk, the layout an 8-bf16 load has (x = {v0,v1}, y = {v2,v3}, z = {v4,v5}, w = {v6,v7}).
-// kBiased (int4 only): v + kInt4Bias instead of v (int4x8_biased).
-template <quant::Bits kBits, bool kBiased = false>
+template <quant::Bits kBits>
 __device__ __forceinline__ uint4 chunk(const uint4& raw, int c) {
-  static_assert(!kBiased || kBits == quant::Bits::kInt4, "biased values: int4 only");
   const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
   uint4 out;
   if constexpr (kBits == quant::Bits::kInt8) {  // 16 values: chunk c is words 2c, 2c + 1
@@ -154,10 +144,7 @@ __device__ __forceinline__ uint4 chunk(const uint4& raw, int c) {
     out = make_uint4(a[0], a[1], b[0], b[1]);
   } else {  // 32 values: chunk c is word c
     std::uint32_t a[4];
-    if constexpr (kBiased)
-      int4x8_biased(words[c], a);
-    else
-      int4x8(words[c], a);
+    int4x8(words[c], a);
     out = make_uint4(a[0], a[1], a[2], a[3]);
   }
   return out;

@@ -664,6 +664,12 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   using Split8 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int8>;
   using Split4 = PagedMoe<kernels::Paged, SplitkConfig<>, kernels::Int4>;
   using kernels::SplitkShape;
+  // int4's forms: 128 features in warp pairs on mma.sync, then 64 on 4 warps
+  // (DefaultMoeConfig::splitk_shapes).
+  const SplitkShape int4_pairs = kernels::DefaultMoeConfig::splitk_shapes(4)[0],
+                    int4_quads = kernels::DefaultMoeConfig::splitk_shapes(4)[1];
+  REQUIRE((int4_pairs.features == 128 && int4_pairs.h_split == 2 && int4_pairs.mma));
+  REQUIRE((int4_quads.features == 64 && int4_quads.h_split == 1 && !int4_quads.mma));
   const int pairs64 = Split8::splitk_clusters_at_once(2048, SplitkShape{64, 2}),
             pairs128 = Split8::splitk_clusters_at_once(2048, SplitkShape{128, 2}),
             quads128 = Split8::splitk_clusters_at_once(2048, SplitkShape{128, 1});
@@ -671,9 +677,10 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
       "  quantized split-K clusters at once on this device at H = 2048: int8 %d (64 features, warp pairs), "
       "%d "
       "(128, warp pairs), %d (128, 4 warps); int4 %d (128, warp pairs), %d (64, 4 warps)\n",
-      pairs64, pairs128, quads128, Split4::splitk_clusters_at_once(2048, SplitkShape{128, 2}),
-      Split4::splitk_clusters_at_once(2048, SplitkShape{64, 1}));
+      pairs64, pairs128, quads128, Split4::splitk_clusters_at_once(2048, int4_pairs),
+      Split4::splitk_clusters_at_once(2048, int4_quads));
   CHECK(Split4::splitk_clusters_at_once(2048, SplitkShape{128, 1}) == 0);  // not one of int4's forms
+  CHECK(Split4::splitk_clusters_at_once(2048, SplitkShape{128, 2}) == 0);  // int4's pairs are on mma.sync
   CHECK(Split8::splitk_clusters_at_once(2048, SplitkShape{64, 1}) ==
         0);  // int8's 64 features: warp pairs only
   // int8 takes the first form whose clusters fit: Qwen3-30B-A3B's 96 clusters of 64 or 48 of 128, Qwen1.5-MoE
@@ -695,12 +702,15 @@ TEST_CASE("quantized experts: split-K decode on model shapes", "[gpu][small][qua
   expect(kQwen15, 176);
   expect(kQwen3Next, 88);
   CHECK(Split4::decode_split_shape({.shape = shape_of(kQwen15, 1)}).features == 0);
-  // int4 takes 128 features in pairs where 32 or more such clusters fit (Qwen3's 48), else 64 on 4 warps.
+  // int4 takes 128 features in pairs on mma.sync where 32 or more such clusters fit (Qwen3's 48), else 64 on
+  // 4 warps.
   const SplitkShape q3_int4 = Split4::decode_split_shape({.shape = shape_of(kQwen3, 1)});
-  if (48 <= Split4::splitk_clusters_at_once(2048, SplitkShape{128, 2})) {
-    CHECK((q3_int4.features == 128 && q3_int4.h_split == 2));
-  } else if (96 <= Split4::splitk_clusters_at_once(2048, SplitkShape{64, 1})) {
-    CHECK((q3_int4.features == 64 && q3_int4.h_split == 1));
+  if (48 <= Split4::splitk_clusters_at_once(2048, int4_pairs)) {
+    CHECK(q3_int4 == int4_pairs);
+  } else if (96 <= Split4::splitk_clusters_at_once(2048, int4_quads)) {
+    CHECK(q3_int4 == int4_quads);
+  } else {
+    CHECK(q3_int4.features == 0);
   }
 }
 

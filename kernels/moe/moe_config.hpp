@@ -403,7 +403,9 @@ struct DefaultMoeConfig {
   //    mma.sync (SplitkShape::mma), against the same pairs on scalar fmas, on an H100: 0.885-0.896x on
   //    Qwen3-30B-A3B, Qwen1.5-MoE's routed experts and Qwen3-Next (quantized_h200.md, "int4's split-K on
   //    mma.sync"); int8 on mma.sync lost (its bytes become bf16 through floats: 1.031-1.041x in pairs,
-  //    0.995-1.016x on 4 warps), so it keeps the fmas.
+  //    0.995-1.016x on 4 warps), so it keeps the fmas. On the mma form, biased values (136 + v, 136·Σx
+  //    taken out of D) lost 1.024-1.042x and the first loads issued before the input row 1.061-1.080x
+  //    (quantized_h200.md, "Three follow-ups, measured and lost").
   //  - int8: 64 features with warp pairs splitting H (8 warps: half the products per warp, and twice the
   //    warps per SM at 80 registers, where the 4-warp int8 kernel is bound by each warp's chain of loads and
   //    conversions); then 128 features (one scale group of W2's rows, a 128-byte slice: half the clusters)
@@ -413,7 +415,9 @@ struct DefaultMoeConfig {
   //    128 features with pairs (48 of the 62 clusters they fit); Qwen1.5-MoE with its shared chunks (88
   //    clusters of 128) lost with pairs at 3 blocks per SM (1.045-1.051x) and takes the 4-warp form, the
   //    third choice, where the pairs' 2 blocks per SM hold fewer clusters (docs/results/paged_moe_h200.md,
-  //    "Warp pairs that split H", "int8's warp pairs landed").
+  //    "Warp pairs that split H", "int8's warp pairs landed"). Two W1 / W3 steps in flight in the pairs
+  //    (SplitkShape::steps): 0.993x on 64 features, 1.002-1.004x on 128 (quantized_h200.md, "Three
+  //    follow-ups, measured and lost").
   static constexpr SplitkShapes splitk_shapes(int bits) {
     if (bits == 8) return {SplitkShape{64, 2}, SplitkShape{128, 2}, SplitkShape{128, 1}};
     if (bits == 4) return {SplitkShape{128, 2, 32, 0, true}, SplitkShape{64, 1}, SplitkShape{}};

@@ -292,18 +292,8 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   ptx::cluster_arrive_relaxed();  // this block runs (the others wait for it before writing into it)
   ptx::grid_dependency_wait();    // topk_ids, topk_weights and the input: the previous kernels' output
   ptx::launch_dependents();       // the combine's blocks may take their SMs and wait
-  // The token's input row into shared memory by cp.async, issued before the slot's expert is read: it does
-  // not depend on it, so its round trip overlaps those of topk_ids and the expert's location entries.
-  const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
-#pragma unroll 1
-  for (int i = threadIdx.x; i < H / 8; i += kThreads)
-    ptx::cp_async_16(ptx::smem_u32(xs + i * 8), x + i * 8, 16);
-  ptx::cp_async_commit();
   const int e = slot_expert_of(p, j, slot_id(p, t, j));
-  if (e < 0) {  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
-    ptx::cp_async_wait<0>();
-    return;
-  }
+  if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
   const PackedMatrix w1 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 0), F, H);
   const PackedMatrix w3 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 1), F, H);
   const PackedMatrix w2m = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 2), H, F);
@@ -312,7 +302,9 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   // W2's columns of the block's rows (one line or half of one per row) asked of the L2 before the W1 / W3
   // loads, so that they stream with them; the down step below reads them from the L2.
   for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
-  ptx::cp_async_wait<0>();  // the input row, for every thread
+  const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
+  for (int i = threadIdx.x; i < H / 8; i += kThreads)
+    reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
   __syncthreads();
 
   // Gate/up: the warp's features' W1 and W3 rows, kFeatureGroup at a time, lane l reading values

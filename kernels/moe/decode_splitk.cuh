@@ -292,14 +292,6 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   ptx::cluster_arrive_relaxed();  // this block runs (the others wait for it before writing into it)
   ptx::grid_dependency_wait();    // topk_ids, topk_weights and the input: the previous kernels' output
   ptx::launch_dependents();       // the combine's blocks may take their SMs and wait
-  // The token's input row loaded before the slot's expert is read (it does not depend on it: its round trip
-  // overlaps those of topk_ids and the expert's location entries), stored into shared memory below.
-  const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
-  constexpr int kXLoads = 2;  // per thread; rows longer than kXLoads·kThreads·8 values copy the rest below
-  uint4 xr[kXLoads];
-#pragma unroll
-  for (int u = 0; u < kXLoads; ++u)
-    if (threadIdx.x + u * kThreads < H / 8) xr[u] = ptx::ld_cached_16(x + (threadIdx.x + u * kThreads) * 8);
   const int e = slot_expert_of(p, j, slot_id(p, t, j));
   if (e < 0) return;  // a slot routed outside [0, E): the whole cluster (one slot) leaves, combine skips it
   const PackedMatrix w1 = packed_matrix<P>(Addressing::matrix_base(p.addr, e, 0), F, H);
@@ -310,10 +302,8 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   // W2's columns of the block's rows (one line or half of one per row) asked of the L2 before the W1 / W3
   // loads, so that they stream with them; the down step below reads them from the L2.
   for (int r = threadIdx.x; r < rows; r += kThreads) ptx::prefetch_l2(w2 + r * w2m.row_bytes);
-#pragma unroll
-  for (int u = 0; u < kXLoads; ++u)
-    if (threadIdx.x + u * kThreads < H / 8) reinterpret_cast<uint4*>(xs)[threadIdx.x + u * kThreads] = xr[u];
-  for (int i = threadIdx.x + kXLoads * kThreads; i < H / 8; i += kThreads)
+  const bf16* x = p.input + static_cast<std::int64_t>(t) * H;
+  for (int i = threadIdx.x; i < H / 8; i += kThreads)
     reinterpret_cast<uint4*>(xs)[i] = ptx::ld_cached_16(x + i * 8);
   __syncthreads();
 

@@ -85,11 +85,11 @@ constexpr SplitkShapes shape_choices() {
 }
 
 // What the precision and the kernel's form decide: values per 16-byte load, lanes per W2 row slice, warps,
-// registers.
+// registers. The defaults: the precision's first form on fmas (a form on mma.sync is asked for by name,
+// SplitkShape::mma, as PagedMoe's kSplitkKernel does).
 template <class P, int kFeaturesT = shape_choices<P>()[0].features,
           int kHSplitT = shape_choices<P>()[0].h_split, int kStepsT = shape_choices<P>()[0].steps,
-          bool kMmaT = (shape_choices<P>()[0].mma && kFeaturesT == shape_choices<P>()[0].features &&
-                        kHSplitT == shape_choices<P>()[0].h_split)>
+          bool kMmaT = false>
 struct Geometry {
   static constexpr int kBits = bits_of<P>();
   static constexpr int kValuesPerLoad = 128 / kBits;  // 8 bf16, 16 int8, 32 int4
@@ -267,8 +267,7 @@ __device__ __forceinline__ PackedMatrix packed_matrix(const bf16* base, long lon
 }
 
 template <class Addressing, class P = Bf16, int kFeaturesT = Geometry<P>::kFeatures,
-          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps,
-          bool kMmaT = Geometry<P, kFeaturesT, kHSplitT, kStepsT>::kMma>
+          int kHSplitT = Geometry<P>::kHSplit, int kStepsT = Geometry<P>::kSteps, bool kMmaT = false>
 __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMmaT>::kThreads,
                                   Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMmaT>::kMinBlocks)
     kernel(const __grid_constant__ Params<Addressing> sp) {
@@ -444,6 +443,10 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
   const int end = (warp + 1) * (rows / kWarps);
   const int sub = lane % G::kRowLanes;
   int r0 = warp * (rows / kWarps) + lane / G::kRowLanes;
+  // Row r's scale (quantized experts: the cluster's features lie in one scale group of W2's rows).
+  auto w2_scale = [&](int r) {
+    return load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
+  };
   uint4 next[G::kW2Batch];
   float next_scale[G::kW2Batch];
   auto load_batch = [&](int first) {
@@ -451,14 +454,15 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
     for (int i = 0; i < G::kW2Batch; ++i) {
       const int r = min(first + kR * i, end - kR + lane / G::kRowLanes);
       next[i] = ptx::ld_stream_16(w2 + r * w2m.row_bytes + sub * 16);
-      if constexpr (P::kQuantized)
-        next_scale[i] =
-            load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
+      if constexpr (P::kQuantized) next_scale[i] = w2_scale(r);
     }
   };
   // The mma down step: 16 rows of W2 per group (rows past the warp's end clamped to its last, loaded, not
   // stored), kMmaGroups groups of loads in flight, the first before the activations are exchanged.
   constexpr int kMmaGroups = 4;
+  // The warp's rows [wr0, wend): the same rows as the scalar step's [first r0, end), written apart because
+  // one expression for both changes the measured kernels' SASS (benchmarks/device/splitk_sass_same.py
+  // --all-forms).
   const int wr0 = warp * (rows / kWarps), wend = wr0 + rows / kWarps;
   [[maybe_unused]] uint4 mw[kMmaGroups][2];
   [[maybe_unused]] float msc[kMmaGroups][2];
@@ -469,7 +473,7 @@ __global__ void __launch_bounds__(Geometry<P, kFeaturesT, kHSplitT, kStepsT, kMm
       for (int m = 0; m < 2; ++m) {
         const int r = min(rg + 16 * b + 8 * m + mg, wend - 1);
         mw[b][m] = ptx::ld_stream_16(w2 + r * w2m.row_bytes + mq * 16);
-        msc[b][m] = load_scale(w2m.scales + (row0 + r) * w2m.groups + f0 / static_cast<int>(quant::kGroup));
+        msc[b][m] = w2_scale(r);
       }
   };
   if constexpr (G::kMmaDown)

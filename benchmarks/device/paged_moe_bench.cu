@@ -3,6 +3,9 @@
 // replays (each graph = one layer call per rotating input set, so weights and inputs cycle through more than
 // the 60 MB L2), plus the measured device read and copy bandwidths for the floor. Writes one JSON object;
 // benchmarks/device/report.py merges several processes' files (and the PyTorch matmul rate) into the table.
+// Per configuration the JSON names the path and tile the call chose and, where it took the split-K decode on
+// this device, its form (`splitk`: features of F per cluster, h_split 2 for warp pairs, steps, mma; null
+// otherwise); the log line then says `splitk` where it says the path.
 //
 //   paged_moe_bench --json out.json [--models qwen15,qwen15_shared,qwen3,mixtral] [--tokens 1,3,16,...]
 //                   (also qwen2_57b, qwen3_next: shapes past 8 slots per token,
@@ -197,7 +200,8 @@ struct Between {
 
 struct GraphBase {
   cudaGraphExec_t exec = nullptr;
-  kernels::MoeConfig config{};      // what the layer chose for the first routing set
+  kernels::MoeConfig config{};    // what the layer chose for the first routing set
+  kernels::SplitkShape splitk{};  // the split-K form that set's call takes on this device (features 0: none)
   std::size_t workspace_bytes = 0;  // the largest workspace_size() over the routing sets
   GraphBase() = default;
   GraphBase(const GraphBase&) = delete;
@@ -228,6 +232,7 @@ struct Graph : GraphBase {
       args.push_back(a);
     }
     config = Moe::config(args.front());
+    splitk = Moe::decode_split_shape(args.front());
     workspace = DeviceBuffer<unsigned char>(workspace_bytes);
     // One eager call first (sets kernel attributes outside the capture), then capture one call per set.
     run_all(stream);
@@ -510,6 +515,13 @@ const char* path_name(MoePath p) {
   return p == MoePath::kDecode ? "decode" : p == MoePath::kGroupedMma ? "grouped-mma" : "grouped";
 }
 
+// The split-K form a call took, as the JSON writes it: null where it ran the decode tiles or another path.
+std::string splitk_json(const kernels::SplitkShape& s) {
+  if (s.features == 0) return "null";
+  return "{\"features\": " + std::to_string(s.features) + ", \"h_split\": " + std::to_string(s.h_split) +
+         ", \"steps\": " + std::to_string(s.steps) + ", \"mma\": " + (s.mma ? "true" : "false") + "}";
+}
+
 Placement parse_placement(const std::string& v) {
   if (v == "shuffled") return Placement::kShuffled;
   if (v == "adjacent") return Placement::kAdjacent;
@@ -766,19 +778,22 @@ int main(int argc, char** argv) {
         const int base = first_graph[ci];
         const float mc = median(us[base]);
         const kernels::MoeConfig& chosen = graphs[base]->config;
+        const kernels::SplitkShape& sk = graphs[base]->splitk;
         // The floor of this configuration's bytes: routed experts touched plus the shared chunks.
         const double cfg_bytes = (distinct + shape.num_shared_chunks) * 3.0 * matrix_bytes[ci];
         std::printf("%-14s T=%-6d %-8s tile=%-4d %-9s contiguous %9.2f us (%.2fx the read floor)  paged",
-                    name.c_str(), t, path_name(chosen.path), chosen.tile_tokens, used[ci].c_str(), mc,
-                    mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
+                    name.c_str(), t, sk.features != 0 ? "splitk" : path_name(chosen.path), chosen.tile_tokens,
+                    used[ci].c_str(), mc, mc * 1e-6 / (cfg_bytes / (read_gbs * 1e9)));
         std::fprintf(
             js,
             "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
             "\"grouped_dequant\": %s, \"small_deep\": %s, \"decode_preload\": %s, "
-            "\"workspace_bytes\": %zu, \"expert_bytes\": %.0f, \"contiguous_us\": %.3f, \"paged\": [",
+            "\"splitk\": %s, \"workspace_bytes\": %zu, \"expert_bytes\": %.0f, \"contiguous_us\": %.3f, "
+            "\"paged\": [",
             ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens, chosen.grouped_rows,
             chosen.grouped_dequant ? "true" : "false", chosen.small_deep ? "true" : "false",
-            chosen.decode_preload ? "true" : "false", graphs[base]->workspace_bytes, cfg_bytes, mc);
+            chosen.decode_preload ? "true" : "false", splitk_json(sk).c_str(), graphs[base]->workspace_bytes,
+            cfg_bytes, mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

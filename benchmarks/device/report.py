@@ -21,7 +21,13 @@ DATASHEET_TFLOPS = 989.0  # dense bf16
 def tile(x):
     """A configuration's path and tile as the results tables write it: decode/8, grouped/64, grouped/128×256,
     grouped/128×256+copy (on a dequantised bf16 copy: MoeConfig::grouped_dequant), grouped/64 (8 stages)
-    (MoeConfig::small_deep)."""
+    (MoeConfig::small_deep); split-K/128 pairs, split-K/64, split-K/128 pairs mma, split-K/64 pairs 2 steps
+    where the call took the split-K decode (the bench's `splitk` field; files from before it say decode/8)."""
+    sk = x.get("splitk")
+    if sk:
+        t = f'split-K/{sk["features"]}' + (" pairs" if sk["h_split"] == 2 else "")
+        t += f' {sk["steps"]} steps' if sk.get("steps") else ""
+        return t + (" mma" if sk.get("mma") else "")
     t = f'{x["path"]}/{x["tile_tokens"]}'
     t = t + "×256" if x["path"] != "decode" and x.get("grouped_rows") == 256 else t
     t = t + " (8 stages)" if x.get("small_deep") else t
@@ -100,6 +106,8 @@ def main():
                                   "distinct_experts", "expert_bytes", "flops")}
         row["grouped_rows"] = c0.get("grouped_rows", 128)  # files from before 256-row grouped blocks: 128
         row["small_deep"] = c0.get("small_deep", False)  # 64-token tiles on 8 stages (MoeConfig::small_deep)
+        # The reported configuration's split-K form where its call took one (files from before the field: none).
+        row["splitk"] = c0["configs"][0].get("splitk") if "configs" in c0 else None
         row.update(processes=len(cs), contiguous_us=contig[0], contiguous_sd_us=contig[1],
                    floor_us=floor, floor_memory_us=mem_us, floor_compute_us=cmp_us, floor_datasheet_us=ds_floor,
                    floor_kind="mem" if mem_us >= cmp_us else "math")

@@ -10,7 +10,7 @@ OLD_ROOT / NEW_ROOT: trees holding kernels/ and include/ (NEW_ROOT: this checkou
 template arguments appended after each form's features (a tree whose kernel takes more parameters, e.g. the
 warp-pair form's ", 1"). --all-forms: instead, every form a configuration can name today, with all of the
 kernel's parameters (features, warps per feature group, steps, mma.sync), paged and contiguous: both trees must
-take them. Prints one line per form and exits 1 if any differs.
+take them (--old-args / --new-args do not apply). Prints one line per form and exits 1 if any differs.
 """
 import argparse
 import os
@@ -35,9 +35,7 @@ ALL_FORMS = [(a, p, f"{f}, {h}, {st}, {mma}") for a in ("Paged", "Contiguous") f
 def instructions(root, extra, args, nvdisasm, tmp, tag):
     src, cubin = os.path.join(tmp, f"{tag}.cu"), os.path.join(tmp, f"{tag}.cubin")
     lines = ['#include "moe/addressing.cuh"', '#include "moe/decode_splitk.cuh"', "using namespace amoeba::kernels;"]
-    forms = ALL_FORMS if args.all_forms else FORMS
-    extra = "" if args.all_forms else extra
-    for a, p, f in forms:
+    for a, p, f in ALL_FORMS if args.all_forms else FORMS:
         lines.append(f"template __global__ void splitk::kernel<{a}, {p}, {f}{extra}>("
                      f"const __grid_constant__ splitk::Params<{a}>);")
     open(src, "w").write("\n".join(lines) + "\n")
@@ -69,6 +67,8 @@ def main():
     ap.add_argument("--nvdisasm")
     ap.add_argument("--all-forms", action="store_true")
     args = ap.parse_args()
+    if args.all_forms and (args.old_args or args.new_args):
+        ap.error("--all-forms names every template argument: --old-args / --new-args do not apply")
     nvdisasm = find_nvdisasm(args)
     with tempfile.TemporaryDirectory() as tmp:
         old = instructions(args.old_root, args.old_args, args, nvdisasm, tmp, "old")

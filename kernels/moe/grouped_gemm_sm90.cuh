@@ -163,14 +163,34 @@ __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, i
   slice = local / bucket.expert_tiles;
   tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
 }
+// The unit of the tile list (of `units`, nx slices per tile) that runs `u`-th. The list holds the shared
+// chunks' units first (moe/routing.cuh); they are spread evenly among the routed experts' units, each list
+// keeping its own order: position u runs a chunk's unit where ⌊(u+1)·C/units⌋ passes ⌊u·C/units⌋ (C: the
+// chunks' units), the chunk unit ⌊u·C/units⌋, else routed unit u − ⌊u·C/units⌋. A chunk takes every token,
+// so from ~128 tokens on its tiles read the same weights from the L2 and are bound by the tensor cores, not
+// by DRAM: run among the routed units, they overlap the routed experts' weight stream on every SM instead of
+// holding all SMs at once. The chunks' consecutive units (one weight slice, its token tiles innermost) stay
+// close enough to run at the same time. Without chunks the order is the list's.
+template <class Addressing>
+__device__ __forceinline__ int list_unit(const MoeParams<Addressing>& p, int u, int units, int nx) {
+  const int chunks = p.slots_per_token - p.top_k;
+  if (chunks == 0 || u >= units) return u;
+  const long long spread =
+      static_cast<long long>(chunks) * p.tiles[0].expert_tiles * nx;  // tile 0: chunk 0's
+  const long long before = static_cast<long long>(u) * spread / units;
+  const bool chunk = (static_cast<long long>(u) + 1) * spread / units > before;
+  return static_cast<int>(chunk ? before : spread + (u - before));
+}
+
 // Block (x, y) of a grid (slices, max tiles) → its unit; false for blocks past the work (the grid is sized
 // for the most tiles).
 template <class Addressing>
 __device__ __forceinline__ bool unit_of(const MoeParams<Addressing>& p, WorkTile& tile, int& slice) {
   const int nx = static_cast<int>(gridDim.x);
   const int u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
-  if (u >= *p.num_tiles * nx) return false;
-  unit_at(p, u, nx, tile, slice);
+  const int units = *p.num_tiles * nx;
+  if (u >= units) return false;
+  unit_at(p, list_unit(p, u, units, nx), nx, tile, slice);
   return true;
 }
 
@@ -562,7 +582,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
   tma::release_registers<kTmaProducerRegs>();
   int it = 0;
   for (int n = 0;; ++n) {
-    if (t == 0) next_unit[n & 1] = atomicAdd(tp.unit_counter, 1);
+    if (t == 0) next_unit[n & 1] = list_unit(p, atomicAdd(tp.unit_counter, 1), units, pairs);
     tma::named_sync<128>(1);
     const int u = next_unit[n & 1];
     const int s0 = it % kStages;

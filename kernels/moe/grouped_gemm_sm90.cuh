@@ -23,6 +23,7 @@
 #include "moe/precision.cuh"
 #include "moe/tensor_rows.hpp"
 #include "moe/tma.cuh"
+#include "moe/unit_order.hpp"
 
 namespace amoeba::kernels::grouped {
 
@@ -163,23 +164,15 @@ __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, i
   slice = local / bucket.expert_tiles;
   tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
 }
-// The unit of the tile list (of `units`, nx slices per tile) that runs `u`-th. The list holds the shared
-// chunks' units first (moe/routing.cuh); they are spread evenly among the routed experts' units, each list
-// keeping its own order: position u runs a chunk's unit where ⌊(u+1)·C/units⌋ passes ⌊u·C/units⌋ (C: the
-// chunks' units), the chunk unit ⌊u·C/units⌋, else routed unit u − ⌊u·C/units⌋. A chunk takes every token,
-// so from ~128 tokens on its tiles read the same weights from the L2 and are bound by the tensor cores, not
-// by DRAM: run among the routed units, they overlap the routed experts' weight stream on every SM instead of
-// holding all SMs at once. The chunks' consecutive units (one weight slice, its token tiles innermost) stay
-// close enough to run at the same time. Without chunks the order is the list's.
+// The unit of the tile list (of `units`, nx slices per tile) that runs `u`-th: the shared chunks' units
+// spread over the first MoeConfig::chunk_spread × their count (moe/unit_order.hpp; every chunk has the same
+// tiles, all tokens: tile 0 is chunk 0's first).
 template <class Addressing>
 __device__ __forceinline__ int list_unit(const MoeParams<Addressing>& p, int u, int units, int nx) {
   const int chunks = p.slots_per_token - p.top_k;
-  if (chunks == 0 || u >= units) return u;
-  const long long spread =
-      static_cast<long long>(chunks) * p.tiles[0].expert_tiles * nx;  // tile 0: chunk 0's
-  const long long before = static_cast<long long>(u) * spread / units;
-  const bool chunk = (static_cast<long long>(u) + 1) * spread / units > before;
-  return static_cast<int>(chunk ? before : spread + (u - before));
+  if (chunks == 0 || p.chunk_spread <= 1 || u >= units) return u;
+  return static_cast<int>(unit_order::list_unit(
+      u, units, static_cast<long long>(chunks) * p.tiles[0].expert_tiles * nx, p.chunk_spread));
 }
 
 // Block (x, y) of a grid (slices, max tiles) → its unit; false for blocks past the work (the grid is sized

@@ -54,6 +54,9 @@ struct MoeConfig {
                                // sums the fp32 partials); for one token, where
                                // the top-k experts are distinct. A call whose clusters do not all fit the
                                // device at once takes the decode tiles instead (PagedMoe::decode_splits)
+  int chunk_spread = 1;        // sm_90 grouped path: the shared chunks' units run spread over the first
+                         // chunk_spread × their count of the call's units, among the routed experts'
+                         // (moe/unit_order.hpp); 1: first, the tile list's order; at least 1
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 

@@ -46,6 +46,7 @@ struct MoeParams {
   const float* shared_weights;   // [T] or null (weight 1)
   int num_tokens, hidden, intermediate, num_experts, top_k, slots_per_token;
   int num_slots;
+  int chunk_spread;  // MoeConfig::chunk_spread: the grouped GEMMs' order of the shared chunks' units
   // Workspace, written by routing and the GEMM stages.
   const int* sorted_slot;  // [S] slot index of each row of the expert-sorted order
   const WorkTile* tiles;   // [max_tiles]

@@ -323,6 +323,9 @@ class PagedMoe {
       return Status::error(
           "config.tile_tokens", c.tile_tokens,
           "must be 128 for quantized experts on the grouped path (64-token tiles read bf16)");
+    if (c.chunk_spread < 1)
+      return Status::error("config.chunk_spread", c.chunk_spread,
+                           "must be >= 1 (1: the shared chunks' units first, the tile list's order)");
     if (c.small_deep && !small)
       return Status::error("config.small_deep", 1,
                            "applies to 64-token tiles on the grouped path (kGrouped, tile_tokens = 64) only");
@@ -605,6 +608,7 @@ class PagedMoe {
       p.top_k = s.top_k;
       p.slots_per_token = s.slots_per_token();
       p.num_slots = static_cast<int>(s.num_slots());
+      p.chunk_spread = choice.chunk_spread;
       p.unit_counters = static_cast<int*>(at(lay.unit_counters));
       p.act = static_cast<bf16*>(at(lay.act));
       p.y = static_cast<bf16*>(at(lay.y));

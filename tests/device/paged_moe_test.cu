@@ -1054,6 +1054,27 @@ TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gp
   }
 }
 
+// The shared chunks' units spread among the routed experts' (MoeConfig::chunk_spread, moe/unit_order.hpp):
+// the same units in another order, so equal to the two-block kernel in the tile list's order bit for bit, on
+// the small-batch kernel (37 tokens) and the TMA kernel (300, 3000; Qwen1.5-MoE's 4 chunks at 1024), over
+// twice the chunks' units and over the whole call.
+TEST_CASE("shared chunks' units spread among the routed ones equal the list's order bit for bit",
+          "[gpu][small]") {
+  const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
+  ExpertStore small(tiny, 45, 3);
+  for (int tokens : {37, 300, 3000}) {
+    check_against_two_block<ChunkSpreadConfig<2>>(small, tokens, 2000 + tokens, "chunks over 2x their units");
+    check_against_two_block<ChunkSpreadConfig<kSpreadAll>>(small, tokens, 2000 + tokens, "chunks over all");
+  }
+  check_against_two_block<ChunkSpreadConfig<kSpreadAll>>(small, 300, 2100, "chunks over all, hot expert", 5);
+  ExpertStore qwen15(kQwen15, 47);
+  for (int tokens : {256, 1024}) {
+    check_against_two_block<ChunkSpreadConfig<2>>(qwen15, tokens, 2200 + tokens,
+                                                  "chunks over 2x their units");
+    check_against_two_block<ChunkSpreadConfig<kSpreadAll>>(qwen15, tokens, 2200 + tokens, "chunks over all");
+  }
+}
+
 TEST_CASE("the TMA grouped GEMM equals the two-block grouped GEMM", "[gpu][tma]") {
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};  // 2 and 4 k-steps: fewer than the stages
   ExpertStore small(tiny, 41, 3);

@@ -522,6 +522,31 @@ TEST_CASE("quantized experts: the TMA kernel's 32-token units equal its 128-toke
                                                                            p8.stride()) == 128);
 }
 
+// The shared chunks' units spread among the routed experts' (MoeConfig::chunk_spread): the same units in
+// another order, so equal to the default's (the tile list's order) bit for bit, paged = contiguous and
+// against the reference (check_quant_case), on the TMA kernel (one chunk at 200 and 700 tokens).
+template <class Precision>
+void check_spread_case(const QuantStore& store, int tokens, std::uint64_t seed) {
+  const auto spread = check_quant_case<Precision, ChunkSpreadConfig<kSpreadAll>>(store, tokens, seed,
+                                                                                 MoePath::kGrouped, -1, 256);
+  Runner<kernels::Contiguous, kernels::DefaultMoeConfig, Precision> listed;
+  const auto out = listed.run(make_routing(store.spec, tokens, seed), shape_of(store.spec, tokens),
+                              store.contiguous_args(), MoePath::kAuto, true, store.stride());
+  CHECK(decltype(listed)::Moe::config(listed.args).chunk_spread == 1);
+  INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
+                       << " chunks spread against the list's order");
+  CHECK(std::memcmp(spread.data(), out.data(), out.size() * 2) == 0);
+}
+
+TEST_CASE("quantized experts: shared chunks' units spread among the routed ones equal the list's order",
+          "[gpu][small][quant][tma]") {
+  const QuantStore s8(kSmall, Bits::kInt8, 95), s4(kSmall, Bits::kInt4, 96);
+  for (int tokens : {200, 700}) {
+    check_spread_case<kernels::Int8>(s8, tokens, 4000 + tokens);
+    check_spread_case<kernels::Int4>(s4, tokens, 4100 + tokens);
+  }
+}
+
 TEST_CASE("quantized experts: the TMA kernel's 32-token units on model shapes", "[gpu][models][quant][tma]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 91), s4(m, Bits::kInt4, 92);

@@ -54,10 +54,11 @@
 // default's choice with its grouped GEMM on 256 weight rows per block (the persistent TMA kernel, 128-token
 // tiles) / 128 (the two-block cp.async kernel); tile128: the two-block kernel wherever the default takes
 // kGrouped; small4 / small3 / small8: always on 64-token tiles, the small-batch kernel with 4 stages
-// and 2 blocks per SM, 3 and 3, 8 and 1; spread2 / spread4 / spread-all: the default's choice with the shared
-// chunks' grouped units spread over the first 2 or 4 times their count of each call's units, or over all
-// of them (MoeConfig::chunk_spread; the default runs them first) (these nine at grouped sizes only); int8 /
-// int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do not
+// and 2 blocks per SM, 3 and 3, 8 and 1; spread1 / spread2 / spread4 / spread-all: the default's choice with
+// the shared chunks' grouped units first (the tile list's order), spread over the first 2 or 4 times their
+// count of each call's units, or over all of them (MoeConfig::chunk_spread; the default spreads over twice
+// their count at 256-1024 tokens, DefaultMoeConfig::chunk_spread_of) (these ten at grouped sizes only); int8
+// / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do not
 // matter to the time), their expert bytes the packed ones, every size; int8-decode / int8-grouped (int4
 // alike): the default's quantized choice held to one path; int8-steady: the default's int8 choice with no
 // staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice
@@ -75,7 +76,8 @@
 // (q: 4 warps, p: warp pairs; 64 or 128 features); int4-sk-fma: int4's default forms with the first on
 // scalar fmas instead of mma.sync (SplitkShape::mma; int4-sk-p128 too), int8-sk-p128mma / -q128mma:
 // int8-sk-p128 / -q128 on mma.sync; int8-sk-p64s2 / -p128s2: int8's pairs with two W1 / W3 steps in flight;
-// int8-spread2 / -spread4 / -spread-all (int4 alike): as spread2 … spread-all on quantized experts;
+// int8-spread1 / -spread2 / -spread4 / -spread-all (int4 alike): as spread1 … spread-all on quantized
+// experts;
 // int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the
 // sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
@@ -352,6 +354,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
       {"small3", {&make_graphs<SmallGroupedConfig<3, 3>>, Where::kGrouped}},
       {"small8", {&make_graphs<SmallGroupedConfig<8, 1>>, Where::kGrouped}},
       {"narrow", {&make_graphs<GroupedRowsConfig<128>>, Where::kGrouped}},
+      {"spread1", {&make_graphs<ChunkSpreadConfig<1>>, Where::kGrouped}},
       {"spread2", {&make_graphs<ChunkSpreadConfig<2>>, Where::kGrouped}},
       {"spread4", {&make_graphs<ChunkSpreadConfig<4>>, Where::kGrouped}},
       {"spread-all", {&make_graphs<ChunkSpreadConfig<kSpreadAll>>, Where::kGrouped}}};
@@ -503,6 +506,8 @@ std::map<std::string, QuantFactory> quant_configs() {
        &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 2, 0, 0, true}>>},
       {"int8-sk-q128mma",
        &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 1, 0, 0, true}>>},
+      {"int8-spread1", &make_quant_graph<kernels::Int8, ChunkSpreadConfig<1>>},
+      {"int4-spread1", &make_quant_graph<kernels::Int4, ChunkSpreadConfig<1>>},
       {"int8-spread2", &make_quant_graph<kernels::Int8, ChunkSpreadConfig<2>>},
       {"int4-spread2", &make_quant_graph<kernels::Int4, ChunkSpreadConfig<2>>},
       {"int8-spread4", &make_quant_graph<kernels::Int8, ChunkSpreadConfig<4>>},

@@ -55,8 +55,8 @@ struct MoeConfig {
                                // the top-k experts are distinct. A call whose clusters do not all fit the
                                // device at once takes the decode tiles instead (PagedMoe::decode_splits)
   int chunk_spread = 1;        // sm_90 grouped path: the shared chunks' units run spread over the first
-                         // chunk_spread × their count of the call's units, among the routed experts'
-                         // (moe/unit_order.hpp); 1: first, the tile list's order; at least 1
+                               // chunk_spread × their count of the call's units, among the routed experts'
+                               // (moe/unit_order.hpp); 1: first, the tile list's order; at least 1
   friend constexpr bool operator==(const MoeConfig&, const MoeConfig&) = default;
 };
 
@@ -353,6 +353,7 @@ struct DefaultMoeConfig {
       path = mean_batch(s) < kDecodeMeanBatch ? MoePath::kDecode : MoePath::kGrouped;
     if (path != MoePath::kDecode) {
       MoeConfig c{path, kGroupedTile, 4, 1};
+      c.chunk_spread = chunk_spread_of(s);
       if (path == MoePath::kGrouped && config_detail::fits(mean_batch(s), kSmallGroupedTile)) {
         c.tile_tokens = kSmallGroupedTile;  // the sm_90 kernel's (run() takes 128 on other devices)
         c.small_deep = s.intermediate >= kDeepSmallIntermediate && mean_batch(s) >= kDeepSmallMeanBatch;
@@ -451,6 +452,7 @@ struct DefaultMoeConfig {
     }
     if (path != MoePath::kDecode) {
       MoeConfig c{path, kGroupedTile, 4, 1};
+      c.chunk_spread = chunk_spread_of(s);
       if (path == MoePath::kGrouped && takes_tma_rows(s)) {
         c.grouped_rows = kTmaRows;  // the TMA kernel, weights dequantised in registers (bf16's rule)
       } else if (path == MoePath::kGrouped && small_units) {
@@ -474,6 +476,28 @@ struct DefaultMoeConfig {
         return c;
       }
     return fallback(MoePath::kDecode);
+  }
+
+  // The grouped GEMMs' order of the shared chunks' units (MoeConfig::chunk_spread, moe/unit_order.hpp): at
+  // kChunkSpreadMinTokens to kChunkSpreadMaxTokens tokens spread over the first kChunkSpread times their
+  // count of a call's units, elsewhere first (the tile list's order). A chunk takes every token: from a few
+  // tiles per chunk on, its units read their weights from the L2 and keep the tensor cores busy while the
+  // routed experts' units wait on DRAM, and run first they held every SM at once with DRAM idle. Measured on
+  // an H100 on Qwen1.5-MoE with its 4 chunks (3 processes, the orders side by side in each:
+  // docs/results/paged_moe_h200.md, "Shared chunks spread among the routed experts"): spread over twice
+  // their units, bf16 0.979x / 0.906x / 0.940x the time of chunks first at 256 / 512 / 1024 tokens, int8
+  // 0.977x / 0.972x / 1.001x, int4 1.002x / 0.990x / 0.980x; at 16-128 tokens 1.002-1.003x (bf16), where a
+  // chunk has one or two tiles, and at 4096 tokens 1.045 ± 0.019x (bf16), where every unit is bound by the
+  // tensor cores and the full chunk tiles are best run first; spread over 4x or the whole call gained no more
+  // at 256-1024 and lost more at 16384 (bf16 1.052x, 1.065x).
+  static constexpr int kChunkSpread = 2;
+  static constexpr int kChunkSpreadMinTokens = 256;
+  static constexpr int kChunkSpreadMaxTokens = 1024;
+  static constexpr int chunk_spread_of(const MoeShape& s) {
+    return s.num_shared_chunks > 0 && s.num_tokens >= kChunkSpreadMinTokens &&
+                   s.num_tokens <= kChunkSpreadMaxTokens
+               ? kChunkSpread
+               : 1;
   }
 
  private:
@@ -582,16 +606,20 @@ static_assert([] {
     MoeConfig expected;
   };
   constexpr MoeConfig kUnits32{MoePath::kGrouped, 32, 4, 1, 128, 256};
+  constexpr auto spread = [](MoeConfig c) {  // shared chunks spread at 256-1024 tokens
+    c.chunk_spread = DefaultMoeConfig::kChunkSpread;
+    return c;
+  };
   constexpr Example kExamples[] = {
       {{256, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, kUnits32},
       {{512, 2048, 768, 128, 8, 0}, quant::Bits::kInt4, kUnits32},
-      {{256, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, kUnits32},
+      {{256, 2048, 1408, 60, 4, 4}, quant::Bits::kInt8, spread(kUnits32)},
       {{160, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, kUnits32},
       {{64, 4096, 14336, 8, 2, 0}, quant::Bits::kInt8, kUnits32},
       {{128, 4096, 14336, 8, 2, 0}, quant::Bits::kInt4, kUnits32},
       {{48, 4096, 14336, 8, 2, 0}, quant::Bits::kInt8, {MoePath::kDecode, 16, 4, 1, 128, 128, 2}},
       {{160, 4096, 14336, 8, 2, 0}, quant::Bits::kInt8, {MoePath::kGrouped, 128, 4, 1}},
-      {{512, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, {MoePath::kGrouped, 128, 4, 1}},
+      {{512, 2048, 1408, 60, 4, 4}, quant::Bits::kInt4, spread({MoePath::kGrouped, 128, 4, 1})},
       {{256, 4096, 14336, 8, 2, 0}, quant::Bits::kInt4, {MoePath::kGrouped, 128, 4, 1, 128, 256}},
   };
   for (const Example& e : kExamples)
@@ -648,8 +676,8 @@ static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 768, 128, 8, 0}, M
 // mean routed batch passes 64 tokens and H % 256 == 0: Mixtral at 256, mean 64, above), its 32-token units
 // up to a mean of 36 (kAuto from 14); the two-block kernel where H is no multiple of 256.
 static_assert(DefaultMoeConfig::select_quantized({256, 2176, 1408, 60, 4, 4}, MoePath::kAuto,
-                                                 quant::Bits::kInt8) ==
-              MoeConfig{MoePath::kGrouped, 128, 4, 1});
+                                                 quant::Bits::kInt8)
+                  .grouped_rows == 128);
 // The last decoded and the first grouped sizes (int4): Qwen3 160 / 256 tokens, Mixtral 33 / 64, Qwen1.5
 // with its shared chunks 128 / 256 (shared chunks decode up to 128 tokens), routed-only 160 / 256.
 static_assert([] {
@@ -798,6 +826,19 @@ static_assert(DefaultMoeConfig::select({4096, 2048, 768, 128, 8, 0}, MoePath::kG
               128);
 static_assert(DefaultMoeConfig::select({4096, 2176, 768, 128, 8, 0}, MoePath::kAuto).grouped_rows == 128);
 static_assert(DefaultMoeConfig::select({4096, 2048, 1408, 60, 4, 4}, MoePath::kDecode).tile_tokens == 32);
+// Shared chunks' units spread over twice their count at 256-1024 tokens (Qwen1.5 with its chunks), first
+// below and above, and in layers without chunks; bf16 and quantized alike.
+static_assert(DefaultMoeConfig::select({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 2);
+static_assert(DefaultMoeConfig::select({1024, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 2);
+static_assert(DefaultMoeConfig::select({255, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 1);
+static_assert(DefaultMoeConfig::select({1025, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 1);
+static_assert(DefaultMoeConfig::select({512, 2048, 768, 128, 8, 0}, MoePath::kAuto).chunk_spread == 1);
+static_assert(DefaultMoeConfig::select_quantized({1024, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt4)
+                  .chunk_spread == 2);
+static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+                                                 quant::Bits::kInt8)
+                  .chunk_spread == 1);
 // Every row names a tile that holds its largest expected batch.
 static_assert([] {
   for (const auto& r : DefaultMoeConfig::kDecodeRows)

@@ -1055,23 +1055,37 @@ TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gp
 }
 
 // The shared chunks' units spread among the routed experts' (MoeConfig::chunk_spread, moe/unit_order.hpp):
-// the same units in another order, so equal to the two-block kernel in the tile list's order bit for bit, on
-// the small-batch kernel (37 tokens) and the TMA kernel (300, 3000; Qwen1.5-MoE's 4 chunks at 1024), over
-// twice the chunks' units and over the whole call.
+// the same units in another order, so equal to the tile list's order (chunk_spread 1) bit for bit, paged =
+// contiguous (and against the CPU reference on the tiny shape: check_case), on the small-batch kernel (37
+// tokens; Qwen1.5-MoE's 4 chunks at 256, the default's spread) and the TMA kernel (300, 3000; Qwen1.5-MoE at
+// 1024), over twice the chunks' units (the default's) and over the whole call.
+template <int kSpread>
+void check_spread_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
+  const MoeShape shape = shape_of(store.spec(), tokens);
+  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
+  const auto spread =
+      check_case<ChunkSpreadConfig<kSpread>>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
+  const auto listed =
+      check_case<ChunkSpreadConfig<1>>(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
+  INFO(store.spec().name << " T=" << tokens << " chunks spread over " << kSpread
+                         << "x their units against the list's order");
+  CHECK(std::memcmp(spread.data(), listed.data(), spread.size() * 2) == 0);
+}
+
 TEST_CASE("shared chunks' units spread among the routed ones equal the list's order bit for bit",
           "[gpu][small]") {
   const ModelSpec tiny{"tiny-shared", 8, 2, 256, 128, 1};
   ExpertStore small(tiny, 45, 3);
   for (int tokens : {37, 300, 3000}) {
-    check_against_two_block<ChunkSpreadConfig<2>>(small, tokens, 2000 + tokens, "chunks over 2x their units");
-    check_against_two_block<ChunkSpreadConfig<kSpreadAll>>(small, tokens, 2000 + tokens, "chunks over all");
+    check_spread_case<2>(small, tokens, 2000 + tokens);
+    check_spread_case<kSpreadAll>(small, tokens, 2000 + tokens);
   }
-  check_against_two_block<ChunkSpreadConfig<kSpreadAll>>(small, 300, 2100, "chunks over all, hot expert", 5);
+  check_spread_case<kSpreadAll>(small, 300, 2100, 5);  // one hot expert
   ExpertStore qwen15(kQwen15, 47);
   for (int tokens : {256, 1024}) {
-    check_against_two_block<ChunkSpreadConfig<2>>(qwen15, tokens, 2200 + tokens,
-                                                  "chunks over 2x their units");
-    check_against_two_block<ChunkSpreadConfig<kSpreadAll>>(qwen15, tokens, 2200 + tokens, "chunks over all");
+    REQUIRE(PagedMoe<kernels::Paged>::config({.shape = shape_of(kQwen15, tokens)}).chunk_spread == 2);
+    check_spread_case<2>(qwen15, tokens, 2200 + tokens);
+    check_spread_case<kSpreadAll>(qwen15, tokens, 2200 + tokens);
   }
 }
 

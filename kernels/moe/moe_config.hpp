@@ -452,7 +452,7 @@ struct DefaultMoeConfig {
     }
     if (path != MoePath::kDecode) {
       MoeConfig c{path, kGroupedTile, 4, 1};
-      c.chunk_spread = chunk_spread_of(s);
+      c.chunk_spread = chunk_spread_of(s, true);
       if (path == MoePath::kGrouped && takes_tma_rows(s)) {
         c.grouped_rows = kTmaRows;  // the TMA kernel, weights dequantised in registers (bf16's rule)
       } else if (path == MoePath::kGrouped && small_units) {
@@ -478,24 +478,29 @@ struct DefaultMoeConfig {
     return fallback(MoePath::kDecode);
   }
 
-  // The grouped GEMMs' order of the shared chunks' units (MoeConfig::chunk_spread, moe/unit_order.hpp): at
-  // kChunkSpreadMinTokens to kChunkSpreadMaxTokens tokens spread over the first kChunkSpread times their
-  // count of a call's units, elsewhere first (the tile list's order). A chunk takes every token: from a few
-  // tiles per chunk on, its units read their weights from the L2 and keep the tensor cores busy while the
-  // routed experts' units wait on DRAM, and run first they held every SM at once with DRAM idle. Measured on
-  // an H100 on Qwen1.5-MoE with its 4 chunks (3 processes, the orders side by side in each:
-  // docs/results/paged_moe_h200.md, "Shared chunks spread among the routed experts"): spread over twice
-  // their units, bf16 0.979x / 0.906x / 0.940x the time of chunks first at 256 / 512 / 1024 tokens, int8
-  // 0.977x / 0.972x / 1.001x, int4 1.002x / 0.990x / 0.980x; at 16-128 tokens 1.002-1.003x (bf16), where a
-  // chunk has one or two tiles, and at 4096 tokens 1.045 ± 0.019x (bf16), where every unit is bound by the
-  // tensor cores and the full chunk tiles are best run first; spread over 4x or the whole call gained no more
-  // at 256-1024 and lost more at 16384 (bf16 1.052x, 1.065x).
+  // The grouped GEMMs' order of the shared chunks' units (MoeConfig::chunk_spread, moe/unit_order.hpp):
+  // spread over the first kChunkSpread times their count of a call's units from kChunkSpreadMinTokens tokens
+  // to kChunkSpreadMaxTokens on bf16 experts and to kQuantChunkSpreadMaxTokens on quantized ones, elsewhere
+  // first (the tile list's order). A chunk takes every token: from a few tiles per chunk on, its units read
+  // their weights from the L2 and keep the tensor cores busy while the routed experts' units wait on DRAM;
+  // run first, they held every SM at once with DRAM idle. Where the routed units are bound by the tensor
+  // cores too (bf16 at 4096 tokens; quantized experts, whose units also dequantise, from ~768) nothing is
+  // left to overlap and the full chunk tiles are best started first. Measured on an H100 on Qwen1.5-MoE with
+  // its 4 chunks, 3 processes with the orders side by side, on two leases where two values are given
+  // (docs/results/paged_moe_h200.md, "Shared chunks spread among the routed experts"), spread over twice the
+  // chunks' units against chunks first: bf16 0.995x at 192 tokens, 0.979 / 0.979x at 256, 0.906 / 0.906x at
+  // 512, 0.952x at 768, 0.940 / 0.939x at 1024, 0.950x at 2048, but 1.002-1.004x at 16-128 (a chunk in one or
+  // two 64-token tiles) and 1.045 ± 0.019x at 4096; int8 0.982x at 192, 0.977 / 0.966x at 256, 0.972 /
+  // 0.971x at 512, then 1.018x at 768, 1.001 / 1.007x at 1024; int4 0.996x at 192, 1.002 / 1.003x at 256,
+  // 0.990 / 0.989x at 512, 1.004x at 768, 0.980 / 0.997x at 1024. Spread over 4x or the whole call gained no
+  // more at 256-1024 and lost more at 16384 (bf16 1.052x, 1.065x).
   static constexpr int kChunkSpread = 2;
-  static constexpr int kChunkSpreadMinTokens = 256;
-  static constexpr int kChunkSpreadMaxTokens = 1024;
-  static constexpr int chunk_spread_of(const MoeShape& s) {
-    return s.num_shared_chunks > 0 && s.num_tokens >= kChunkSpreadMinTokens &&
-                   s.num_tokens <= kChunkSpreadMaxTokens
+  static constexpr int kChunkSpreadMinTokens = 192;
+  static constexpr int kChunkSpreadMaxTokens = 2048;
+  static constexpr int kQuantChunkSpreadMaxTokens = 512;
+  static constexpr int chunk_spread_of(const MoeShape& s, bool quantized = false) {
+    const int hi = quantized ? kQuantChunkSpreadMaxTokens : kChunkSpreadMaxTokens;
+    return s.num_shared_chunks > 0 && s.num_tokens >= kChunkSpreadMinTokens && s.num_tokens <= hi
                ? kChunkSpread
                : 1;
   }
@@ -606,7 +611,7 @@ static_assert([] {
     MoeConfig expected;
   };
   constexpr MoeConfig kUnits32{MoePath::kGrouped, 32, 4, 1, 128, 256};
-  constexpr auto spread = [](MoeConfig c) {  // shared chunks spread at 256-1024 tokens
+  constexpr auto spread = [](MoeConfig c) {  // shared chunks spread at 192-512 tokens
     c.chunk_spread = DefaultMoeConfig::kChunkSpread;
     return c;
   };
@@ -826,17 +831,17 @@ static_assert(DefaultMoeConfig::select({4096, 2048, 768, 128, 8, 0}, MoePath::kG
               128);
 static_assert(DefaultMoeConfig::select({4096, 2176, 768, 128, 8, 0}, MoePath::kAuto).grouped_rows == 128);
 static_assert(DefaultMoeConfig::select({4096, 2048, 1408, 60, 4, 4}, MoePath::kDecode).tile_tokens == 32);
-// Shared chunks' units spread over twice their count at 256-1024 tokens (Qwen1.5 with its chunks), first
-// below and above, and in layers without chunks; bf16 and quantized alike.
-static_assert(DefaultMoeConfig::select({256, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 2);
-static_assert(DefaultMoeConfig::select({1024, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 2);
-static_assert(DefaultMoeConfig::select({255, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 1);
-static_assert(DefaultMoeConfig::select({1025, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 1);
+// Shared chunks' units spread over twice their count at 192-2048 tokens on bf16 experts and 192-512 on
+// quantized ones (Qwen1.5 with its chunks), first below and above, and in layers without chunks.
+static_assert(DefaultMoeConfig::select({192, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 2);
+static_assert(DefaultMoeConfig::select({2048, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 2);
+static_assert(DefaultMoeConfig::select({191, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 1);
+static_assert(DefaultMoeConfig::select({2049, 2048, 1408, 60, 4, 4}, MoePath::kAuto).chunk_spread == 1);
 static_assert(DefaultMoeConfig::select({512, 2048, 768, 128, 8, 0}, MoePath::kAuto).chunk_spread == 1);
-static_assert(DefaultMoeConfig::select_quantized({1024, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+static_assert(DefaultMoeConfig::select_quantized({512, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
                                                  quant::Bits::kInt4)
                   .chunk_spread == 2);
-static_assert(DefaultMoeConfig::select_quantized({4096, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
+static_assert(DefaultMoeConfig::select_quantized({1024, 2048, 1408, 60, 4, 4}, MoePath::kAuto,
                                                  quant::Bits::kInt8)
                   .chunk_spread == 1);
 // Every row names a tile that holds its largest expected batch.

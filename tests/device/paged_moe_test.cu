@@ -593,6 +593,12 @@ TEST_CASE("can_implement names the field, the value and the rule, for every rule
   CHECK(sgd.field == "config.decode_stages");
   CHECK(sgd.message.find("decode_stages = 3") != std::string::npos);
   CHECK(sgd.message.find("quantized experts only") != std::string::npos);
+  // The shared chunks' unit order: chunk_spread at least 1 (1: the tile list's order).
+  REQUIRE(PagedMoe<kernels::Paged, ChunkSpreadConfig<1>>::can_implement(small).ok);
+  const kernels::Status scs = PagedMoe<kernels::Paged, ChunkSpreadConfig<0>>::can_implement(small);
+  CHECK(scs.field == "config.chunk_spread");
+  CHECK(scs.message.find("chunk_spread = 0") != std::string::npos);
+  CHECK(scs.message.find(">= 1") != std::string::npos);
   // W2 preloading: bf16 experts on 8-token decode tiles whose down block's rows fit its shared memory.
   REQUIRE(PagedMoe<kernels::Paged, PreloadRuleConfig<8>>::can_implement(small).ok);  // F = 1408: 90 KB
   const kernels::Status spt = PagedMoe<kernels::Paged, PreloadRuleConfig<32>>::can_implement(small);

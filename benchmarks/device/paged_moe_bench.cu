@@ -804,13 +804,13 @@ int main(int argc, char** argv) {
         std::fprintf(
             js,
             "%s{\"config\": \"%s\", \"path\": \"%s\", \"tile_tokens\": %d, \"grouped_rows\": %d, "
-            "\"grouped_dequant\": %s, \"small_deep\": %s, \"decode_preload\": %s, "
+            "\"grouped_dequant\": %s, \"small_deep\": %s, \"decode_preload\": %s, \"chunk_spread\": %d, "
             "\"splitk\": %s, \"workspace_bytes\": %zu, \"expert_bytes\": %.0f, \"contiguous_us\": %.3f, "
             "\"paged\": [",
             ci ? ", " : "", used[ci].c_str(), path_name(chosen.path), chosen.tile_tokens, chosen.grouped_rows,
             chosen.grouped_dequant ? "true" : "false", chosen.small_deep ? "true" : "false",
-            chosen.decode_preload ? "true" : "false", splitk_json(sk).c_str(), graphs[base]->workspace_bytes,
-            cfg_bytes, mc);
+            chosen.decode_preload ? "true" : "false", chosen.chunk_spread, splitk_json(sk).c_str(),
+            graphs[base]->workspace_bytes, cfg_bytes, mc);
         for (int v = 0; v + 1 < graph_count[ci]; ++v) {
           const float mp = median(us[base + 1 + v]);
           std::printf(" %s/%d %+.2f%%", view_names[v].first.c_str(), view_names[v].second,

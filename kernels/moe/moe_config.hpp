@@ -484,16 +484,17 @@ struct DefaultMoeConfig {
   // first (the tile list's order). A chunk takes every token: from a few tiles per chunk on, its units read
   // their weights from the L2 and keep the tensor cores busy while the routed experts' units wait on DRAM;
   // run first, they held every SM at once with DRAM idle. Where the routed units are bound by the tensor
-  // cores too (bf16 at 4096 tokens; quantized experts, whose units also dequantise, from ~768) nothing is
-  // left to overlap and the full chunk tiles are best started first. Measured on an H100 on Qwen1.5-MoE with
-  // its 4 chunks, 3 processes with the orders side by side, on two leases where two values are given
-  // (docs/results/paged_moe_h200.md, "Shared chunks spread among the routed experts"), spread over twice the
-  // chunks' units against chunks first: bf16 0.995x at 192 tokens, 0.979 / 0.979x at 256, 0.906 / 0.906x at
-  // 512, 0.952x at 768, 0.940 / 0.939x at 1024, 0.950x at 2048, but 1.002-1.004x at 16-128 (a chunk in one or
-  // two 64-token tiles) and 1.045 ± 0.019x at 4096; int8 0.982x at 192, 0.977 / 0.966x at 256, 0.972 /
-  // 0.971x at 512, then 1.018x at 768, 1.001 / 1.007x at 1024; int4 0.996x at 192, 1.002 / 1.003x at 256,
-  // 0.990 / 0.989x at 512, 1.004x at 768, 0.980 / 0.997x at 1024. Spread over 4x or the whole call gained no
-  // more at 256-1024 and lost more at 16384 (bf16 1.052x, 1.065x).
+  // cores too (bf16 at 4096 tokens; quantized experts, whose units also dequantise, from ~768) there is
+  // little to overlap. Measured on an H100 on Qwen1.5-MoE with its 4 chunks, 3 processes with the orders side
+  // by side, on up to three leases (docs/results/paged_moe_h200.md, "Shared chunks spread among the routed
+  // experts"), spread over twice the chunks' units against chunks first: bf16 0.995-0.996x at 192 tokens,
+  // 0.979x at 256, 0.906x at 512, 0.952-0.953x at 768, 0.939-0.941x at 1024, 0.947-0.950x at 2048, but
+  // 1.002-1.004x at 16-128 (a chunk in one or two 64-token tiles); int8 0.982-0.990x at 192, 0.964-0.977x at
+  // 256, 0.971-0.972x at 512; int4 0.996-0.997x at 192, 1.001-1.003x at 256, 0.989-0.990x at 512. Where the
+  // units are bound by the tensor cores (bf16 at 4096: 1.022-1.045x; int8 and int4 at 768-4096: 0.980-1.055x)
+  // two measurements of one configuration differ as much (1.029 ± 0.021x, 0.981 ± 0.005x), so the chunks
+  // stay first there. Spread over 4x or the whole call gained no more at 256-1024 (bf16 1.052x, 1.065x at
+  // 16384).
   static constexpr int kChunkSpread = 2;
   static constexpr int kChunkSpreadMinTokens = 192;
   static constexpr int kChunkSpreadMaxTokens = 2048;

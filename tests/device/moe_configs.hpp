@@ -80,24 +80,6 @@ struct DequantConfig {
   }
 };
 
-// DefaultMoeConfig's choice with the shared chunks' grouped units spread over the first kSpread × their
-// count of each call's units (MoeConfig::chunk_spread, moe/unit_order.hpp), bf16 and quantized experts.
-template <int kSpread>
-struct ChunkSpreadConfig {
-  static constexpr kernels::MoeConfig select(const kernels::MoeShape& s, kernels::MoePath requested) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select(s, requested);
-    c.chunk_spread = kSpread;
-    return c;
-  }
-  static constexpr kernels::MoeConfig select_quantized(const kernels::MoeShape& s, kernels::MoePath requested,
-                                                       kernels::quant::Bits bits) {
-    kernels::MoeConfig c = kernels::DefaultMoeConfig::select_quantized(s, requested, bits);
-    c.chunk_spread = kSpread;
-    return c;
-  }
-};
-inline constexpr int kSpreadAll = 1 << 20;  // chunk_spread past any call's units: over the whole call
-
 // DefaultMoeConfig's choice with the sm_90 grouped GEMM's blocks kRows weight rows wide (128: the two-block
 // cp.async kernel; 256: the persistent TMA kernels, bf16 or quantized, on 128-token tiles).
 template <int kRows>
@@ -178,6 +160,20 @@ struct DefaultWith {
     return Tweak::apply(s, kernels::DefaultMoeConfig::select_quantized(s, held(requested), bits));
   }
 };
+
+// DefaultMoeConfig's choice with the shared chunks' grouped units spread over the first kSpread × their
+// count of each call's units (MoeConfig::chunk_spread, moe/unit_order.hpp; 1: first, the tile list's order),
+// bf16 and quantized experts.
+template <int kSpread>
+struct SpreadChunks {
+  static constexpr kernels::MoeConfig apply(const kernels::MoeShape&, kernels::MoeConfig c) {
+    c.chunk_spread = kSpread;
+    return c;
+  }
+};
+template <int kSpread>
+using ChunkSpreadConfig = DefaultWith<SpreadChunks<kSpread>>;
+inline constexpr int kSpreadAll = 1 << 20;  // chunk_spread past any call's units: over the whole call
 
 // DefaultMoeConfig's choice with no W2 preloading (MoeConfig::decode_preload off where the default sets it).
 struct NoPreload {

@@ -188,6 +188,33 @@ TEST_CASE("quantized: decode up to a crossover, grouped from there, never back",
     }
 }
 
+// The shared chunks' unit order (MoeConfig::chunk_spread): spread over twice their units only on the grouped
+// path of a layer with chunks, at kChunkSpreadMinTokens..kChunkSpreadMaxTokens tokens (bf16) and
+// ..kQuantChunkSpreadMaxTokens (int8, int4); first (1) everywhere else, every precision, every path.
+TEST_CASE("chunk spread: twice the chunks' units inside the measured ranges, first elsewhere",
+          "[moe_config]") {
+  for (const Model& m : models()) {
+    for (int t = 1; t <= 32768; ++t) {
+      MoeShape s = m.shape;
+      s.num_tokens = t;
+      for (MoePath requested : {MoePath::kAuto, MoePath::kDecode, MoePath::kGrouped}) {
+        INFO(m.name << " T=" << t << " path " << static_cast<int>(requested));
+        const MoeConfig b = DefaultMoeConfig::select(s, requested);
+        const bool bf16_range =
+            t >= DefaultMoeConfig::kChunkSpreadMinTokens && t <= DefaultMoeConfig::kChunkSpreadMaxTokens;
+        const bool quant_range =
+            t >= DefaultMoeConfig::kChunkSpreadMinTokens && t <= DefaultMoeConfig::kQuantChunkSpreadMaxTokens;
+        const bool chunks = s.num_shared_chunks > 0;
+        REQUIRE(b.chunk_spread == (chunks && b.path != MoePath::kDecode && bf16_range ? 2 : 1));
+        for (Bits bits : {Bits::kInt8, Bits::kInt4}) {
+          const MoeConfig q = DefaultMoeConfig::select_quantized(s, requested, bits);
+          REQUIRE(q.chunk_spread == (chunks && q.path != MoePath::kDecode && quant_range ? 2 : 1));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("DequantPrefillMoeConfig: the default's choice, on a bf16 copy only for grouped prefills >= 16384",
           "[moe_config]") {
   using amoeba::kernels::DequantPrefillMoeConfig;

@@ -164,15 +164,20 @@ __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, i
   slice = local / bucket.expert_tiles;
   tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
 }
-// The unit of the tile list (of `units`, nx slices per tile) that runs `u`-th: the shared chunks' units
-// spread over the first MoeConfig::chunk_spread × their count (moe/unit_order.hpp; every chunk has the same
-// tiles, all tokens: tile 0 is chunk 0's first).
+// The shared chunks' units among a call's `units` (nx slices per tile) where the call spreads them
+// (MoeConfig::chunk_spread > 1), else 0: every chunk has the same tiles (all tokens), and tile 0 is chunk 0's
+// first. Read once per block, after the grid dependency wait (routing wrote the tiles).
 template <class Addressing>
-__device__ __forceinline__ int list_unit(const MoeParams<Addressing>& p, int u, int units, int nx) {
+__device__ __forceinline__ long long spread_chunk_units(const MoeParams<Addressing>& p, int units, int nx) {
   const int chunks = p.slots_per_token - p.top_k;
-  if (chunks == 0 || p.chunk_spread <= 1 || u >= units) return u;
-  return static_cast<int>(unit_order::list_unit(
-      u, units, static_cast<long long>(chunks) * p.tiles[0].expert_tiles * nx, p.chunk_spread));
+  if (chunks == 0 || p.chunk_spread <= 1 || units == 0) return 0;
+  return static_cast<long long>(chunks) * p.tiles[0].expert_tiles * nx;
+}
+// The unit of the tile list that runs `u`-th (moe/unit_order.hpp); u past the work stays as it is.
+template <class Addressing>
+__device__ __forceinline__ int list_unit(const MoeParams<Addressing>& p, int u, int units,
+                                         long long chunk_units) {
+  return u >= units ? u : static_cast<int>(unit_order::list_unit(u, units, chunk_units, p.chunk_spread));
 }
 
 // Block (x, y) of a grid (slices, max tiles) → its unit; false for blocks past the work (the grid is sized
@@ -183,7 +188,7 @@ __device__ __forceinline__ bool unit_of(const MoeParams<Addressing>& p, WorkTile
   const int u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
   const int units = *p.num_tiles * nx;
   if (u >= units) return false;
-  unit_at(p, list_unit(p, u, units, nx), nx, tile, slice);
+  unit_at(p, list_unit(p, u, units, spread_chunk_units(p, units, nx)), nx, tile, slice);
   return true;
 }
 
@@ -573,9 +578,10 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const MoeParams<Addressing>& p = tp.moe;
   tma::release_registers<kTmaProducerRegs>();
+  const long long chunk_units = t == 0 ? spread_chunk_units(p, units, pairs) : 0;  // thread 0 takes the units
   int it = 0;
   for (int n = 0;; ++n) {
-    if (t == 0) next_unit[n & 1] = list_unit(p, atomicAdd(tp.unit_counter, 1), units, pairs);
+    if (t == 0) next_unit[n & 1] = list_unit(p, atomicAdd(tp.unit_counter, 1), units, chunk_units);
     tma::named_sync<128>(1);
     const int u = next_unit[n & 1];
     const int s0 = it % kStages;

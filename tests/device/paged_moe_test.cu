@@ -1018,11 +1018,16 @@ TEST_CASE("decode tiles on model shapes", "[gpu][small]") {
 // (grouped::gemm_tma_kernel, 256-row blocks) run the two-block kernel's wgmma steps on the same token and
 // weight rows, only copied and scheduled differently: Config's outputs must equal the two-block kernel's
 // (GroupedTileConfig<128>) bit for bit.
+// Whether check_case also runs the CPU reference for `tokens` tokens of `store` (tiny shapes only: it is
+// slow).
+bool cpu_reference_fits(const ExpertStore& store, int tokens) {
+  return store.spec().hidden <= 256 && tokens <= 300;
+}
 template <class Config>
 void check_against_two_block(ExpertStore& store, int tokens, std::uint64_t seed, const std::string& what,
                              int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec(), tokens);
-  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
+  const bool cpu = cpu_reference_fits(store, tokens);
   const auto out = check_case<Config>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
   const auto two_block =
       check_case<GroupedTileConfig<128>>(store, shape, MoePath::kGrouped, false, 8, seed, hot_expert);
@@ -1068,7 +1073,7 @@ TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gp
 template <int kSpread>
 void check_spread_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
   const MoeShape shape = shape_of(store.spec(), tokens);
-  const bool cpu = store.spec().hidden <= 256 && tokens <= 300;
+  const bool cpu = cpu_reference_fits(store, tokens);
   const auto spread =
       check_case<ChunkSpreadConfig<kSpread>>(store, shape, MoePath::kGrouped, cpu, 32, seed, hot_expert);
   const auto listed =

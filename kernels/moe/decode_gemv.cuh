@@ -254,19 +254,6 @@ constexpr std::int64_t preload_smem_bytes(int K) {
   return kDownRows * preload_pitch(K);
 }
 
-// The work tile, read from the L2 (past L1) before this kernel's dependency wait: routing wrote it, and its
-// kernel completed before the gate/up kernel let this one start (programmatic dependent launch), but this
-// SM's L1 may hold a previous layer call's copy.
-__device__ __forceinline__ WorkTile load_tile_l2(const WorkTile* t) {
-  static_assert(sizeof(WorkTile) % 16 == 0);
-  WorkTile tile;
-  const uint4* src = reinterpret_cast<const uint4*>(t);
-  uint4* dst = reinterpret_cast<uint4*>(&tile);
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(WorkTile) / 16); ++i) dst[i] = __ldcg(src + i);
-  return tile;
-}
-
 // kPreload (bf16 down stage only): the block copies its 32 W2 rows into shared memory (cp.async, whole
 // 16-byte chunks in row order, so each warp instruction covers 512 contiguous bytes) before it waits for the
 // gate/up kernel, so the down weights stream while gate/up still runs (the down blocks start early,

@@ -144,6 +144,22 @@ struct StageLoader {
       ptx::cp_async_commit();
     }
   }
+  // The prologue's stages with B's copies issued before `wait()` and A's after it, one commit group per step
+  // as prologue()'s (B's copies join step 0's group): the down stage's weight rows do not depend on the
+  // gate/up kernel, so they can stream before the kernel waits for it; its `act` rows do.
+  template <class Wait>
+  __device__ __forceinline__ void prologue_weights_first(bf16* smem_a, bf16* smem_b, int k_tiles,
+                                                         Wait wait) const {
+#pragma unroll
+    for (int s = 0; s < kStagesN - 1; ++s)
+      if (s < k_tiles) b.load(smem_b + s * kBTile, s);
+    wait();
+#pragma unroll
+    for (int s = 0; s < kStagesN - 1; ++s) {
+      if (s < k_tiles) a.load(smem_a + s * kATile, s);
+      ptx::cp_async_commit();
+    }
+  }
   // Iteration kt's refill, once every thread is past step kt − 1: step kt + kStagesN − 1 into step kt − 1's
   // stage, one commit group (empty past the last step).
   __device__ __forceinline__ void refill(bf16* smem_a, bf16* smem_b, int kt, int k_tiles) const {

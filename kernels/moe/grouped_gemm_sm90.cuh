@@ -155,23 +155,28 @@ inline constexpr int wgmma_smem_bytes() {
 static_assert(2 * (wgmma_smem_bytes<Int8>() + 1024) <= 228 * 1024, "two quantized blocks must fit one SM");
 
 // Unit u of nx slices per work tile (u < tiles · nx) → its work tile and weight slice, expert-major: an
-// expert's units run slice by slice, token tiles innermost.
-template <class Addressing>
+// expert's units run slice by slice, token tiles innermost. kL2: the tile list read from the L2, before the
+// kernel's dependency wait (routed_int, load_tile_l2).
+template <bool kL2 = false, class Addressing>
 __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, int nx, WorkTile& tile,
                                         int& slice) {
   const WorkTile& bucket = p.tiles[u / nx];
-  const int local = u - bucket.first_tile * nx;
-  slice = local / bucket.expert_tiles;
-  tile = p.tiles[bucket.first_tile + local % bucket.expert_tiles];
+  const int first = routed_int<kL2>(bucket.first_tile), count = routed_int<kL2>(bucket.expert_tiles);
+  const int local = u - first * nx;
+  slice = local / count;
+  if constexpr (kL2)
+    tile = load_tile_l2(p.tiles + first + local % count);
+  else
+    tile = p.tiles[first + local % count];
 }
 // The shared chunks' units among a call's `units` (nx slices per tile) where the call spreads them
 // (MoeConfig::chunk_spread > 1), else 0: every chunk has the same tiles (all tokens), and tile 0 is chunk 0's
 // first. Read once per block, after the grid dependency wait (routing wrote the tiles).
-template <class Addressing>
+template <bool kL2 = false, class Addressing>
 __device__ __forceinline__ long long spread_chunk_units(const MoeParams<Addressing>& p, int units, int nx) {
   const int chunks = p.slots_per_token - p.top_k;
   if (chunks == 0 || p.chunk_spread <= 1 || units == 0) return 0;
-  return static_cast<long long>(chunks) * p.tiles[0].expert_tiles * nx;
+  return static_cast<long long>(chunks) * routed_int<kL2>(p.tiles[0].expert_tiles) * nx;
 }
 // The unit of the tile list that runs `u`-th (moe/unit_order.hpp); u past the work stays as it is.
 template <class Addressing>
@@ -181,14 +186,14 @@ __device__ __forceinline__ int list_unit(const MoeParams<Addressing>& p, int u, 
 }
 
 // Block (x, y) of a grid (slices, max tiles) → its unit; false for blocks past the work (the grid is sized
-// for the most tiles).
-template <class Addressing>
+// for the most tiles). kL2: read from the L2, before the kernel's dependency wait.
+template <bool kL2 = false, class Addressing>
 __device__ __forceinline__ bool unit_of(const MoeParams<Addressing>& p, WorkTile& tile, int& slice) {
   const int nx = static_cast<int>(gridDim.x);
   const int u = static_cast<int>(blockIdx.y) * nx + static_cast<int>(blockIdx.x);
-  const int units = *p.num_tiles * nx;
+  const int units = routed_int<kL2>(*p.num_tiles) * nx;
   if (u >= units) return false;
-  unit_at(p, list_unit(p, u, units, spread_chunk_units(p, units, nx)), nx, tile, slice);
+  unit_at<kL2>(p, list_unit(p, u, units, spread_chunk_units<kL2>(p, units, nx)), nx, tile, slice);
   return true;
 }
 
@@ -450,18 +455,28 @@ __global__ void __launch_bounds__(kThreads, 2)
 // kStagesT − 1 steps ahead instead of 2: more of the weight stream in flight for the memory-bound small
 // batches. The k order of every output is the two-block kernel's (the same four wgmma per 64-k step on the
 // same 64 token rows), so the results are bit-identical to it.
+// Early weights (kEarlyWeightsT, the down stage): the block finds its unit in the tile list (from the L2) and
+// issues its prologue's W2 copies before it waits for the gate/up kernel, then its `act` rows' after. The
+// down kernel's blocks start on the SMs gate/up's last blocks leave free (programmatic dependent launch), so
+// their first weight stages stream while gate/up's tail still runs instead of after it. The same copies
+// into the same stages: the results are unchanged.
 inline constexpr int kSmallM = 64;
 inline constexpr int kSmallThreads = 128;
 template <int kStagesT>
 inline constexpr int kSmallSmemBytes = kStagesT*(kSmallM + kBlockN) * kBlockK * 2 + 1024;
 
-template <class Addressing, Stage kStage, int kStagesT, int kMinBlocksT>
+template <class Addressing, Stage kStage, int kStagesT, int kMinBlocksT, bool kEarlyWeightsT = true>
 __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
     gemm_wgmma_small_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   static_assert(kStagesT >= 2, "at least one step in flight");
+  constexpr bool kEarly = kEarlyWeightsT && kStage == Stage::kDown;
   WorkTile tile;
   int slice;
-  if (!begin_unit(p, tile, slice)) return;
+  if constexpr (kEarly) {
+    if (!unit_of<true>(p, tile, slice)) return;
+  } else {
+    if (!begin_unit(p, tile, slice)) return;
+  }
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   using Loader = StageLoader<kStage, kSmallThreads, kSmallM, kStagesT>;
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][64][64]
@@ -475,7 +490,13 @@ __global__ void __launch_bounds__(kSmallThreads, kMinBlocksT)
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  loader.prologue(smem_a, smem_b, k_tiles);
+  if constexpr (kEarly)
+    loader.prologue_weights_first(smem_a, smem_b, k_tiles, [] {
+      ptx::grid_dependency_wait();  // act: written by the gate/up kernel
+      ptx::launch_dependents();
+    });
+  else
+    loader.prologue(smem_a, smem_b, k_tiles);
   for (int kt = 0; kt < k_tiles; ++kt) {
     ptx::cp_async_wait<kStagesT - 2>();  // step kt's copies, this thread's
     wgmma::fence_proxy_async();          // ... visible to wgmma's proxy
@@ -767,11 +788,12 @@ struct Sm90Gemm {
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_wgmma_kernel<kDown>";
 };
-template <class Addressing, int kStagesT, int kMinBlocksT>
+template <class Addressing, int kStagesT, int kMinBlocksT, bool kEarlyWeightsT = true>
 struct Sm90SmallGemm {
   static_assert(kMinBlocksT * (kSmallSmemBytes<kStagesT> + 1024) <= 228 * 1024, "the blocks must fit one SM");
   template <Stage kStage>
-  static constexpr auto kKernel = &gemm_wgmma_small_kernel<Addressing, kStage, kStagesT, kMinBlocksT>;
+  static constexpr auto kKernel =
+      &gemm_wgmma_small_kernel<Addressing, kStage, kStagesT, kMinBlocksT, kEarlyWeightsT>;
   static constexpr int kSmem = kSmallSmemBytes<kStagesT>;
   static constexpr int kThreads = kSmallThreads;
   static constexpr const char* kGateUpName = "grouped::gemm_wgmma_small_kernel<kGateUp>";

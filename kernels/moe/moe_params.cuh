@@ -36,6 +36,28 @@ struct alignas(16) WorkTile {
   int expert_tiles;
 };
 
+// Routing's outputs read from the L2 (past L1) before a kernel's dependency wait: routing's kernel completed
+// before the gate/up kernel let a down-stage kernel start (programmatic dependent launch: gate/up's blocks
+// trigger it only after their own wait), but this SM's L1 may hold a previous layer call's copy. The work
+// tile (whole, in 16-byte loads) and one int of it or of the tile count.
+__device__ __forceinline__ WorkTile load_tile_l2(const WorkTile* t) {
+  static_assert(sizeof(WorkTile) % 16 == 0);
+  WorkTile tile;
+  const uint4* src = reinterpret_cast<const uint4*>(t);
+  uint4* dst = reinterpret_cast<uint4*>(&tile);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(WorkTile) / 16); ++i) dst[i] = __ldcg(src + i);
+  return tile;
+}
+// `x` read through L1 (kL2 = false: after the dependency wait, as every kernel reads it) or from the L2.
+template <bool kL2>
+__device__ __forceinline__ int routed_int(const int& x) {
+  if constexpr (kL2)
+    return __ldcg(&x);
+  else
+    return x;
+}
+
 template <expert_addressing Addressing>
 struct MoeParams {
   typename Addressing::Params addr;

@@ -203,6 +203,21 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
+// Whether the small-batch grouped GEMM's down blocks issue their first W2 copies before they wait for the
+// gate/up kernel (grouped::gemm_wgmma_small_kernel's kEarlyWeightsT): the configuration's kSmallEarlyWeights
+// where it has it, else yes.
+template <class Config>
+struct small_early_weights_of {
+  static constexpr bool value = true;
+};
+template <class Config>
+requires requires {
+  Config::kSmallEarlyWeights;
+}
+struct small_early_weights_of<Config> {
+  static constexpr bool value = Config::kSmallEarlyWeights;
+};
+
 // Whether the configuration may choose MoeConfig::grouped_dequant (Config::kDequantWorkspace = true): then
 // PagedMoe's workspace holds the bf16 copy of a layer's experts.
 template <class Config>
@@ -664,11 +679,12 @@ class PagedMoe {
       // one.
       using Narrow = grouped::Sm90Gemm<Addressing, Precision>;
       using SmallShape = detail::small_gemm_of<Config>;
-      using Small =
-          std::conditional_t<Precision::kQuantized, Narrow,
-                             grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks>>;
+      constexpr bool kEarly = detail::small_early_weights_of<Config>::value;
+      using Small = std::conditional_t<
+          Precision::kQuantized, Narrow,
+          grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks, kEarly>>;
       using SmallDeep = std::conditional_t<Precision::kQuantized, Narrow,
-                                           grouped::Sm90SmallGemm<Addressing, kDeepSmallStages, 1>>;
+                                           grouped::Sm90SmallGemm<Addressing, kDeepSmallStages, 1, kEarly>>;
       if (Status st = uses_tma(choice)
                           ? run_tma<Addressing, Precision>(p, s, choice, grid_tiles, dev, stream,
                                                            static_cast<bf16*>(at(lay.permuted_input)))

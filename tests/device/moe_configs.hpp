@@ -175,6 +175,13 @@ template <int kSpread>
 using ChunkSpreadConfig = DefaultWith<SpreadChunks<kSpread>>;
 inline constexpr int kSpreadAll = 1 << 20;  // chunk_spread past any call's units: over the whole call
 
+// DefaultMoeConfig with the small-batch grouped GEMM's down blocks copying their first W2 stages only after
+// they wait for the gate/up kernel (kSmallEarlyWeights = false; PagedMoe's default copies them before:
+// grouped::gemm_wgmma_small_kernel's early weights).
+struct LateWeightsConfig : kernels::DefaultMoeConfig {
+  static constexpr bool kSmallEarlyWeights = false;
+};
+
 // DefaultMoeConfig's choice with no W2 preloading (MoeConfig::decode_preload off where the default sets it).
 struct NoPreload {
   static constexpr kernels::MoeConfig apply(const kernels::MoeShape&, kernels::MoeConfig c) {

@@ -360,7 +360,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
       {"spread2", {&make_graphs<ChunkSpreadConfig<2>>, Where::kGrouped}},
       {"spread4", {&make_graphs<ChunkSpreadConfig<4>>, Where::kGrouped}},
       {"spread-all", {&make_graphs<ChunkSpreadConfig<kSpreadAll>>, Where::kGrouped}},
-      {"late-w2", {&make_graphs<LateWeightsConfig>, Where::kGrouped}}};
+      {"late-w2", {&make_graphs<LateWeightsConfig>, Where::kEvery}}};
 }
 
 // Writes `value` into n bf16 scales.
@@ -509,6 +509,8 @@ std::map<std::string, QuantFactory> quant_configs() {
        &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 2, 0, 0, true}>>},
       {"int8-sk-q128mma",
        &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 1, 0, 0, true}>>},
+      {"int8-late-w2", &make_quant_graph<kernels::Int8, LateWeightsConfig>},
+      {"int4-late-w2", &make_quant_graph<kernels::Int4, LateWeightsConfig>},
       {"int8-spread1", &make_quant_graph<kernels::Int8, ChunkSpreadConfig<1>>},
       {"int4-spread1", &make_quant_graph<kernels::Int4, ChunkSpreadConfig<1>>},
       {"int8-spread2", &make_quant_graph<kernels::Int8, ChunkSpreadConfig<2>>},

@@ -97,13 +97,15 @@ constexpr std::int64_t reduction_bytes() {
 // The quantized main loop: fills acc (as the bf16 one does) for the block's two row tiles. `rows[r]`: the
 // first byte of row tile r's first row; `scales[r]`: its first row's first scale; `tok[nt]`: token row
 // (nt·8 + g)'s element 0 (the activations, bf16); `smem`: a staged tile's shared memory (staged_smem_bytes).
-template <class P, class T>
+// `wait` (the early down stage, else nothing): called once by every thread, after its first steps' weight
+// and scale loads are issued and before any token load.
+template <class P, class T, bool kEarly = false, class Wait>
 __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&rows)[kRowTiles],
                                                    const bf16* const (&scales)[kRowTiles],
                                                    const bf16* const (&tok)[T::kTokTiles], int K,
                                                    std::int64_t row_bytes, int groups, int warp, int g, int q,
                                                    float (&acc)[kRowTiles][T::kTokTiles][4],
-                                                   unsigned char* smem) {
+                                                   unsigned char* smem, Wait wait) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   constexpr int kStep = P::kKStep, kValues = P::kValuesPerLoad, kChunks = kValues / 8;
   constexpr int kBytesPerStep = kStep * static_cast<int>(quant::bit_count(P::kBits)) / 8;
@@ -127,7 +129,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
     lo_row[r] = rows[r] + g * row_bytes;
     hi_row[r] = rows[r] + (g + 8) * row_bytes;
   }
-  auto load = [&](Step& st, int i) {  // the warp's step i (< my_steps)
+  auto load_weights = [&](Step& st, int i) {  // the warp's step i (< my_steps): rows and scales
     const QuantStep w = where(i);
     const int group = w.group(kValuesPerByte);
 #pragma unroll
@@ -137,10 +139,17 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       st.slo[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g) * groups + group]);
       st.shi[r] = __bfloat162float(scales[r][static_cast<std::int64_t>(g + 8) * groups + group]);
     }
+  };
+  auto load_tokens = [&](Step& st, int i) {
+    const QuantStep w = where(i);
 #pragma unroll
     for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) st.b[nt][c] = ptx::ld_cached_16(tok[nt] + w.k + 8 * c);
+  };
+  auto load = [&](Step& st, int i) {
+    load_weights(st, i);
+    load_tokens(st, i);
   };
   // The step's MMAs into fresh partial sums, then scaled into acc: element e of a fragment is row
   // g + 8·(e/2), the low or the high row's scale.
@@ -182,7 +191,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
           ptx::cp_async_cached_16(ptx::smem_u32(sc) + 32 * groups * r + 16 * c,
                                   reinterpret_cast<const unsigned char*>(scales[r]) + 16 * c);
     }
-    auto issue = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS
+    auto issue_weights = [&](int i) {  // the warp's step i (< my_steps) into slot i % kS: rows
       const QuantStep w = where(i);
       const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);  // step i's
 #pragma unroll
@@ -190,16 +199,36 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
         ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r) * kOpBytes, lo_row[r] + w.byte);
         ptx::cp_async_stream_16<T::kPrefetch>(slot + (2 * r + 1) * kOpBytes, hi_row[r] + w.byte);
       }
+    };
+    auto issue_tokens = [&](int i) {
+      const QuantStep w = where(i);
+      const std::uint32_t slot = slots + (i % kS) * (kOps * kOpBytes);
 #pragma unroll
       for (int nt = 0; nt < kTokTiles; ++nt)
 #pragma unroll
         for (int c = 0; c < kChunks; ++c)
           ptx::cp_async_cached_16(slot + (kTokOp + nt * kChunks + c) * kOpBytes, tok[nt] + w.k + 8 * c);
     };
+    auto issue = [&](int i) {
+      issue_weights(i);
+      issue_tokens(i);
+    };
+    if constexpr (kEarly) {  // the first kS steps' rows (and the scales) join group 0; then the tokens
 #pragma unroll
-    for (int i = 0; i < kS; ++i) {  // group i: step i (group 0 also the scales)
-      if (i < my_steps) issue(i);
-      ptx::cp_async_commit();
+      for (int i = 0; i < kS; ++i)
+        if (i < my_steps) issue_weights(i);
+      wait();
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        if (i < my_steps) issue_tokens(i);
+        ptx::cp_async_commit();
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {  // group i: step i (group 0 also the scales)
+        if (i < my_steps) issue(i);
+        ptx::cp_async_commit();
+      }
     }
     ptx::cp_async_wait<kS - 1>();
     __syncthreads();  // every thread's scale chunks landed
@@ -233,8 +262,16 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
       // Every load of kUnroll steps first; steps past the warp's last reload its last one (an L2 hit) with
       // zeroed tokens, so the loads stay unconditional.
       Step st[kUnroll];
+      if (kEarly && i == 0) {  // the first steps' weights before the wait, their tokens after it
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) load(st[u], min(i + u, my_steps - 1));
+        for (int u = 0; u < kUnroll; ++u) load_weights(st[u], min(u, my_steps - 1));
+        wait();
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) load_tokens(st[u], min(u, my_steps - 1));
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) load(st[u], min(i + u, my_steps - 1));
+      }
 #pragma unroll
       for (int u = 1; u < kUnroll; ++u)
         if (i + u >= my_steps)
@@ -245,6 +282,7 @@ __device__ __forceinline__ void quantized_mainloop(const unsigned char* const (&
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) compute(st[u]);
     }
+    if (kEarly && my_steps == 0) wait();
   }
 }
 
@@ -259,11 +297,24 @@ constexpr std::int64_t preload_smem_bytes(int K) {
 // gate/up kernel, so the down weights stream while gate/up still runs (the down blocks start early,
 // programmatic dependent launch), and its main loop then reads them from shared memory: the same values in
 // the same k order and MMAs as the streaming loop, so the outputs are bit-identical.
-template <class Addressing, Stage kStage, class T, class P = Bf16, bool kPreload = false>
+// kEarlyWeights (the streaming down stage): the block reads its tile from the L2 and every thread issues its
+// first steps' W2 loads (kUnroll steps, or a staged tile's kStages) before it waits for the gate/up kernel,
+// its `act` loads after: the down blocks that start on SMs gate/up's last blocks leave free stream their
+// first weights under gate/up's tail. The same loads: bit-identical outputs.
+template <class Addressing, Stage kStage, class T, class P = Bf16, bool kPreload = false,
+          bool kEarlyWeights = false>
 __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant__ MoeParams<Addressing> p) {
   constexpr int kTokTiles = T::kTokTiles, kWarps = T::kWarps, kUnroll = T::kUnroll;
   static_assert(!kPreload || (kStage == Stage::kDown && !P::kQuantized),
                 "preloading reads the bf16 down stage's W2 rows");
+  constexpr bool kEarly = kEarlyWeights && kStage == Stage::kDown && !kPreload;
+  // The dependency wait of an early down block, once its first weight loads are in flight.
+  const auto wait = [] {
+    if constexpr (kEarly) {
+      ptx::grid_dependency_wait();  // act: written by the gate/up kernel
+      ptx::launch_dependents();
+    }
+  };
   WorkTile tile;
   if constexpr (kPreload) {
     if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
@@ -284,6 +335,9 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
     ptx::launch_dependents();
     ptx::cp_async_wait<0>();
     __syncthreads();  // every thread's chunks landed
+  } else if constexpr (kEarly) {
+    if (static_cast<int>(blockIdx.y) >= __ldcg(p.num_tiles)) return;
+    tile = load_tile_l2(p.tiles + blockIdx.y);
   } else {
     ptx::grid_dependency_wait();  // tiles, act: written by the previous kernels of this layer
     ptx::launch_dependents();
@@ -326,7 +380,8 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       rows[r] = base + n0 * row_bytes;
       scales[r] = reinterpret_cast<const bf16*>(base + L.scale_offset()) + n0 * groups;
     }
-    quantized_mainloop<P, T>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc, staged_smem);
+    quantized_mainloop<P, T, kEarly>(rows, scales, tok, K, row_bytes, groups, warp, g, q, acc, staged_smem,
+                                     wait);
   } else {
     // Base pointers of the block's 2 row tiles, from the tile's resolved expert matrices.
     const bf16* rows[kRowTiles];
@@ -363,8 +418,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
       uint4 alo[kUnroll][kRowTiles], ahi[kUnroll][kRowTiles], b[kUnroll][kTokTiles];
       // All loads of kUnroll steps are issued before the first MMA. Steps past the end reload the last step
       // (a cache hit) and are zeroed, so the loads stay unconditional and in flight together.
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      auto load_weights = [&](int u) {
         const int k =
             bf16_k(min(s + u, steps - 1), steps, q);  // a pair of steps: one line (decode_steps.hpp)
 #pragma unroll
@@ -377,8 +431,24 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
             ahi[u][r] = ptx::ld_stream_16<T::kPrefetch, true>(a_hi[r] + k);
           }
         }
+      };
+      auto load_tokens = [&](int u) {
+        const int k = bf16_k(min(s + u, steps - 1), steps, q);
 #pragma unroll
         for (int nt = 0; nt < kTokTiles; ++nt) b[u][nt] = ptx::ld_cached_16(tok[nt] + k);
+      };
+      if (kEarly && s == 0) {  // the first steps' weights before the wait, their tokens after it
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) load_weights(u);
+        wait();
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) load_tokens(u);
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          load_weights(u);
+          load_tokens(u);
+        }
       }
 #pragma unroll
       for (int u = 1; u < kUnroll; ++u)
@@ -397,6 +467,7 @@ __global__ void __launch_bounds__(T::kThreads) gemv_kernel(const __grid_constant
                                 b[u][nt].w);
           }
     }
+    if (kEarly && steps == 0) wait();
   }  // bf16
 
   // Reduce the K split: warps 1.. hand their partial sums to warp 0 through shared memory.

@@ -203,19 +203,19 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
-// Whether the small-batch grouped GEMM's down blocks issue their first W2 copies before they wait for the
-// gate/up kernel (grouped::gemm_wgmma_small_kernel's kEarlyWeightsT): the configuration's kSmallEarlyWeights
-// where it has it, else yes.
+// Whether the down blocks of the small-batch grouped GEMM and of the streaming decode tiles issue their first
+// W2 loads before they wait for the gate/up kernel (grouped::gemm_wgmma_small_kernel's kEarlyWeightsT,
+// decode::gemv_kernel's kEarlyWeights): the configuration's kEarlyWeights where it has it, else yes.
 template <class Config>
-struct small_early_weights_of {
+struct early_weights_of {
   static constexpr bool value = true;
 };
 template <class Config>
 requires requires {
-  Config::kSmallEarlyWeights;
+  Config::kEarlyWeights;
 }
-struct small_early_weights_of<Config> {
-  static constexpr bool value = Config::kSmallEarlyWeights;
+struct early_weights_of<Config> {
+  static constexpr bool value = Config::kEarlyWeights;
 };
 
 // Whether the configuration may choose MoeConfig::grouped_dequant (Config::kDequantWorkspace = true): then
@@ -679,7 +679,7 @@ class PagedMoe {
       // one.
       using Narrow = grouped::Sm90Gemm<Addressing, Precision>;
       using SmallShape = detail::small_gemm_of<Config>;
-      constexpr bool kEarly = detail::small_early_weights_of<Config>::value;
+      constexpr bool kEarly = detail::early_weights_of<Config>::value;
       using Small = std::conditional_t<
           Precision::kQuantized, Narrow,
           grouped::Sm90SmallGemm<Addressing, SmallShape::kStages, SmallShape::kBlocks, kEarly>>;
@@ -1096,7 +1096,8 @@ class PagedMoe {
   static Status decode_launch(const MoeParams<Addressing>& p, const MoeShape& s, unsigned tiles,
                               const detail::DeviceInfo& dev, cudaStream_t stream) {
     constexpr bool kGateUp = kStage == decode::Stage::kGateUp;
-    constexpr auto kernel = decode::gemv_kernel<Addressing, kStage, T, Precision>;
+    constexpr auto kernel =
+        decode::gemv_kernel<Addressing, kStage, T, Precision, false, detail::early_weights_of<Config>::value>;
     int smem = 0;
     if constexpr (Precision::kQuantized && T::kStages > 0) {
       smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(kGateUp ? s.hidden : s.intermediate));

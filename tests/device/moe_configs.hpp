@@ -175,11 +175,11 @@ template <int kSpread>
 using ChunkSpreadConfig = DefaultWith<SpreadChunks<kSpread>>;
 inline constexpr int kSpreadAll = 1 << 20;  // chunk_spread past any call's units: over the whole call
 
-// DefaultMoeConfig with the small-batch grouped GEMM's down blocks copying their first W2 stages only after
-// they wait for the gate/up kernel (kSmallEarlyWeights = false; PagedMoe's default copies them before:
-// grouped::gemm_wgmma_small_kernel's early weights).
+// DefaultMoeConfig with the down blocks of the small-batch grouped GEMM and of the streaming decode tiles
+// issuing their first W2 loads only after they wait for the gate/up kernel (kEarlyWeights = false; PagedMoe's
+// default issues them before: grouped::gemm_wgmma_small_kernel's and decode::gemv_kernel's early weights).
 struct LateWeightsConfig : kernels::DefaultMoeConfig {
-  static constexpr bool kSmallEarlyWeights = false;
+  static constexpr bool kEarlyWeights = false;
 };
 
 // DefaultMoeConfig's choice with no W2 preloading (MoeConfig::decode_preload off where the default sets it).

@@ -58,10 +58,11 @@
 // the shared chunks' grouped units first (the tile list's order), spread over the first 2 or 4 times their
 // count of each call's units, or over all of them (MoeConfig::chunk_spread; the default spreads over twice
 // their count at 192-2048 tokens on bf16 experts, 192-512 on quantized ones:
-// DefaultMoeConfig::chunk_spread_of); late-w2: the default's choice with the small-batch kernel's down
-// blocks copying their first W2 stages only after they wait for the gate/up kernel (the default copies them
-// before: grouped::gemm_wgmma_small_kernel's early weights) (these eleven at grouped sizes only); int8 /
-// int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do not
+// DefaultMoeConfig::chunk_spread_of) (these ten at grouped sizes only); late-w2: the
+// default's choice with the down stage issuing its first W2 loads only after it waits for the gate/up kernel
+// (the default issues them before: the small-batch grouped GEMM, the streaming decode tiles, the TMA kernels;
+// PagedMoe's early_weights_of), every size; int8-late-w2 / int4-late-w2: the same on quantized experts; int8
+// / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do not
 // matter to the time), their expert bytes the packed ones, every size; int8-decode / int8-grouped (int4
 // alike): the default's quantized choice held to one path; int8-steady: the default's int8 choice with no
 // staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice

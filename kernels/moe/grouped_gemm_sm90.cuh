@@ -566,11 +566,10 @@ __device__ __forceinline__ int tma_row(const TmaParams<Addressing>& tp, const bf
 // The start of a TMA kernel's block: thread 0 initialises the stages' mbarriers (full: the producer
 // warpgroup's 128 cp.async arrivals + the TMA thread's; empty: the 256 consumer threads) and prefetches the
 // tensor maps; then programmatic dependent launch (wait for the layer's previous kernels, let the next one's
-// blocks launch), unless `early`: the producer of an early down stage waits in produce_units, once its first
-// unit's first weight copies are issued.
+// blocks launch).
 template <int kStages, class Addressing>
 __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp, std::uint64_t* full,
-                                                std::uint64_t* empty, bool early = false) {
+                                                std::uint64_t* empty) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::mbarrier_init(&full[s], 128 + 1);
@@ -581,7 +580,6 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
     if (tp.regions[1] != nullptr) tma::prefetch_map(&tp.maps[1]);
   }
   __syncthreads();
-  if (early) return;
   ptx::grid_dependency_wait();
   ptx::launch_dependents();
 }
@@ -593,23 +591,15 @@ __device__ __forceinline__ void start_tma_block(const TmaParams<Addressing>& tp,
 // stage's b_bytes announced on its full barrier — and the warpgroup gathers the 128 token rows by cp.async.
 // Runs up to kStages steps ahead, across units. kARows: token rows per unit (the A tile's rows; 128, or the
 // quantized kernel's small-batch tiles).
-// kEarly (the down stage; start_tma_block's `early`): the producer has not waited for the gate/up kernel yet.
-// It takes its first unit (the tile list and the call's units, `units` < 0 here, read from the L2: routing
-// wrote them before gate/up started), copies that unit's weight rows of its first kStages steps, then waits
-// and gathers their `act` rows: the W2 stream of the down blocks that start under gate/up's tail begins
-// before gate/up ends. The same copies into the same stages: the results are unchanged.
-template <Stage kStage, int kStages, int kARows = kBlockM, bool kEarly = false, class Addressing>
+template <Stage kStage, int kStages, int kARows = kBlockM, class Addressing>
 __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, int units, int pairs,
                                               int k_tiles, int pitch, int step_x, int b_bytes, bf16* smem_a,
                                               unsigned char* smem_b, std::uint64_t* full,
                                               std::uint64_t* empty, int* stage_unit, int* next_unit, int t) {
   constexpr bool kGateUp = kStage == Stage::kGateUp;
-  static_assert(!kEarly || !kGateUp, "gate/up's units come from routing's tile list only after its wait");
   const MoeParams<Addressing>& p = tp.moe;
   tma::release_registers<kTmaProducerRegs>();
-  if constexpr (kEarly) units = routed_int<true>(*p.num_tiles) * pairs;
-  const long long chunk_units =
-      t == 0 ? spread_chunk_units<kEarly>(p, units, pairs) : 0;  // thread 0 takes the units
+  const long long chunk_units = t == 0 ? spread_chunk_units(p, units, pairs) : 0;  // thread 0 takes the units
   int it = 0;
   for (int n = 0;; ++n) {
     if (t == 0) next_unit[n & 1] = list_unit(p, atomicAdd(tp.unit_counter, 1), units, chunk_units);
@@ -627,11 +617,7 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
     }
     WorkTile tile;
     int pair;
-    const bool early = kEarly && n == 0;  // this block's first unit, before the dependency wait
-    if (early)
-      unit_at<true>(p, u, pairs, tile, pair);
-    else
-      unit_at(p, u, pairs, tile, pair);
+    unit_at(p, u, pairs, tile, pair);
     const ALoader<kStage, 128, kARows> a(p, tile, t);  // the warpgroup's 128 threads gather the token rows
     int map0 = 0, map1 = 0, row0 = 0, row1 = 0;
     if (t == 0) {
@@ -643,30 +629,15 @@ __device__ __forceinline__ void produce_units(const TmaParams<Addressing>& tp, i
       }
       stage_unit[s0] = u;
     }
-    auto copy_weights = [&](int s, int kt) {  // thread 0: step kt's weight rows into stage s
-      unsigned char* b = smem_b + s * b_bytes;
-      tma::arrive_expect_tx(&full[s], b_bytes);
-      tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
-      if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
-    };
-    int kt0 = 0;  // the first step the loop below copies whole
-    if (early) {  // stages 0 .. ahead − 1 are fresh (it = 0): no empty barrier to wait for
-      const int ahead = min(k_tiles, kStages);
-      if (t == 0)
-        for (int kt = 0; kt < ahead; ++kt) copy_weights(kt, kt);
-      ptx::grid_dependency_wait();  // act: written by the gate/up kernel
-      ptx::launch_dependents();
-      for (int kt = 0; kt < ahead; ++kt) {
-        a.load(smem_a + kt * kARows * kBlockK, kt);
-        tma::cp_async_arrive(&full[kt]);
-      }
-      kt0 = ahead;
-      it = ahead;
-    }
-    for (int kt = kt0; kt < k_tiles; ++kt, ++it) {
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
       const int s = it % kStages;
       if (kt > 0 && it >= kStages) tma::wait(&empty[s], ((it / kStages) - 1) & 1);
-      if (t == 0) copy_weights(s, kt);
+      if (t == 0) {
+        unsigned char* b = smem_b + s * b_bytes;
+        tma::arrive_expect_tx(&full[s], b_bytes);
+        tma::load_2d(b, &tp.maps[map0], &full[s], kt * step_x, row0);
+        if constexpr (kGateUp) tma::load_2d(b + b_bytes / 2, &tp.maps[map1], &full[s], kt * step_x, row1);
+      }
       a.load(smem_a + s * kARows * kBlockK, kt);
       tma::cp_async_arrive(&full[s]);
     }
@@ -717,10 +688,9 @@ __device__ __forceinline__ void store_fragment(const bf16* staging, int barrier,
   }
 }
 
-template <class Addressing, Stage kStage, bool kEarlyWeightsT = true>
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
-  constexpr bool kEarly = kEarlyWeightsT && kStage == Stage::kDown;  // produce_units' kEarly
   const MoeParams<Addressing>& p = tp.moe;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
@@ -731,18 +701,18 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
   int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  start_tma_block<kTmaStages>(tp, full, empty, kEarly && wg == 0);
+  start_tma_block<kTmaStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const int K = kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
   const int pairs = kGateUp ? p.intermediate / (2 * kGateUpFeatures) : p.hidden / (2 * kBlockN);
+  const int units = *p.num_tiles * pairs;
 
-  if (wg == 0) {                                           // producer
-    const int units = kEarly ? -1 : *p.num_tiles * pairs;  // kEarly: produce_units reads it
-    produce_units<kStage, kTmaStages, kBlockM, kEarly>(
-        tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
-        reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit, next_unit, t);
+  if (wg == 0) {  // producer
+    produce_units<kStage, kTmaStages>(tp, units, pairs, k_tiles, 2 * K, kBlockK, kTmaBTile * 2, smem_a,
+                                      reinterpret_cast<unsigned char*>(smem_b), full, empty, stage_unit,
+                                      next_unit, t);
   } else {  // consumers
     tma::claim_registers<kTmaConsumerRegs>();
     const int cw = wg - 1, warp_in_wg = t / 32, lane = t % 32;

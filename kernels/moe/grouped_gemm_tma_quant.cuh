@@ -177,10 +177,9 @@ struct PackedRow {
   }
 };
 
-template <class Addressing, Stage kStage, class Precision, int kTokens = kBlockM, bool kEarlyWeightsT = true>
+template <class Addressing, Stage kStage, class Precision, int kTokens = kBlockM>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_quant_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
-  constexpr bool kEarly = kEarlyWeightsT && kStage == Stage::kDown;  // produce_units' kEarly
   using Q = TmaQuant<Precision, kTokens>;
   const MoeParams<Addressing>& p = tp.moe;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
@@ -193,7 +192,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   int* stage_unit = reinterpret_cast<int*>(empty + Q::kStages);
   int* next_unit = stage_unit + Q::kStages;
   const int tid = threadIdx.x, wg = tid / 128, t = tid % 128;
-  start_tma_block<Q::kStages>(tp, full, empty, kEarly && wg == 0);
+  start_tma_block<Q::kStages>(tp, full, empty);
 
   constexpr bool kGateUp = kStage == Stage::kGateUp;
   const quant::MatrixLayout layout =
@@ -201,12 +200,12 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
   const int K = kGateUp ? p.hidden : p.intermediate;
   const int k_tiles = K / kBlockK;
   const int pairs = kGateUp ? p.intermediate / (2 * kGateUpFeatures) : p.hidden / (2 * kBlockN);
+  const int units = *p.num_tiles * pairs;
 
-  if (wg == 0) {                                           // producer: the bf16 kernel's, with packed boxes
-    const int units = kEarly ? -1 : *p.num_tiles * pairs;  // kEarly: produce_units reads it
-    produce_units<kStage, Q::kStages, kTokens, kEarly>(
-        tp, units, pairs, k_tiles, static_cast<int>(layout.row_bytes()), Q::kStep, Q::kBBytes, smem_a, smem_b,
-        full, empty, stage_unit, next_unit, t);
+  if (wg == 0) {  // producer: the bf16 kernel's, with packed boxes
+    produce_units<kStage, Q::kStages, kTokens>(tp, units, pairs, k_tiles,
+                                               static_cast<int>(layout.row_bytes()), Q::kStep, Q::kBBytes,
+                                               smem_a, smem_b, full, empty, stage_unit, next_unit, t);
     return;
   }
 
@@ -404,22 +403,20 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 // experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel, whose gate/up stage reads the input permuted
 // by permute_k_kernel.
 // kTokens: token rows per unit (128; 32 for quantized experts' small-batch units).
-// kEarly: the down stage's producer copies its first unit's first weight stages before it waits for gate/up
-// (produce_units' kEarly).
-template <class Addressing, class Precision, int kTokens = kBlockM, bool kEarly = true>
+template <class Addressing, class Precision, int kTokens = kBlockM>
 struct TmaGemm {
   static_assert(kTokens == kBlockM, "bf16 experts' TMA kernel runs 128-token units");
   template <Stage kStage>
-  static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage, kEarly>;
+  static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
   static constexpr int kSmem = kTmaSmemBytes;
   static constexpr int kBits = 16;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
 };
-template <class Addressing, quant::Bits kB, int kTokens, bool kEarly>
-struct TmaGemm<Addressing, Quantized<kB>, kTokens, kEarly> {
+template <class Addressing, quant::Bits kB, int kTokens>
+struct TmaGemm<Addressing, Quantized<kB>, kTokens> {
   template <Stage kStage>
-  static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>, kTokens, kEarly>;
+  static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>, kTokens>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>, kTokens>::kSmemBytes;
   static constexpr int kBits = static_cast<int>(quant::bit_count(kB));
   static constexpr const char* kGateUpName = "grouped::gemm_tma_quant_kernel<kGateUp>";

@@ -203,10 +203,9 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
-// Whether the down stage issues its first W2 loads before it waits for the gate/up kernel, in the small-batch
-// grouped GEMM, the streaming decode tiles and the TMA grouped GEMMs (grouped::gemm_wgmma_small_kernel's
-// kEarlyWeightsT, decode::gemv_kernel's kEarlyWeights, grouped::produce_units' kEarly): the configuration's
-// kEarlyWeights where it has it, else yes.
+// Whether the down blocks of the small-batch grouped GEMM and of the streaming decode tiles issue their first
+// W2 loads before they wait for the gate/up kernel (grouped::gemm_wgmma_small_kernel's kEarlyWeightsT,
+// decode::gemv_kernel's kEarlyWeights): the configuration's kEarlyWeights where it has it, else yes.
 template <class Config>
 struct early_weights_of {
   static constexpr bool value = true;
@@ -886,7 +885,7 @@ class PagedMoe {
   static Status run_tma_units(const MoeParams<A>& p, const MoeShape& s, unsigned grid_tiles,
                               const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
     using grouped::Stage;
-    using Gemm = grouped::TmaGemm<A, P, kTokens, detail::early_weights_of<Config>::value>;
+    using Gemm = grouped::TmaGemm<A, P, kTokens>;
     auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
       constexpr auto kernel = Gemm::template kKernel<kStage>;
       grouped::TmaParams<A> tp{};

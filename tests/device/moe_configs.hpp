@@ -175,10 +175,9 @@ template <int kSpread>
 using ChunkSpreadConfig = DefaultWith<SpreadChunks<kSpread>>;
 inline constexpr int kSpreadAll = 1 << 20;  // chunk_spread past any call's units: over the whole call
 
-// DefaultMoeConfig with the down stage issuing its first W2 loads only after it waits for the gate/up kernel
-// (kEarlyWeights = false; PagedMoe's default issues them before: the small-batch grouped GEMM, the streaming
-// decode tiles and the TMA grouped GEMMs, grouped::gemm_wgmma_small_kernel, decode::gemv_kernel,
-// grouped::produce_units).
+// DefaultMoeConfig with the down blocks of the small-batch grouped GEMM and of the streaming decode tiles
+// issuing their first W2 loads only after they wait for the gate/up kernel (kEarlyWeights = false; PagedMoe's
+// default issues them before: grouped::gemm_wgmma_small_kernel's and decode::gemv_kernel's early weights).
 struct LateWeightsConfig : kernels::DefaultMoeConfig {
   static constexpr bool kEarlyWeights = false;
 };

@@ -60,29 +60,29 @@
 // their count at 192-2048 tokens on bf16 experts, 192-512 on quantized ones:
 // DefaultMoeConfig::chunk_spread_of) (these ten at grouped sizes only); late-w2: the
 // default's choice with the down stage issuing its first W2 loads only after it waits for the gate/up kernel
-// (the default issues them before: the small-batch grouped GEMM, the streaming decode tiles, the TMA kernels;
-// PagedMoe's early_weights_of), every size; int8-late-w2 / int4-late-w2: the same on quantized experts; int8
-// / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the values do not
-// matter to the time), their expert bytes the packed ones, every size; int8-decode / int8-grouped (int4
-// alike): the default's quantized choice held to one path; int8-steady: the default's int8 choice with no
-// staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's quantized choice
-// with every decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared memory (cp.async);
-// int8-dq / int4-dq: the default's quantized choice with its grouped stages on a bf16 copy (the routed
-// experts dequantised into the workspace, then the bf16 TMA grouped GEMM: MoeConfig::grouped_dequant);
-// int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its grouped GEMM on the TMA
-// kernel (weights dequantised in registers) / the two-block kernel; int8-tma32 / int4-tma32: the grouped path
-// at every size on the TMA kernel's 32-token units (tile_tokens 32); int8-down2 / 3 / 6 (int4 alike): the
-// default's quantized choice with the down stage of its 8-token decode tiles split over 2, 3 or 6 warps
-// (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its down warps);
-// int8-splitk / int4-splitk: the default's quantized choice with the split-K decode asked for at one token
-// (the first of DefaultMoeConfig::splitk_shapes that fits the device), int8-nosplitk / int4-nosplitk: at
-// none; int8-sk-q64 / -p64 / -p128 / -q128, int4-sk-q64 / -p128: split-K at one token in that one form only
-// (q: 4 warps, p: warp pairs; 64 or 128 features); int4-sk-fma: int4's default forms with the first on scalar
-// fmas instead of mma.sync (SplitkShape::mma; int4-sk-p128 too), int8-sk-p128mma / -q128mma: int8-sk-p128 /
-// -q128 on mma.sync; int8-sk-p64s2 / -p128s2: int8's pairs with two W1 / W3 steps in flight; int8-spread1 /
-// -spread2 / -spread4 / -spread-all (int4 alike): as spread1 … spread-all on quantized experts; int8-t8w4u2
-// and the like: one quantized decode tile at every token count (tile tokens, warps, unroll), the sweep that
-// chose the quantized rows of the default table.
+// (the default issues them before in the small-batch grouped GEMM and the streaming decode tiles, int4 on
+// its 2-warp rows only: PagedMoe::early_down), every size; int8-late-w2 / int4-late-w2: the same on quantized
+// experts; int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the
+// values do not matter to the time), their expert bytes the packed ones, every size; int8-decode /
+// int8-grouped (int4 alike): the default's quantized choice held to one path; int8-steady: the default's int8
+// choice with no staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's
+// quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared
+// memory (cp.async); int8-dq / int4-dq: the default's quantized choice with its grouped stages on a bf16 copy
+// (the routed experts dequantised into the workspace, then the bf16 TMA grouped GEMM:
+// MoeConfig::grouped_dequant); int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its
+// grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-tma32 /
+// int4-tma32: the grouped path at every size on the TMA kernel's 32-token units (tile_tokens 32); int8-down2
+// / 3 / 6 (int4 alike): the default's quantized choice with the down stage of its 8-token decode tiles split
+// over 2, 3 or 6 warps (MoeConfig::decode_down_warps), int8-down0: over the row's warps (the table before its
+// down warps); int8-splitk / int4-splitk: the default's quantized choice with the split-K decode asked for at
+// one token (the first of DefaultMoeConfig::splitk_shapes that fits the device), int8-nosplitk /
+// int4-nosplitk: at none; int8-sk-q64 / -p64 / -p128 / -q128, int4-sk-q64 / -p128: split-K at one token in
+// that one form only (q: 4 warps, p: warp pairs; 64 or 128 features); int4-sk-fma: int4's default forms with
+// the first on scalar fmas instead of mma.sync (SplitkShape::mma; int4-sk-p128 too), int8-sk-p128mma /
+// -q128mma: int8-sk-p128 / -q128 on mma.sync; int8-sk-p64s2 / -p128s2: int8's pairs with two W1 / W3 steps in
+// flight; int8-spread1 / -spread2 / -spread4 / -spread-all (int4 alike): as spread1 … spread-all on quantized
+// experts; int8-t8w4u2 and the like: one quantized decode tile at every token count (tile tokens, warps,
+// unroll), the sweep that chose the quantized rows of the default table.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -203,9 +203,10 @@ struct small_gemm_of<Config> {
   static constexpr int kStages = Config::kSmallStages, kBlocks = Config::kSmallBlocks;
 };
 
-// Whether the down blocks of the small-batch grouped GEMM and of the streaming decode tiles issue their first
-// W2 loads before they wait for the gate/up kernel (grouped::gemm_wgmma_small_kernel's kEarlyWeightsT,
-// decode::gemv_kernel's kEarlyWeights): the configuration's kEarlyWeights where it has it, else yes.
+// Whether the down stage issues its first W2 loads before it waits for the gate/up kernel, in the small-batch
+// grouped GEMM and the streaming decode tiles (grouped::gemm_wgmma_small_kernel's kEarlyWeightsT,
+// decode::gemv_kernel's kEarlyWeights; PagedMoe::early_down says where on the decode tiles): the
+// configuration's kEarlyWeights where it has it, else yes.
 template <class Config>
 struct early_weights_of {
   static constexpr bool value = true;
@@ -1083,21 +1084,37 @@ class PagedMoe {
     // The down stage on the tile of its own warps (down_tile_config: T itself unless decode_down_warps
     // names others).
     std::optional<Status> st;
-    on_decode_tile(down_tile_config(c),
-                   [&]<class D>() { st = decode_launch<D, Stage::kDown>(p, s, grid_tiles, dev, stream); });
+    on_decode_tile(down_tile_config(c), [&]<class D>() {
+      st = decode_launch<D, Stage::kDown, early_down<T>()>(p, s, grid_tiles, dev, stream);
+    });
     return st ? *st
               : Status::error("config.decode_down_warps", c.decode_down_warps,
                               "names no instantiated decode tile (PagedMoe::DecodeTiles)");
   }
 
+  // Whether the down stage of a call on decode tile T issues its first W2 loads before it waits for gate/up
+  // (decode::gemv_kernel's kEarlyWeights): where the configuration asks for it (detail::early_weights_of),
+  // bf16 and int8 on every tile, int4 on its 2-warp rows only. On an H100 the early loads took 0.927-0.996x
+  // the late ones' layer time on int8's decode tiles and 0.972-0.991x on bf16's at 3 tokens on Qwen
+  // (Mixtral at 1 token 1.013x); int4's 2-warp rows (Qwen at 16-64 tokens) 0.941-0.977x, its 4-warp tiles
+  // 0.952-1.081x at 1-3 tokens (docs/results/paged_moe_h200.md, "The down stage's first weights before its
+  // dependency wait").
+  template <class T>
+  static constexpr bool early_down() {
+    if constexpr (std::is_same_v<Precision, Int4>)
+      return detail::early_weights_of<Config>::value && T::kWarps == 2;
+    else
+      return detail::early_weights_of<Config>::value;
+  }
+
   // One decode stage on tile T: gate/up one block per 16 features of F, down one per 32 rows of H, over
-  // `tiles` work tiles; a staged tile's operand slots and scales in dynamic shared memory.
-  template <class T, decode::Stage kStage>
+  // `tiles` work tiles; a staged tile's operand slots and scales in dynamic shared memory. kEarly: the down
+  // stage's early W2 loads (early_down, of the call's tile).
+  template <class T, decode::Stage kStage, bool kEarly = false>
   static Status decode_launch(const MoeParams<Addressing>& p, const MoeShape& s, unsigned tiles,
                               const detail::DeviceInfo& dev, cudaStream_t stream) {
     constexpr bool kGateUp = kStage == decode::Stage::kGateUp;
-    constexpr auto kernel =
-        decode::gemv_kernel<Addressing, kStage, T, Precision, false, detail::early_weights_of<Config>::value>;
+    constexpr auto kernel = decode::gemv_kernel<Addressing, kStage, T, Precision, false, kEarly>;
     int smem = 0;
     if constexpr (Precision::kQuantized && T::kStages > 0) {
       smem = static_cast<int>(decode::staged_smem_bytes<Precision, T>(kGateUp ? s.hidden : s.intermediate));

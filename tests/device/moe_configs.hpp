@@ -175,9 +175,9 @@ template <int kSpread>
 using ChunkSpreadConfig = DefaultWith<SpreadChunks<kSpread>>;
 inline constexpr int kSpreadAll = 1 << 20;  // chunk_spread past any call's units: over the whole call
 
-// DefaultMoeConfig with the down blocks of the small-batch grouped GEMM and of the streaming decode tiles
-// issuing their first W2 loads only after they wait for the gate/up kernel (kEarlyWeights = false; PagedMoe's
-// default issues them before: grouped::gemm_wgmma_small_kernel's and decode::gemv_kernel's early weights).
+// DefaultMoeConfig with the down stage issuing its first W2 loads only after it waits for the gate/up kernel
+// (kEarlyWeights = false; PagedMoe's default issues them before in the small-batch grouped GEMM and the
+// streaming decode tiles: grouped::gemm_wgmma_small_kernel, decode::gemv_kernel, PagedMoe::early_down).
 struct LateWeightsConfig : kernels::DefaultMoeConfig {
   static constexpr bool kEarlyWeights = false;
 };

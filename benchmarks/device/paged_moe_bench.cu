@@ -61,9 +61,9 @@
 // DefaultMoeConfig::chunk_spread_of) (these ten at grouped sizes only); late-w2: the
 // default's choice with the down stage issuing its first W2 loads only after it waits for the gate/up kernel
 // (the default issues them before in the small-batch grouped GEMM and the streaming decode tiles, int4 on
-// its 2-warp rows only: PagedMoe::early_down), every size; int8-late-w2 / int4-late-w2: the same on quantized
-// experts; int8 / int4: the default's tiles on quantized experts, contiguous only (random packed bytes: the
-// values do not matter to the time), their expert bytes the packed ones, every size; int8-decode /
+// its 2-warp row and 16-token tiles: PagedMoe::early_down), every size; int8-late-w2 / int4-late-w2: the same
+// on quantized experts; int8 / int4: the default's tiles on quantized experts, contiguous only (random packed
+// bytes: the values do not matter to the time), their expert bytes the packed ones, every size; int8-decode /
 // int8-grouped (int4 alike): the default's quantized choice held to one path; int8-steady: the default's int8
 // choice with no staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's
 // quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared

@@ -1094,15 +1094,16 @@ class PagedMoe {
 
   // Whether the down stage of a call on decode tile T issues its first W2 loads before it waits for gate/up
   // (decode::gemv_kernel's kEarlyWeights): where the configuration asks for it (detail::early_weights_of),
-  // bf16 and int8 on every tile, int4 on its 2-warp rows only. On an H100 the early loads took 0.927-0.996x
-  // the late ones' layer time on int8's decode tiles and 0.972-0.991x on bf16's at 3 tokens on Qwen
-  // (Mixtral at 1 token 1.013x); int4's 2-warp rows (Qwen at 16-64 tokens) 0.941-0.977x, its 4-warp tiles
-  // 0.952-1.081x at 1-3 tokens (docs/results/paged_moe_h200.md, "The down stage's first weights before its
+  // bf16 and int8 on every tile, int4 on its 2-warp row and on tiles of 16 or more tokens. On an H100 the
+  // early loads took 0.927-1.000x the late ones' layer time on int8's decode tiles, 0.972-0.991x on bf16's
+  // at 3 tokens on Qwen (Mixtral at 1 token 1.013x); int4's 2-warp row (Qwen at 16-64 tokens) 0.941-0.977x
+  // and Mixtral's 16-token tile at 33 tokens 0.939x, while its 8-token tiles on 4 or 8 warps (1-16 tokens)
+  // ranged 0.952-1.081x (docs/results/paged_moe_h200.md, "The down stage's first weights before its
   // dependency wait").
   template <class T>
   static constexpr bool early_down() {
     if constexpr (std::is_same_v<Precision, Int4>)
-      return detail::early_weights_of<Config>::value && T::kWarps == 2;
+      return detail::early_weights_of<Config>::value && (T::kWarps == 2 || T::kTileTokens >= 16);
     else
       return detail::early_weights_of<Config>::value;
   }

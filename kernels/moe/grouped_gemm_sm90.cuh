@@ -171,7 +171,8 @@ __device__ __forceinline__ void unit_at(const MoeParams<Addressing>& p, int u, i
 }
 // The shared chunks' units among a call's `units` (nx slices per tile) where the call spreads them
 // (MoeConfig::chunk_spread > 1), else 0: every chunk has the same tiles (all tokens), and tile 0 is chunk 0's
-// first. Read once per block, after the grid dependency wait (routing wrote the tiles).
+// first. Read once per block: after the grid dependency wait, or from the L2 before it (kL2; routing wrote
+// the tiles before gate/up started).
 template <bool kL2 = false, class Addressing>
 __device__ __forceinline__ long long spread_chunk_units(const MoeParams<Addressing>& p, int units, int nx) {
   const int chunks = p.slots_per_token - p.top_k;

@@ -62,9 +62,7 @@
 // default's choice with the down stage issuing its first W2 loads only after it waits for the gate/up kernel
 // (the default issues them before in the small-batch grouped GEMM and the streaming decode tiles, int4 on
 // its 2-warp row and 16-token tiles: PagedMoe::early_down), every size; bulk-epi: the default's choice with
-// the TMA grouped GEMM's epilogue rows leaving by bulk copies (kBulkEpilogue), at grouped sizes;
-// int8-bulk-epi / int4-bulk-epi: the same on quantized experts (the quantized TMA kernel's down stage), every
-// size; int8-late-w2
+// the TMA grouped GEMM's epilogue rows leaving by bulk copies (kBulkEpilogue), at grouped sizes; int8-late-w2
 // / int4-late-w2: the same on quantized experts; int8 / int4: the default's tiles on quantized experts,
 // contiguous only (random packed bytes: the values do not matter to the time), their expert bytes the packed
 // ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized choice held to one path;
@@ -516,8 +514,6 @@ std::map<std::string, QuantFactory> quant_configs() {
        &make_quant_graph<kernels::Int8, SplitkFormsConfig<kernels::SplitkShape{128, 1, 0, 0, true}>>},
       {"int8-late-w2", &make_quant_graph<kernels::Int8, LateWeightsConfig>},
       {"int4-late-w2", &make_quant_graph<kernels::Int4, LateWeightsConfig>},
-      {"int8-bulk-epi", &make_quant_graph<kernels::Int8, BulkEpilogueConfig<>>},
-      {"int4-bulk-epi", &make_quant_graph<kernels::Int4, BulkEpilogueConfig<>>},
       {"int8-spread1", &make_quant_graph<kernels::Int8, ChunkSpreadConfig<1>>},
       {"int4-spread1", &make_quant_graph<kernels::Int4, ChunkSpreadConfig<1>>},
       {"int8-spread2", &make_quant_graph<kernels::Int8, ChunkSpreadConfig<2>>},

@@ -177,10 +177,7 @@ struct PackedRow {
   }
 };
 
-// kBulkStore: the down stage's staged token rows leave by bulk copies (one per token row, 256 contiguous
-// bytes of its staging row, from thread t for token t), as in gemm_tma_kernel's bulk epilogue; gate/up's rows
-// are stored permuted, by the warpgroup either way.
-template <class Addressing, Stage kStage, class Precision, int kTokens = kBlockM, bool kBulkStore = false>
+template <class Addressing, Stage kStage, class Precision, int kTokens = kBlockM>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_quant_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   using Q = TmaQuant<Precision, kTokens>;
@@ -340,13 +337,7 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     // by the store loop (a load of sorted_slot per row inside that loop waited out a round trip to L2 per
     // row, since ptxas cannot move it above a store to y). Held in registers instead, the 128-token units'
     // 16 slots spill (ptxas 13.0: 72 / 28 bytes for int8 / int4, loaded before or after the staging barrier).
-    constexpr bool kBulk = kBulkStore && !kGateUp;
-    int bulk_slot = 0;  // kBulk: token t's destination slot
-    if constexpr (kBulk) {
-      if (t < kTokens && t < tile.count) bulk_slot = __ldg(p.sorted_slot + tile.row_start + t);
-      tma::bulk_wait<0, true>();     // this thread's last copy has read its staging row
-      tma::named_sync<128>(2 + cw);  // ... and every thread's: the rows may be written
-    } else if constexpr (!kGateUp) {
+    if constexpr (!kGateUp) {
       if (t < kTokens) {
         const int slot = t < tile.count ? __ldg(p.sorted_slot + tile.row_start + t) : 0;
         *reinterpret_cast<int*>(stage_out + t * Q::kStagingPitch + Q::kSlotColumn) = slot;
@@ -375,16 +366,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
                                  value(2 * c2, 0), value(2 * c2, 1), value(2 * c2 + 1, 0),
                                  value(2 * c2 + 1, 1));
         }
-    }
-    if constexpr (kBulk) {
-      wgmma::fence_proxy_async();    // the generic proxy's writes, visible to the bulk copies
-      tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
-      if (t < kTokens && t < tile.count) {
-        tma::store_bulk(p.y + static_cast<std::int64_t>(bulk_slot) * p.hidden + pair * 2 * kBlockN + 128 * cw,
-                        ptx::smem_u32(stage_out + t * Q::kStagingPitch), 256);
-        tma::bulk_commit();
-      }
-      continue;  // the next unit's epilogue waits for the copies' reads
     }
     tma::named_sync<128>(2 + cw);  // this warpgroup's staging rows are written
     if constexpr (kGateUp) {
@@ -415,8 +396,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
     }
     tma::named_sync<128>(2 + cw);  // the staging rows are free for the next unit
   }
-  // The block's last rows written before it exits (the next kernel reads them once this grid completes).
-  if constexpr (kBulkStore && kStage == Stage::kDown) tma::bulk_wait<0, false>();
 }
 
 // What PagedMoe launches on 256-row blocks (the TMA counterpart of Sm90Gemm): each stage's kernel, its
@@ -438,8 +417,7 @@ struct TmaGemm {
 template <class Addressing, quant::Bits kB, int kTokens, bool kBulkStore>
 struct TmaGemm<Addressing, Quantized<kB>, kTokens, kBulkStore> {
   template <Stage kStage>
-  static constexpr auto kKernel =
-      &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>, kTokens, kBulkStore>;
+  static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>, kTokens>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>, kTokens>::kSmemBytes;
   static constexpr int kBits = static_cast<int>(quant::bit_count(kB));
   static constexpr const char* kGateUpName = "grouped::gemm_tma_quant_kernel<kGateUp>";

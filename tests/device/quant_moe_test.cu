@@ -546,35 +546,6 @@ TEST_CASE("quantized experts: shared chunks' units spread among the routed ones 
   }
 }
 
-// The TMA kernels' epilogue by bulk copies (kBulkEpilogue: the down stage's token rows handed to the TMA
-// unit, one copy per row): the same values to the same rows, so bit for bit the stored epilogue's, on 128-
-// and 32-token units; paged = contiguous and against the reference (check_quant_case).
-template <class Precision, class Base>
-void check_bulk_case(const QuantStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
-  const auto bulk = check_quant_case<Precision, BulkEpilogueConfig<Base>>(store, tokens, seed,
-                                                                          MoePath::kGrouped, hot_expert, 256);
-  Runner<kernels::Contiguous, Base, Precision> stored;
-  const auto out =
-      stored.run(make_routing(store.spec, tokens, seed, hot_expert), shape_of(store.spec, tokens),
-                 store.contiguous_args(), MoePath::kAuto, true, store.stride());
-  INFO(store.spec.name << " int" << kernels::quant::bit_count(store.bits) << " T=" << tokens
-                       << " bulk epilogue against the stored one");
-  CHECK(std::memcmp(bulk.data(), out.data(), out.size() * 2) == 0);
-}
-
-TEST_CASE("quantized experts: the TMA kernels' epilogue by bulk copies equals the stored one bit for bit",
-          "[gpu][small][quant][tma]") {
-  const QuantStore s8(kSmall, Bits::kInt8, 97), s4(kSmall, Bits::kInt4, 98);
-  for (int tokens : {1, 40, 200, 700}) {
-    check_bulk_case<kernels::Int8, QuantTmaConfig>(s8, tokens, 4200 + tokens);
-    check_bulk_case<kernels::Int4, QuantTmaConfig>(s4, tokens, 4300 + tokens);
-    check_bulk_case<kernels::Int8, QuantTmaSmallConfig>(s8, tokens, 4400 + tokens);
-    check_bulk_case<kernels::Int4, QuantTmaSmallConfig>(s4, tokens, 4500 + tokens);
-  }
-  check_bulk_case<kernels::Int8, QuantTmaConfig>(s8, 700, 99, 5);  // one hot expert: many units of one expert
-  check_bulk_case<kernels::Int4, QuantTmaSmallConfig>(s4, 700, 100, 2);
-}
-
 TEST_CASE("quantized experts: the TMA kernel's 32-token units on model shapes", "[gpu][models][quant][tma]") {
   for (const ModelSpec& m : {kQwen15, kQwen3}) {
     const QuantStore s8(m, Bits::kInt8, 91), s4(m, Bits::kInt4, 92);

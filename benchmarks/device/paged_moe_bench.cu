@@ -61,15 +61,14 @@
 // DefaultMoeConfig::chunk_spread_of) (these ten at grouped sizes only); late-w2: the
 // default's choice with the down stage issuing its first W2 loads only after it waits for the gate/up kernel
 // (the default issues them before in the small-batch grouped GEMM and the streaming decode tiles, int4 on
-// its 2-warp row and 16-token tiles: PagedMoe::early_down), every size; bulk-epi: the default's choice with
-// the TMA grouped GEMM's epilogue rows leaving by bulk copies (kBulkEpilogue), at grouped sizes; int8-late-w2
-// / int4-late-w2: the same on quantized experts; int8 / int4: the default's tiles on quantized experts,
-// contiguous only (random packed bytes: the values do not matter to the time), their expert bytes the packed
-// ones, every size; int8-decode / int8-grouped (int4 alike): the default's quantized choice held to one path;
-// int8-steady: the default's int8 choice with no staged decode tile (the register loop); int8-staged2 / 3 / 4
-// (int4 alike): the default's quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per
-// thread through shared memory (cp.async); int8-dq / int4-dq: the default's quantized choice with its grouped
-// stages on a bf16 copy (the routed experts dequantised into the workspace, then the bf16 TMA grouped GEMM:
+// its 2-warp row and 16-token tiles: PagedMoe::early_down), every size; int8-late-w2 / int4-late-w2: the same
+// on quantized experts; int8 / int4: the default's tiles on quantized experts, contiguous only (random packed
+// bytes: the values do not matter to the time), their expert bytes the packed ones, every size; int8-decode /
+// int8-grouped (int4 alike): the default's quantized choice held to one path; int8-steady: the default's int8
+// choice with no staged decode tile (the register loop); int8-staged2 / 3 / 4 (int4 alike): the default's
+// quantized choice with every decode tile keeping 2, 3 or 4 k-steps in flight per thread through shared
+// memory (cp.async); int8-dq / int4-dq: the default's quantized choice with its grouped stages on a bf16 copy
+// (the routed experts dequantised into the workspace, then the bf16 TMA grouped GEMM:
 // MoeConfig::grouped_dequant); int8-tma / int8-twoblock (int4 alike): the default's quantized choice with its
 // grouped GEMM on the TMA kernel (weights dequantised in registers) / the two-block kernel; int8-tma32 /
 // int4-tma32: the grouped path at every size on the TMA kernel's 32-token units (tile_tokens 32); int8-down2
@@ -362,8 +361,7 @@ std::map<std::string, Bf16Config> bf16_configs() {
       {"spread2", {&make_graphs<ChunkSpreadConfig<2>>, Where::kGrouped}},
       {"spread4", {&make_graphs<ChunkSpreadConfig<4>>, Where::kGrouped}},
       {"spread-all", {&make_graphs<ChunkSpreadConfig<kSpreadAll>>, Where::kGrouped}},
-      {"late-w2", {&make_graphs<LateWeightsConfig>, Where::kEvery}},
-      {"bulk-epi", {&make_graphs<BulkEpilogueConfig<>>, Where::kGrouped}}};
+      {"late-w2", {&make_graphs<LateWeightsConfig>, Where::kEvery}}};
 }
 
 // Writes `value` into n bf16 scales.

@@ -535,16 +535,7 @@ inline constexpr int kTmaATile = kBlockM * kBlockK;      // elements
 inline constexpr int kTmaBTile = 2 * kBlockN * kBlockK;  // elements: 256 weight rows
 inline constexpr int kTmaStaging =
     64 * 128;  // elements: a consumer warpgroup's epilogue rows (store_fragment)
-// The bulk epilogue's staging rows (store_rows_bulk): row r of a warpgroup's 64 at byte bulk_row_offset(r),
-// rows 272 bytes apart in groups of 8 (2160 bytes), so that a row's 256 bytes are contiguous for its bulk
-// copy and the 8 rows of a stmatrix matrix (one 16-byte chunk each) fall in 8 distinct bank groups.
-inline constexpr int kBulkRowPitch = 272, kBulkGroupBytes = 7 * kBulkRowPitch + 256;
-inline constexpr int kTmaBulkStagingBytes = 8 * kBulkGroupBytes;
-// Bytes of one consumer warpgroup's staging: room for either epilogue.
-inline constexpr int kTmaStagingBytes =
-    kTmaBulkStagingBytes > 2 * kTmaStaging ? kTmaBulkStagingBytes : 2 * kTmaStaging;
-static_assert(kTmaStagingBytes % 128 == 0, "each warpgroup's staging starts 128-byte aligned (bank groups)");
-inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStagingBytes +
+inline constexpr int kTmaSmemBytes = kTmaStages * (kTmaATile + kTmaBTile) * 2 + 2 * kTmaStaging * 2 +
                                      2 * kTmaStages * 8 + kTmaStages * 4 + 2 * 4 + 1024;
 inline constexpr int kTmaProducerRegs = 56, kTmaConsumerRegs = 224;
 static_assert(kTmaSmemBytes <= ptx::kMaxBlockSmemBytes, "the TMA block must fit one SM");
@@ -698,46 +689,15 @@ __device__ __forceinline__ void store_fragment(const bf16* staging, int barrier,
   }
 }
 
-// The bulk epilogue (the configuration's kBulkEpilogue; detail::bulk_epilogue_of): the same fragment into
-// unswizzled staging rows (bulk_row_offset), then thread t < rows hands row t's 256 bytes to the TMA unit
-// (one bulk copy into row_ptr(), the thread's own destination row) and the warpgroup goes on to its next
-// unit while the copies run; the next call first waits until this thread's copy has read its row. The same
-// values to the same places as store_fragment: bit-identical outputs.
-template <class Value, class RowPtr>
-__device__ __forceinline__ void store_rows_bulk(unsigned char* staging, int barrier, int warp_in_wg, int lane,
-                                                int t, int rows, const Value& value, const RowPtr& row_ptr) {
-  const std::uint32_t base = ptx::smem_u32(staging);
-  auto row_offset = [](int r) { return (r / 8) * kBulkGroupBytes + (r % 8) * kBulkRowPitch; };
-  tma::bulk_wait<0, true>();      // this thread's last copy has read its staging row
-  tma::named_sync<128>(barrier);  // ... and every thread's: the rows may be written
-  {  // stmatrix: matrix j of instruction c2 is chunk 2·c2 + j / 2 of the warp's rows 8·(j % 2) .. + 7
-    const int j = lane / 8, r = 16 * warp_in_wg + 8 * (j % 2) + lane % 8;
-    const std::uint32_t row = base + static_cast<std::uint32_t>(row_offset(r));
-#pragma unroll
-    for (int c2 = 0; c2 < 8; ++c2)
-      ptx::stmatrix_x4(row + 16 * (2 * c2 + j / 2), value(8 * c2), value(8 * c2 + 2), value(8 * c2 + 4),
-                       value(8 * c2 + 6));
-  }
-  wgmma::fence_proxy_async();     // the generic proxy's writes, visible to the bulk copies
-  tma::named_sync<128>(barrier);  // every row written
-  if (t < 64 && t < rows) {
-    tma::store_bulk(row_ptr(), base + static_cast<std::uint32_t>(row_offset(t)), 256);
-    tma::bulk_commit();
-  }
-}
-
-// kBulkStore: the epilogue's rows leave by bulk copies (store_rows_bulk), else by the warpgroup's 16-byte
-// stores (store_fragment).
-template <class Addressing, Stage kStage, bool kBulkStore = false>
+template <class Addressing, Stage kStage>
 __global__ void __launch_bounds__(kTmaThreads, 1)
     gemm_tma_kernel(const __grid_constant__ TmaParams<Addressing> tp) {
   const MoeParams<Addressing>& p = tp.moe;
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   bf16* smem_a = reinterpret_cast<bf16*>(aligned_smem(smem_dyn));  // [stages][128][64]
   bf16* smem_b = smem_a + kTmaStages * kTmaATile;                  // [stages][256][64]
-  unsigned char* staging =
-      reinterpret_cast<unsigned char*>(smem_b + kTmaStages * kTmaBTile);  // [2] warpgroups'
-  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * kTmaStagingBytes);
+  bf16* staging = smem_b + kTmaStages * kTmaBTile;                 // [2][64][128]
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(staging + 2 * kTmaStaging);
   std::uint64_t* empty = full + kTmaStages;
   int* stage_unit = reinterpret_cast<int*>(empty + kTmaStages);  // [stages] unit of a unit's first stage
   int* next_unit = stage_unit + kTmaStages;                      // [2] the producer's broadcast
@@ -785,35 +745,8 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
       wgmma::pin(acc1);
       tma::arrive(&empty[(it - 1) % kTmaStages]);
       if (!active) continue;
+      const bf16* rows_at = staging + cw * kTmaStaging;
       const int rows = tile.count - cw * 64, first = tile.row_start + cw * 64;
-      if constexpr (kBulkStore) {
-        unsigned char* rows_at = staging + cw * kTmaStagingBytes;
-        if constexpr (kGateUp) {
-          store_rows_bulk(
-              rows_at, 2 + cw, warp_in_wg, lane, t, rows,
-              [&](int i) {
-                return ptx::pack_bf16x2(silu(acc0[i]) * acc1[i], silu(acc0[i + 1]) * acc1[i + 1]);
-              },
-              [&] {
-                return p.act + static_cast<std::int64_t>(first + t) * p.intermediate +
-                       pair * 2 * kGateUpFeatures;
-              });
-        } else {  // row t of `y` at its slot: the columns of acc0, then those of acc1
-          const int slot = t < 64 && t < rows ? p.sorted_slot[first + t] : 0;
-          auto store_half = [&](const float(&acc)[64], int half) {
-            store_rows_bulk(
-                rows_at, 2 + cw, warp_in_wg, lane, t, rows,
-                [&](int i) { return ptx::pack_bf16x2(acc[i], acc[i + 1]); },
-                [&] {
-                  return p.y + static_cast<std::int64_t>(slot) * p.hidden + (2 * pair + half) * kBlockN;
-                });
-          };
-          store_half(acc0, 0);
-          store_half(acc1, 1);
-        }
-        continue;
-      }
-      const bf16* rows_at = reinterpret_cast<const bf16*>(staging + cw * kTmaStagingBytes);
       if constexpr (kGateUp) {  // SiLU(gate)·up of the W1 half (acc0) and the W3 half (acc1): `act` rows
         store_fragment(
             rows_at, 2 + cw, warp_in_wg, lane, t, rows,
@@ -841,8 +774,6 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
         store_half(acc1, 1);
       }
     }
-    // The block's last rows written before it exits (the next kernel reads them once this grid completes).
-    if constexpr (kBulkStore) tma::bulk_wait<0, false>();
   }
 }
 

@@ -402,20 +402,19 @@ __global__ void __launch_bounds__(kTmaThreads, 1)
 // dynamic shared memory, the bits of a value in its weight tensor maps (tma::Region::bits) and names. bf16
 // experts: gemm_tma_kernel; int8 / int4: gemm_tma_quant_kernel, whose gate/up stage reads the input permuted
 // by permute_k_kernel.
-// kTokens: token rows per unit (128; 32 for quantized experts' small-batch units). kBulkStore: bf16's
-// epilogue by bulk copies (gemm_tma_kernel's; the quantized kernel has its own epilogue).
-template <class Addressing, class Precision, int kTokens = kBlockM, bool kBulkStore = false>
+// kTokens: token rows per unit (128; 32 for quantized experts' small-batch units).
+template <class Addressing, class Precision, int kTokens = kBlockM>
 struct TmaGemm {
   static_assert(kTokens == kBlockM, "bf16 experts' TMA kernel runs 128-token units");
   template <Stage kStage>
-  static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage, kBulkStore>;
+  static constexpr auto kKernel = &gemm_tma_kernel<Addressing, kStage>;
   static constexpr int kSmem = kTmaSmemBytes;
   static constexpr int kBits = 16;
   static constexpr const char* kGateUpName = "grouped::gemm_tma_kernel<kGateUp>";
   static constexpr const char* kDownName = "grouped::gemm_tma_kernel<kDown>";
 };
-template <class Addressing, quant::Bits kB, int kTokens, bool kBulkStore>
-struct TmaGemm<Addressing, Quantized<kB>, kTokens, kBulkStore> {
+template <class Addressing, quant::Bits kB, int kTokens>
+struct TmaGemm<Addressing, Quantized<kB>, kTokens> {
   template <Stage kStage>
   static constexpr auto kKernel = &gemm_tma_quant_kernel<Addressing, kStage, Quantized<kB>, kTokens>;
   static constexpr int kSmem = TmaQuant<Quantized<kB>, kTokens>::kSmemBytes;

@@ -219,20 +219,6 @@ struct early_weights_of<Config> {
   static constexpr bool value = Config::kEarlyWeights;
 };
 
-// Whether the bf16 TMA grouped GEMM's epilogue hands its rows to the TMA unit as bulk copies
-// (grouped::gemm_tma_kernel's kBulkStore): the configuration's kBulkEpilogue where it has it, else no.
-template <class Config>
-struct bulk_epilogue_of {
-  static constexpr bool value = false;
-};
-template <class Config>
-requires requires {
-  Config::kBulkEpilogue;
-}
-struct bulk_epilogue_of<Config> {
-  static constexpr bool value = Config::kBulkEpilogue;
-};
-
 // Whether the configuration may choose MoeConfig::grouped_dequant (Config::kDequantWorkspace = true): then
 // PagedMoe's workspace holds the bf16 copy of a layer's experts.
 template <class Config>
@@ -900,7 +886,7 @@ class PagedMoe {
   static Status run_tma_units(const MoeParams<A>& p, const MoeShape& s, unsigned grid_tiles,
                               const detail::DeviceInfo& dev, cudaStream_t stream, bf16* permuted_input) {
     using grouped::Stage;
-    using Gemm = grouped::TmaGemm<A, P, kTokens, detail::bulk_epilogue_of<Config>::value>;
+    using Gemm = grouped::TmaGemm<A, P, kTokens>;
     auto stage = [&]<Stage kStage>(int k, int box_rows, int slices, const char* name) -> Status {
       constexpr auto kernel = Gemm::template kKernel<kStage>;
       grouped::TmaParams<A> tp{};

@@ -71,28 +71,6 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
 }
 
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared to global memory by the TMA unit,
-// in this thread's bulk group; the thread goes on at once. Shared-memory writes it is to read must be made
-// visible to the async proxy first (fence.proxy.async.shared::cta).
-__device__ __forceinline__ void store_bulk(void* gmem_dst, std::uint32_t smem_src, std::uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem_dst), "r"(smem_src),
-               "r"(bytes)
-               : "memory");
-}
-// Closes this thread's bulk group of store_bulk copies.
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's bulk groups are pending: kRead, until they have read their shared
-// memory (it may be written again), else until their writes are done.
-template <int N, bool kRead>
-__device__ __forceinline__ void bulk_wait() {
-  if constexpr (kRead)
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-  else
-    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Named barrier `id` among kThreads threads (0 is __syncthreads; the TMA kernels use 1 for the producer
 // warpgroup and 2 + w for consumer warpgroup w).
 template <int kThreads>

@@ -182,13 +182,6 @@ struct LateWeightsConfig : kernels::DefaultMoeConfig {
   static constexpr bool kEarlyWeights = false;
 };
 
-// Base with the bf16 TMA grouped GEMM's epilogue rows leaving by bulk copies (kBulkEpilogue:
-// grouped::gemm_tma_kernel's kBulkStore; PagedMoe's default stores them from the warpgroup).
-template <class Base = kernels::DefaultMoeConfig>
-struct BulkEpilogueConfig : Base {
-  static constexpr bool kBulkEpilogue = true;
-};
-
 // DefaultMoeConfig's choice with no W2 preloading (MoeConfig::decode_preload off where the default sets it).
 struct NoPreload {
   static constexpr kernels::MoeConfig apply(const kernels::MoeShape&, kernels::MoeConfig c) {

@@ -1042,8 +1042,6 @@ void check_small_case(ExpertStore& store, int tokens, std::uint64_t seed, int ho
 }
 void check_tma_case(ExpertStore& store, int tokens, std::uint64_t seed, int hot_expert = -1) {
   check_against_two_block<GroupedRowsConfig<256>>(store, tokens, seed, "TMA", hot_expert);
-  check_against_two_block<BulkEpilogueConfig<GroupedRowsConfig<256>>>(store, tokens, seed,
-                                                                      "TMA, bulk epilogue", hot_expert);
 }
 
 TEST_CASE("the small-batch grouped GEMM equals the two-block grouped GEMM", "[gpu][small]") {

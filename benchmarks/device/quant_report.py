@@ -10,7 +10,8 @@ precision's ratio to the read floor of its own bytes, and int8 / int4 over bf16 
       # experts of H 256 and F 128), against the room the decode targets leave above the floor
 
 Each precision's path is the one its configuration chose (files from before the per-configuration "path"
-field show the bf16 path for all).
+field show the bf16 path for all): decode, grouped, or split-K where the call took the split-K decode (the
+configuration's `splitk` field; files from before it say decode).
 """
 import json
 import statistics as st
@@ -38,7 +39,7 @@ def main(files):
             r = rows.setdefault((c["model"], c["tokens"]), {"path": {}, "us": {}, "floor": {}})
             for cfg, name in (("default", "bf16"), ("int8", "int8"), ("int4", "int4")):
                 if cfg in cs:
-                    r["path"][name] = cs[cfg].get("path", c["path"])
+                    r["path"][name] = "split-K" if cs[cfg].get("splitk") else cs[cfg].get("path", c["path"])
                     r["us"].setdefault(name, []).append(cs[cfg]["contiguous_us"])
                     r["floor"].setdefault(name, []).append(read_floor_us(cs[cfg], d["read_gbs"]))
     print("| model | T | paths bf16/int8/int4 | bf16 µs (× floor) | int8 µs (× floor) | int8 / bf16 "

@@ -1102,10 +1102,8 @@ class PagedMoe {
   // dependency wait").
   template <class T>
   static constexpr bool early_down() {
-    if constexpr (std::is_same_v<Precision, Int4>)
-      return detail::early_weights_of<Config>::value && (T::kWarps == 2 || T::kTileTokens >= 16);
-    else
-      return detail::early_weights_of<Config>::value;
+    return detail::early_weights_of<Config>::value &&
+           (!std::is_same_v<Precision, Int4> || T::kWarps == 2 || T::kTileTokens >= 16);
   }
 
   // One decode stage on tile T: gate/up one block per 16 features of F, down one per 32 rows of H, over

@@ -18,6 +18,7 @@ import statistics as st
 import sys
 
 from report import mean_sd as _mean_sd  # the paged-MoE report's (benchmarks/device/report.py)
+from report import tile
 
 
 def mean_sd(v, fmt="{:.1f}"):
@@ -39,7 +40,9 @@ def main(files):
             r = rows.setdefault((c["model"], c["tokens"]), {"path": {}, "us": {}, "floor": {}})
             for cfg, name in (("default", "bf16"), ("int8", "int8"), ("int4", "int4")):
                 if cfg in cs:
-                    r["path"][name] = "split-K" if cs[cfg].get("splitk") else cs[cfg].get("path", c["path"])
+                    # the path of report.py's tile label (the case's path where the file has none per
+                    # configuration)
+                    r["path"][name] = tile({**c, **cs[cfg]}).split("/")[0]
                     r["us"].setdefault(name, []).append(cs[cfg]["contiguous_us"])
                     r["floor"].setdefault(name, []).append(read_floor_us(cs[cfg], d["read_gbs"]))
     print("| model | T | paths bf16/int8/int4 | bf16 µs (× floor) | int8 µs (× floor) | int8 / bf16 "

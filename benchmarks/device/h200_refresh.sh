@@ -10,17 +10,21 @@
 #           quant_run.sh's bf16 / int8 / int4 table (3 processes, no sweep).
 #   PART=2: run.sh's table again with adjacent views (3 processes), precision_alone.sh (2 seeds), and, where
 #           .peer/ exists (benchmarks/device/vllm_peer_fetch.sh), peer_run.sh (vLLM on the same lease).
-#   BIN=.gpu/… OUT=$OUT PART=1|2 [COMMIT=…] [ANY_GPU=0] bash benchmarks/device/h200_refresh.sh
+#   ADJACENT=1 on part 1 runs part 2's adjacent views at its end (on an H100 at 539995a part 1 took 170 s and
+#   the adjacent views 75 s), so that one call yields the whole bf16 table and the quantized one; ADJACENT=0
+#   on part 2 then leaves them out. Machine starts fail often: one call that holds both tables is worth more
+#   than two.
+#   BIN=.gpu/… OUT=$OUT PART=1|2 [ADJACENT=0|1] [COMMIT=…] [ANY_GPU=0] bash benchmarks/device/h200_refresh.sh
 # BIN holds paged_moe_bench, paged_moe_device_test and quant_moe_device_test (e.g. gzip'd by the caller and
-# unpacked first). Then, here: report.py over part 1's t/bench_*.json and part 2's adj/bench_*.json (with part
-# 1's torch.json and matmul_sustained.json) for the table; compare.py --floor on splitk/s_*.json (part 1
-# prints it); quant_report.py on the quant_p*.json in q/quant.tgz; alone/alone.txt (precision_alone.py's
-# tables) and peer/peer.md (part 2 prints it).
+# unpacked first). Then, here: report.py over part 1's t/bench_*.json and the adj/bench_*.json of part 2 (of
+# part 1 with ADJACENT=1), with part 1's torch.json and matmul_sustained.json, for the table; compare.py
+# --floor on splitk/s_*.json (part 1 prints it); quant_report.py on the quant_p*.json in q/quant.tgz;
+# alone/alone.txt (precision_alone.py's tables) and peer/peer.md (part 2 prints it).
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding the binaries}"
 : "${OUT:?OUT must name an output folder}"
 : "${PART:?PART must be 1 or 2}"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 here=benchmarks/device
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$card"
@@ -32,6 +36,12 @@ t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 status=0
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# run.sh's table with adjacent views into $OUT/adj (part 2's first step, or part 1's last with ADJACENT=1).
+adjacent_views() {
+  OUT=$OUT/adj BIN=$BIN COMMIT=$commit SKIP_TESTS=1 SKIP_SANITIZER=1 SUSTAINED=0 PLACEMENTS=adjacent \
+    timeout 200 bash $here/run.sh | tail -4 || status=1
+  stamp "bf16 table (adjacent views)"
+}
 if [[ $PART == 1 ]]; then
   timeout 120 "$BIN/paged_moe_device_test" "split-K*" >"$OUT/splitk_tests.txt" 2>&1 || status=1
   stamp "split-K tests: $(grep -E 'All tests passed|test cases' "$OUT/splitk_tests.txt" | tail -1)"
@@ -54,10 +64,13 @@ if [[ $PART == 1 ]]; then
   mkdir -p "$OUT/q"
   BIN=$BIN OUT=$OUT/q SWEEP=0 PROCESSES=3 timeout 300 bash $here/quant_run.sh >"$OUT/quant_run.log" 2>&1 || status=1
   stamp "quantized table: $(tr '\n' ' ' <"$OUT/quant_run.log")"
+  if [[ ${ADJACENT:-0} == 1 ]]; then
+    adjacent_views
+  fi
 elif [[ $PART == 2 ]]; then
-  OUT=$OUT/adj BIN=$BIN COMMIT=$commit SKIP_TESTS=1 SKIP_SANITIZER=1 SUSTAINED=0 PLACEMENTS=adjacent \
-    timeout 200 bash $here/run.sh | tail -4 || status=1
-  stamp "bf16 table (adjacent views)"
+  if [[ ${ADJACENT:-1} == 1 ]]; then
+    adjacent_views
+  fi
   BIN=$BIN OUT=$OUT/alone SEEDS=2 RUN_SECONDS=1.0 timeout 240 bash $here/precision_alone.sh >"$OUT/alone.log" 2>&1 ||
     status=1
   stamp "precisions alone"

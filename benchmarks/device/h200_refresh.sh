@@ -11,9 +11,9 @@
 #   PART=2: run.sh's table again with adjacent views (3 processes), precision_alone.sh (2 seeds), and, where
 #           .peer/ exists (benchmarks/device/vllm_peer_fetch.sh), peer_run.sh (vLLM on the same lease).
 #   ADJACENT=1 on part 1 runs part 2's adjacent views at its end (on an H100 at 539995a part 1 took 170 s and
-#   the adjacent views 75 s), so that one call yields the whole bf16 table and the quantized one; ADJACENT=0
-#   on part 2 then leaves them out. Machine starts fail often: one call that holds both tables is worth more
-#   than two.
+#   the adjacent views 74 s of command time), so that one call yields the whole bf16 table and the quantized
+#   one; ADJACENT=0 on part 2 then leaves them out. Machine starts fail often: one call that holds both tables
+#   is worth more than two.
 #   BIN=.gpu/… OUT=$OUT PART=1|2 [ADJACENT=0|1] [COMMIT=…] [ANY_GPU=0] bash benchmarks/device/h200_refresh.sh
 # BIN holds paged_moe_bench, paged_moe_device_test and quant_moe_device_test (e.g. gzip'd by the caller and
 # unpacked first). Then, here: report.py over part 1's t/bench_*.json and the adj/bench_*.json of part 2 (of

@@ -198,7 +198,9 @@ struct ScenarioFlags {
     app.add_option("--skew", skew, "routing popularity skew (Zipf exponent), in [0, 8]");
     app.add_option("--predictor", predictor, "prefetch predictor: none, cross-layer, oracle");
     app.add_option("--predictor-accuracy", predictor_accuracy, "cross-layer predictor accuracy, in [0, 1]");
-    app.add_option("--cost-model", cost_model, "cost-model profile: default, or a .json file");
+    app.add_option(
+        "--cost-model", cost_model,
+        fmt::format("cost-model profile: {}, or a .json file", fmt::join(builtin_cost_model_names(), ", ")));
     app.add_option("--expert-precision", expert_precision,
                    "routed experts on the host, over PCIe and in pages: bf16, int8, int4 (group 128)");
     app.add_option("--moe-kernel", moe_kernel,
@@ -240,8 +242,9 @@ struct ScenarioFlags {
                    "against --cost-model's bf16 efficiencies");
     add_memory_flags(app);
     app.add_option("--cost-model", cost_model,
-                   "the fit's starting point (default, or a .json file): the values kept for what the "
-                   "measurements cannot see");
+                   fmt::format("the fit's starting point ({}, or a .json file): the values kept for what the "
+                               "measurements cannot see",
+                               fmt::join(builtin_cost_model_names(), ", ")));
   }
 
   // The files the run reads (an output naming one of them is refused).
@@ -1049,7 +1052,9 @@ int main(int argc, char** argv) {
   bool ab_quiet = false;
   CLI::App* ablate = app.add_subcommand("ablate", "run several policies on one trace and print one table");
   ab_flags.add_to(*ablate);
-  ablate->add_option("--policies", ab_policies, "comma-separated policies (default: all)");
+  ablate->add_option(
+      "--policies", ab_policies,
+      fmt::format("comma-separated policies of {} (default: all)", fmt::join(all_policy_names(), ", ")));
   ablate->add_option("--json", ab_json, "write the results as JSON");
   ablate->add_option("--csv", ab_csv, "write the results as CSV");
   ablate->add_flag("--quiet", ab_quiet, "no progress indicator");
@@ -1060,7 +1065,8 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "one policy, with a per-step timeline");
   run_flags.add_to(*run);
   run->add_flag("--quiet", run_quiet, "no progress indicator");
-  run->add_option("--policy", run_policy_name, "policy name (see `amoeba ablate --help`)");
+  run->add_option("--policy", run_policy_name,
+                  fmt::format("policy name: {} (default elastic)", fmt::join(all_policy_names(), ", ")));
   run->add_option("--json", run_json, "write the result as JSON");
   run->add_option("--csv", run_csv, "write the per-step timeline as CSV");
   std::optional<std::string> run_record;
@@ -1137,10 +1143,12 @@ int main(int argc, char** argv) {
           "the measured side: cuda (an NVIDIA GPU, the default; needs a build with the CUDA backend) "
           "or sim (the simulator against itself, with --measured-cost-model)");
   validate->get_option("--cost-model")
-      ->description("the simulated side's cost model: default, or a .json file");
+      ->description(fmt::format("the simulated side's cost model: {}, or a .json file",
+                                fmt::join(builtin_cost_model_names(), ", ")));
   validate->get_option("--routing")
       ->description("synthetic (the default) or a routing record: both sides route to the same experts");
-  validate->add_option("--policy", val_policy, "policy name (default elastic)");
+  validate->add_option("--policy", val_policy,
+                       fmt::format("policy name: {} (default elastic)", fmt::join(all_policy_names(), ", ")));
   validate->add_option("--measured-cost-model", val_measured,
                        "with --backend sim: the cost model of the simulated GPU standing in for the measured "
                        "one (default: default)");

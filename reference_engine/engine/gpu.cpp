@@ -239,12 +239,21 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
 CostModelParams find_cost_model(const std::string& name_or_path) {
   if (name_or_path.size() > 5 && name_or_path.ends_with(".json"))
     return parse_cost_model(read_text_file(name_or_path, "--cost-model", kMaxConfigFileBytes), name_or_path);
+  std::string built_in;
   for (const EmbeddedFile& f : embedded_cost_model_files()) {
     CostModelParams p = parse_cost_model(f.text, "cost model file " + std::string(f.name));
     if (p.name == name_or_path) return p;
+    built_in += (built_in.empty() ? "" : ", ") + p.name;
   }
   throw ConfigError("--cost-model", quote_text(name_or_path),
-                    "unknown cost model (built in: default, or a .json path)");
+                    "unknown cost model (built in: " + built_in + "; or a .json path)");
+}
+
+std::vector<std::string> builtin_cost_model_names() {
+  std::vector<std::string> names;
+  for (const EmbeddedFile& f : embedded_cost_model_files())
+    names.push_back(parse_cost_model(f.text, "cost model file " + std::string(f.name)).name);
+  return names;
 }
 
 std::string cost_model_to_json(const CostModelParams& p) {

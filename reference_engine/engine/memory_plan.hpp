@@ -4,7 +4,8 @@
 //
 //   budget       = min(GPU memory, memory cap) x usable_fraction        (vLLM's gpu_memory_utilization)
 //   pool         = budget - CUDA context - non-expert weights - activation workspace
-//                  - two load buffers of expert_offload_limit experts each (their transfer bytes)
+//                  - two load buffers of the policy's offload limit each (their transfer bytes: 0 static,
+//                    fixed_offload for fixed/lru/lfu, min(expert_offload_limit, E) elastic)
 //   activations  = max_num_batched_tokens x 2 B x (8 H + 3 k F + (heads + 2 kv_heads) x head_dim)
 //                  + max_num_seqs x vocab x 4 B (fp32 logits; the whole vocabulary, gathered on one GPU)
 // The pool must hold the policy's initial resident experts plus the KV (and state) of one request of

@@ -105,6 +105,28 @@ std::string nested(std::size_t depth) {
 
 }  // namespace
 
+TEST_CASE("help names the policies and the built-in cost models that the refusals list", "[cli]") {
+  TempDir t;
+  const std::string policies = "static, fixed, lru, lfu, elastic, elastic-lru";
+  const std::string profiles = "default, h200-qwen1.5, h200-qwen3";
+  // The same lists as the errors for an unknown name (the dispatch table, the embedded profiles).
+  Outcome o = amoeba(t, "run --policy mru");
+  CHECK_THAT(o.err, Catch::Contains("unknown policy (known: " + policies + ")"));
+  o = amoeba(t, "run --cost-model nope --requests 2 --quiet");
+  CHECK_THAT(o.err, Catch::Contains("unknown cost model (built in: " + profiles + "; or a .json path)"));
+  for (const char* cmd : {"run", "validate"}) {
+    o = amoeba(t, std::string(cmd) + " --help");
+    CHECK(o.status == 0);
+    CHECK_THAT(o.out, Catch::Contains("policy name: " + policies + " (default elastic)"));
+  }
+  o = amoeba(t, "ablate --help");
+  CHECK_THAT(o.out, Catch::Contains("comma-separated policies of " + policies + " (default: all)"));
+  for (const char* cmd : {"run", "ablate", "validate", "calibrate"}) {
+    o = amoeba(t, std::string(cmd) + " --help");
+    CHECK_THAT(o.out, Catch::Contains(profiles + ", or a .json file"));
+  }
+}
+
 TEST_CASE("unknown model / GPU and policy names exit 2 naming the field and value", "[cli]") {
   TempDir t;
   Outcome o = amoeba(t, "ablate --model gpt-5 --quiet");
@@ -750,7 +772,8 @@ TEST_CASE("calibrate and validate: bad arguments name the flag and the value, an
   refused("calibrate --backend sim --measured-cost-model " + (t / "none.json").string() + " --out " + out,
           "--measured-cost-model = ");
   refused("calibrate --backend sim --cost-model fast --out " + out,
-          "--cost-model = fast: unknown cost model");
+          "--cost-model = fast: unknown cost model (built in: default, h200-qwen1.5, h200-qwen3; or a .json "
+          "path)");
   refused("validate --backend sim --routing model --requests 4",
           "--routing = model: validate runs both backends on the same expert choices");
   refused("validate --backend sim --predictor oracle --requests 4",

@@ -1,6 +1,6 @@
 // CudaBackend: the model of the `backend` concept (amoeba/engine/backend.hpp) that runs the forward on a
 // GPU: the Qwen MoE decoders (Qwen2-MoE, Qwen3-MoE; engine/checkpoint.hpp) with their experts read from the
-// unified pool's pages by PagedMoe, the KV cache in the pool's KV pages (KvAppend + PagedAttention), dense
+// unified pool's pages by PagedMoe, the KV cache in the pool's KV pages (QkvPrologue + PagedAttention), dense
 // projections through cuBLASLt, and experts crossing PCIe through the DoubleBufferLoader, which executes the
 // LoadPlanner's plan (the same plan SimBackend prices). Every time it reports is measured.
 //

@@ -10,11 +10,16 @@
 #           quant_run.sh's bf16 / int8 / int4 table (3 processes, no sweep).
 #   PART=2: run.sh's table again with adjacent views (3 processes), precision_alone.sh (2 seeds), and, where
 #           .peer/ exists (benchmarks/device/vllm_peer_fetch.sh), peer_run.sh (vLLM on the same lease).
+#   PART=0: the decode sizes alone, for a lease that comes with little device time left (a few minutes with the
+#           machine's start): quant_run.sh's bf16 / int8 / int4 table at 1–64 tokens (3 processes) and bf16 at
+#           one token on every model, the routed-only Qwen1.5 included (3 processes, shuffled pages), into
+#           $OUT/q and $OUT/one (quant_report.py reads q/ as part 1's; the call prints one/'s times over the read
+#           floor, compare.py --floor).
 #   ADJACENT=1 on part 1 runs part 2's adjacent views at its end (on an H100 at 539995a part 1 took 170 s and
 #   the adjacent views 74 s of command time), so that one call yields the whole bf16 table and the quantized
 #   one; ADJACENT=0 on part 2 then leaves them out. Machine starts fail often: one call that holds both tables
 #   is worth more than two.
-#   BIN=.gpu/… OUT=$OUT PART=1|2 [ADJACENT=0|1] [COMMIT=…] [ANY_GPU=0] bash benchmarks/device/h200_refresh.sh
+#   BIN=.gpu/… OUT=$OUT PART=0|1|2 [ADJACENT=0|1] [COMMIT=…] [ANY_GPU=0] bash benchmarks/device/h200_refresh.sh
 # BIN holds paged_moe_bench, paged_moe_device_test and quant_moe_device_test (e.g. gzip'd by the caller and
 # unpacked first). Then, here: report.py over part 1's t/bench_*.json and the adj/bench_*.json of part 2 (of
 # part 1 with ADJACENT=1), with part 1's torch.json and matmul_sustained.json, for the table; compare.py
@@ -23,7 +28,7 @@
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding the binaries}"
 : "${OUT:?OUT must name an output folder}"
-: "${PART:?PART must be 1 or 2}"
+: "${PART:?PART must be 0, 1 or 2}"
 cd "$(dirname "$0")/../.." || exit 1
 here=benchmarks/device
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -42,7 +47,19 @@ adjacent_views() {
     timeout 200 bash $here/run.sh | tail -4 || status=1
   stamp "bf16 table (adjacent views)"
 }
-if [[ $PART == 1 ]]; then
+if [[ $PART == 0 ]]; then
+  mkdir -p "$OUT/q" "$OUT/one"
+  BIN=$BIN OUT=$OUT/q SWEEP=0 PROCESSES=3 TOKENS=1,3,16,33,64 timeout 130 bash $here/quant_run.sh \
+    >"$OUT/quant_run.log" 2>&1 || status=1
+  stamp "quantized decode table: $(tr '\n' ' ' <"$OUT/quant_run.log")"
+  for i in 1 2 3; do
+    timeout 40 "$BIN/paged_moe_bench" --models qwen15,qwen3,qwen15_shared,mixtral --tokens 1 --config default \
+      --seed "$i" --placement shuffled --seconds 0.1 --json "$OUT/one/one_$i.json" >"$OUT/one/one_$i.log" 2>&1 ||
+      status=1
+  done
+  stamp "bf16 at one token"
+  python3 $here/compare.py --floor default default "$OUT"/one/one_*.json 2>/dev/null | tail -8
+elif [[ $PART == 1 ]]; then
   timeout 120 "$BIN/paged_moe_device_test" "split-K*" >"$OUT/splitk_tests.txt" 2>&1 || status=1
   stamp "split-K tests: $(grep -E 'All tests passed|test cases' "$OUT/splitk_tests.txt" | tail -1)"
   grep -E "clusters at once" "$OUT/splitk_tests.txt"
@@ -81,7 +98,7 @@ elif [[ $PART == 2 ]]; then
     echo "no .peer/: vLLM skipped (benchmarks/device/vllm_peer_fetch.sh, then carry .peer)"
   fi
 else
-  echo "PART must be 1 or 2, not $PART"
+  echo "PART must be 0, 1 or 2, not $PART"
   exit 2
 fi
 # Few files come back from a device call: one archive per part, nothing else left under $OUT.

@@ -4,7 +4,7 @@
 #   BIN=<dir with device_attention_tests and attention_bench> OUT=<dir> bash attention_run.sh
 # BIN defaults to the `gpu` preset's build tree; OUT must be given (a device call's $OUT: the script never
 # writes into docs/results by itself). Each stage has its own time limit so a slow stage leaves the others
-# their time (T_TEST, T_BENCH, T_SAN seconds).
+# their time (T_TEST, T_BENCH, T_SAN seconds); SKIP_SANITIZER=1 leaves compute-sanitizer out.
 set -uo pipefail
 BIN=${BIN:-build/gpu}
 : "${OUT:?OUT must name an output folder, e.g. the OUT of a device call}"

@@ -6,10 +6,10 @@
 # cannot hold both sides.
 #   A=.gpu/old B=.gpu/new OUT=$OUT [SEEDS=3] [MODELS=qwen15_shared,qwen3,mixtral] [TOKENS=16,64,256]
 #   [CONFIGS=int8,int4] bash benchmarks/device/bin_ab.sh
-# Writes $OUT/bin_ab.tgz: a_<s>.json, b_<s>.json, ab_<s>.json and bin_ab.md.
+# Writes $OUT/bin_ab.tgz: a_<s>.json, b_<s>.json, ab_<s>.json, bin_ab.md and the processes' logs a_<s>.txt, b_<s>.txt.
 set -uo pipefail
-: "${A:?A must name the folder holding build A's paged_moe_bench}"
-: "${B:?B must name the folder holding build B's paged_moe_bench}"
+: "${A:?A must name the folder holding the paged_moe_bench of build A}"
+: "${B:?B must name the folder holding the paged_moe_bench of build B}"
 : "${OUT:?OUT must name an output folder}"
 mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")" && pwd)

@@ -2,7 +2,8 @@
 # Calibrates the simulator on the GPU and validates it on held-out traces in one device call
 # (docs/results/calibration_h200.md). Per model: `amoeba calibrate` (static policy, every expert resident: the
 # compute phases and the copy probes), then `amoeba validate` for each policy on ShareGPT-like traces that the
-# calibration never saw (seed 1 at RATE; seed 2 bursty at BURST_RATE, gamma 0.5), under the memory cap.
+# calibration never saw (seed 1 at RATE, default 10 req/s; seed 2 bursty at BURST_RATE, default 8, gamma
+# 0.5), under the memory cap.
 #   BIN=.gpu OUT=$OUT [MODELS="qwen1.5-moe-a2.7b qwen3-30b-a3b"] [POLICIES="static fixed elastic"] \
 #     [TRACES="poisson bursty"] [REQUESTS=60] [COST_MODEL=file.json] bash benchmarks/device/calibration_run.sh
 # COST_MODEL skips `amoeba calibrate` and validates that cost model instead (one model per call).
@@ -17,8 +18,8 @@
 # 60-request trace runs ~220 s per policy; QWEN3_GIB=64 QWEN3_OFFLOAD=32 runs ~20-90 s.) Writes
 # $OUT/<model>.json (the fitted cost model), $OUT/validate_<model>_<policy>_<trace>.json, both
 # runs' per-step timelines (timeline_<model>_<policy>_<trace>_{measured,simulated}.csv) and
-# one summary line per run ($OUT/summary.txt), all of it packed into $OUT/calibration.tgz (a device call
-# returns few files); a run longer than its timeout is killed and reported.
+# one summary line per run ($OUT/summary.txt), all of it but summary.txt (left beside it) packed into
+# $OUT/calibration.tgz (a device call returns few files); a run longer than its timeout is killed and reported.
 source "$(dirname "$0")/device_common.sh"
 requests=${REQUESTS:-60}
 precision="--expert-precision ${PRECISION:-bf16}"

@@ -8,7 +8,8 @@
 # priced); untuned, the rest of the step jumps by ~0.4 ms at 7-10 sequences (docs/results/dense_gemm_h200.md).
 #   BIN=.gpu OUT=$OUT [PRECISION=int8] bash benchmarks/device/dense_tune_run.sh
 # BIN holds dense_gemm_bench, device_model_tests and amoeba (with libfmt.so.9). Writes $OUT/dense_gemm.json,
-# $OUT/dense_gemm.txt, $OUT/summary.txt and $OUT/runs.tgz (the validate outputs and timelines of both runs).
+# $OUT/summary.txt and $OUT/runs.tgz (the validate outputs and timelines of both runs, dense_gemm.txt and the
+# device model tests' log dense_tests.txt).
 source "$(dirname "$0")/device_common.sh"
 here="$(dirname "$0")"
 timeout 240 "$BIN/dense_gemm_bench" --json "$OUT/dense_gemm.json" >"$OUT/dense_gemm.txt" 2>&1

@@ -1,5 +1,5 @@
-# Sourced by the one-call device scripts (engine_check.sh, engine_motivating.sh, engine_overheads.sh,
-# precision_alone.sh, steady_breakdown.sh, stall_profile.sh): checks
+# Sourced by the one-call device scripts (`grep -l device_common.sh benchmarks/device/*.sh`: engine_check.sh,
+# engine_motivating.sh, precision_alone.sh, calibration_run.sh, tp_run.sh and eight more): checks
 # BIN and OUT, puts $BIN on the library path (libfmt.so.9 travels beside the binaries), starts the summary
 # `lines` that each script prints last, and runs the test binaries named in TESTS (whole logs to
 # $OUT/tests.txt, one summary line each); fixed_batch_trace writes a trace of one batch arriving at once;

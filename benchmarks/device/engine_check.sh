@@ -5,11 +5,12 @@
 # 5090's memory for static and elastic. Prints one summary table last.
 #   BIN=.gpu OUT=$OUT bash benchmarks/device/engine_check.sh
 # $BIN: binaries from the ci or gpu preset (tests and reference_engine/amoeba, with libfmt.so.9 beside them).
-# Knobs: REQUESTS (default 40), SKIP_TESTS=1, SKIP_ORACLE=1, SKIP_SERVE=1, SKIP_SANITIZER (default 1).
+# Knobs: REQUESTS (default 40), SKIP_TESTS=1, SKIP_ORACLE=1, SKIP_SERVE=1, SKIP_SANITIZER (default 1), TIMEOUT (per
+# test suite, gpu_tests.sh's: 540 s, what quant_moe_device_test needs alone).
 source "$(dirname "$0")/device_common.sh"
 requests=${REQUESTS:-40}
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
-  LOG="$OUT/gpu_tests_full.txt" SKIP_SANITIZER=${SKIP_SANITIZER:-1} TIMEOUT=${TIMEOUT:-240} \
+  LOG="$OUT/gpu_tests_full.txt" SKIP_SANITIZER=${SKIP_SANITIZER:-1} TIMEOUT=${TIMEOUT:-540} \
     bash benchmarks/device/gpu_tests.sh >"$OUT/gpu_tests.txt" 2>&1
   lines+=("gpu tests rc=$?")
   tail -8 "$OUT/gpu_tests.txt"

@@ -3,9 +3,10 @@
 # batches"): B requests arrive at once (prompt P tokens, 64 output tokens), so after the prefill steps every
 # step decodes B sequences at contexts P..P+64. Qwen1.5-MoE-A2.7B (MODEL= another catalog name), random
 # weights, uncapped, static policy.
-# benchmarks/device/overheads.py reads each timeline (medians over the decode-only steps). With NCU=1 the batch
-# 32 run is also profiled with Nsight Compute (each kernel's duration over about two decode steps; clocks and
-# caches left alone), and benchmarks/device/kernel_breakdown.py sums it per kernel.
+# benchmarks/device/overheads.py reads each timeline (medians over the decode-only steps). With NCU=1 a batch-32
+# run of the default model (bf16, uncapped, one GPU, whatever MODEL, PRECISIONS, CAPS and TPS say) is also profiled
+# with Nsight Compute (each kernel's duration over about two decode steps: launches NCU_SKIP (9000) to NCU_SKIP +
+# NCU_COUNT (1100); clocks and caches left alone), and benchmarks/device/kernel_breakdown.py sums it per kernel.
 # CAPS="0 40" serves each batch under each memory cap in GiB (0: uncapped, the default), to see whether the
 # arena's size (the pages' spread over the device) changes the step. PRECISIONS="bf16 int8 int4" serves each
 # batch with the experts in each precision (--expert-precision; the floor then counts the packed bytes).

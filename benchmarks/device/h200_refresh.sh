@@ -20,7 +20,7 @@
 #   one; ADJACENT=0 on part 2 then leaves them out. Machine starts fail often: one call that holds both tables
 #   is worth more than two.
 #   BIN=.gpu/… OUT=$OUT PART=0|1|2 [ADJACENT=0|1] [COMMIT=…] [ANY_GPU=0] bash benchmarks/device/h200_refresh.sh
-# BIN holds paged_moe_bench, paged_moe_device_test and quant_moe_device_test (e.g. gzip'd by the caller and
+# BIN holds paged_moe_bench and paged_moe_device_test (e.g. gzip'd by the caller and
 # unpacked first). Then, here: report.py over part 1's t/bench_*.json and the adj/bench_*.json of part 2 (of
 # part 1 with ADJACENT=1), with part 1's torch.json and matmul_sustained.json, for the table; compare.py
 # --floor on splitk/s_*.json (part 1 prints it); quant_report.py on the quant_p*.json in q/quant.tgz;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quantized experts' kernel measurements in one device call (docs/results/quantized_h200.md):
-# (1) the decode-tile sweep that chose DefaultMoeConfig::kQuantDecodeRows, one process; (2) the layer at the
+# (1) the decode-tile sweep that chose DefaultMoeConfig::kQuantDecodeRows, two processes (Qwen, Mixtral); (2) the layer at the
 # default tiles beside bf16 in PROCESSES separate processes (mean ± sd: `python3 benchmarks/device/quant_report.py quant_p*.json`).
 # (3) with PATHS=1, each precision held to the decode and to the grouped path at 16–1024 tokens, one process
 # (`quant_report.py --paths quant_paths.json`: where DefaultMoeConfig::kQuantDecodeTile switches).
@@ -9,7 +9,7 @@
 #   BIN=.gpu OUT=$OUT [PROCESSES=3] [SWEEP=1] [PATHS=0] [TOKENS=1,3,16,33,64,256,1024,4096,16384]
 #   [EXTRA_CONFIGS=...]
 #   bash benchmarks/device/quant_run.sh
-# Writes $OUT/quant_sweep_<models>.json, $OUT/quant_paths.json and $OUT/quant_p<i>.json (paged_moe_bench's
+# Writes $OUT/quant_sweep_{qwen15_shared,mixtral}.json, $OUT/quant_paths.json and $OUT/quant_p<i>.json (paged_moe_bench's
 # format) and their logs, as one archive $OUT/quant.tgz.
 set -uo pipefail
 : "${BIN:?BIN must name the folder holding paged_moe_bench}"

@@ -9,7 +9,7 @@
 # calibrated, a Qwen1.5 step takes an estimated ~3 min): e.g. STEPS=bf16 QWEN3=0, then STEPS="int8 int4" QWEN3=0
 # START=<the first call's h200-qwen1.5.json, carried>. STEPS= (set, empty) QWEN3=1: Qwen3's fit alone (an
 # unset STEPS runs all three).
-# Writes $OUT/steps.tgz (per step, bf16, int8, int4, qwen3: <step>/calibration.tgz and summary.txt) and
+# Writes $OUT/steps.tgz (per step, bf16, int8, int4, qwen3: <step>/calibration.tgz, summary.txt and run.txt) and
 # the final fits as $OUT/h200-qwen1.5.json and $OUT/h200-qwen3.json (copy them over
 # reference_engine/data/cost_models/).
 set -uo pipefail

@@ -1,8 +1,8 @@
 """Merges the kernel benchmark of several processes (and the PyTorch matmul rate and baseline) into one
 results JSON and a markdown table. Writes only the two files it is given.
 
-    python3 report.py --bench p1.json p2.json p3.json --torch torch.json [--sustained mm.json] \
-        --out-json X.json --out-md X.md [--commit C] [--date D] [--command "..."]
+    python3 benchmarks/device/report.py --bench p1.json p2.json p3.json --torch torch.json [--sustained mm.json] \
+        --out-json X.json --out-md X.md [--commit C] [--date D] [--command "..."] [--note "..."]
 
 Every paged-vs-contiguous ratio is a mean ± sd over all processes × page-permutation seeds of one placement;
 times are means ± sd over processes of each process's median. Floors: max(expert bytes / read bandwidth,

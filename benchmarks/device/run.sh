@@ -2,18 +2,19 @@
 # One device call that checks and measures PagedMoe: device tests (+ compute-sanitizer memcheck and racecheck
 # on the small case), the benchmark in $PROCESSES separate processes (each: contiguous and the paged views of
 # every placement × page-permutation seed, alternating), the PyTorch bf16 matmul rate in a burst and sustained
-# (and, if asked, the torch pipeline baseline), and the merged report. Writes only under $OUT.
+# (and, if asked, the torch pipeline baseline), and the merged report. Writes its results only under $OUT.
 #   OUT=/some/dir BIN=/folder/with/binaries bash benchmarks/device/run.sh
 # $BIN holds paged_moe_bench and paged_moe_device_test (built elsewhere with the gpu preset and carried); without
-# them both are built here. Knobs: TOKENS, MODELS, SEEDS (1,2,3), PLACEMENTS (shuffled,adjacent), PROCESSES (3),
-# SECONDS_PER_VIEW (0.1), CONFIGS (default; e.g. default,warps2,register for an A/B of decode kernels),
+# them (BIN unset: build/gpu) both are built here with the gpu preset and copied to build/gpu/bin. Knobs: TOKENS, MODELS, SEEDS (1,2,3), PLACEMENTS (shuffled,adjacent), PROCESSES (3),
+# SECONDS_PER_VIEW (0.1), CONFIGS (default; e.g. default,t8w8u2,t8w4u3 for an A/B of decode tiles: paged_moe_bench's bf16_configs()),
 # SKIP_TESTS=1, SKIP_SANITIZER=1, TEST_TAGS ("[small] [models]"), TORCH_MODELS (torch pipeline baseline
 # models; none by default, the matmul rate is always measured), SUSTAINED=0 (skips the matmul rate sustained
 # at the power limit, matmul_sustained.py, about 20 s), DIAG=1 (ncu per-kernel time and DRAM throughput of a
-# few decode cases into diag.log), COMMIT.
+# few decode cases into diag.log, at DIAG_TOKENS tokens: 16), SANITIZER_TIMEOUT (150 s per compute-sanitizer tool),
+# COMMIT, COMMAND (the command the report names).
 set -uo pipefail
 : "${OUT:?OUT must name the folder for logs and results}"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 BIN=${BIN:-build/gpu}
 mkdir -p "$OUT"
 if [[ ! -x $BIN/paged_moe_bench || ! -x $BIN/paged_moe_device_test ]]; then

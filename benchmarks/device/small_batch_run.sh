@@ -16,7 +16,7 @@
 # Writes $OUT/small_batch.tgz: small_seed<i>.json (paged_moe_bench's format; `python3
 # benchmarks/device/compare.py default small4 small_seed*.json`), the test's and the profiler's logs.
 set -uo pipefail
-: "${BIN:?BIN must name the folder holding paged_moe_bench, paged_moe_device_test and quant_moe_device_test}"
+: "${BIN:?BIN must name the folder holding paged_moe_bench and paged_moe_device_test}"
 : "${OUT:?OUT must name an output folder}"
 export LD_LIBRARY_PATH="$BIN:${LD_LIBRARY_PATH:-}"
 timeout 200 "$BIN/paged_moe_device_test" "the small-batch grouped GEMM equals the two-block grouped GEMM" \

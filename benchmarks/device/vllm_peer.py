@@ -4,6 +4,7 @@ timed like torch_baseline.py (CUDA-graph replays of one layer call per rotating 
     benchmarks/device/vllm_peer_fetch.sh      # once, where PyPI is reachable: pinned vLLM wheel -> .peer/
     python3 benchmarks/device/vllm_peer.py --json out.json [--models qwen15,qwen3,mixtral] [--tokens 1,16,...]
                                            [--sets 8] [--repeats 3] [--torch-silu] [--config-device NAME]
+                                           [--check-tokens 3,64,1024]
     python3 benchmarks/device/vllm_peer.py --check-source   # no GPU, torch or triton needed
 
 Provenance: the kernel is vLLM's `fused_moe_kernel` (Apache-2.0, .peer/LICENSE), loaded at run time from

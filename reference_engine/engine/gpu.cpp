@@ -249,10 +249,13 @@ CostModelParams find_cost_model(const std::string& name_or_path) {
                     "unknown cost model (built in: " + built_in + "; or a .json path)");
 }
 
-std::vector<std::string> builtin_cost_model_names() {
-  std::vector<std::string> names;
-  for (const EmbeddedFile& f : embedded_cost_model_files())
-    names.push_back(parse_cost_model(f.text, "cost model file " + std::string(f.name)).name);
+const std::vector<std::string>& builtin_cost_model_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const EmbeddedFile& f : embedded_cost_model_files())
+      v.push_back(parse_cost_model(f.text, "cost model file " + std::string(f.name)).name);
+    return v;
+  }();
   return names;
 }
 

@@ -111,8 +111,9 @@ inline constexpr double kMinTokenScale = 0.05, kMaxTokenScale = 20.0;
 CostModelParams parse_cost_model(std::string_view json_text, const std::string& what);
 // A built-in profile by name (builtin_cost_model_names()), or a path to a cost-model JSON file.
 CostModelParams find_cost_model(const std::string& name_or_path);
-// The names of the built-in profiles, in the order they are embedded ("default" first).
-std::vector<std::string> builtin_cost_model_names();
+// The names of the built-in profiles (reference_engine/data/cost_models/), in the order they are embedded;
+// parsed once.
+const std::vector<std::string>& builtin_cost_model_names();
 // The JSON text of a cost model (what a calibration run writes).
 std::string cost_model_to_json(const CostModelParams& p);
 

@@ -11,10 +11,9 @@
 #   PART=2: run.sh's table again with adjacent views (3 processes), precision_alone.sh (2 seeds), and, where
 #           .peer/ exists (benchmarks/device/vllm_peer_fetch.sh), peer_run.sh (vLLM on the same lease).
 #   PART=0: the decode sizes alone, for a lease that comes with little device time left (a few minutes with the
-#           machine's start): quant_run.sh's bf16 / int8 / int4 table at 1–64 tokens (3 processes) and bf16 at
-#           one token on every model, the routed-only Qwen1.5 included (3 processes, shuffled pages), into
-#           $OUT/q and $OUT/one (quant_report.py reads q/ as part 1's; the call prints one/'s times over the read
-#           floor, compare.py --floor).
+#           machine's start): quant_run.sh's bf16 / int8 / int4 table at 1–64 tokens (3 processes), the
+#           routed-only Qwen1.5 added to its models (bf16's one-token target names it), into $OUT/q
+#           (quant_report.py reads it as part 1's).
 #   ADJACENT=1 on part 1 runs part 2's adjacent views at its end (on an H100 at 539995a part 1 took 170 s and
 #   the adjacent views 74 s of command time), so that one call yields the whole bf16 table and the quantized
 #   one; ADJACENT=0 on part 2 then leaves them out. Machine starts fail often: one call that holds both tables
@@ -48,17 +47,10 @@ adjacent_views() {
   stamp "bf16 table (adjacent views)"
 }
 if [[ $PART == 0 ]]; then
-  mkdir -p "$OUT/q" "$OUT/one"
-  BIN=$BIN OUT=$OUT/q SWEEP=0 PROCESSES=3 TOKENS=1,3,16,33,64 timeout 130 bash $here/quant_run.sh \
-    >"$OUT/quant_run.log" 2>&1 || status=1
+  mkdir -p "$OUT/q"
+  BIN=$BIN OUT=$OUT/q SWEEP=0 PROCESSES=3 TOKENS=1,3,16,33,64 MODELS=qwen15,qwen15_shared,qwen3,mixtral \
+    timeout 170 bash $here/quant_run.sh >"$OUT/quant_run.log" 2>&1 || status=1
   stamp "quantized decode table: $(tr '\n' ' ' <"$OUT/quant_run.log")"
-  for i in 1 2 3; do
-    timeout 40 "$BIN/paged_moe_bench" --models qwen15,qwen3,qwen15_shared,mixtral --tokens 1 --config default \
-      --seed "$i" --placement shuffled --seconds 0.1 --json "$OUT/one/one_$i.json" >"$OUT/one/one_$i.log" 2>&1 ||
-      status=1
-  done
-  stamp "bf16 at one token"
-  python3 $here/compare.py --floor default default "$OUT"/one/one_*.json 2>/dev/null | tail -8
 elif [[ $PART == 1 ]]; then
   timeout 120 "$BIN/paged_moe_device_test" "split-K*" >"$OUT/splitk_tests.txt" 2>&1 || status=1
   stamp "split-K tests: $(grep -E 'All tests passed|test cases' "$OUT/splitk_tests.txt" | tail -1)"

@@ -7,7 +7,7 @@
 # EXTRA_CONFIGS (e.g. int8-twoblock,int4-twoblock) joins (2)'s processes: `python3 benchmarks/device/compare.py
 # int8-twoblock int8 quant_p*.json` is then an A/B in the same processes.
 #   BIN=.gpu OUT=$OUT [PROCESSES=3] [SWEEP=1] [PATHS=0] [TOKENS=1,3,16,33,64,256,1024,4096,16384]
-#   [EXTRA_CONFIGS=...]
+#   [MODELS=qwen15_shared,qwen3,mixtral (2)'s models] [EXTRA_CONFIGS=...]
 #   bash benchmarks/device/quant_run.sh
 # Writes $OUT/quant_sweep_{qwen15_shared,mixtral}.json, $OUT/quant_paths.json and $OUT/quant_p<i>.json (paged_moe_bench's
 # format) and their logs, as one archive $OUT/quant.tgz.
@@ -32,7 +32,7 @@ if [[ "${PATHS:-0}" == 1 ]]; then
   echo "paths rc=$?"
 fi
 for i in $(seq 1 "${PROCESSES:-3}"); do
-  timeout 200 "$BIN/paged_moe_bench" --models qwen15_shared,qwen3,mixtral \
+  timeout 200 "$BIN/paged_moe_bench" --models "${MODELS:-qwen15_shared,qwen3,mixtral}" \
     --tokens "${TOKENS:-1,3,16,33,64,256,1024,4096,16384}" --placement shuffled --seed "$i" \
     --config "default,int8,int4${EXTRA_CONFIGS:+,$EXTRA_CONFIGS}" --json "$OUT/quant_p$i.json" >"$OUT/quant_p$i.txt" 2>&1
   echo "process $i rc=$?"

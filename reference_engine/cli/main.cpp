@@ -162,6 +162,15 @@ bool is_file_name(const std::string& name_or_path) {  // as find_model / find_gp
   return name_or_path.size() > 5 && name_or_path.ends_with(".json");
 }
 
+// The names the refusals of an unknown name list (the dispatch table, the embedded cost models), for the
+// help.
+std::string policy_names() {
+  return fmt::format("{}", fmt::join(all_policy_names(), ", "));
+}
+std::string cost_model_names() {
+  return fmt::format("{}", fmt::join(builtin_cost_model_names(), ", "));
+}
+
 // Flags shared by ablate and run; unset ones leave the config/defaults alone.
 struct ScenarioFlags {
   std::optional<std::string> config, scenario, backend, model, weights, gpu, trace, cost_model, predictor,
@@ -198,9 +207,8 @@ struct ScenarioFlags {
     app.add_option("--skew", skew, "routing popularity skew (Zipf exponent), in [0, 8]");
     app.add_option("--predictor", predictor, "prefetch predictor: none, cross-layer, oracle");
     app.add_option("--predictor-accuracy", predictor_accuracy, "cross-layer predictor accuracy, in [0, 1]");
-    app.add_option(
-        "--cost-model", cost_model,
-        fmt::format("cost-model profile: {}, or a .json file", fmt::join(builtin_cost_model_names(), ", ")));
+    app.add_option("--cost-model", cost_model,
+                   fmt::format("cost-model profile: {}, or a .json file", cost_model_names()));
     app.add_option("--expert-precision", expert_precision,
                    "routed experts on the host, over PCIe and in pages: bf16, int8, int4 (group 128)");
     app.add_option("--moe-kernel", moe_kernel,
@@ -244,7 +252,7 @@ struct ScenarioFlags {
     app.add_option("--cost-model", cost_model,
                    fmt::format("the fit's starting point ({}, or a .json file): the values kept for what the "
                                "measurements cannot see",
-                               fmt::join(builtin_cost_model_names(), ", ")));
+                               cost_model_names()));
   }
 
   // The files the run reads (an output naming one of them is refused).
@@ -1052,9 +1060,8 @@ int main(int argc, char** argv) {
   bool ab_quiet = false;
   CLI::App* ablate = app.add_subcommand("ablate", "run several policies on one trace and print one table");
   ab_flags.add_to(*ablate);
-  ablate->add_option(
-      "--policies", ab_policies,
-      fmt::format("comma-separated policies of {} (default: all)", fmt::join(all_policy_names(), ", ")));
+  ablate->add_option("--policies", ab_policies,
+                     fmt::format("comma-separated policies of {} (default: all)", policy_names()));
   ablate->add_option("--json", ab_json, "write the results as JSON");
   ablate->add_option("--csv", ab_csv, "write the results as CSV");
   ablate->add_flag("--quiet", ab_quiet, "no progress indicator");
@@ -1066,7 +1073,7 @@ int main(int argc, char** argv) {
   run_flags.add_to(*run);
   run->add_flag("--quiet", run_quiet, "no progress indicator");
   run->add_option("--policy", run_policy_name,
-                  fmt::format("policy name: {} (default elastic)", fmt::join(all_policy_names(), ", ")));
+                  fmt::format("policy name: {} (default elastic)", policy_names()));
   run->add_option("--json", run_json, "write the result as JSON");
   run->add_option("--csv", run_csv, "write the per-step timeline as CSV");
   std::optional<std::string> run_record;
@@ -1143,12 +1150,11 @@ int main(int argc, char** argv) {
           "the measured side: cuda (an NVIDIA GPU, the default; needs a build with the CUDA backend) "
           "or sim (the simulator against itself, with --measured-cost-model)");
   validate->get_option("--cost-model")
-      ->description(fmt::format("the simulated side's cost model: {}, or a .json file",
-                                fmt::join(builtin_cost_model_names(), ", ")));
+      ->description(fmt::format("the simulated side's cost model: {}, or a .json file", cost_model_names()));
   validate->get_option("--routing")
       ->description("synthetic (the default) or a routing record: both sides route to the same experts");
   validate->add_option("--policy", val_policy,
-                       fmt::format("policy name: {} (default elastic)", fmt::join(all_policy_names(), ", ")));
+                       fmt::format("policy name: {} (default elastic)", policy_names()));
   validate->add_option("--measured-cost-model", val_measured,
                        "with --backend sim: the cost model of the simulated GPU standing in for the measured "
                        "one (default: default)");

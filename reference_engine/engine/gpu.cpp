@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "amoeba/core/errors.hpp"
@@ -239,14 +241,13 @@ CostModelParams parse_cost_model(std::string_view json_text, const std::string& 
 CostModelParams find_cost_model(const std::string& name_or_path) {
   if (name_or_path.size() > 5 && name_or_path.ends_with(".json"))
     return parse_cost_model(read_text_file(name_or_path, "--cost-model", kMaxConfigFileBytes), name_or_path);
-  std::string built_in;
   for (const EmbeddedFile& f : embedded_cost_model_files()) {
     CostModelParams p = parse_cost_model(f.text, "cost model file " + std::string(f.name));
     if (p.name == name_or_path) return p;
-    built_in += (built_in.empty() ? "" : ", ") + p.name;
   }
   throw ConfigError("--cost-model", quote_text(name_or_path),
-                    "unknown cost model (built in: " + built_in + "; or a .json path)");
+                    fmt::format("unknown cost model (built in: {}; or a .json path)",
+                                fmt::join(builtin_cost_model_names(), ", ")));
 }
 
 const std::vector<std::string>& builtin_cost_model_names() {
